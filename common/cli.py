@@ -1,0 +1,75 @@
+"""The `streamberg` command. Each component adds its own subcommands.
+
+Shared subcommands (broker, produce, table) are defined in common/commands.py; ingest/ and
+compactor/ each have a commands.py with a `register(subparsers)` function. Exit codes:
+0 success, 1 runtime failure, 2 bad usage or invalid configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from streamberg.common.config import ConfigError
+
+# Modules that contribute subcommands, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "streamberg.common.commands",
+    "streamberg.ingest.commands",
+    "streamberg.compactor.commands",
+)
+
+DESCRIPTION = """\
+Exactly-once streaming ingest from Kafka into Apache Iceberg, plus an incremental
+Z-order/Hilbert compactor.
+
+Typical local session (embedded broker, SQLite catalog, local warehouse):
+  streamberg broker start
+  streamberg produce --config examples/demo.yaml --count 100000
+  streamberg ingest  --config examples/demo.yaml --max-records 100000
+  streamberg table   --config examples/demo.yaml
+
+Every subcommand has its own --help. Configuration is one YAML file; any key can be
+overridden by an environment variable STREAMBERG_<SECTION>__<KEY>.
+"""
+
+
+class CommandError(RuntimeError):
+    """A command failed in a way the operator can act on; printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="streamberg", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that component has no commands yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"streamberg: {exc}", file=sys.stderr)
+        return 2
+    except CommandError as exc:
+        print(f"streamberg {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("streamberg: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

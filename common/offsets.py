@@ -1,0 +1,94 @@
+"""Kafka offsets recorded in Iceberg snapshot summaries: the source of truth for resuming.
+
+Every ingest commit writes, in the snapshot it creates,
+``streamberg.kafka-offsets.<topic>`` = JSON ``{"<partition>": <next offset>, ...}`` (the
+offset of the next record to read, as Kafka commits it) and ``streamberg.job-id``.
+Snapshots made by others (the compactor's rewrites, maintenance) carry no offsets, so the
+committed position is found by walking the current snapshot's ancestry back to the
+nearest snapshot that has the key. Iceberg's Kafka Connect sink does the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+OFFSETS_KEY_PREFIX = "streamberg.kafka-offsets."
+JOB_ID_KEY = "streamberg.job-id"
+RUN_ID_KEY = "streamberg.run-id"
+COMMIT_SEQ_KEY = "streamberg.commit-seq"
+
+# partition -> next offset to read
+PartitionOffsets = dict[int, int]
+
+
+def offsets_key(topic: str) -> str:
+    return f"{OFFSETS_KEY_PREFIX}{topic}"
+
+
+def encode_offsets(offsets: PartitionOffsets) -> str:
+    return json.dumps({str(p): int(o) for p, o in sorted(offsets.items())}, separators=(",", ":"))
+
+
+def decode_offsets(text: str) -> PartitionOffsets:
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"offsets property is not a JSON object: {text[:80]!r}")
+    return {int(p): int(o) for p, o in data.items()}
+
+
+def summary_properties(snapshot: Snapshot) -> dict[str, str]:
+    summary = snapshot.summary
+    if summary is None:
+        return {}
+    return dict(summary.additional_properties)
+
+
+@dataclass(frozen=True)
+class CommittedPosition:
+    """Where a topic's ingest stands in a table: the offsets and the snapshot that holds them."""
+
+    topic: str
+    offsets: PartitionOffsets = field(default_factory=dict)
+    snapshot_id: int | None = None
+    job_id: str | None = None
+    run_id: str | None = None
+    commit_seq: int | None = None
+    timestamp_ms: int | None = None
+
+    @property
+    def records(self) -> int:
+        return sum(self.offsets.values())
+
+
+def ancestry(table: Table) -> list[Snapshot]:
+    """The current snapshot and its ancestors, newest first."""
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    current = table.current_snapshot()
+    chain = []
+    while current is not None:
+        chain.append(current)
+        current = by_id.get(current.parent_snapshot_id) if current.parent_snapshot_id is not None else None
+    return chain
+
+
+def committed_position(table: Table, topic: str) -> CommittedPosition:
+    """The newest recorded offsets for `topic` on the table's current lineage."""
+    key = offsets_key(topic)
+    for snapshot in ancestry(table):
+        props = summary_properties(snapshot)
+        if key in props:
+            seq = props.get(COMMIT_SEQ_KEY)
+            return CommittedPosition(
+                topic=topic,
+                offsets=decode_offsets(props[key]),
+                snapshot_id=snapshot.snapshot_id,
+                job_id=props.get(JOB_ID_KEY),
+                run_id=props.get(RUN_ID_KEY),
+                commit_seq=int(seq) if seq is not None else None,
+                timestamp_ms=snapshot.timestamp_ms,
+            )
+    return CommittedPosition(topic=topic)

@@ -1,0 +1,150 @@
+"""A sample JSON event generator for demos, tests and benchmarks.
+
+Events follow the table schema in the config: a field named `id` gets a unique, increasing
+number (so tests can compare id multisets), temporal fields get the produce time (so
+freshness can be measured), strings come from small vocabularies (so clustering has
+something to work with). A fraction of records can be made malformed on purpose, cycling
+through the kinds of bad input the ingest must dead-letter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from confluent_kafka import Producer
+
+from streamberg.common.config import FieldConfig, StreambergConfig
+
+BAD_KINDS = ("not_json", "wrong_type", "missing_required", "oversized", "not_an_object")
+
+
+@dataclass
+class ProduceResult:
+    produced: int = 0
+    valid_ids: list[int] = field(default_factory=list)
+    bad: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "produced": self.produced,
+            "valid": self.produced - sum(self.bad.values()),
+            "malformed": dict(self.bad),
+            "seconds": round(self.seconds, 3),
+            "records_per_second": round(self.produced / self.seconds) if self.seconds else None,
+        }
+
+
+def _value_maker(f: FieldConfig, rng: random.Random) -> Callable[[int, float], Any]:
+    kind = f.type
+    if f.name == "id" and kind in ("long", "int"):
+        return lambda i, now: i
+    if kind in ("int", "long"):
+        return lambda i, now: rng.randrange(0, 10_000)
+    if kind in ("float", "double"):
+        return lambda i, now: round(rng.uniform(0, 1000), 3)
+    if kind.startswith("decimal"):
+        scale = int(kind[kind.index(",") + 1 : -1])
+        return lambda i, now: round(rng.uniform(0, 1000), scale)
+    if kind == "boolean":
+        return lambda i, now: rng.random() < 0.5
+    if kind == "date":
+        return lambda i, now: dt.datetime.fromtimestamp(now, dt.timezone.utc).date().isoformat()
+    if kind == "timestamptz":
+        return lambda i, now: dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="microseconds")
+    if kind == "timestamp":
+        return lambda i, now: dt.datetime.fromtimestamp(now, dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
+    # strings: a vocabulary of 1000 values sharing a prefix (like URLs or city names)
+    vocab = [f"{f.name}-{k:04d}" for k in range(1000)]
+    return lambda i, now: rng.choice(vocab)
+
+
+def _malformed(kind: str, good: dict[str, Any], config: StreambergConfig) -> bytes:
+    if kind == "not_json":
+        return b"this is not json {" + str(good.get("id")).encode()
+    if kind == "wrong_type":
+        first_number = next((f.name for f in config.table.schema_ if f.type in ("int", "long", "double", "float")), None)
+        bad = dict(good)
+        bad[first_number or config.table.schema_[0].name] = "not-a-number"
+        return json.dumps(bad).encode()
+    if kind == "missing_required":
+        required = [f.name for f in config.table.schema_ if f.required]
+        bad = {k: v for k, v in good.items() if k != (required[0] if required else "id")}
+        if not required:  # nothing is required: fall back to a type error
+            return _malformed("wrong_type", good, config)
+        return json.dumps(bad).encode()
+    if kind == "oversized":
+        bad = dict(good)
+        bad["padding"] = "x" * (config.ingest.max_record_bytes + 1)
+        return json.dumps(bad).encode()
+    return json.dumps([good]).encode()  # not_an_object
+
+
+def produce_events(
+    config: StreambergConfig,
+    count: int,
+    rate: float | None = None,
+    bad_fraction: float = 0.0,
+    start_id: int = 0,
+    seed: int = 7,
+    progress: Callable[[int], None] | None = None,
+    producer_config: dict[str, Any] | None = None,
+) -> ProduceResult:
+    """Produce `count` JSON events to the configured topic; return what was produced."""
+    rng = random.Random(seed)
+    makers = {f.name: _value_maker(f, rng) for f in config.table.schema_}
+    producer = Producer({
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
+        "message.max.bytes": max(2 * config.ingest.max_record_bytes + 1024, 1_000_000),
+        **(producer_config or {}),
+    })
+    errors: list[str] = []
+
+    def on_delivery(err, _msg):  # noqa: ANN001 - confluent-kafka callback
+        if err is not None:
+            errors.append(str(err))
+
+    result = ProduceResult()
+    bad_every = int(round(1 / bad_fraction)) if bad_fraction > 0 else 0
+    started = time.monotonic()
+    step = 5000
+    for i in range(start_id, start_id + count):
+        now = time.time()
+        event = {name: make(i, now) for name, make in makers.items()}
+        n = i - start_id
+        if bad_every and n % bad_every == bad_every - 1:
+            kind = BAD_KINDS[(n // bad_every) % len(BAD_KINDS)]
+            value = _malformed(kind, event, config)
+            result.bad[kind] += 1
+        else:
+            value = json.dumps(event, separators=(",", ":")).encode()
+            result.valid_ids.append(i)
+        while True:
+            try:
+                producer.produce(config.kafka.topic, value=value, key=str(i).encode(), on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        result.produced += 1
+        if result.produced % step == 0:
+            producer.poll(0)
+            if progress:
+                progress(step)
+            if rate:
+                ahead = result.produced / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+    remaining = producer.flush(60)
+    if progress and result.produced % step:
+        progress(result.produced % step)
+    result.seconds = time.monotonic() - started
+    if remaining or errors:
+        raise RuntimeError(f"{remaining} records undelivered, {len(errors)} delivery errors (first: {errors[:1]})")
+    return result

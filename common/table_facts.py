@@ -1,0 +1,56 @@
+"""Facts about an ingest table, read from the catalog (what `streamberg table` prints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.offsets import committed_position, summary_properties
+
+
+def _total(table: Table, key: str) -> int:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    return int(summary_properties(snapshot).get(key, 0))
+
+
+def table_facts(config: StreambergConfig) -> dict[str, Any]:
+    catalog = load_catalog(config.catalog)
+    try:
+        table = catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        return {"table": config.table.identifier, "exists": False}
+    position = committed_position(table, config.kafka.topic)
+    try:
+        dlq = catalog.load_table(config.dead_letter_table)
+        dlq_records = _total(dlq, "total-records")
+    except NoSuchTableError:
+        dlq_records = 0
+    current = table.current_snapshot()
+    records = _total(table, "total-records")
+    consumed = position.records  # next offsets summed; topics here start at offset 0
+    return {
+        "table": config.table.identifier,
+        "exists": True,
+        "location": table.location(),
+        "current_snapshot_id": current.snapshot_id if current else None,
+        "snapshots": len(table.metadata.snapshots),
+        "data_files": _total(table, "total-data-files"),
+        "records": records,
+        "total_size_bytes": _total(table, "total-files-size"),
+        "committed_offsets": {
+            "topic": config.kafka.topic,
+            "partitions": {str(p): o for p, o in sorted(position.offsets.items())},
+            "snapshot_id": position.snapshot_id,
+            "job_id": position.job_id,
+            "committed_at_ms": position.timestamp_ms,
+        },
+        "dead_letter_table": config.dead_letter_table,
+        "dead_letters": dlq_records,
+        "reconciles": records + dlq_records == consumed,
+    }

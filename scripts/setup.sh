@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Idempotent set-up: system JVM pieces, the project virtualenv, and a runtime check.
+# Safe to re-run; each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+
+# 1. Java 17: Flink 2.3 and Spark 3.5 both run on it.
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  echo "setup: java not found. Install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless) and re-run." >&2
+  exit 1
+fi
+
+# 2. JDBC drivers for Spark's Iceberg JdbcCatalog, from Debian (no Maven repository here).
+need_pkgs=()
+[ -f /usr/share/java/sqlite-jdbc.jar ] || [ -n "${STREAMBERG_SQLITE_JDBC_JAR:-}" ] || need_pkgs+=(libxerial-sqlite-jdbc-java libxerial-sqlite-jdbc-jni)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "setup: need ${need_pkgs[*]} (Debian) and cannot install as non-root; install them or set STREAMBERG_SQLITE_JDBC_JAR" >&2; exit 1; fi
+  say "installing ${need_pkgs[*]}"
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+# 3. The virtualenv with the pinned set (see pyproject.toml for why each pin).
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import streamberg.common, pyflink, pyspark, pyiceberg" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt "$VENV/.streamberg-installed" ]; then
+  say "installing python packages into $VENV (pinned; takes a few minutes the first time)"
+  "$VENV/bin/pip" install -q --upgrade "pip==24.3.1" "setuptools==75.6.0" wheel
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  touch "$VENV/.streamberg-installed"
+fi
+
+# 4. Check the JVM side: java 17, the Iceberg runtime jar's sha256, the JDBC driver.
+"$VENV/bin/python" -m streamberg.common.jars
+say "done. Next: make demo (runs the ingest on embedded defaults) or make test."
