@@ -1,0 +1,265 @@
+"""The single committer: makes writers' files visible, one Iceberg snapshot per interval.
+
+Exactly-once rests on what it checks before every commit:
+- Chain: for every Kafka partition, the units it commits start exactly where the table's
+  recorded offsets end, in order, with no gap and no overlap.
+- Fence: the offsets recorded in the table are still the ones this committer last saw.
+  If they moved, another instance committed, and this one refuses rather than duplicate.
+- Optimistic concurrency: the append is validated against the snapshot it read (Iceberg's
+  AssertRefSnapshotId); on a conflict (e.g. the compactor committed) it re-reads, re-checks
+  the fence and retries with the same files.
+Dead letters go to their own Iceberg table first, filtered by the offsets recorded there,
+so a crash between the two commits cannot duplicate them either.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+
+from streamberg.common.catalog import DEAD_LETTER_SCHEMA, ensure_dead_letter_table, load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.offsets import (
+    COMMIT_SEQ_KEY,
+    JOB_ID_KEY,
+    RUN_ID_KEY,
+    PartitionOffsets,
+    committed_position,
+    encode_offsets,
+    offsets_key,
+)
+from streamberg.ingest.units import DeadLetter, FlushUnit
+
+
+class FencedError(RuntimeError):
+    """Another committer moved the table's offsets; committing now would duplicate."""
+
+
+class OffsetChainError(RuntimeError):
+    """Units do not continue the committed offsets (a gap or an overlap)."""
+
+
+class CommitRetriesExhausted(RuntimeError):
+    pass
+
+
+@dataclass
+class CommitResult:
+    snapshot_id: int
+    files: int
+    records: int
+    dead_letters: int
+    offsets: PartitionOffsets
+    seconds: float
+    attempts: int
+
+
+@dataclass
+class _Pending:
+    units: list[FlushUnit] = field(default_factory=list)
+
+    def writers(self) -> set[int]:
+        return {u.writer for u in self.units}
+
+    def epochs(self) -> set[int]:
+        return {u.epoch for u in self.units}
+
+
+def chain_offsets(expected: PartitionOffsets, units: list[FlushUnit]) -> PartitionOffsets:
+    """The offsets after committing `units` on top of `expected`; raise if they don't chain."""
+    result = dict(expected)
+    by_partition: dict[int, list[tuple[int, int]]] = {}
+    for unit in units:
+        for p, rng in unit.ranges.items():
+            by_partition.setdefault(p, []).append(rng)
+    for p, ranges in by_partition.items():
+        for start, end in sorted(ranges):
+            if p in result and start != result[p]:
+                kind = "gap" if start > result[p] else "overlap"
+                raise OffsetChainError(
+                    f"partition {p}: a unit starts at offset {start} but the committed offset is {result[p]} ({kind})"
+                )
+            result[p] = end
+    return result
+
+
+class Committer:
+    def __init__(self, config: StreambergConfig, parallelism: int, run_id: str):
+        self.config, self.parallelism, self.run_id = config, parallelism, run_id
+        self.topic = config.kafka.topic
+        self.log = get_logger("ingest.committer", job=config.job_id, table=config.table.identifier, run=run_id)
+        self.pending = _Pending()
+        self.finished_writers: set[int] = set()
+        self.commit_seq = 0
+        self.expected: PartitionOffsets = {}
+        self.drained = False
+        self._group_consumer = None
+
+    # -- life cycle -------------------------------------------------------------------
+    def open(self) -> None:
+        self.catalog = load_catalog(self.config.catalog)
+        table = self.catalog.load_table(self.config.table.identifier)
+        position = committed_position(table, self.topic)
+        self.expected = dict(position.offsets)
+        self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.job_id else 0
+        ensure_dead_letter_table(self.catalog, self.config.dead_letter_table)
+        self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
+                      recorded_by=position.job_id)
+
+    def close(self) -> None:
+        if self._group_consumer is not None:
+            self._group_consumer.close()
+            self._group_consumer = None
+
+    # -- receiving units ----------------------------------------------------------------
+    def offer(self, unit: FlushUnit) -> CommitResult | None:
+        """Take a unit; commit when every active writer has reported for the interval."""
+        self.pending.units.append(unit)
+        if unit.final:
+            self.finished_writers.add(unit.writer)
+        if not self._ready():
+            return None
+        units, self.pending = self.pending.units, _Pending()
+        result = self.commit(units) if any(not u.empty for u in units) else None
+        if len(self.finished_writers) == self.parallelism:
+            self._mark_drained()
+        return result
+
+    def _ready(self) -> bool:
+        active = set(range(self.parallelism)) - (self.finished_writers - self.pending.writers())
+        reported = self.pending.writers()
+        # All writers reported for this interval, or someone is already past it (a slow
+        # writer's unit will simply join the next commit; its offsets still chain).
+        return active <= reported or len(self.pending.epochs()) > 1
+
+    # -- committing ---------------------------------------------------------------------
+    def _check_fence(self, table: Table) -> None:
+        position = committed_position(table, self.topic)
+        if position.offsets != self.expected:
+            raise FencedError(
+                f"table {self.config.table.identifier}: offsets for topic {self.topic} were moved by "
+                f"job {position.job_id!r} (run {position.run_id}, snapshot {position.snapshot_id}); this committer "
+                f"expected {self.expected} but found {position.offsets}. Refusing to commit: another ingest "
+                f"instance is writing this table."
+            )
+
+    def commit(self, units: list[FlushUnit]) -> CommitResult:
+        started = time.monotonic()
+        new_offsets = chain_offsets(self.expected, units)
+        files = [f for u in units for f in u.files]
+        dead = [d for u in units for d in u.dead_letters]
+        records = sum(f.record_count for f in files)
+        self.commit_seq += 1
+        dead_written = self._commit_dead_letters(dead, new_offsets) if dead else 0
+        properties = {
+            offsets_key(self.topic): encode_offsets(new_offsets),
+            JOB_ID_KEY: self.config.job_id,
+            RUN_ID_KEY: self.run_id,
+            COMMIT_SEQ_KEY: str(self.commit_seq),
+            "streamberg.dead-letters": str(dead_written),
+        }
+        attempts = 0
+        while True:
+            attempts += 1
+            table = self.catalog.load_table(self.config.table.identifier)
+            self._check_fence(table)
+            try:
+                tx = table.transaction()
+                with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                    for f in files:
+                        append.append_data_file(f.to_data_file())
+                # The append asserted main was at the snapshot we read, so the new current one is ours.
+                snapshot_id = tx.commit_transaction().current_snapshot().snapshot_id
+                break
+            except CommitFailedException as exc:
+                if attempts > self.config.ingest.commit_retries:
+                    raise CommitRetriesExhausted(
+                        f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
+                backoff = min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random())
+                self.log.warning("commit conflict, retrying", attempt=attempts, backoff_s=round(backoff, 2), error=str(exc))
+                time.sleep(backoff)
+        self.expected = new_offsets
+        result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=dead_written,
+                              offsets=new_offsets, seconds=time.monotonic() - started, attempts=attempts)
+        self.log.info("committed", snapshot=snapshot_id, files=result.files, records=records,
+                      dead_letters=dead_written, offsets=new_offsets, commit_seq=self.commit_seq,
+                      attempts=attempts, seconds=round(result.seconds, 3))
+        self._commit_group_offsets(new_offsets)
+        return result
+
+    def _commit_dead_letters(self, dead: list[DeadLetter], new_offsets: PartitionOffsets) -> int:
+        """Append dead letters not yet in the DLQ table (by its recorded offsets); return how many."""
+        attempts = 0
+        while True:
+            attempts += 1
+            dlq = self.catalog.load_table(self.config.dead_letter_table)
+            already = committed_position(dlq, self.topic).offsets
+            fresh = [d for d in dead if d.offset >= already.get(d.partition, -1)]
+            if not fresh:
+                return 0
+            now = dt.datetime.now(dt.timezone.utc)
+            rows = pa.Table.from_pylist([
+                {"topic": self.topic, "partition": d.partition, "offset": d.offset,
+                 "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
+                 "key": d.key, "value": d.value, "reason": d.reason, "job_id": self.config.job_id,
+                 "dead_lettered_at": now}
+                for d in fresh
+            ], schema=_dead_letter_arrow_schema())
+            try:
+                dlq.append(rows, snapshot_properties={
+                    offsets_key(self.topic): encode_offsets({**already, **new_offsets}),
+                    JOB_ID_KEY: self.config.job_id, RUN_ID_KEY: self.run_id,
+                })
+                return len(fresh)
+            except CommitFailedException:
+                if attempts > self.config.ingest.commit_retries:
+                    raise
+                time.sleep(min(5.0, 0.1 * 2 ** attempts))
+
+    def _commit_group_offsets(self, offsets: PartitionOffsets) -> None:
+        """Best effort: consumer-group offsets for lag dashboards; never used to resume."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        from streamberg.ingest.writer import consumer_settings
+
+        try:
+            if self._group_consumer is None:
+                self._group_consumer = Consumer(consumer_settings(self.config))
+            self._group_consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()], asynchronous=True)
+        except Exception as exc:  # noqa: BLE001 - monitoring only
+            self.log.warning("consumer-group offset commit failed (monitoring only)", error=str(exc))
+
+    def _mark_drained(self) -> None:
+        if self.drained:
+            return
+        self.drained = True
+        marker = run_dir(self.config, self.run_id) / "drained"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"offsets": {str(p): o for p, o in self.expected.items()}}))
+        self.log.info("all writers finished and committed", offsets=self.expected)
+
+
+def run_dir(config: StreambergConfig, run_id: str) -> Path:
+    return Path(config.ingest.state_dir) / "runs" / run_id
+
+
+_DLQ_ARROW = None
+
+
+def _dead_letter_arrow_schema() -> pa.Schema:
+    global _DLQ_ARROW
+    if _DLQ_ARROW is None:
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        _DLQ_ARROW = schema_to_pyarrow(DEAD_LETTER_SCHEMA)
+    return _DLQ_ARROW

@@ -1,0 +1,249 @@
+"""The PyFlink ingest job: parallel writers -> one committer.
+
+    ticks (NumberSequenceSource, parallelism P)
+      -> WriterFunction   (flat_map, parallelism P): poll Kafka, decode, write Parquet;
+                           emits a FlushUnit at the end of each commit interval
+      -> CommitterFunction (map, parallelism 1): one Iceberg snapshot per interval
+      -> discarding sink
+
+There is no Flink Kafka or Iceberg connector on our machines (see shared/TOOLCHAIN.md), so
+Kafka is read with confluent-kafka and Iceberg written with pyiceberg inside Python
+operators. The tick stream only drives the writers' poll loop; offsets live in the table,
+not in Flink state, so no checkpointing is needed for exactly-once (see README).
+
+A bounded run (--max-records/--duration, tests, demos) ends gracefully: the driver drops a
+`stop` marker, each writer flushes a final unit, the committer commits it and drops a
+`drained` marker, and the driver cancels the job. Cancelling at any other moment is also
+safe: uncommitted files are orphans and their records are read again on the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyflink.common import Configuration, Types, WatermarkStrategy
+from pyflink.datastream import StreamExecutionEnvironment
+from pyflink.datastream.connectors import Sink
+from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
+
+from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
+from streamberg.common.log import get_logger
+
+STOP_CHECK_SECONDS = 0.5
+
+
+class WriterFunction(FlatMapFunction):
+    def __init__(self, config: dict, run_id: str):
+        self.config_dump, self.run_id = config, run_id
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        from streamberg.ingest.committer import run_dir
+        from streamberg.ingest.writer import IngestWriter
+
+        config = config_from_dump(self.config_dump)
+        self.stop_marker = run_dir(config, self.run_id) / "stop"
+        self.writer = IngestWriter(config, runtime_context.get_index_of_this_subtask(),
+                                   runtime_context.get_number_of_parallel_subtasks(), self.run_id)
+        self.writer.open()
+        self._next_stop_check = 0.0
+
+    def _stop_requested(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_stop_check:
+            return False
+        self._next_stop_check = now + STOP_CHECK_SECONDS
+        return self.stop_marker.exists()
+
+    def flat_map(self, tick):  # noqa: ANN001, ANN201 - Flink's signature
+        if self.writer.finished:
+            time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
+            return
+        unit = self.writer.poll()
+        if unit is not None:
+            yield unit
+        if self._stop_requested():
+            yield self.writer.finish()
+
+    def close(self) -> None:
+        if getattr(self, "writer", None) is not None:
+            self.writer.close()
+
+
+class CommitterFunction(MapFunction):
+    def __init__(self, config: dict, parallelism: int, run_id: str):
+        self.config_dump, self.parallelism, self.run_id = config, parallelism, run_id
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        from streamberg.ingest.committer import Committer
+
+        self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
+        self.committer.open()
+
+    def map(self, unit):  # noqa: ANN001, ANN201
+        result = self.committer.offer(unit)
+        return 0 if result is None else result.records
+
+    def close(self) -> None:
+        if getattr(self, "committer", None) is not None:
+            self.committer.close()
+
+
+def flink_configuration(config: StreambergConfig, parallelism: int) -> Configuration:
+    conf = Configuration()
+    settings = {
+        # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
+        "python.executable": sys.executable,
+        "python.client.executable": sys.executable,
+        # Hand every unit downstream at once; the committer's timing depends on it.
+        "python.fn-execution.bundle.size": "1",
+        "python.fn-execution.bundle.time": "100",
+        "parallelism.default": str(parallelism),
+        "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
+        # A failure restarts the whole job; every task re-reads its position from the table.
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "3",
+        "restart-strategy.fixed-delay.delay": "5 s",
+        "pipeline.name": f"streamberg-ingest {config.table.identifier}",
+        **config.ingest.flink,
+    }
+    for key, value in settings.items():
+        conf.set_string(key, value)
+    return conf
+
+
+def build_job(config: StreambergConfig, parallelism: int, run_id: str) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism))
+    dump = dump_config(config)
+    ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
+    units = (ticks.flat_map(WriterFunction(dump, run_id), output_type=Types.PICKLED_BYTE_ARRAY())
+             .name("writers").set_parallelism(parallelism))
+    commits = (units.map(CommitterFunction(dump, parallelism, run_id), output_type=Types.LONG())
+               .name("committer").set_parallelism(1))
+    from pyflink.java_gateway import get_gateway
+
+    discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
+    commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
+    return env
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    consumed: int  # records (valid + dead-lettered) committed by this run
+    seconds: float
+    stopped_because: str
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
+               duration: float | None = None, progress: bool = True) -> RunOutcome:
+    """Run the ingest job; return when a bound is reached (or run until interrupted)."""
+    from streamberg.common.catalog import open_tables
+    from streamberg.common.offsets import committed_position
+    from streamberg.ingest.committer import run_dir
+
+    parallelism = parallelism or config.ingest.parallelism
+    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
+    catalog, table, _ = open_tables(config)  # create or check the tables before any worker starts
+    from streamberg.ingest.decode import check_supported
+
+    check_supported(table.schema())
+    start = committed_position(table, config.kafka.topic)
+    markers = run_dir(config, run_id)
+    markers.mkdir(parents=True, exist_ok=True)
+    log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
+             start_offsets=start.offsets, max_records=max_records, duration_s=duration)
+    started = time.monotonic()
+    client = build_job(config, parallelism, run_id).execute_async(f"streamberg-ingest {config.table.identifier}")
+
+    stop_reason: list[str] = []
+
+    def request_stop(reason: str) -> None:
+        if not stop_reason:
+            stop_reason.append(reason)
+            (markers / "stop").touch()
+            log.info("stopping: writers flush and commit what they have", reason=reason)
+
+    def on_signal(signum, _frame):  # noqa: ANN001
+        if stop_reason:  # second signal: stop now (safe: nothing half-visible)
+            raise KeyboardInterrupt
+        request_stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    bar = _progress_bar(max_records, enabled=progress)
+    consumed = 0
+    try:
+        stop_deadline = None
+        while True:
+            time.sleep(1.0)
+            status = str(client.get_job_status().result())
+            if status.endswith(("FAILED", "CANCELED", "FINISHED")):
+                raise JobFailed(_failure_message(client, status))
+            table = catalog.load_table(config.table.identifier)
+            now_pos = committed_position(table, config.kafka.topic)
+            consumed = sum(now_pos.offsets.values()) - sum(start.offsets.get(p, 0) for p in now_pos.offsets)
+            if bar is not None:
+                bar.n = consumed
+                bar.refresh()
+            if max_records is not None and consumed >= max_records:
+                request_stop(f"max_records {max_records} reached")
+            if duration is not None and time.monotonic() - started >= duration:
+                request_stop(f"duration {duration}s elapsed")
+            if stop_reason:
+                stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
+                if (markers / "drained").exists():
+                    break
+                if time.monotonic() > stop_deadline:
+                    log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
+                    break
+    except KeyboardInterrupt:
+        stop_reason.append(stop_reason[0] if stop_reason else "interrupted")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if bar is not None:
+            bar.close()
+        try:
+            client.cancel().result()
+        except Exception:  # noqa: BLE001 - already terminal
+            pass
+    table = catalog.load_table(config.table.identifier)
+    end = committed_position(table, config.kafka.topic)
+    consumed = sum(end.offsets.values()) - sum(start.offsets.get(p, 0) for p in end.offsets)
+    outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
+                         stopped_because=stop_reason[0] if stop_reason else "unknown")
+    log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,
+             end_offsets=end.offsets, snapshot=end.snapshot_id)
+    return outcome
+
+
+def _progress_bar(total: int | None, enabled: bool):  # noqa: ANN202
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", unit_scale=True, desc="committed", file=sys.stderr)
+
+
+def _failure_message(client, status: str) -> str:  # noqa: ANN001
+    try:
+        client.get_job_execution_result().result()
+    except Exception as exc:  # noqa: BLE001 - we want the root cause text
+        text = str(exc)
+        for marker in ("FencedError: ", "OffsetChainError: ", "CommitRetriesExhausted: ", "SchemaMismatchError: "):
+            if marker in text:
+                return marker.rstrip(": ") + ": " + text.split(marker, 1)[1].splitlines()[0]
+        lines = [line for line in text.splitlines() if "Error" in line or "Exception" in line]
+        return f"ingest job {status}: " + (lines[-1].strip() if lines else text[:500])
+    return f"ingest job ended unexpectedly ({status})"

@@ -1,0 +1,47 @@
+"""What a writer hands the committer: a flush unit (files + offset ranges + dead letters).
+
+A unit is atomic: the committer takes all of it or none of it. Its ranges are contiguous
+per Kafka partition with the writer's previous unit, so the committer can check that it
+commits every partition in offset order with no gap and no overlap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from streamberg.ingest.files import WrittenFile
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    reason: str
+
+
+@dataclass
+class FlushUnit:
+    run_id: str
+    writer: int  # the writer subtask's index
+    epoch: int  # commit-interval number (wall clock // interval) the unit closes
+    topic: str
+    # partition -> (first offset covered, next offset to read); only partitions that moved
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    files: list[WrittenFile] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    final: bool = False  # the writer stops after this unit
+
+    @property
+    def records(self) -> int:
+        return sum(f.record_count for f in self.files)
+
+    @property
+    def consumed(self) -> int:
+        return sum(end - start for start, end in self.ranges.values())
+
+    @property
+    def empty(self) -> bool:
+        return not self.ranges and not self.files and not self.dead_letters

@@ -1,0 +1,174 @@
+"""A writer: reads its Kafka partitions, decodes batches to Arrow, writes Parquet files.
+
+Engine-neutral (the PyFlink job wraps it in a FlatMapFunction). Exactly-once rests on two
+rules here:
+- On open, the writer seeks each of its partitions to the offset recorded in the table
+  (never to consumer-group offsets), so whatever was written but not committed before a
+  crash is simply read and written again.
+- Every unit it emits covers, per partition, exactly the offsets from where the previous
+  unit ended to the next offset to read; the committer checks the chain.
+
+Partition ownership is `partition % parallelism == writer index`: disjoint, and stable
+across restarts with the same parallelism.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.offsets import committed_position
+from streamberg.ingest.decode import JsonDecoder
+from streamberg.ingest.files import PartitionedFileWriter
+from streamberg.ingest.units import DeadLetter, FlushUnit
+
+
+def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
+    return sorted(p for p in partitions if p % parallelism == index)
+
+
+def consumer_settings(config: StreambergConfig) -> dict:
+    return {
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        # librdkafka wants a group id even for assign(); offsets are never auto-committed.
+        "group.id": config.consumer_group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": config.kafka.start_offset,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
+        "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
+        **config.kafka.consumer,
+    }
+
+
+def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic!r} not found on {consumer}; create it first")
+        time.sleep(0.5)
+
+
+class IngestWriter:
+    def __init__(self, config: StreambergConfig, index: int, parallelism: int, run_id: str):
+        self.config, self.index, self.parallelism, self.run_id = config, index, parallelism, run_id
+        self.topic = config.kafka.topic
+        self.interval = config.ingest.commit_interval_seconds
+        self.log = get_logger("ingest.writer", job=config.job_id, table=config.table.identifier,
+                              writer=index, run=run_id)
+        self.consumer: Consumer | None = None
+        self.position: dict[int, int] = {}  # partition -> next offset to read
+        self.unit_start: dict[int, int] = {}  # partition -> offset where the open unit began
+        self.dead_letters: list[DeadLetter] = []
+        self.epoch = self._epoch_now()
+        self.finished = False
+
+    def _epoch_now(self) -> int:
+        return int(time.time() // self.interval)
+
+    def open(self) -> None:
+        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+        committed = committed_position(table, self.topic)
+        self.consumer = Consumer(consumer_settings(self.config))
+        mine = owned_partitions(topic_partitions(self.consumer, self.topic), self.index, self.parallelism)
+        for p in mine:
+            if p in committed.offsets:
+                self.position[p] = committed.offsets[p]
+            else:  # never committed: resolve "earliest"/"latest" to a number now
+                low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
+                self.position[p] = low if self.config.kafka.start_offset == "earliest" else high
+        self.unit_start = dict(self.position)
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
+        self.decoder = JsonDecoder(table.schema(), self.config.ingest.max_record_bytes)
+        self.files = PartitionedFileWriter(
+            io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
+            properties=table.properties,
+            target_file_size=int(table.properties.get("write.target-file-size-bytes", self.config.table.target_file_size_bytes)),
+            row_group_rows=self.config.ingest.row_group_rows,
+            name_prefix=f"{self.run_id}-w{self.index}",
+        )
+        self.log.info("writer opened", partitions=mine, start_offsets=self.position,
+                      committed_snapshot=committed.snapshot_id)
+
+    # -- reading ----------------------------------------------------------------------
+    def poll(self) -> FlushUnit | None:
+        """Read and write one batch; return a unit when the commit interval has ended."""
+        assert self.consumer is not None, "open() first"
+        if self.finished:
+            return None
+        if self.position:
+            messages = self.consumer.consume(self.config.ingest.max_poll_records, self.config.ingest.poll_timeout_seconds)
+            if messages:
+                self._process(messages)
+        else:  # more writers than partitions: this one idles but still reports
+            time.sleep(self.config.ingest.poll_timeout_seconds)
+        epoch = self._epoch_now()
+        if epoch != self.epoch:
+            unit = self._flush(final=False)
+            self.epoch = epoch
+            return unit
+        return None
+
+    def _process(self, messages: list) -> None:
+        good = []
+        for m in messages:
+            error = m.error()
+            if error is None:
+                good.append(m)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                if error.fatal():
+                    raise KafkaException(error)
+                self.log.warning("kafka error", error=str(error))
+        if not good:
+            return
+        values = [m.value() for m in good]
+        partitions = np.fromiter((m.partition() for m in good), dtype=np.int64, count=len(good))
+        offsets = np.fromiter((m.offset() for m in good), dtype=np.int64, count=len(good))
+        result = self.decoder.decode(values)
+        if result.table.num_rows:
+            self.files.write(result.table)
+        for i, reason in result.rejected:
+            m = good[i]
+            kind, ts = m.timestamp()
+            self.dead_letters.append(DeadLetter(
+                partition=m.partition(), offset=m.offset(), timestamp_ms=ts if kind else None,
+                key=m.key(), value=m.value(), reason=reason,
+            ))
+        for p in np.unique(partitions):
+            self.position[int(p)] = int(offsets[partitions == p].max()) + 1
+
+    # -- flushing ---------------------------------------------------------------------
+    def _flush(self, final: bool) -> FlushUnit:
+        files = self.files.flush()
+        ranges = {p: (self.unit_start[p], end) for p, end in self.position.items() if end != self.unit_start[p]}
+        unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
+                         ranges=ranges, files=files, dead_letters=self.dead_letters, final=final)
+        self.unit_start = dict(self.position)
+        self.dead_letters = []
+        if not unit.empty:
+            self.log.debug("unit flushed", epoch=unit.epoch, files=len(files), records=unit.records,
+                           dead_letters=len(unit.dead_letters), ranges=ranges)
+        return unit
+
+    def finish(self) -> FlushUnit:
+        """Flush what is buffered as this writer's final unit and stop reading."""
+        unit = self._flush(final=True)
+        self.finished = True
+        self.log.info("writer finished", next_offsets=self.position)
+        return unit
+
+    def close(self) -> None:
+        if getattr(self, "files", None) is not None and not self.finished:
+            self.files.abort()  # uncommitted files become orphans; the data is re-read
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
