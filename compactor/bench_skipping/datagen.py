@@ -203,7 +203,7 @@ class LineorderGenerator:
 
     def slots(self, batch_rows: int = 1 << 17) -> Iterator[tuple[int, pa.Table]]:
         """Yield ``(slot, rows)`` for every file slot in order, streaming from DuckDB."""
-        reader = self._require().execute("SELECT * FROM lineorder ORDER BY file_slot, lo_orderkey, lo_linenumber").fetch_record_batch(batch_rows)
+        reader = self._require().execute("SELECT * FROM lineorder ORDER BY file_slot, lo_orderkey, lo_linenumber").to_arrow_reader(batch_rows)
         current: int | None = None
         pending: list[pa.Table] = []
         for batch in reader:

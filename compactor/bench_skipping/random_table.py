@@ -70,7 +70,7 @@ def write_files(
     snapshot_properties: dict[str, str] | None = None,
 ) -> WrittenTable:
     """Write each Arrow table in ``files`` as one Parquet data file; commit them all at once."""
-    log = get_logger("bench.random_table", table=".".join(table.identifier[-2:]))
+    log = get_logger("bench.random_table", table=".".join(table.name()[-2:]))
     metadata = table.metadata
     task_schema = None
     write_uuid = uuid.uuid4()
@@ -104,4 +104,4 @@ def write_files(
             for data_file in written:
                 append.append_data_file(data_file)
     log.info("random layout committed", files=len(written), rows=rows)
-    return WrittenTable(identifier=".".join(table.identifier[-2:]), files=len(written), rows=rows)
+    return WrittenTable(identifier=".".join(table.name()[-2:]), files=len(written), rows=rows)
