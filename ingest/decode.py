@@ -97,7 +97,9 @@ class JsonDecoder:
             row = _ROW.search(message)
             raise _BadBlock(_clean_reason(_ROW.sub("", message)), int(row.group(1)) if row else None) from None
         if parsed.num_rows != expected_rows:
-            raise _BadBlock("not exactly one JSON value (empty, blank, or several values in one record)")
+            # Blank values were removed beforehand, so extra rows mean a record holding
+            # several JSON values; equal counts guarantee rows align with records.
+            raise _BadBlock("more than one JSON value in one record")
         return parsed
 
     def _convert(self, parsed: pa.Table) -> tuple[pa.Table, np.ndarray, str]:
@@ -185,7 +187,12 @@ class JsonDecoder:
             rejected.append((int(i), "null value (tombstone)"))
         for i in np.flatnonzero(oversized):
             rejected.append((int(i), f"oversized: {lengths[int(i)].as_py()} bytes > max_record_bytes {self.max_record_bytes}"))
-        candidates = np.flatnonzero(~(is_null | oversized))
+        # Blank values would make the parser skip a line and misalign rows with records.
+        blank = pc.fill_null(pc.match_substring_regex(raw, r"^[ \t\r\n]*$"), False).to_numpy(zero_copy_only=False)
+        blank &= ~(is_null | oversized)
+        for i in np.flatnonzero(blank):
+            rejected.append((int(i), "empty or blank value"))
+        candidates = np.flatnonzero(~(is_null | oversized | blank))
         if len(candidates) < n:
             raw = raw.take(pa.array(candidates))
         # Raw newlines may only be whitespace between JSON tokens (inside strings they must

@@ -1,0 +1,97 @@
+"""Config errors: each bad key gives a clear message naming it, and a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from streamberg.common.cli import main
+from streamberg.common.config import ConfigError, load_config
+from tests.helpers import write_config
+
+
+def _mutate(path: Path, change) -> Path:  # noqa: ANN001
+    document = yaml.safe_load(path.read_text())
+    change(document)
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture
+def good_config(tmp_path: Path) -> Path:
+    return write_config(tmp_path, "127.0.0.1:1", "t")
+
+
+BAD = {
+    "kafka.topic": (lambda d: d["kafka"].pop("topic"), "kafka.topic: Field required"),
+    "kafka.start_offset": (lambda d: d["kafka"].update(start_offset="middle"), "kafka.start_offset"),
+    "kafka.consumer": (lambda d: d["kafka"].update(consumer={"group.id": "x"}), "kafka.consumer: group.id are set by streamberg"),
+    "kafka.unknown": (lambda d: d["kafka"].update(bootstrap="x"), "kafka.bootstrap: Extra inputs are not permitted"),
+    "catalog.uri": (lambda d: d["catalog"].update(uri="catalog.db"), "catalog.uri: must be a SQLAlchemy URI"),
+    "table.identifier": (lambda d: d["table"].update(identifier="events"), "table.identifier"),
+    "table.schema.type": (lambda d: d["table"]["schema"][1].update(type="timestmp"), "table.schema.1.type: unknown type 'timestmp'"),
+    "table.partition_spec.source": (lambda d: d["table"].update(partition_spec=[{"source": "nope", "transform": "day"}]),
+                                    "partition_spec.0.source: 'nope' is not a schema field"),
+    "table.partition_spec.transform": (lambda d: d["table"].update(partition_spec=[{"source": "id", "transform": "bucket[x]"}]),
+                                       "table.partition_spec.0.transform: unknown transform"),
+    "day on a string": (lambda d: d["table"].update(partition_spec=[{"source": "user_id", "transform": "day"}]),
+                        "partition_spec.0.transform: day needs a date/timestamp field"),
+    "ingest.commit_interval_seconds": (lambda d: d["ingest"].update(commit_interval_seconds=0),
+                                       "ingest.commit_interval_seconds: Input should be greater than 0"),
+    "ingest.parallelism": (lambda d: d["ingest"].update(parallelism="two"), "ingest.parallelism"),
+    "unknown section": (lambda d: d.update(ingset={}), "ingset: Extra inputs are not permitted"),
+    "duplicate field": (lambda d: d["table"]["schema"].append({"name": "id", "type": "long"}), "duplicate field names ['id']"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_bad_key_is_named(good_config: Path, case: str) -> None:
+    change, expected = BAD[case]
+    _mutate(good_config, change)
+    with pytest.raises(ConfigError) as error:
+        load_config(good_config)
+    assert expected in str(error.value)
+    # ...and the CLI turns it into exit code 2 before anything starts.
+    assert main(["table", "--config", str(good_config)]) == 2
+
+
+def test_good_config_loads_and_resolves_paths(good_config: Path) -> None:
+    config = load_config(good_config)
+    assert config.catalog.uri == f"sqlite:///{good_config.parent / 'catalog.db'}"
+    assert config.catalog.warehouse == f"file://{good_config.parent / 'warehouse'}"
+    assert config.dead_letter_table == "db.events_dead_letters"
+
+
+def test_environment_overrides_the_file(good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMBERG_KAFKA__BOOTSTRAP_SERVERS", "broker:9093")
+    monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "3")
+    config = load_config(good_config)
+    assert config.kafka.bootstrap_servers == "broker:9093"
+    assert config.ingest.parallelism == 3
+
+
+def test_bad_environment_override_is_named(good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "-1")
+    with pytest.raises(ConfigError, match="ingest.parallelism: Input should be greater than or equal to 1"):
+        load_config(good_config)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("kafka: [unclosed")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_cli_exit_code_and_message_in_a_real_process(good_config: Path) -> None:
+    _mutate(good_config, lambda d: d["ingest"].update(commit_interval_seconds=-5))
+    exe = Path(sys.executable).parent / "streamberg"
+    proc = subprocess.run([str(exe), "ingest", "--config", str(good_config)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "ingest.commit_interval_seconds" in proc.stderr
+    assert "Traceback" not in proc.stderr
