@@ -30,7 +30,8 @@ def write_config(directory: Path, bootstrap: str, topic: str | None = None, *, p
     directory.mkdir(parents=True, exist_ok=True)
     document: dict[str, Any] = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic or f"t-{uuid.uuid4().hex[:8]}"},
-        "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        # A catalog name of its own: Spark caches catalogs by name for the whole session.
+        "catalog": {"name": f"c{uuid.uuid4().hex[:8]}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "table": {"identifier": table or "db.events", "schema": EVENT_SCHEMA,
                   "partition_spec": partition_spec or []},
         "ingest": {"commit_interval_seconds": 2, "parallelism": 2, "state_dir": "state", **(ingest or {})},
@@ -72,3 +73,38 @@ def duplicates(values: list[int]) -> list[int]:
 
 def distinct(values) -> int:  # noqa: ANN001
     return pc.count_distinct(values).as_py()
+
+
+def spark_table(spark, config: StreambergConfig, identifier: str):  # noqa: ANN001, ANN201
+    """A Spark DataFrame of an Iceberg table, read through Spark's own JdbcCatalog."""
+    from streamberg.common.spark import spark_catalog_conf
+
+    for key, value in spark_catalog_conf(config.catalog).items():
+        spark.conf.set(key, value)
+    return spark.table(f"{config.catalog.name}.{identifier}")
+
+
+def end_offsets_by_reading(bootstrap: str, topic: str, partitions: int) -> dict[str, int]:
+    """Each partition's end offset, found by reading to the end.
+
+    tansu 0.6 (the embedded broker) reports a high watermark that can lag the true end by a
+    record batch, so tests that need the exact end read it instead of asking for it.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "verify-ends", "enable.partition.eof": True})
+    ends = {}
+    for p in range(partitions):
+        consumer.assign([TopicPartition(topic, p, 0)])
+        last = -1
+        while True:
+            messages = consumer.consume(10000, timeout=5.0)
+            if not messages:
+                break
+            eof = [m for m in messages if m.error() is not None]
+            last = max([last] + [m.offset() for m in messages if m.error() is None])
+            if eof:
+                break
+        ends[str(p)] = last + 1
+    consumer.close()
+    return ends

@@ -1,0 +1,134 @@
+"""End to end through the real PyFlink job: tansu broker -> `streamberg ingest` -> Iceberg.
+
+One ingest run (module fixture) of a multi-partition topic with ~1% malformed records into a
+table partitioned by day(ts) and bucket[4](user_id); the tests then check the table from
+several sides: pyiceberg, Spark with the Iceberg runtime (a second implementation), the
+dead-letter table, the recorded offsets, and the file layout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.expressions import EqualTo
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.sample_events import produce_events
+from tests.helpers import (
+    config_at,
+    dead_letters,
+    duplicates,
+    end_offsets_by_reading,
+    streamberg,
+    table_ids,
+    write_config,
+)
+
+pytestmark = pytest.mark.flink
+
+RECORDS = 30_000
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory: pytest.TempPathFactory, broker: str):
+    directory = tmp_path_factory.mktemp("e2e")
+    path = write_config(directory, broker, "e2e-events", partition_spec=[
+        {"source": "ts", "transform": "day"}, {"source": "user_id", "transform": "bucket[4]"}])
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, PARTITIONS)
+    produced = produce_events(config, RECORDS, bad_fraction=0.01)
+    run = streamberg("ingest", "--config", str(path), "--max-records", str(RECORDS), "--quiet")
+    return config, path, produced, json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+
+def test_table_holds_exactly_the_valid_records(ingested) -> None:  # noqa: ANN001
+    config, _, produced, outcome, _ = ingested
+    assert outcome["consumed"] == RECORDS
+    ids = table_ids(config)
+    assert not duplicates(ids)
+    assert ids == sorted(produced.valid_ids)
+
+
+def test_spark_reads_the_same_records(ingested, spark) -> None:  # noqa: ANN001
+    from tests.helpers import spark_table
+
+    config, _, produced, _, _ = ingested
+    rows = spark_table(spark, config, config.table.identifier).select("id").collect()
+    assert sorted(r.id for r in rows) == sorted(produced.valid_ids)
+
+
+def test_every_malformed_record_is_dead_lettered_with_raw_bytes_and_reason(ingested) -> None:  # noqa: ANN001
+    config, _, produced, _, _ = ingested
+    dlq = dead_letters(config)
+    assert dlq.num_rows == sum(produced.bad.values()) > 0
+    assert not duplicates(list(zip(dlq.column("partition").to_pylist(), dlq.column("offset").to_pylist())))
+    reasons = Counter(r.split(":")[0] for r in dlq.column("reason").to_pylist())
+    assert set(reasons) >= {"oversized", "missing required field 'id'", "not valid JSON for the schema"}
+    # The raw bytes are kept: each dead letter is the exact record at its offset.
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "verify"})
+    sample = dlq.slice(0, 5).to_pylist()
+    for row in sample:
+        consumer.assign([TopicPartition(config.kafka.topic, row["partition"], row["offset"])])
+        message = consumer.consume(1, timeout=10)[0]
+        assert message.value() == row["value"]
+    consumer.close()
+
+
+def test_offsets_end_at_the_topic_end_and_counts_reconcile(ingested) -> None:  # noqa: ANN001
+    config, path, _, _, _ = ingested
+    facts = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
+    ends = end_offsets_by_reading(config.kafka.bootstrap_servers, config.kafka.topic, PARTITIONS)
+    assert facts["committed_offsets"]["partitions"] == ends
+    assert facts["records"] + facts["dead_letters"] == RECORDS
+    assert facts["reconciles"] is True
+
+
+def test_commit_log_lines_carry_table_snapshot_files_records_offsets(ingested) -> None:  # noqa: ANN001
+    _, _, _, _, stderr = ingested
+    commits = [json.loads(line) for line in stderr.splitlines()
+               if line.startswith("{") and '"event": "committed"' in line]
+    assert commits
+    for line in commits:
+        assert {"table", "snapshot", "files", "records", "offsets", "job", "dead_letters"} <= set(line)
+
+
+def test_files_land_in_their_partitions_and_a_point_query_prunes(ingested) -> None:  # noqa: ANN001
+    config, _, _, _, _ = ingested
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    from pyiceberg_core import transform
+
+    tasks = list(table.scan().plan_files())
+    assert len(tasks) >= 4
+    for task in tasks:
+        data = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["ts", "user_id"])
+        days = {d.as_py() for d in transform.day(data.column("ts").combine_chunks()).cast("int32")}
+        buckets = {b.as_py() for b in transform.bucket(data.column("user_id").combine_chunks(), 4)}
+        assert days == {task.file.partition[0]} and buckets == {task.file.partition[1]}
+    user = table.scan(selected_fields=("user_id",), limit=1).to_arrow().column("user_id")[0].as_py()
+    pruned = list(table.scan(row_filter=EqualTo("user_id", user)).plan_files())
+    assert 0 < len(pruned) < len(tasks)
+    assert all(t.file.partition[1] == transform.bucket(__import__("pyarrow").array([user]), 4)[0].as_py() for t in pruned)
+
+
+def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_path: Path) -> None:  # noqa: ANN001
+    config, path, _, _, _ = ingested
+    import yaml
+
+    document = yaml.safe_load(path.read_text())
+    document["table"]["schema"][4]["type"] = "string"  # amount: double -> string
+    document["table"]["schema"].append({"name": "country", "type": "string", "required": True})
+    for key in ("uri", "warehouse"):
+        document["catalog"][key] = document["catalog"][key] if "://" not in document["catalog"][key] else document["catalog"][key]
+    changed = path.parent / "changed.yaml"
+    changed.write_text(yaml.safe_dump(document))
+    proc = streamberg("ingest", "--config", str(changed), "--max-records", "1", check=False)
+    assert proc.returncode == 1
+    assert "column 'amount' is double in the table but string in the config" in proc.stderr
+    assert "column 'country' (string) is in the config but not in the table" in proc.stderr
