@@ -1,0 +1,150 @@
+"""A SparkSession that sees the same Iceberg catalog as pyiceberg.
+
+The compactor (and tests that read tables back with Spark) use Iceberg's Spark runtime with a
+``JdbcCatalog`` that points at the very database pyiceberg's ``SqlCatalog`` uses. Both keep
+one row per table in ``iceberg_tables`` (catalog_name, table_namespace, table_name,
+metadata_location, previous_metadata_location) and commit with the same compare-and-swap
+``UPDATE ... WHERE metadata_location = <old>``, so a commit by either engine is seen by the
+other and a lost race fails cleanly on both sides.
+
+Two details make the sharing work:
+
+- The Spark catalog must be *named* like the pyiceberg catalog (``catalog.name``), because
+  ``JdbcCatalog`` uses its own name as the ``catalog_name`` column value.
+- ``jdbc.schema-version`` stays ``V0``: pyiceberg 0.8.1 creates ``iceberg_tables`` without the
+  ``iceberg_type`` column that Iceberg's V1 layout (views) adds. V0 reads and writes exactly
+  the columns pyiceberg knows and never alters the shared schema. (V1 would ``ALTER TABLE``
+  the shared database; pyiceberg would keep working, as V1 treats a NULL type as a table, but
+  there is no reason to change a database another program owns.)
+
+SQLAlchemy URIs are mapped to JDBC ones: ``sqlite:////abs/x.db`` -> ``jdbc:sqlite:/abs/x.db``
+(with the same busy timeout pyiceberg uses, so neither side fails on a held lock), and
+``postgresql[+driver]://user:pw@host:port/db`` -> ``jdbc:postgresql://host:port/db`` with
+``jdbc.user``/``jdbc.password``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from streamberg.common.catalog import SQLITE_BUSY_TIMEOUT_SECONDS
+from streamberg.common.config import CatalogConfig, StreambergConfig
+from streamberg.common.jars import iceberg_spark_runtime_jar, postgres_jdbc_jar, sqlite_jdbc_jar
+
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
+JDBC_CATALOG_IMPL = "org.apache.iceberg.jdbc.JdbcCatalog"
+
+
+class SparkCatalogError(RuntimeError):
+    """The Spark side cannot be set up for this catalog (unsupported URI, clash in a session)."""
+
+
+def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+    """Iceberg JdbcCatalog properties equivalent to pyiceberg's SqlCatalog for `catalog`."""
+    url = make_url(catalog.uri)
+    backend = url.get_backend_name()
+    props: dict[str, str] = {
+        "catalog-impl": JDBC_CATALOG_IMPL,
+        "warehouse": catalog.warehouse,
+        "jdbc.schema-version": "V0",
+    }
+    if backend == "sqlite":
+        if not url.database or url.database == ":memory:":
+            raise SparkCatalogError(f"catalog.uri {catalog.uri!r}: an in-memory SQLite catalog cannot be shared with Spark")
+        props["uri"] = f"jdbc:sqlite:{url.database}"
+        # Passed to the xerial driver as a connection property (JdbcCatalog strips "jdbc.").
+        props["jdbc.busy_timeout"] = str(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)
+    elif backend in ("postgresql", "postgres"):
+        host = url.host or "localhost"
+        port = f":{url.port}" if url.port else ""
+        props["uri"] = f"jdbc:postgresql://{host}{port}/{url.database or ''}"
+        if url.username:
+            props["jdbc.user"] = url.username
+        if url.password:
+            props["jdbc.password"] = str(url.password)
+    else:
+        raise SparkCatalogError(
+            f"catalog.uri {catalog.uri!r}: Spark can share sqlite or postgresql catalogs, not {backend!r}"
+        )
+    # FileIO settings (s3.endpoint, ...) mean the same to pyiceberg and Iceberg's Java FileIO.
+    props.update(catalog.properties)
+    return props
+
+
+def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
+    """Spark conf entries registering `catalog` as a Spark catalog of the same name."""
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    conf = {prefix: SPARK_CATALOG_CLASS}
+    conf.update({f"{prefix}.{key}": value for key, value in jdbc_catalog_properties(catalog).items()})
+    return conf
+
+
+def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
+    """Jars a session needs: the Iceberg runtime and the JDBC driver of the catalog database."""
+    jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar())]
+    if catalog is not None and make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
+        jars.append(str(postgres_jdbc_jar()))
+    return jars
+
+
+def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, str]:
+    """Session-wide settings: jars, Iceberg SQL extensions (CALL, system functions), quiet UI."""
+    return {
+        "spark.master": master,
+        "spark.app.name": app_name,
+        "spark.jars": ",".join(jars),
+        "spark.sql.extensions": ICEBERG_EXTENSIONS,
+        # Timestamps in the table are UTC; never let the driver's zone leak into results.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+def register_catalog(spark: Any, catalog: CatalogConfig) -> str:
+    """Make `catalog` usable in an existing session (catalogs can be added at runtime).
+
+    Returns the Spark catalog name. Re-registering the same settings is a no-op; a different
+    database under a name the session already uses is refused, because Spark keeps the first
+    catalog instance it loaded under a name for the life of the session.
+    """
+    conf = spark_catalog_conf(catalog)
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    existing_uri = spark.conf.get(f"{prefix}.uri", None)
+    if existing_uri is not None and existing_uri != conf[f"{prefix}.uri"]:
+        raise SparkCatalogError(
+            f"this Spark session already has a catalog named {catalog.name!r} on {existing_uri}; "
+            f"give catalog.name a different value to use {conf[f'{prefix}.uri']} too"
+        )
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    return catalog.name
+
+
+def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-compactor") -> Any:
+    """The compactor's SparkSession: master and extra conf from `compactor:`, plus the catalog.
+
+    Under spark-submit the master and jars given there win (getOrCreate keeps an existing
+    context's settings); locally the session is built from the config.
+    """
+    from pyspark.sql import SparkSession
+
+    compactor = config.compactor
+    builder = SparkSession.builder
+    conf = base_spark_conf(spark_jars(config.catalog), compactor.spark_master, app_name)
+    # Small local runs: the default 200 shuffle partitions only add task overhead.
+    conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
+    conf.update(compactor.spark_conf)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register_catalog(spark, config.catalog)
+    return spark
+
+
+def spark_table_name(config: StreambergConfig) -> str:
+    """The table's identifier in Spark: <catalog>.<namespace>.<table>."""
+    return f"{config.catalog.name}.{config.table.identifier}"
