@@ -77,11 +77,9 @@ def distinct(values) -> int:  # noqa: ANN001
 
 def spark_table(spark, config: StreambergConfig, identifier: str):  # noqa: ANN001, ANN201
     """A Spark DataFrame of an Iceberg table, read through Spark's own JdbcCatalog."""
-    from streamberg.common.spark import spark_catalog_conf
+    from streamberg.common.spark import register_catalog
 
-    for key, value in spark_catalog_conf(config.catalog).items():
-        spark.conf.set(key, value)
-    return spark.table(f"{config.catalog.name}.{identifier}")
+    return spark.table(f"{register_catalog(spark, config.catalog)}.{identifier}")
 
 
 def end_offsets_by_reading(bootstrap: str, topic: str, partitions: int) -> dict[str, int]:
