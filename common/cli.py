@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "streamberg.common.commands",
     "streamberg.ingest.commands",
     "streamberg.compactor.commands",
+    "streamberg.compactor.bench_skipping.commands",
 )
 
 DESCRIPTION = """\

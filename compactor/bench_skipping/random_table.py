@@ -17,6 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.io.pyarrow import pyarrow_to_schema, write_file
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, WriteTask
 
 from streamberg.common.log import get_logger
@@ -51,7 +52,7 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
         pass
 
 
-def recreate_table(catalog: Catalog, identifier: str, schema: pa.Schema) -> Table:
+def recreate_table(catalog: Catalog, identifier: str, schema: Schema | pa.Schema) -> Table:
     """Drop ``identifier`` if present (with its data files) and create it empty."""
     ensure_namespace(catalog, identifier.rsplit(".", 1)[0])
     try:
