@@ -1,0 +1,225 @@
+"""Ingest benchmark: streamberg (PyFlink, exactly-once) vs a bare Python baseline, same topic, same run.
+
+    .venv/bin/python bench/ingest_throughput.py [--records 1000000] [--partitions 4] [--parallelism 2]
+
+1. Starts its own tansu broker, produces N JSON events (the demo schema) to a fresh topic.
+2. Baseline: one Python process consumes the topic with confluent-kafka (assign, from 0),
+   decodes each batch with pyarrow.json and writes Parquet files: no Flink, no Iceberg
+   commit, no dead-letter checks.
+3. streamberg: `streamberg ingest --max-records N` on the same topic into a fresh table.
+   Two rates: end to end (wall clock of the command, JVM and job start included) and
+   steady state (records committed between the first and the last commit / the time
+   between them).
+4. Freshness: with the ingest running, events are produced at a fixed rate; for every
+   record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
+   field) gives p50/p95, set against the commit interval.
+
+Prints a table and writes bench/results/ingest-<time>.json. Figures are measured, never
+assumed; run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.json as pj
+import pyarrow.parquet as pq
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
+from streamberg.common.catalog import load_catalog  # noqa: E402
+from streamberg.common.config import load_config  # noqa: E402
+from streamberg.common.offsets import summary_properties  # noqa: E402
+from streamberg.common.sample_events import produce_events  # noqa: E402
+
+SCHEMA = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "ts", "type": "timestamptz", "required": True},
+    {"name": "user_id", "type": "string", "required": True},
+    {"name": "city", "type": "string"},
+    {"name": "amount", "type": "double"},
+]
+
+
+def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int) -> Path:
+    doc = {
+        "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+        "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "table": {"identifier": f"bench.{topic.replace('-', '_')}", "schema": SCHEMA},
+        "ingest": {"commit_interval_seconds": interval, "parallelism": parallelism, "state_dir": "state",
+                   "max_poll_records": 10000},
+    }
+    path = directory / f"{topic}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def baseline(bootstrap: str, topic: str, partitions: int, records: int, out_dir: Path) -> float:
+    """Bare consume -> pyarrow.json -> Parquet in one process; returns seconds."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz="UTC")), ("user_id", pa.string()),
+                        ("city", pa.string()), ("amount", pa.float64())])
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    started = time.perf_counter()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "baseline", "enable.auto.commit": False,
+                         "fetch.max.bytes": 64 * 1024 * 1024})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = pq.ParquetWriter(out_dir / "part-0.parquet", schema)
+    pending, pending_rows, seen = [], 0, 0
+    while seen < records:
+        messages = consumer.consume(10000, 1.0)
+        values = [m.value() for m in messages if m.error() is None]
+        if not values:
+            continue
+        seen += len(values)
+        pending.append(pj.read_json(io.BytesIO(b"\n".join(values)), parse_options=options))
+        pending_rows += pending[-1].num_rows
+        if pending_rows >= 131072:
+            writer.write_table(pa.concat_tables(pending))
+            pending, pending_rows = [], 0
+    if pending:
+        writer.write_table(pa.concat_tables(pending))
+    writer.close()
+    consumer.close()
+    return time.perf_counter() - started
+
+
+def run_streamberg(config_path: Path, records: int, parallelism: int) -> dict:
+    exe = Path(sys.executable).parent / "streamberg"
+    started = time.perf_counter()
+    started_wall = time.time()
+    proc = subprocess.run([str(exe), "ingest", "--config", str(config_path), "--max-records", str(records),
+                           "--parallelism", str(parallelism), "--quiet"], capture_output=True, text=True,
+                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+    seconds = time.perf_counter() - started
+    if proc.returncode:
+        raise SystemExit(f"streamberg ingest failed:\n{proc.stderr[-3000:]}")
+    config = load_config(config_path)
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    snapshots = sorted(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
+    done_at = snapshots[-1].timestamp_ms / 1000  # the commit that made the last record visible
+    records = int(summary_properties(snapshots[-1]).get("total-records", 0))
+    # Steady state: from the moment the writers were reading (job started, logged by each
+    # writer) to that last commit, so JVM and job start-up are left out.
+    opened = [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
+              for line in proc.stderr.splitlines() if '"writer opened"' in line]
+    running = done_at - max(opened)
+    return {"seconds": seconds, "records": records, "commits": len(snapshots),
+            "startup_seconds": max(opened) - started_wall, "steady_seconds": running,
+            "steady_records_per_s": records / running}
+
+
+def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int, interval: float,
+              rate: int, seconds: int) -> dict:
+    topic = "bench-fresh"
+    ensure_topic(bootstrap, topic, partitions)
+    path = write_config(directory, bootstrap, topic, interval, parallelism)
+    config = load_config(path)
+    exe = Path(sys.executable).parent / "streamberg"
+    log = (directory / "fresh.log").open("w")
+    proc = subprocess.Popen([str(exe), "ingest", "--config", str(path), "--quiet"], stdout=log, stderr=log,
+                            env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+    # Warm up: a first commit proves the job (writers and committer) is up, so neither JVM
+    # start nor operator start-up is counted. Warm-up ids start at 10**9 and are left out.
+    warmup_id = 10**9
+    produce_events(config, 1000, start_id=warmup_id)
+    deadline = time.monotonic() + 300
+    while '"committed"' not in (directory / "fresh.log").read_text():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"freshness run did not start: {(directory / 'fresh.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    produce_events(config, rate * seconds, rate=rate, start_id=0)
+    # Let the last records become visible, then stop gracefully.
+    time.sleep(3 * interval + 2)
+    proc.send_signal(2)
+    proc.wait(120)
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    lag_ms = []
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue  # a manifest carried over from an earlier snapshot
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                data = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["id", "ts"])
+                measured = data.filter(pa.compute.less(data.column("id"), warmup_id))
+                micros = measured.column("ts").cast(pa.int64()).to_numpy()
+                lag_ms.append(snapshot.timestamp_ms - micros / 1000)
+    lag = np.concatenate(lag_ms) / 1000
+    return {"records": int(lag.size), "rate": rate, "commit_interval_s": interval,
+            "p50_s": float(np.percentile(lag, 50)), "p95_s": float(np.percentile(lag, 95)),
+            "max_s": float(lag.max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=5.0, help="commit interval of the streamberg runs")
+    parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run")
+    parser.add_argument("--fresh-seconds", type=int, default=30)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
+        directory = Path(tmp)
+        broker = EmbeddedBroker(directory / "broker")
+        info = broker.start(port=free_port())
+        try:
+            topic = "bench-events"
+            ensure_topic(info.bootstrap, topic, args.partitions)
+            config_path = write_config(directory, info.bootstrap, topic, args.interval, args.parallelism)
+            print(f"producing {args.records:,} events ...", file=sys.stderr)
+            produce_events(load_config(config_path), args.records)
+            print("baseline ...", file=sys.stderr)
+            base_s = baseline(info.bootstrap, topic, args.partitions, args.records, directory / "baseline")
+            print("streamberg ingest ...", file=sys.stderr)
+            sb = run_streamberg(config_path, args.records, args.parallelism)
+            print("freshness ...", file=sys.stderr)
+            fresh = freshness(info.bootstrap, directory, args.partitions, args.parallelism, args.interval,
+                              args.fresh_rate, args.fresh_seconds)
+        finally:
+            broker.stop()
+
+    base_rate = args.records / base_s
+    e2e_rate = sb["records"] / sb["seconds"]
+    result = {
+        "records": args.records, "partitions": args.partitions, "parallelism": args.parallelism,
+        "cores": os.cpu_count(),
+        "baseline": {"seconds": base_s, "records_per_s": base_rate},
+        "streamberg": {**sb, "end_to_end_records_per_s": e2e_rate},
+        "ratio_end_to_end": e2e_rate / base_rate,
+        "ratio_steady_state": sb["steady_records_per_s"] / base_rate,
+        "freshness": fresh,
+    }
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"ingest-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(result, indent=2))
+    print(f"\nrecords {args.records:,}, {args.partitions} partitions, parallelism {args.parallelism}, {os.cpu_count()} cores")
+    print(f"{'':34}{'records/s':>12}{'seconds':>10}{'ratio':>8}")
+    print(f"{'baseline (python, no flink/commit)':34}{base_rate:>12,.0f}{base_s:>10.1f}{1.0:>8.2f}")
+    print(f"{'streamberg end to end (w/ start)':34}{e2e_rate:>12,.0f}{sb['seconds']:>10.1f}{result['ratio_end_to_end']:>8.2f}")
+    print(f"{'streamberg steady (job running)':34}{sb['steady_records_per_s']:>12,.0f}{sb['steady_seconds']:>10.1f}{result['ratio_steady_state']:>8.2f}")
+    print(f"streamberg start-up (JVM + job until writers read): {sb['startup_seconds']:.1f}s; commits: {sb['commits']}")
+    print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
+          f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over {fresh['records']:,} records")
+
+
+if __name__ == "__main__":
+    main()
