@@ -164,7 +164,12 @@ class DeadLetterConfig(_Section):
 
 
 class CompactorConfig(_Section):
-    """Settings of the incremental optimize loop (compactor/). Owned by the compactor."""
+    """Settings of the incremental optimize loop (compactor/). Owned by the compactor.
+
+    Planning rules decide, per table partition, whether its pending files (files added by
+    ingest appends and not yet optimized) are rewritten now. A partition is rewritten when ANY
+    enabled rule fires; a rule set to null is off. See docs/compactor.md.
+    """
 
     strategy: Literal["zorder", "hilbert", "zorder-iceberg", "sort", "binpack"] = "zorder"
     # Columns the layout clusters on; empty means the compactor only bin-packs.
@@ -173,6 +178,62 @@ class CompactorConfig(_Section):
     checkpoint_dir: str = ".streamberg/compactor-checkpoint"
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    # -- planning rules (per partition unless said otherwise) --
+    # At least this many pending files in a partition.
+    min_files: int | None = Field(default=10, ge=1)
+    # At least this many pending bytes in a partition (null: off; the target size is typical).
+    min_bytes: int | None = Field(default=None, gt=0)
+    # The oldest pending file of a partition was committed at least this long ago.
+    max_delay_seconds: float | None = Field(default=600.0, gt=0)
+    # Table-wide: at least this many ingest snapshots have pending files (Tencent's "every 5").
+    every_n_snapshots: int | None = Field(default=5, ge=1)
+
+    # -- rewriting --
+    # Size of the files the rewrite writes; null: the table's write.target-file-size-bytes.
+    target_file_size_bytes: int | None = Field(default=None, gt=0)
+    # A partition's pending files are split into groups of at most this many bytes; each
+    # group is read, laid out and written by one Spark job.
+    max_group_bytes: int = Field(default=2 * 1024**3, gt=0)
+    # Large plans commit in several steps so a crash loses at most one step's work; a plan
+    # is committed in at most this many commits (1: one all-or-nothing commit).
+    max_commits: int = Field(default=10, ge=1)
+    # Retries of a commit that still fails after Iceberg's own retries (CommitFailedException).
+    commit_retries: int = Field(default=3, ge=0)
+    # Rows sampled per group to find each column's rank boundaries (zorder, hilbert).
+    sample_rows: int = Field(default=20000, ge=100)
+    # Bits of rank per column for zorder/hilbert: up to 2^bits distinct ranks per column.
+    index_bits: int = Field(default=10, ge=1, le=20)
+
+    # -- running --
+    # How often the streaming query looks for new snapshots (continuous mode).
+    trigger_interval_seconds: float = Field(default=30.0, gt=0)
+    # One compactor per table: a lease row in the catalog database, renewed while running.
+    lease_ttl_seconds: float = Field(default=60.0, ge=5)
+    # When another compactor holds the lease: 0 exits at once, >0 waits up to that long.
+    lease_wait_seconds: float = Field(default=0.0, ge=0)
+
+    @field_validator("columns")
+    @classmethod
+    def _distinct_columns(cls, value: list[str]) -> list[str]:
+        if dupes := sorted({c for c in value if value.count(c) > 1}):
+            raise ValueError(f"columns listed twice: {dupes}")
+        if any(not c.strip() for c in value):
+            raise ValueError("column names must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> "CompactorConfig":
+        rules = (self.min_files, self.min_bytes, self.max_delay_seconds, self.every_n_snapshots)
+        if all(rule is None for rule in rules):
+            raise ValueError("min_files, min_bytes, max_delay_seconds and every_n_snapshots are all null: "
+                             "the incremental compactor would never act (use --full for one-off rewrites)")
+        return self
+
+    @property
+    def effective_strategy(self) -> str:
+        """Without clustering columns every strategy degenerates to bin-packing."""
+        return self.strategy if self.columns else "binpack"
 
 
 class StreambergConfig(BaseSettings):

@@ -51,6 +51,14 @@ def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
         "catalog-impl": JDBC_CATALOG_IMPL,
         "warehouse": catalog.warehouse,
         "jdbc.schema-version": "V0",
+        # pyiceberg creates the catalog tables. Iceberg 1.10's JdbcCatalog checks for them with
+        # DatabaseMetaData.getTables() and never closes that ResultSet; on SQLite the open
+        # statement pins an old WAL snapshot on a pooled connection, so later reads are stale
+        # and commits fail with SQLITE_BUSY_SNAPSHOT. Skipping the check avoids the leak.
+        "jdbc.init-catalog-tables": "false",
+        # Another engine (pyiceberg ingest) commits to the same tables all the time: never
+        # serve a cached, stale table to a Spark query.
+        "cache-enabled": "false",
     }
     if backend == "sqlite":
         if not url.database or url.database == ":memory:":
@@ -148,3 +156,19 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
 def spark_table_name(config: StreambergConfig) -> str:
     """The table's identifier in Spark: <catalog>.<namespace>.<table>."""
     return f"{config.catalog.name}.{config.table.identifier}"
+
+
+def quiet_spark_logs(spark: Any, level: str = "WARN") -> None:
+    """Spark's own log level, plus silence for a warning that is expected here.
+
+    JdbcCatalog warns on every start that the catalog has no view support: that is the
+    deliberate V0 schema shared with pyiceberg (see the module docstring).
+    """
+    spark.sparkContext.setLogLevel(level)
+    try:
+        jvm = spark._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.iceberg.jdbc.JdbcCatalog", jvm.org.apache.logging.log4j.Level.ERROR
+        )
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass

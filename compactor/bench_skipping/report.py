@@ -164,10 +164,15 @@ def overlap_depth_chart(
             mean = sum(depth) / len(depth)
             ax.plot(range(len(values)), depth, label=f"{layout.layout} (mean {mean:.1f})", color=_colour(layout.layout), linewidth=1)
         ax.set_yscale("log")
+        # Plain numbers on the log axis: "30", not "3 x 10^1".
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_title(f"{column}: files covering each value", fontsize=9)
         ax.set_xlabel(f"value rank (of {len(values)})", fontsize=8)
         ax.set_ylabel(f"files (of {result.files}), log scale", fontsize=8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="best", framealpha=0.8)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Overlap depth: how many files a point query on each value must read", fontsize=10)
     fig.tight_layout()

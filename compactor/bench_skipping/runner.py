@@ -20,7 +20,7 @@ from .planning import FileBounds, column_bounds, coverage_depth, planned_files, 
 from .predicates import SamplerSpec, sample_predicates
 from .random_table import recreate_table, write_files
 from .results import STUDY_FILES, BenchResult, LayoutResult
-from .spark_layouts import LAYOUTS, LayoutOptions, bench_spark_session, lay_out
+from .spark_layouts import LAYOUTS, LayoutOptions, bench_spark_session, lay_out, register_bench_catalog
 
 NAMESPACE = "ssb"
 RANDOM = "random"
@@ -45,6 +45,7 @@ class BenchOptions:
     sampler: SamplerSpec = field(default_factory=SamplerSpec)
     layout: LayoutOptions = field(default_factory=LayoutOptions)
     workdir: Path = Path(".streamberg/bench-skipping")
+    catalog_name: str = CATALOG_NAME
     spark_master: str = "local[2]"
     driver_memory: str = "4g"
     progress: bool = True
@@ -58,9 +59,9 @@ def table_identifier(layout: str) -> str:
     return f"{NAMESPACE}.lineorder_{layout.replace('-', '_')}"
 
 
-def catalog_config(workdir: Path) -> CatalogConfig:
+def catalog_config(workdir: Path, name: str = CATALOG_NAME) -> CatalogConfig:
     root = workdir.resolve()
-    return CatalogConfig(name=CATALOG_NAME, uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
+    return CatalogConfig(name=name, uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
 
 
 def environment() -> dict[str, str]:
@@ -93,11 +94,13 @@ class BenchRun:
     distinct: dict[str, list[Any]]
 
 
-def run(options: BenchOptions) -> BenchRun:
+def run(options: BenchOptions, spark: Any = None) -> BenchRun:
+    """The whole benchmark. ``spark``: an existing session to use (tests share one); by default
+    one is built from the options."""
     log = get_logger("bench.skipping", scale=options.scale, files=options.file_count)
     seconds: dict[str, float] = {}
     files = options.file_count
-    config = catalog_config(options.workdir)
+    config = catalog_config(options.workdir, options.catalog_name)
     catalog = load_catalog(config)
     spec = GenerationSpec(scale=options.scale, files=files, seed=options.seed)
 
@@ -123,7 +126,10 @@ def run(options: BenchOptions) -> BenchRun:
     runs: list[tuple[str, str, str, float | None]] = [(RANDOM, table_identifier(RANDOM), "pyiceberg write_file, one task per random slot", None)]
     if options.layouts:
         started = time.perf_counter()
-        spark = bench_spark_session(config, master=options.spark_master, driver_memory=options.driver_memory)
+        if spark is None:
+            spark = bench_spark_session(config, master=options.spark_master, driver_memory=options.driver_memory)
+        else:
+            register_bench_catalog(spark, config)
         seconds["spark_start"] = time.perf_counter() - started
         with _bar(options, total=len(options.layouts), desc="layouts", unit="layout") as bar:
             for layout in options.layouts:

@@ -10,7 +10,8 @@ adaptive execution is told not to coalesce partitions, so nothing re-cuts the la
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,7 @@ def bench_spark_session(catalog: CatalogConfig, master: str = "local[2]", driver
     """A SparkSession with the Iceberg runtime and ``catalog`` registered under its own name."""
     from pyspark.sql import SparkSession
 
-    from streamberg.common.spark import base_spark_conf, register_catalog, spark_jars
+    from streamberg.common.spark import base_spark_conf, spark_jars
 
     conf = base_spark_conf(spark_jars(catalog), master, "streamberg-bench-skipping")
     conf["spark.driver.memory"] = driver_memory
@@ -66,18 +67,40 @@ def bench_spark_session(catalog: CatalogConfig, master: str = "local[2]", driver
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    for key, value in BENCH_SPARK_CONF.items():  # in case getOrCreate returned an existing session
-        spark.conf.set(key, value)
-    register_catalog(spark, catalog)
+    register_bench_catalog(spark, catalog)
+    return spark
+
+
+def register_bench_catalog(spark: Any, catalog: CatalogConfig) -> str:
+    """Register ``catalog`` on ``spark`` (the project's way) with the settings the benchmark needs."""
+    from streamberg.common.spark import register_catalog
+
+    name = register_catalog(spark, catalog)
     # The benchmark drops and recreates tables through pyiceberg; Spark must not serve a
     # cached Table object for a name whose metadata moved underneath it.
-    spark.conf.set(f"spark.sql.catalog.{catalog.name}.cache-enabled", "false")
+    spark.conf.set(f"spark.sql.catalog.{name}.cache-enabled", "false")
     # JdbcCatalog's start-up check for its tables (DatabaseMetaData.getTables on SQLite) leaves
     # a read transaction open on the pooled connection; in WAL mode that connection then sees
     # the database as of that moment, so tables pyiceberg creates or commits later stay
     # invisible to Spark. pyiceberg's SqlCatalog has already created the tables, so skip it.
-    spark.conf.set(f"spark.sql.catalog.{catalog.name}.jdbc.init-catalog-tables", "false")
-    return spark
+    spark.conf.set(f"spark.sql.catalog.{name}.jdbc.init-catalog-tables", "false")
+    return name
+
+
+@contextmanager
+def bench_conf(spark: Any) -> Iterator[None]:
+    """Apply ``BENCH_SPARK_CONF`` for the duration, restoring a shared session's own values."""
+    saved = {key: spark.conf.get(key, None) for key in BENCH_SPARK_CONF}
+    for key, value in BENCH_SPARK_CONF.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def _spark_name(catalog: CatalogConfig, identifier: str) -> str:
@@ -116,17 +139,18 @@ def lay_out(
     recreate_table(catalog, target, source_table.schema())
     rows = int((source_table.current_snapshot().summary or {}).get("total-records", 0)) or None
     started = time.perf_counter()
-    frame = spark.table(_spark_name(catalog_config, source))
-    if strategy == ICEBERG_ACTION:
-        # A plain copy, then Iceberg's own action re-clusters it in place.
-        frame.writeTo(_spark_name(catalog_config, target)).append()
-        _iceberg_zorder_rewrite(spark, catalog_config, target, columns, files)
-        implementation = "Iceberg CALL rewrite_data_files(strategy => 'sort', sort_order => 'zorder(...)')"
-    else:
-        laid = apply_layout(frame, strategy, list(columns), num_files=files, bits=options.bits,
-                            sample_rows=options.sample_rows, row_count=rows, seed=options.seed)
-        laid.writeTo(_spark_name(catalog_config, target)).append()
-        implementation = f"streamberg.compactor.layouts.apply_layout(strategy={strategy!r})"
+    with bench_conf(spark):
+        frame = spark.table(_spark_name(catalog_config, source))
+        if strategy == ICEBERG_ACTION:
+            # A plain copy, then Iceberg's own action re-clusters it in place.
+            frame.writeTo(_spark_name(catalog_config, target)).append()
+            _iceberg_zorder_rewrite(spark, catalog_config, target, columns, files)
+            implementation = "Iceberg CALL rewrite_data_files(strategy => 'sort', sort_order => 'zorder(...)')"
+        else:
+            laid = apply_layout(frame, strategy, list(columns), num_files=files, bits=options.bits,
+                                sample_rows=options.sample_rows, row_count=rows, seed=options.seed)
+            laid.writeTo(_spark_name(catalog_config, target)).append()
+            implementation = f"streamberg.compactor.layouts.apply_layout(strategy={strategy!r})"
     seconds = time.perf_counter() - started
     log.info("layout written", seconds=round(seconds, 1), implementation=implementation)
     return LayoutRun(strategy=strategy, identifier=target, seconds=seconds, implementation=implementation)

@@ -1,0 +1,127 @@
+"""Entry point shared by `streamberg compact` and tests: lease, Spark, then watch or one full pass."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.exceptions import NoSuchTableError
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.compactor.lease import TableLease
+from streamberg.compactor.planner import PlanningRules, describe, plan_rewrite
+from streamberg.compactor.service import Compactor, resolve_layout
+from streamberg.compactor.stream import SnapshotWatcher
+
+
+class CompactError(RuntimeError):
+    """An operator-facing failure (missing table, lease held, failed stream)."""
+
+
+@dataclass(frozen=True)
+class CompactOptions:
+    once: bool = False
+    full: bool = False
+    dry_run: bool = False
+    strategy: str | None = None
+    columns: list[str] | None = None
+
+
+def _open_table(config: StreambergConfig) -> tuple[Any, Any]:
+    catalog = load_catalog(config.catalog)
+    try:
+        return catalog, catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        raise CompactError(f"table {config.table.identifier} does not exist yet in {config.catalog.uri} "
+                           "(it is created by `streamberg ingest`)") from None
+
+
+def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]:
+    """What a pass would rewrite now, without Spark and without the lease."""
+    _, table = _open_table(config)
+    strategy, columns = resolve_layout(config, options.strategy, options.columns, table)
+    plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), mode="full" if options.full else "incremental")
+    return {
+        "table": config.table.identifier, "dry_run": True, "strategy": strategy, "columns": list(columns),
+        **describe(plan),
+        "groups_detail": [{"partition": g.partition_path, "files": len(g.files), "bytes": g.size_bytes,
+                           "reasons": list(g.reasons)} for g in plan.groups],
+        "deferred_detail": [{"partition": d.partition_path, "files": d.files, "bytes": d.size_bytes,
+                             "oldest_age_seconds": None if d.oldest_age_seconds is None else round(d.oldest_age_seconds, 1)}
+                            for d in plan.deferred],
+    }
+
+
+def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any = None,
+                stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run the compactor as the CLI does; returns the summary it prints.
+
+    `spark`: an existing session (tests); otherwise one is built from the config and stopped
+    at the end. `stop`: ends continuous mode when set (SIGINT/SIGTERM set it in the CLI).
+    """
+    if options.dry_run:
+        return dry_run(config, options)
+    catalog, table = _open_table(config)
+    resolve_layout(config, options.strategy, options.columns, table)  # bad columns fail before Spark starts
+    log = get_logger("compactor", table=config.table.identifier)
+    lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
+    try:
+        from streamberg.compactor.lease import LeaseHeldError
+
+        lease.acquire(config.compactor.lease_wait_seconds)
+    except LeaseHeldError as exc:
+        raise CompactError(str(exc)) from None
+    own_spark = spark is None
+    started = time.monotonic()
+    try:
+        if own_spark:
+            from streamberg.common.spark import build_spark_session, quiet_spark_logs
+
+            spark = build_spark_session(config)
+            quiet_spark_logs(spark)
+        else:
+            from streamberg.common.spark import register_catalog
+
+            register_catalog(spark, config.catalog)
+        compactor = Compactor(config, spark, strategy=options.strategy, columns=options.columns, lease=lease)
+        summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,
+                                   "columns": list(compactor.columns), "run_id": compactor.run_id}
+        if options.full:
+            report = compactor.run_pass(mode="full")
+            summary.update({"mode": "full", "batches": 0, **report.totals()})
+        else:
+            from streamberg.compactor.stream import StreamFailed
+
+            watcher = SnapshotWatcher(compactor, once=options.once)
+            try:
+                watch = watcher.run(stop)
+            except StreamFailed as exc:
+                raise CompactError(str(exc)) from exc
+            summary.update({"mode": "once" if options.once else "continuous", "batches": watch.batches,
+                            **watch.totals()})
+        current = compactor.load().current_snapshot()
+        summary["table_data_files"] = int(current.summary["total-data-files"]) if current and current.summary else 0
+        summary["seconds"] = round(time.monotonic() - started, 3)
+        log.info("compactor finished", **summary)
+        return summary
+    finally:
+        lease.release()
+        if own_spark and spark is not None:
+            spark.stop()
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """SIGINT/SIGTERM end continuous mode after the running pass (a second signal kills)."""
+
+    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)

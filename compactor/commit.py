@@ -1,0 +1,154 @@
+"""Commit manager: one atomic RewriteFiles per batch of rewritten groups.
+
+Each commit replaces the groups' old files by their new files in one snapshot, validated
+against the plan's starting snapshot (``validateFromSnapshot``) and with the starting data
+sequence number, as Iceberg's own rewrite does:
+
+- appends committed since the plan (a live ingest job) do not conflict: Iceberg re-applies
+  the rewrite on top of them (its own retry on a lost compare-and-swap), so they are kept;
+  we log how many concurrent commits the rewrite was rebased over;
+- a change that removed any of the files being replaced (``ValidationException``) makes the
+  batch give up cleanly: its new files are deleted, the old ones stay, and the next plan
+  looks at them afresh;
+- a commit still failing after Iceberg's retries (``CommitFailedException``) is retried here
+  ``commit_retries`` times with backoff, each attempt logged;
+- an unknown commit state (the catalog did not answer) is resolved by looking for this
+  commit's id in the table's snapshots; new files are never deleted while it is unknown.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamberg.common.log import get_logger
+from streamberg.compactor import jvm as J
+from streamberg.compactor import record as R
+from streamberg.compactor.runner import RewriteResult, delete_files
+
+VALIDATION = "org.apache.iceberg.exceptions.ValidationException"
+COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+STATE_UNKNOWN = "org.apache.iceberg.exceptions.CommitStateUnknownException"
+
+
+@dataclass
+class CommitOutcome:
+    status: str  # committed | conflict | failed | unknown | lease-lost
+    snapshot_id: int | None = None
+    summary: dict[str, str] = field(default_factory=dict)
+    attempts: int = 0
+    rebased_over: list[int] = field(default_factory=list)  # concurrent snapshots since the plan
+    error: str | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.status == "committed"
+
+
+class CommitManager:
+    def __init__(self, spark: Any, jtable: Any, *, starting_snapshot_id: int, starting_sequence_number: int,
+                 retries: int, lease_check: Callable[[], None] | None = None, table: str = "") -> None:
+        self.spark = spark
+        self.jtable = jtable
+        self.starting_snapshot_id = starting_snapshot_id
+        self.starting_sequence_number = starting_sequence_number
+        self.retries = retries
+        self.lease_check = lease_check
+        # Snapshots this manager committed: a later batch of the same plan is not "rebased"
+        # over its own earlier commits.
+        self.own_snapshots: set[int] = set()
+        self.log = get_logger("compactor.commit", table=table, plan_snapshot_id=starting_snapshot_id)
+
+    def commit(self, results: list[RewriteResult], summary: Mapping[str, str]) -> CommitOutcome:
+        """Commit all `results` as one snapshot carrying `summary`; never raises for conflicts."""
+        commit_id = str(uuid.uuid4())
+        props = R.check_summary({**summary, R.COMMIT_ID: commit_id})
+        new_paths = [p for r in results for p in r.new_paths]
+        attempt = 0
+        while True:
+            attempt += 1
+            if self.lease_check is not None:
+                try:
+                    self.lease_check()
+                except Exception as exc:  # noqa: BLE001 - any lease problem means: do not commit
+                    delete_files(self.jtable, new_paths)
+                    self.log.error("lease lost before commit; new files removed, nothing committed", error=str(exc))
+                    return CommitOutcome("lease-lost", attempts=attempt, error=str(exc))
+            try:
+                self._commit_once(results, props)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                kind = J.java_class_name(exc)
+                message = J.java_message(exc)
+                if kind == VALIDATION:
+                    delete_files(self.jtable, new_paths)
+                    self.log.warning("commit conflicts with a concurrent change; batch given up, its files stay pending",
+                                     error=message, attempt=attempt, commit_id=commit_id)
+                    return CommitOutcome("conflict", attempts=attempt, error=message)
+                if kind == STATE_UNKNOWN:
+                    found = self._find_commit(commit_id)
+                    if found is not None:
+                        self.log.warning("commit state was unknown; found it committed", snapshot_id=found,
+                                         commit_id=commit_id)
+                        return self._committed(found, props, attempt)
+                    self.log.error("commit state unknown and not found; new files kept (not deleted) in case "
+                                   "it lands; they are orphans otherwise", error=message, commit_id=commit_id)
+                    return CommitOutcome("unknown", attempts=attempt, error=message)
+                if kind == COMMIT_FAILED and attempt <= self.retries:
+                    backoff = min(30.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
+                    self.log.warning("commit failed after Iceberg's retries; retrying", error=message,
+                                     attempt=attempt, of=self.retries + 1, backoff_seconds=round(backoff, 2))
+                    time.sleep(backoff)
+                    continue
+                delete_files(self.jtable, new_paths)
+                self.log.error("commit failed; new files removed, old files stay pending", error=message,
+                               error_class=kind or type(exc).__name__, attempt=attempt)
+                return CommitOutcome("failed", attempts=attempt, error=message)
+            snapshot_id = int(self.jtable.currentSnapshot().snapshotId())
+            return self._committed(snapshot_id, props, attempt)
+
+    def _commit_once(self, results: list[RewriteResult], props: Mapping[str, str]) -> None:
+        self.jtable.refresh()
+        old = J.java_set(self.spark, (f for r in results for f in r.old_files))
+        new = J.java_set(self.spark, (f for r in results for f in r.new_files))
+        rewrite = (self.jtable.newRewrite()
+                   .validateFromSnapshot(self.starting_snapshot_id)
+                   .rewriteFiles(old, new, self.starting_sequence_number))
+        for key, value in props.items():
+            rewrite = rewrite.set(key, value)
+        rewrite.commit()
+
+    def _committed(self, snapshot_id: int, props: Mapping[str, str], attempts: int) -> CommitOutcome:
+        self.own_snapshots.add(snapshot_id)
+        rebased = [s for s in self._snapshots_between(snapshot_id) if s not in self.own_snapshots]
+        if rebased:
+            # Not an error: concurrent ingest appends since the plan were kept and validated against.
+            self.log.info("commit rebased over concurrent commits", snapshot_id=snapshot_id,
+                          concurrent_snapshots=rebased, count=len(rebased))
+        return CommitOutcome("committed", snapshot_id=snapshot_id, summary=dict(props), attempts=attempts,
+                             rebased_over=rebased)
+
+    def _snapshots_between(self, snapshot_id: int) -> list[int]:
+        """Snapshots committed by others between the plan's start and our snapshot, oldest first."""
+        between = []
+        snap = self.jtable.snapshot(snapshot_id)
+        parent = snap.parentId() if snap is not None else None
+        while parent is not None and int(parent) != self.starting_snapshot_id:
+            between.append(int(parent))
+            snap = self.jtable.snapshot(parent)
+            parent = snap.parentId() if snap is not None else None
+        return list(reversed(between))
+
+    def _find_commit(self, commit_id: str) -> int | None:
+        try:
+            self.jtable.refresh()
+        except Exception:  # noqa: BLE001 - still unknown
+            return None
+        for snap in J.iterate(self.jtable.snapshots()):
+            summary = snap.summary()
+            if summary is not None and summary.get(R.COMMIT_ID) == commit_id:
+                return int(snap.snapshotId())
+        return None

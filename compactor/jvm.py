@@ -1,0 +1,136 @@
+"""Thin py4j bridge to Iceberg's Java API inside the Spark driver (what pyspark cannot reach).
+
+Only small, metadata-sized calls cross this bridge: loading the Table, planning the scan
+tasks of a plan's partitions, staging them, and committing a RewriteFiles. Row data never
+passes through Python.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyiceberg.table import Table as PyTable
+
+# Iceberg option names (org.apache.iceberg.spark.SparkReadOptions / SparkWriteOptions).
+SCAN_TASK_SET_ID = "scan-task-set-id"
+REWRITTEN_FILE_SCAN_TASK_SET_ID = "rewritten-file-scan-task-set-id"
+SPLIT_SIZE = "split-size"
+FILE_OPEN_COST = "file-open-cost"
+TARGET_FILE_SIZE_BYTES = "target-file-size-bytes"
+USE_TABLE_DISTRIBUTION_AND_ORDERING = "use-table-distribution-and-ordering"
+DISTRIBUTION_MODE = "distribution-mode"
+OUTPUT_SPEC_ID = "output-spec-id"
+
+
+def java_class_name(exc: BaseException) -> str | None:
+    """The Java exception class behind a Py4JJavaError (None for Python errors)."""
+    if isinstance(exc, Py4JJavaError):
+        return str(exc.java_exception.getClass().getName())
+    return None
+
+
+def java_message(exc: BaseException) -> str:
+    """The Java exception's message followed by its causes' (the useful part is often a cause)."""
+    if not isinstance(exc, Py4JJavaError):
+        return str(exc)
+    parts = []
+    current = exc.java_exception
+    while current is not None and len(parts) < 5:
+        parts.append(f"{current.getClass().getSimpleName()}: {current.getMessage()}")
+        cause = current.getCause()
+        current = None if cause is None or cause.equals(current) else cause
+    return " <- ".join(parts)
+
+
+def load_table(spark: Any, spark_table: str) -> Any:
+    """The Java org.apache.iceberg.Table behind a Spark table name (fresh from the catalog)."""
+    return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, spark_table)
+
+
+def partition_filter_json(table: PyTable, spec_id: int, partition: Sequence[Any]) -> dict[str, Any] | None:
+    """Iceberg expression JSON selecting one partition, or None when it cannot be expressed.
+
+    Transform terms (``bucket[4](user_id) == 2``) are evaluated exactly against partition
+    values by Iceberg's scan planning. Values JSON cannot carry faithfully (decimals, binary,
+    uuids) make the filter None: the caller then plans without pruning, which costs time but
+    never correctness (tasks are matched by file path afterwards).
+    """
+    spec = table.specs()[spec_id]
+    schema = table.schema()
+    terms = []
+    for field, value in zip(spec.fields, partition):
+        transform = str(field.transform)
+        if transform == "void":
+            continue
+        name = schema.find_column_name(field.source_id)
+        if name is None:
+            return None
+        term: Any = name if transform == "identity" else {"type": "transform", "transform": transform, "term": name}
+        if value is None:
+            terms.append({"type": "is-null", "term": term})
+        elif isinstance(value, (bool, int, str)) or (isinstance(value, float) and value == value):
+            terms.append({"type": "eq", "term": term, "value": value})
+        else:
+            return None
+    return _and_all(terms)
+
+
+def _and_all(terms: list[dict[str, Any]]) -> dict[str, Any]:
+    if not terms:
+        return {"type": "true"}
+    expr = terms[0]
+    for term in terms[1:]:
+        expr = {"type": "and", "left": expr, "right": term}
+    return expr
+
+
+def _or_balanced(terms: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(terms) == 1:
+        return terms[0]
+    mid = len(terms) // 2
+    return {"type": "or", "left": _or_balanced(terms[:mid]), "right": _or_balanced(terms[mid:])}
+
+
+def plan_scan_tasks(spark: Any, jtable: Any, snapshot_id: int, filters: Iterable[dict[str, Any] | None]) -> dict[str, Any]:
+    """FileScanTasks (Java objects) of the table at `snapshot_id`, keyed by file location.
+
+    One scan, pruned to the union of `filters` (a None filter means no pruning is possible).
+    """
+    filters = list(filters)
+    jvm = spark._jvm
+    scan = jtable.newScan().useSnapshot(snapshot_id).ignoreResiduals()
+    if filters and all(f is not None for f in filters):
+        expr = jvm.org.apache.iceberg.expressions.ExpressionParser.fromJson(json.dumps(_or_balanced(filters)))
+        scan = scan.filter(expr)
+    tasks = jvm.org.apache.iceberg.relocated.com.google.common.collect.Lists.newArrayList(scan.planFiles())
+    by_path = {}
+    for i in range(tasks.size()):
+        task = tasks.get(i)
+        by_path[str(task.file().location())] = task
+    return by_path
+
+
+def java_list(spark: Any, items: Iterable[Any]) -> Any:
+    out = spark._jvm.java.util.ArrayList()
+    for item in items:
+        out.add(item)
+    return out
+
+
+def java_set(spark: Any, items: Iterable[Any]) -> Any:
+    out = spark._jvm.java.util.HashSet()
+    for item in items:
+        out.add(item)
+    return out
+
+
+def iterate(jcollection: Any) -> list[Any]:
+    """A Java collection's elements as a Python list of Java objects."""
+    out = []
+    it = jcollection.iterator()
+    while it.hasNext():
+        out.append(it.next())
+    return out

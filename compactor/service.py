@@ -1,0 +1,221 @@
+"""One optimize pass: plan (planner.py) -> rewrite groups (runner.py) -> commit (commit.py).
+
+``Compactor.run_pass`` is what each streaming micro-batch (stream.py) and ``--full`` call.
+It plans against the table's current snapshot, rewrites the selected groups in commit
+batches (partial progress: at most ``max_commits`` commits per plan, each saved as soon as
+its groups are written), and records every commit in its snapshot summary (record.py) and
+in one structured log line.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyiceberg.table import Table as PyTable
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import ConfigError, StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.spark import spark_table_name
+from streamberg.compactor import jvm as J
+from streamberg.compactor import record as R
+from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, STRATEGIES
+from streamberg.compactor.lease import TableLease
+from streamberg.compactor.planner import (
+    ManifestCache,
+    Mode,
+    Plan,
+    PlanningRules,
+    describe,
+    plan_rewrite,
+    sequence_number_of,
+)
+from streamberg.compactor.runner import GroupRewriteError, GroupRunner, LayoutSpec, RewriteResult
+
+TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+
+
+@dataclass
+class CommitReport:
+    snapshot_id: int | None
+    status: str
+    groups: int
+    files_in: int
+    files_out: int
+    bytes_in: int
+    bytes_out: int
+    rebased_over: int
+    attempts: int
+
+
+@dataclass
+class PassReport:
+    mode: str
+    batch_id: int | None
+    plan: dict[str, Any]
+    commits: list[CommitReport] = field(default_factory=list)
+    groups_failed: int = 0
+    seconds: float = 0.0
+
+    @property
+    def committed(self) -> list[CommitReport]:
+        return [c for c in self.commits if c.status == "committed"]
+
+    def totals(self) -> dict[str, int]:
+        done = self.committed
+        return {
+            "commits": len(done),
+            "groups": sum(c.groups for c in done),
+            "files_in": sum(c.files_in for c in done),
+            "files_out": sum(c.files_out for c in done),
+            "bytes_in": sum(c.bytes_in for c in done),
+            "bytes_out": sum(c.bytes_out for c in done),
+            "conflicts": sum(1 for c in self.commits if c.status != "committed"),
+            "groups_failed": self.groups_failed,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "batch_id": self.batch_id, "plan": self.plan, **self.totals(),
+                "seconds": round(self.seconds, 3), "commit_details": [asdict(c) for c in self.commits]}
+
+
+def resolve_layout(config: StreambergConfig, strategy: str | None, columns: list[str] | None,
+                   table: PyTable | None = None) -> tuple[str, tuple[str, ...]]:
+    """Strategy and columns from CLI overrides or the config, checked against the table."""
+    chosen_columns = tuple(columns if columns is not None else config.compactor.columns)
+    chosen = strategy or config.compactor.strategy
+    if chosen not in STRATEGIES:
+        raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(STRATEGIES)}")
+    if chosen in CLUSTERING_STRATEGIES and not chosen_columns:
+        chosen = "binpack"  # documented: without columns every strategy bin-packs
+    if table is not None:
+        names = [f.name for f in table.schema().fields]
+        missing = [c for c in chosen_columns if c not in names]
+        if missing:
+            raise ConfigError(f"compactor.columns: {missing} not in table {config.table.identifier} "
+                              f"(columns: {', '.join(names)})")
+    return chosen, chosen_columns
+
+
+class Compactor:
+    """Plans and runs optimize passes on one table with one SparkSession."""
+
+    def __init__(self, config: StreambergConfig, spark: Any, *, strategy: str | None = None,
+                 columns: list[str] | None = None, lease: TableLease | None = None) -> None:
+        self.config = config
+        self.spark = spark
+        self.catalog = load_catalog(config.catalog)
+        self.identifier = config.table.identifier
+        self.spark_table = spark_table_name(config)
+        self.strategy, self.columns = resolve_layout(config, strategy, columns, self.load())
+        self.rules = PlanningRules.from_config(config.compactor)
+        self.cache = ManifestCache()
+        self.lease = lease
+        self.run_id = str(uuid.uuid4())
+        self.log = get_logger("compactor", table=self.identifier, run_id=self.run_id, strategy=self.strategy,
+                              columns=",".join(self.columns))
+
+    def load(self) -> PyTable:
+        return self.catalog.load_table(self.identifier)
+
+    def target_file_size(self, table: PyTable) -> int:
+        configured = self.config.compactor.target_file_size_bytes
+        if configured is not None:
+            return configured
+        prop = table.properties.get(TARGET_SIZE_PROPERTY)
+        return int(prop) if prop else self.config.table.target_file_size_bytes
+
+    def plan(self, mode: Mode = "incremental", up_to_snapshot_id: int | None = None) -> tuple[PyTable, Plan]:
+        table = self.load()
+        bound = sequence_number_of(table, up_to_snapshot_id) if mode == "incremental" else None
+        return table, plan_rewrite(table, self.rules, mode=mode, up_to_sequence_number=bound, cache=self.cache)
+
+    def run_pass(self, mode: Mode = "incremental", *, batch_id: int | None = None,
+                 up_to_snapshot_id: int | None = None) -> PassReport:
+        started = time.monotonic()
+        table, plan = self.plan(mode, up_to_snapshot_id)
+        report = PassReport(mode=mode, batch_id=batch_id, plan=describe(plan))
+        log = self.log.bind(mode=mode, batch_id=batch_id, plan_snapshot_id=plan.starting_snapshot_id)
+        if not plan.groups:
+            log.info("nothing to rewrite", **describe(plan),
+                     deferred=[{"partition": d.partition_path, "files": d.files} for d in plan.deferred[:20]])
+            report.seconds = time.monotonic() - started
+            return report
+        log.info("plan", **describe(plan))
+        assert plan.starting_snapshot_id is not None and plan.starting_sequence_number is not None
+        jtable = J.load_table(self.spark, self.spark_table)
+        filters = [J.partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
+        tasks_by_path = J.plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
+        layout = LayoutSpec(self.strategy, self.columns, self.target_file_size(table),
+                            self.config.compactor.index_bits, self.config.compactor.sample_rows)
+        runner = GroupRunner(self.spark, self.spark_table, jtable, layout)
+        commits = CommitManager(
+            self.spark, jtable, starting_snapshot_id=plan.starting_snapshot_id,
+            starting_sequence_number=plan.starting_sequence_number, retries=self.config.compactor.commit_retries,
+            lease_check=self.lease.check if self.lease is not None else None, table=self.identifier,
+        )
+        batches = plan.commit_batches(self.config.compactor.max_commits)
+        for k, batch in enumerate(batches, start=1):
+            results: list[RewriteResult] = []
+            for group in batch:
+                tasks = [tasks_by_path.get(f.path) for f in group.files]
+                if any(t is None for t in tasks):
+                    report.groups_failed += 1
+                    log.error("group files missing from Iceberg's scan at the plan snapshot; group skipped",
+                              group=group.index, partition=group.partition_path)
+                    continue
+                try:
+                    results.append(runner.rewrite(group, tasks, has_deletes=plan.has_delete_files))
+                except GroupRewriteError as exc:
+                    report.groups_failed += 1
+                    log.error("group rewrite failed; its files stay pending", error=str(exc), group=group.index)
+            if not results:
+                continue
+            summary = self._summary(plan, results, k, len(batches), batch_id)
+            outcome = commits.commit(results, summary)
+            entry = CommitReport(
+                snapshot_id=outcome.snapshot_id, status=outcome.status, groups=len(results),
+                files_in=sum(len(r.group.files) for r in results), files_out=sum(r.files_out for r in results),
+                bytes_in=sum(r.group.size_bytes for r in results), bytes_out=sum(r.bytes_out for r in results),
+                rebased_over=len(outcome.rebased_over), attempts=outcome.attempts,
+            )
+            report.commits.append(entry)
+            if outcome.committed:
+                log.info("optimize committed", snapshot_id=outcome.snapshot_id, commit=f"{k}/{len(batches)}",
+                         groups=entry.groups, files_in=entry.files_in, files_out=entry.files_out,
+                         bytes_in=entry.bytes_in, bytes_out=entry.bytes_out,
+                         records=int(summary[R.RECORDS]), duration_ms=int(summary[R.DURATION_MS]),
+                         covered_snapshots=len(summary[R.COVERED_SNAPSHOTS].split(",")),
+                         rebased_over=entry.rebased_over, attempts=entry.attempts)
+            elif outcome.status == "lease-lost":
+                break
+        report.seconds = time.monotonic() - started
+        log.info("pass done", seconds=round(report.seconds, 3), **report.totals())
+        return report
+
+    def _summary(self, plan: Plan, results: list[RewriteResult], k: int, n: int, batch_id: int | None) -> dict[str, str]:
+        files = [f for r in results for f in r.group.files]
+        covered = [s for _, s in sorted({(f.sequence_number, f.snapshot_id) for f in files})]
+        summary = {
+            R.RUN_ID: self.run_id,
+            R.MODE: plan.mode,
+            R.STRATEGY: self.strategy,
+            R.COLUMNS: ",".join(self.columns),
+            R.GROUPS: str(len(results)),
+            R.COMMIT: f"{k}/{n}",
+            R.FILES_IN: str(len(files)),
+            R.FILES_OUT: str(sum(r.files_out for r in results)),
+            R.BYTES_IN: str(sum(f.size_bytes for f in files)),
+            R.BYTES_OUT: str(sum(r.bytes_out for r in results)),
+            R.RECORDS: str(sum(r.records_out for r in results)),
+            R.DURATION_MS: str(int(sum(r.seconds for r in results) * 1000)),
+            R.PLAN_SNAPSHOT_ID: str(plan.starting_snapshot_id),
+            R.COVERED_SNAPSHOTS: R.covered_value(covered),
+        }
+        if batch_id is not None:
+            summary[R.BATCH_ID] = str(batch_id)
+        return summary

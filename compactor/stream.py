@@ -1,0 +1,170 @@
+"""The snapshot watcher: a Spark Structured Streaming query over the table's snapshots.
+
+``spark.readStream.format("iceberg")`` emits the files of each new ``append`` snapshot; the
+compactor's own ``replace`` snapshots are skipped by Iceberg's source, and overwrite/delete
+snapshots are skipped by option. Each micro-batch triggers one optimize pass bounded to the
+snapshots the batch covers. The batch's rows are never read: the batch's end offset
+(snapshot id) is taken from Spark's offset log in the checkpoint, which Spark writes before
+running the batch, so a trigger costs metadata reads only.
+
+Progress and restarts: Spark's checkpoint records the last completed batch, so a restarted
+compactor resumes after it instead of replaying history; a batch that was interrupted is
+re-run by Spark with the same end offset, and because pending files are derived from the
+table (planner.py), the re-run rewrites exactly the files the interrupted run had not
+committed. ``--once`` uses Trigger.AvailableNow: everything pending is processed, then the
+query stops.
+
+A rule can become true without any new snapshot (``max_delay_seconds``): when that rule is
+on, the watcher also runs a pass between triggers (continuous mode) or after the stream
+(``--once``). A lock keeps passes strictly one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamberg.common.log import get_logger
+from streamberg.compactor.service import Compactor, PassReport
+
+SKIP_OPTIONS = {
+    "streaming-skip-overwrite-snapshots": "true",
+    "streaming-skip-delete-snapshots": "true",
+}
+
+
+class StreamFailed(RuntimeError):
+    """The streaming query stopped with an error."""
+
+
+@dataclass
+class WatchReport:
+    batches: int = 0
+    passes: list[PassReport] = field(default_factory=list)
+
+    def totals(self) -> dict[str, int]:
+        keys = ("commits", "groups", "files_in", "files_out", "bytes_in", "bytes_out", "conflicts", "groups_failed")
+        out = {k: 0 for k in keys}
+        for report in self.passes:
+            for k, v in report.totals().items():
+                out[k] += v
+        return out
+
+
+def read_batch_end_snapshot(spark: Any, checkpoint_dir: str, batch_id: int) -> int | None:
+    """The Iceberg snapshot id a micro-batch ends at, from Spark's offset log (None if unreadable).
+
+    The log file ``offsets/<batch>`` is: a version line, a metadata JSON line, then one
+    offset JSON per source; Iceberg's is ``{"version":1,"snapshot_id":..,"position":..}``.
+    Read through Hadoop's FileSystem so any checkpoint location Spark can use works here.
+    """
+    jvm = spark._jvm
+    try:
+        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint_dir.rstrip('/')}/offsets/{batch_id}")
+        fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        for line in reversed(text.strip().splitlines()):
+            if '"snapshot_id"' in line:
+                return int(json.loads(line)["snapshot_id"])
+    except Exception:  # noqa: BLE001 - the bound is an optimisation; without it the pass plans to now
+        return None
+    return None
+
+
+class SnapshotWatcher:
+    def __init__(self, compactor: Compactor, *, once: bool) -> None:
+        self.compactor = compactor
+        self.spark = compactor.spark
+        self.config = compactor.config.compactor
+        self.once = once
+        self.report = WatchReport()
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._query: Any = None
+        self.log = get_logger("compactor.stream", table=compactor.identifier,
+                              checkpoint=self.config.checkpoint_dir)
+
+    def _on_batch(self, batch_df: Any, batch_id: int) -> None:
+        end = read_batch_end_snapshot(self.spark, self.config.checkpoint_dir, batch_id)
+        self.log.info("micro-batch", batch_id=batch_id, end_snapshot_id=end)
+        try:
+            with self._lock:
+                self.report.batches += 1
+                self.report.passes.append(self.compactor.run_pass(batch_id=batch_id, up_to_snapshot_id=end))
+        except BaseException as exc:
+            self._error = exc  # re-raised with its own message after the query stops
+            raise
+
+    def _timer_pass(self) -> None:
+        if self.config.max_delay_seconds is None:
+            return
+        with self._lock:
+            self.report.passes.append(self.compactor.run_pass())
+
+    def start(self) -> Any:
+        stream = (self.spark.readStream.format("iceberg").options(**SKIP_OPTIONS)
+                  .load(self.compactor.spark_table))
+        writer = (stream.writeStream.foreachBatch(self._on_batch)
+                  .option("checkpointLocation", self.config.checkpoint_dir)
+                  .queryName(f"streamberg-compactor-{self.compactor.identifier}"))
+        if self.once:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{self.config.trigger_interval_seconds:g} seconds")
+        self._query = writer.start()
+        self.log.info("watching snapshots", once=self.once, trigger_interval_seconds=self.config.trigger_interval_seconds)
+        return self._query
+
+    def run(self, stop: threading.Event | None = None) -> WatchReport:
+        """Run until done (--once) or until `stop` is set / the process is interrupted."""
+        query = self.start()
+        stop = stop or threading.Event()
+        try:
+            if self.once:
+                self._await(query, None)
+                self._timer_pass()
+                return self.report
+            last_timer = time.monotonic()
+            while not stop.is_set():
+                # Short waits so a stop request is honoured promptly.
+                if self._await(query, min(1.0, self.config.trigger_interval_seconds)):
+                    return self.report  # stopped from elsewhere (query.stop())
+                if time.monotonic() - last_timer >= self.config.trigger_interval_seconds:
+                    self._timer_pass()
+                    last_timer = time.monotonic()
+            return self.report
+        finally:
+            if query.isActive:
+                query.stop()
+
+    def _await(self, query: Any, timeout: float | None) -> bool:
+        try:
+            finished = query.awaitTermination(timeout) if timeout is not None else query.awaitTermination()
+        except Exception:  # noqa: BLE001 - StreamingQueryException: report the cause below
+            finished = True
+        if finished is None or finished:
+            self._raise_if_failed(query)
+            return True
+        return False
+
+    def _raise_if_failed(self, query: Any) -> None:
+        failure = query.exception()
+        if failure is None and self._error is None:
+            return
+        if self._error is not None:
+            raise StreamFailed(f"optimize pass failed: {self._error}") from self._error
+        raise StreamFailed(f"streaming query failed: {str(failure)[:2000]}")
+
+    @property
+    def query(self) -> Any:
+        return self._query
+
