@@ -132,3 +132,15 @@ def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_pat
     assert proc.returncode == 1
     assert "column 'amount' is double in the table but string in the config" in proc.stderr
     assert "column 'country' (string) is in the config but not in the table" in proc.stderr
+
+
+def test_duration_bound_stops_gracefully_and_a_rerun_adds_nothing(ingested) -> None:  # noqa: ANN001
+    config, path, produced, _, _ = ingested
+    before = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
+    run = streamberg("ingest", "--config", str(path), "--duration", "8", "--quiet")
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])
+    assert outcome["consumed"] == 0 and outcome["stopped_because"] == "duration 8.0s elapsed"
+    assert '"all writers finished and committed"' in run.stderr  # drained, not cut off
+    after = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
+    assert after["snapshots"] == before["snapshots"]  # no empty snapshots
+    assert table_ids(config) == sorted(produced.valid_ids)
