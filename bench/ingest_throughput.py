@@ -47,15 +47,9 @@ from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # 
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
 from streamberg.common.offsets import summary_properties  # noqa: E402
-from streamberg.common.sample_events import produce_events  # noqa: E402
+from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
 
-SCHEMA = [
-    {"name": "id", "type": "long", "required": True},
-    {"name": "ts", "type": "timestamptz", "required": True},
-    {"name": "user_id", "type": "string", "required": True},
-    {"name": "city", "type": "string"},
-    {"name": "amount", "type": "double"},
-]
+SCHEMA = SAMPLE_EVENT_SCHEMA
 
 
 def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int) -> Path:

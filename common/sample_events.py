@@ -21,6 +21,15 @@ from confluent_kafka import Producer
 
 from streamberg.common.config import FieldConfig, StreambergConfig
 
+# The event shape of the demo (examples/demo.yaml), the tests and the benchmarks.
+SAMPLE_EVENT_SCHEMA = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "ts", "type": "timestamptz", "required": True},
+    {"name": "user_id", "type": "string", "required": True},
+    {"name": "city", "type": "string"},
+    {"name": "amount", "type": "double"},
+]
+
 BAD_KINDS = ("not_json", "wrong_type", "missing_required", "oversized", "not_an_object")
 
 

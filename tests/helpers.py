@@ -14,14 +14,9 @@ import yaml
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA
 
-EVENT_SCHEMA = [
-    {"name": "id", "type": "long", "required": True},
-    {"name": "ts", "type": "timestamptz", "required": True},
-    {"name": "user_id", "type": "string", "required": True},
-    {"name": "city", "type": "string"},
-    {"name": "amount", "type": "double"},
-]
+EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
 
 
 def write_config(directory: Path, bootstrap: str, topic: str | None = None, *, partition_spec: list | None = None,
