@@ -69,6 +69,8 @@ def _table(args: argparse.Namespace) -> int:
     print(f"data files       {facts['data_files']}  ({facts['total_size_bytes']:,} bytes)")
     print(f"records          {facts['records']:,}")
     print(f"dead letters     {facts['dead_letters']:,}  in {facts['dead_letter_table']}")
+    verdict = "yes" if facts["reconciles"] else "NO: records + dead letters != records consumed"
+    print(f"reconciles       {verdict}")
     print(f"committed        topic {offsets['topic']} by {offsets['job_id']} in snapshot {offsets['snapshot_id']}")
     for partition, offset in offsets["partitions"].items():
         print(f"  partition {partition:>3}  next offset {offset:,}")
