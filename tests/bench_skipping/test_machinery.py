@@ -125,5 +125,7 @@ def test_summary_and_targets_follow_the_counts() -> None:
     assert targets[("s_city", "study boundary-based Z-order")].met is False  # 80.0 < 81.4
     assert targets[("s_city", "zorder-iceberg")].met is True  # 80.0 >= 80.0
     assert targets[("c_city", "study boundary-based Z-order")].met is True  # 90.0 >= 83.6
+    mean = targets[("mean of columns", "zorder-iceberg")]
+    assert (mean.measured, mean.wanted, mean.met) == (pytest.approx(85.0), pytest.approx(65.0), True)
     text = format_tables(result)
     assert "| zorder " in text and "80.0%" in text and "NO" in text
