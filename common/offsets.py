@@ -20,6 +20,8 @@ OFFSETS_KEY_PREFIX = "streamberg.kafka-offsets."
 JOB_ID_KEY = "streamberg.job-id"
 RUN_ID_KEY = "streamberg.run-id"
 COMMIT_SEQ_KEY = "streamberg.commit-seq"
+# Kafka records (valid + dead-lettered) consumed by all ingest commits up to this one.
+CONSUMED_TOTAL_KEY = "streamberg.consumed-total"
 
 # partition -> next offset to read
 PartitionOffsets = dict[int, int]
@@ -58,10 +60,7 @@ class CommittedPosition:
     run_id: str | None = None
     commit_seq: int | None = None
     timestamp_ms: int | None = None
-
-    @property
-    def records(self) -> int:
-        return sum(self.offsets.values())
+    consumed_total: int = 0
 
 
 def ancestry(table: Table) -> list[Snapshot]:
@@ -90,5 +89,6 @@ def committed_position(table: Table, topic: str) -> CommittedPosition:
                 run_id=props.get(RUN_ID_KEY),
                 commit_seq=int(seq) if seq is not None else None,
                 timestamp_ms=snapshot.timestamp_ms,
+                consumed_total=int(props.get(CONSUMED_TOTAL_KEY, 0)),
             )
     return CommittedPosition(topic=topic)

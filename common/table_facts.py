@@ -33,7 +33,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
         dlq_records = 0
     current = table.current_snapshot()
     records = _total(table, "total-records")
-    consumed = position.records  # next offsets summed; topics here start at offset 0
+    consumed = position.consumed_total  # counted by the writers, recorded by each commit
     return {
         "table": config.table.identifier,
         "exists": True,
@@ -52,5 +52,6 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
         },
         "dead_letter_table": config.dead_letter_table,
         "dead_letters": dlq_records,
+        "consumed": consumed,
         "reconciles": records + dlq_records == consumed,
     }

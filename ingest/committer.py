@@ -30,6 +30,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     COMMIT_SEQ_KEY,
+    CONSUMED_TOTAL_KEY,
     JOB_ID_KEY,
     RUN_ID_KEY,
     PartitionOffsets,
@@ -101,6 +102,7 @@ class Committer:
         self.finished_writers: set[int] = set()
         self.commit_seq = 0
         self.expected: PartitionOffsets = {}
+        self.consumed_total = 0
         self.drained = False
         self._group_consumer = None
 
@@ -110,6 +112,7 @@ class Committer:
         table = self.catalog.load_table(self.config.table.identifier)
         position = committed_position(table, self.topic)
         self.expected = dict(position.offsets)
+        self.consumed_total = position.consumed_total
         self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.job_id else 0
         ensure_dead_letter_table(self.catalog, self.config.dead_letter_table)
         self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
@@ -158,6 +161,7 @@ class Committer:
         files = [f for u in units for f in u.files]
         dead = [d for u in units for d in u.dead_letters]
         records = sum(f.record_count for f in files)
+        consumed_total = self.consumed_total + sum(u.messages for u in units)
         self.commit_seq += 1
         dead_written = self._commit_dead_letters(dead, new_offsets) if dead else 0
         properties = {
@@ -165,6 +169,7 @@ class Committer:
             JOB_ID_KEY: self.config.job_id,
             RUN_ID_KEY: self.run_id,
             COMMIT_SEQ_KEY: str(self.commit_seq),
+            CONSUMED_TOTAL_KEY: str(consumed_total),
             "streamberg.dead-letters": str(dead_written),
         }
         attempts = 0
@@ -188,6 +193,7 @@ class Committer:
                 self.log.warning("commit conflict, retrying", attempt=attempts, backoff_s=round(backoff, 2), error=str(exc))
                 time.sleep(backoff)
         self.expected = new_offsets
+        self.consumed_total = consumed_total
         result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=dead_written,
                               offsets=new_offsets, seconds=time.monotonic() - started, attempts=attempts)
         self.log.info("committed", snapshot=snapshot_id, files=result.files, records=records,

@@ -19,13 +19,11 @@ safe: uncommitted files are orphans and their records are read again on the next
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyflink.common import Configuration, Types, WatermarkStrategy
 from pyflink.datastream import StreamExecutionEnvironment
@@ -192,7 +190,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
                 raise JobFailed(_failure_message(client, status))
             table = catalog.load_table(config.table.identifier)
             now_pos = committed_position(table, config.kafka.topic)
-            consumed = sum(now_pos.offsets.values()) - sum(start.offsets.get(p, 0) for p in now_pos.offsets)
+            consumed = now_pos.consumed_total - start.consumed_total
             if bar is not None:
                 bar.n = consumed
                 bar.refresh()
@@ -220,7 +218,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
             pass
     table = catalog.load_table(config.table.identifier)
     end = committed_position(table, config.kafka.topic)
-    consumed = sum(end.offsets.values()) - sum(start.offsets.get(p, 0) for p in end.offsets)
+    consumed = end.consumed_total - start.consumed_total
     outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
                          stopped_because=stop_reason[0] if stop_reason else "unknown")
     log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,

@@ -33,14 +33,11 @@ class FlushUnit:
     files: list[WrittenFile] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     final: bool = False  # the writer stops after this unit
+    messages: int = 0  # Kafka records read into this unit (valid + dead-lettered)
 
     @property
     def records(self) -> int:
         return sum(f.record_count for f in self.files)
-
-    @property
-    def consumed(self) -> int:
-        return sum(end - start for start, end in self.ranges.values())
 
     @property
     def empty(self) -> bool:

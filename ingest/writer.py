@@ -68,6 +68,7 @@ class IngestWriter:
         self.position: dict[int, int] = {}  # partition -> next offset to read
         self.unit_start: dict[int, int] = {}  # partition -> offset where the open unit began
         self.dead_letters: list[DeadLetter] = []
+        self.messages = 0  # records read into the open unit
         self.epoch = self._epoch_now()
         self.finished = False
 
@@ -125,6 +126,7 @@ class IngestWriter:
             messages = self._drop_errors(messages, errors)
             if not messages:
                 return
+        self.messages += len(messages)
         values = [m.value() for m in messages]
         partitions = [m.partition() for m in messages]
         offsets = [m.offset() for m in messages]
@@ -158,9 +160,11 @@ class IngestWriter:
         files = self.files.flush()
         ranges = {p: (self.unit_start[p], end) for p, end in self.position.items() if end != self.unit_start[p]}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
-                         ranges=ranges, files=files, dead_letters=self.dead_letters, final=final)
+                         ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
+                         messages=self.messages)
         self.unit_start = dict(self.position)
         self.dead_letters = []
+        self.messages = 0
         if not unit.empty:
             self.log.debug("unit flushed", epoch=unit.epoch, files=len(files), records=unit.records,
                            dead_letters=len(unit.dead_letters), ranges=ranges)
