@@ -78,9 +78,9 @@ def partition_filter_json(table: PyTable, spec_id: int, partition: Sequence[Any]
     return _and_all(terms)
 
 
-def _and_all(terms: list[dict[str, Any]]) -> dict[str, Any]:
+def _and_all(terms: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not terms:
-        return {"type": "true"}
+        return None  # unpartitioned (or all-void) spec: nothing to prune on
     expr = terms[0]
     for term in terms[1:]:
         expr = {"type": "and", "left": expr, "right": term}

@@ -3,7 +3,7 @@
 Public API (the compactor's runner uses it; the data-skipping benchmark builds on it)::
 
     apply_layout(df, strategy, columns, *, num_files, bits=10, sample_rows=20000,
-                 row_count=None, seed=0) -> DataFrame
+                 row_count=None, seed=0, keep_key=False) -> DataFrame
 
 returns ``df`` with the same columns and rows, split into ``num_files`` Spark partitions
 that each hold one contiguous range of the layout's order and are sorted within. Writing
@@ -123,8 +123,17 @@ def _check_columns(df: "DataFrame", columns: Sequence[str]) -> None:
             raise LayoutError(f"column {name!r} is {fields[name].dataType.simpleString()}: only orderable scalars can be clustered")
 
 
-def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sample_rows: int,
-                    row_count: int | None = None, seed: int = 0) -> list["Column"]:
+def sample_columns(df: "DataFrame", columns: Sequence[str], *, sample_rows: int, row_count: int | None = None,
+                   seed: int = 0) -> "DataFrame":
+    """About `sample_rows` rows of `columns`, materialised once (one pruned read of the input)."""
+    total = row_count if row_count is not None else df.count()
+    sample = df.select(*columns)
+    if total > sample_rows:
+        sample = sample.sample(withReplacement=False, fraction=sample_rows / total, seed=seed)
+    return sample.localCheckpoint(eager=True)
+
+
+def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: int) -> list["Column"]:
     """Per column, a literal sorted array of at most 2**bits - 1 rank boundaries.
 
     Few distinct values in the sample: all of them (exact dense ranks). Many: evenly spaced
@@ -136,11 +145,6 @@ def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sampl
     from pyspark.sql import functions as F
 
     max_bounds = (1 << bits) - 1
-    total = row_count if row_count is not None else df.count()
-    fraction = 1.0 if total <= sample_rows else sample_rows / total
-    sample = df.select(*columns)
-    if fraction < 1.0:
-        sample = sample.sample(withReplacement=False, fraction=fraction, seed=seed)
     sorted_values = sample.agg(*[
         F.sort_array(F.collect_list(F.col(c))).alias(f"{_TMP}s{i}") for i, c in enumerate(columns)
     ])
@@ -157,7 +161,7 @@ def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sampl
         chosen = F.when(F.size(distinct) <= max_bounds, distinct).otherwise(quantiles)
         picks.append(chosen.alias(f"{_TMP}b{i}"))
     result = sorted_values.select(*picks)
-    jvm = df.sparkSession._jvm
+    jvm = sample.sparkSession._jvm
     row = result._jdf.collect()[0]
     schema = result._jdf.schema()
     literal = jvm.org.apache.spark.sql.catalyst.expressions.Literal
@@ -167,26 +171,45 @@ def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sampl
     ]
 
 
+def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sample_rows: int,
+                    row_count: int | None = None, seed: int = 0) -> list["Column"]:
+    """Sample `df` and return the per-column boundary literals (see boundaries_from_sample)."""
+    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed)
+    return boundaries_from_sample(sample, columns, bits)
+
+
+def _count_le(df: "DataFrame", targets: dict[str, tuple[str, "Column"]], depth: int) -> "DataFrame":
+    """For each out column: how many elements of a sorted literal array are <= the value.
+
+    A branch-free binary search of fixed depth (arrays up to 2**depth - 1 long), one
+    projection per step for all columns at once, so no expression is ever duplicated.
+    Nulls compare as unknown and count 0.
+    """
+    from pyspark.sql import functions as F
+
+    df = df.withColumns({out: F.lit(0).cast("int") for out in targets})
+    for step in (1 << k for k in reversed(range(depth))):
+        updates = {}
+        for out, (value, array) in targets.items():
+            pos = F.col(out)
+            cand = pos + F.lit(step)
+            updates[out] = F.when(
+                cand <= F.size(array), F.when(F.element_at(array, cand) <= F.col(value), cand).otherwise(pos)
+            ).otherwise(pos)
+        df = df.withColumns(updates)
+    return df
+
+
 def with_scaled_ranks(df: "DataFrame", columns: Sequence[str], bounds: Sequence["Column"], bits: int) -> "DataFrame":
     """Add ``__sb_r<i>``: each column's rank among its boundaries, stretched to ``bits`` bits.
 
-    rank(v) = number of boundaries <= v (nulls and values below the first boundary: 0), found
-    by a fixed-depth binary search, one projection per bit so no expression is duplicated.
+    rank(v) = number of boundaries <= v (nulls and values below the first boundary: 0).
     Scaled rank = rank * 2**bits // (len(boundaries) + 1), in [0, 2**bits).
     """
     from pyspark.sql import functions as F
 
     n = len(columns)
-    ranked = df.withColumns({f"{_TMP}r{i}": F.lit(0).cast("int") for i in range(n)})
-    for step in (1 << k for k in reversed(range(bits))):
-        updates = {}
-        for i, c in enumerate(columns):
-            r, b = F.col(f"{_TMP}r{i}"), bounds[i]
-            cand = r + F.lit(step)
-            updates[f"{_TMP}r{i}"] = (
-                F.when(cand <= F.size(b), F.when(F.element_at(b, cand) <= F.col(c), cand).otherwise(r)).otherwise(r)
-            )
-        ranked = ranked.withColumns(updates)
+    ranked = _count_le(df, {f"{_TMP}r{i}": (c, bounds[i]) for i, c in enumerate(columns)}, bits)
     return ranked.withColumns({
         f"{_TMP}r{i}": F.floor(F.col(f"{_TMP}r{i}") * F.lit(float(1 << bits)) / (F.size(bounds[i]) + 1)).cast("long")
         for i in range(n)
@@ -207,54 +230,147 @@ def zorder_expression(ranks: Sequence["Column"], bits: int) -> "Column":
 
 
 def with_hilbert_transpose(df: "DataFrame", names: Sequence[str], bits: int) -> "DataFrame":
-    """Rewrite the columns ``names`` (scaled ranks) in place into Skilling's transposed Hilbert form."""
+    """Rewrite the columns ``names`` (scaled ranks) in place into Skilling's transposed Hilbert form.
+
+    One projection per bit level: within a level the n sequential updates are inlined (x0's
+    expression doubles per column, so n columns cost 2**n nodes; Spark's subexpression
+    elimination evaluates the shared parts once). Fewer projections keep the plan cheap to
+    analyse, which matters because every group builds its own plan.
+    """
     from pyspark.sql import functions as F
 
     n = len(names)
-    x = [F.col(c) for c in names]
+    zero = F.lit(0).cast("long")
     q = 1 << (bits - 1)
     while q > 1:
         p = F.lit(q - 1).cast("long")
+        x0 = F.col(names[0])
+        updates: dict[str, Column] = {}
         for i in range(n):
-            xi_has_q = F.col(names[i]).bitwiseAND(F.lit(q)) != 0
-            x0, xi = F.col(names[0]), F.col(names[i])
+            xi = F.col(names[i]) if i > 0 else x0
+            has_q = xi.bitwiseAND(F.lit(q)) != 0
             if i == 0:
-                df = df.withColumn(names[0], F.when(xi_has_q, x0.bitwiseXOR(p)).otherwise(x0))
+                x0 = F.when(has_q, x0.bitwiseXOR(p)).otherwise(x0)
                 continue
-            t = x0.bitwiseXOR(xi).bitwiseAND(p)
-            df = df.withColumns({
-                names[0]: F.when(xi_has_q, x0.bitwiseXOR(p)).otherwise(x0.bitwiseXOR(t)),
-                names[i]: F.when(xi_has_q, xi).otherwise(xi.bitwiseXOR(t)),
-            })
+            t = F.when(has_q, zero).otherwise(x0.bitwiseXOR(xi).bitwiseAND(p))
+            updates[names[i]] = xi.bitwiseXOR(t)
+            x0 = x0.bitwiseXOR(F.when(has_q, p).otherwise(t))
+        updates[names[0]] = x0
+        df = df.withColumns(updates)
         q >>= 1
-    for i in range(1, n):  # Gray encode: prefix XOR, one projection each
-        df = df.withColumn(names[i], F.col(names[i]).bitwiseXOR(F.col(names[i - 1])))
-    t = F.lit(0).cast("long")
+    gray = {names[0]: F.col(names[0])}
+    for i in range(1, n):  # Gray encode: x[i] ^= x[i-1] in order, i.e. prefix XORs
+        gray[names[i]] = gray[names[i - 1]].bitwiseXOR(F.col(names[i]))
+    df = df.withColumns(gray)
+    t = zero
     q = 1 << (bits - 1)
     while q > 1:
-        t = t.bitwiseXOR(F.when(F.col(names[n - 1]).bitwiseAND(F.lit(q)) != 0, F.lit(q - 1).cast("long")).otherwise(F.lit(0).cast("long")))
+        t = t.bitwiseXOR(F.when(F.col(names[n - 1]).bitwiseAND(F.lit(q)) != 0, F.lit(q - 1).cast("long")).otherwise(zero))
         q >>= 1
     df = df.withColumn(f"{_TMP}t", t)
-    df = df.withColumns({c: F.col(c).bitwiseXOR(F.col(f"{_TMP}t")) for c in names})
-    del x
-    return df.drop(f"{_TMP}t")
+    return df.withColumns({c: F.col(c).bitwiseXOR(F.col(f"{_TMP}t")) for c in names}).drop(f"{_TMP}t")
 
 
-def with_index(df: "DataFrame", strategy: str, columns: Sequence[str], *, bits: int = 10, sample_rows: int = 20000,
-               row_count: int | None = None, seed: int = 0, key: str = f"{_TMP}key") -> "DataFrame":
-    """``df`` plus a column ``key`` holding the ``zorder`` or ``hilbert`` index of ``columns``."""
+def _with_key(df: "DataFrame", strategy: str, columns: Sequence[str], bounds: Sequence["Column"], bits: int,
+              key: str) -> "DataFrame":
     from pyspark.sql import functions as F
 
-    if strategy not in ("zorder", "hilbert"):
-        raise LayoutError(f"with_index computes zorder or hilbert keys, not {strategy!r}")
-    _check_columns(df, columns)
-    bits = effective_bits(len(columns), bits)
-    bounds = rank_boundaries(df, columns, bits=bits, sample_rows=sample_rows, row_count=row_count, seed=seed)
     ranked = with_scaled_ranks(df, columns, bounds, bits)
     names = [f"{_TMP}r{i}" for i in range(len(columns))]
     if strategy == "hilbert" and len(columns) > 1:
         ranked = with_hilbert_transpose(ranked, names, bits)
     return ranked.withColumn(key, zorder_expression([F.col(c) for c in names], bits)).drop(*names)
+
+
+def with_index(df: "DataFrame", strategy: str, columns: Sequence[str], *, bits: int = 10, sample_rows: int = 20000,
+               row_count: int | None = None, seed: int = 0, key: str = f"{_TMP}key") -> "DataFrame":
+    """``df`` plus a column ``key`` holding the ``zorder`` or ``hilbert`` index of ``columns``."""
+    if strategy not in ("zorder", "hilbert"):
+        raise LayoutError(f"with_index computes zorder or hilbert keys, not {strategy!r}")
+    _check_columns(df, columns)
+    bits = effective_bits(len(columns), bits)
+    bounds = rank_boundaries(df, columns, bits=bits, sample_rows=sample_rows, row_count=row_count, seed=seed)
+    return _with_key(df, strategy, columns, bounds, bits, key)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix_k1(k1: int) -> int:
+    return (_rotl32((k1 * 0xCC9E2D51) & _M32, 15) * 0x1B873593) & _M32
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl32(h1 ^ k1, 13) * 5 + 0xE6546B64) & _M32
+
+
+def spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a LongType value (Murmur3_x86_32.hashLong), as a signed int."""
+    v = value & 0xFFFFFFFFFFFFFFFF
+    h1 = _mix_h1(seed & _M32, _mix_k1(v & _M32))
+    h1 = _mix_h1(h1, _mix_k1(v >> 32))
+    h1 ^= 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def partition_routing_keys(num_partitions: int) -> list[int]:
+    """For each partition p, a long v with ``pmod(hash(v), n) == p``.
+
+    ``repartition(n, col)`` sends a row to ``pmod(hash(col), n)``; a column holding
+    ``keys[p]`` therefore puts the row exactly in partition p. This routes rows to the
+    partitions chosen from the sampled key quantiles without Spark's range partitioner,
+    which would read the whole input once more just to sample it.
+    """
+    keys: dict[int, int] = {}
+    candidate = 0
+    while len(keys) < num_partitions:
+        keys.setdefault(spark_hash_long(candidate) % num_partitions, candidate)
+        candidate += 1
+    return [keys[p] for p in range(num_partitions)]
+
+
+def split_points(sorted_keys: Sequence[int], num_files: int) -> list[int]:
+    """Up to num_files - 1 ascending cut points splitting the sampled keys into equal parts."""
+    if not sorted_keys or num_files <= 1:
+        return []
+    cuts = [sorted_keys[(i * len(sorted_keys)) // num_files] for i in range(1, num_files)]
+    return sorted(set(cuts))
+
+
+def _index_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num_files: int, bits: int,
+                  sample_rows: int, row_count: int | None, seed: int, keep_key: bool = False) -> "DataFrame":
+    """zorder/hilbert: key every row, route it to the file owning its key range, sort within.
+
+    Jobs: one pruned read of the clustered columns for the sample, small jobs on the sample
+    (boundaries; sample keys -> file cut points), then the rewrite itself reads the input once.
+    """
+    from pyspark.sql import functions as F
+
+    bits = effective_bits(len(columns), bits)
+    key, part = f"{_TMP}key", f"{_TMP}part"
+    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed)
+    bounds = boundaries_from_sample(sample, columns, bits)
+    keyed = _with_key(df, strategy, columns, bounds, bits, key)
+    drop = [] if keep_key else [key]
+    if num_files == 1:
+        return keyed.repartition(1).sortWithinPartitions(key).drop(*drop)
+    sample_keys = sorted(r[0] for r in _with_key(sample, strategy, columns, bounds, bits, key).select(key).collect())
+    cuts = split_points(sample_keys, num_files)
+    cut_array = F.array(*[F.lit(c).cast("long") for c in cuts]) if cuts else F.array().cast("array<long>")
+    depth = max(1, len(cuts).bit_length())
+    routed = _count_le(keyed, {part: (key, cut_array)}, depth)
+    routes = F.array(*[F.lit(v).cast("long") for v in partition_routing_keys(num_files)])
+    routed = routed.withColumn(part, F.element_at(routes, F.col(part) + 1))
+    return routed.repartition(num_files, F.col(part)).sortWithinPartitions(key).drop(*drop, part)
 
 
 def iceberg_zorder_column(df: "DataFrame", columns: Sequence[str], *, var_length_contribution: int = 8,
@@ -305,10 +421,13 @@ def iceberg_zorder_column(df: "DataFrame", columns: Sequence[str], *, var_length
 
 
 def apply_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
-                 sample_rows: int = 20000, row_count: int | None = None, seed: int = 0) -> "DataFrame":
+                 sample_rows: int = 20000, row_count: int | None = None, seed: int = 0,
+                 keep_key: bool = False) -> "DataFrame":
     """``df`` laid out by ``strategy`` on ``columns`` into ``num_files`` partitions (see module doc).
 
     ``row_count`` (when known, e.g. from file metadata) saves a count to size the sample.
+    ``keep_key`` keeps the ordering key as column ``__sb_key`` (zorder, hilbert,
+    zorder-iceberg) for inspection; leave it off when writing the result to a table.
     """
     from pyspark.sql import functions as F
 
@@ -324,8 +443,9 @@ def apply_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num_
         order = [F.col(c).asc_nulls_first() for c in columns]
         return df.repartitionByRange(num_files, *order).sortWithinPartitions(*order)
     if strategy == "zorder-iceberg":
+        # As Iceberg's action does: range-partition on its z-value, sort within.
         keyed = df.withColumn(key, iceberg_zorder_column(df, columns))
-    else:
-        keyed = with_index(df, strategy, columns, bits=bits, sample_rows=sample_rows, row_count=row_count,
-                           seed=seed, key=key)
-    return keyed.repartitionByRange(num_files, F.col(key)).sortWithinPartitions(F.col(key)).drop(key)
+        laid = keyed.repartitionByRange(num_files, F.col(key)).sortWithinPartitions(F.col(key))
+        return laid if keep_key else laid.drop(key)
+    return _index_layout(df, strategy, columns, num_files=num_files, bits=bits, sample_rows=sample_rows,
+                         row_count=row_count, seed=seed, keep_key=keep_key)

@@ -1,0 +1,106 @@
+"""End-to-end optimize runs: real Spark + Iceberg runtime, SQLite catalog, Parquet files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from streamberg.common.offsets import OFFSETS_KEY_PREFIX, committed_position
+from streamberg.compactor import record as R
+from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.compactor.layouts import STRATEGIES
+from tests.compactor.helpers import (
+    DAY,
+    TOPIC,
+    FakeIngest,
+    added_by,
+    compactor_snapshots,
+    file_sizes,
+    live_files,
+    reload,
+    removed_by,
+    row_multiset,
+    setup_table,
+    summary,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_rows_identical_files_fewer_and_record_written(spark, tmp_path, strategy) -> None:  # noqa: ANN001
+    config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": strategy})
+    ingest = FakeIngest(config, seed=1)
+    for _ in range(4):
+        ingest.append(300, days=2)
+    before = reload(config)
+    rows_before = row_multiset(before)
+    files_before = live_files(before)
+    assert len(files_before) == 8  # 4 appends x 2 days
+
+    out = run_compact(config, CompactOptions(once=True), spark=spark)
+
+    after = reload(config)
+    assert row_multiset(after) == rows_before
+    files_after = live_files(after)
+    # The table's target (128 MiB default) holds each day's data in one file.
+    assert len(files_after) == 2 and out["files_in"] == 8 and out["files_out"] == 2
+    assert set(files_after).isdisjoint(files_before)
+    snapshots = compactor_snapshots(after)
+    assert snapshots and all(s.summary.operation.value == "replace" for s in snapshots)
+    records = [summary(s) for s in snapshots]
+    assert len(snapshots) == out["commits"] and len(snapshots) <= config.compactor.max_commits
+    for record in records:
+        assert record[R.STRATEGY] == strategy and record[R.COLUMNS] == "user_id,city"
+        assert record[R.MODE] == "incremental" and record[R.BATCH_ID] == "0"
+        # each day partition holds files of all four appends
+        assert record[R.COVERED_SNAPSHOTS] == ",".join(str(s.snapshot_id) for s in before.metadata.snapshots)
+        assert record[R.PLAN_SNAPSHOT_ID] == str(before.current_snapshot().snapshot_id)
+        assert R.COMMIT_ID in record and R.DURATION_MS in record
+    assert sum(int(r[R.FILES_IN]) for r in records) == 8 and sum(int(r[R.FILES_OUT]) for r in records) == 2
+    assert sum(int(r[R.BYTES_IN]) for r in records) == sum(file_sizes(before).values())
+    assert sum(int(r[R.BYTES_OUT]) for r in records) == sum(file_sizes(after).values())
+    assert sum(int(r[R.RECORDS]) for r in records) == sum(rows_before.values())
+    assert set().union(*(removed_by(after, s) for s in snapshots)) == set(files_before)
+    assert set().union(*(added_by(after, s) for s in snapshots)) == set(files_after)
+    # The ingest job must still find its position behind the compactor's snapshot.
+    assert not any(k.startswith(OFFSETS_KEY_PREFIX) for r in records for k in r)
+    assert committed_position(after, TOPIC).offsets == {0: 1200}
+
+
+def test_small_target_gives_files_no_larger_than_the_target(spark, tmp_path) -> None:  # noqa: ANN001
+    target = 48 * 1024
+    # Iceberg's writer rolls files on its size estimate, which counts the open Parquet page
+    # uncompressed; small pages keep the estimate close to the real size at this tiny target.
+    config, _ = setup_table(tmp_path, compactor={"strategy": "hilbert", "target_file_size_bytes": target},
+                            table_properties={"write.parquet.page-size-bytes": "2048"})
+    ingest = FakeIngest(config, seed=2)
+    for _ in range(12):
+        ingest.append(1000, days=1)
+    before = reload(config)
+    rows_before = row_multiset(before)
+    run_compact(config, CompactOptions(once=True), spark=spark)
+    after = reload(config)
+    sizes = file_sizes(after)
+    assert row_multiset(after) == rows_before
+    assert 1 < len(sizes) < len(live_files(before))  # the data needs several files, fewer than before
+    assert max(sizes.values()) <= target, sizes
+    assert len(sizes) <= 2 * math.ceil(sum(sizes.values()) / target), sizes  # and they are not tiny
+
+
+def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:  # noqa: ANN001
+    config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": "sort", "columns": ["city"]})
+    ingest = FakeIngest(config, seed=3)
+    for _ in range(2):
+        ingest.append(200, days=2)
+    run_compact(config, CompactOptions(once=True), spark=spark)
+    optimized = set(live_files(reload(config)))
+    rows = row_multiset(reload(config))
+    out = run_compact(config, CompactOptions(full=True, strategy="hilbert", columns=["user_id", "city"]), spark=spark)
+    after = reload(config)
+    assert out["mode"] == "full" and out["files_in"] == len(optimized)
+    assert set(live_files(after)).isdisjoint(optimized)
+    assert row_multiset(after) == rows
+    last = summary(compactor_snapshots(after)[-1])
+    assert last[R.MODE] == "full" and last[R.STRATEGY] == "hilbert" and R.BATCH_ID not in last
