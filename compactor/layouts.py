@@ -124,13 +124,16 @@ def _check_columns(df: "DataFrame", columns: Sequence[str]) -> None:
 
 
 def sample_columns(df: "DataFrame", columns: Sequence[str], *, sample_rows: int, row_count: int | None = None,
-                   seed: int = 0) -> "DataFrame":
-    """About `sample_rows` rows of `columns`, materialised once (one pruned read of the input)."""
+                   seed: int = 0, materialize: bool = True) -> "DataFrame":
+    """About `sample_rows` rows of `columns` (a read of those columns only).
+
+    `materialize` keeps the sample (local checkpoint) for callers that use it more than once.
+    """
     total = row_count if row_count is not None else df.count()
     sample = df.select(*columns)
     if total > sample_rows:
         sample = sample.sample(withReplacement=False, fraction=sample_rows / total, seed=seed)
-    return sample.localCheckpoint(eager=True)
+    return sample.localCheckpoint(eager=True) if materialize else sample
 
 
 def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: int) -> list["Column"]:
@@ -174,7 +177,7 @@ def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: in
 def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sample_rows: int,
                     row_count: int | None = None, seed: int = 0) -> list["Column"]:
     """Sample `df` and return the per-column boundary literals (see boundaries_from_sample)."""
-    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed)
+    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed, materialize=False)
     return boundaries_from_sample(sample, columns, bits)
 
 
@@ -357,7 +360,9 @@ def _index_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num
 
     bits = effective_bits(len(columns), bits)
     key, part = f"{_TMP}key", f"{_TMP}part"
-    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed)
+    # One output file needs only the boundaries; more files also need the sample's keys.
+    sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed,
+                            materialize=num_files > 1)
     bounds = boundaries_from_sample(sample, columns, bits)
     keyed = _with_key(df, strategy, columns, bounds, bits, key)
     drop = [] if keep_key else [key]
