@@ -172,3 +172,13 @@ def quiet_spark_logs(spark: Any, level: str = "WARN") -> None:
         )
     except Exception:  # noqa: BLE001 - cosmetic only
         pass
+
+
+def activate(spark: Any) -> None:
+    """Make `spark` the active session of the calling thread (JVM side).
+
+    Spark resolves runtime-registered catalogs through the thread's active session; a thread
+    without one (any Python thread but the one that built the session) would fall back to
+    the global default conf and not find the catalog.
+    """
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

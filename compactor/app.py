@@ -85,8 +85,9 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
             spark = build_spark_session(config)
             quiet_spark_logs(spark)
         else:
-            from streamberg.common.spark import register_catalog
+            from streamberg.common.spark import activate, register_catalog
 
+            activate(spark)
             register_catalog(spark, config.catalog)
         compactor = Compactor(config, spark, strategy=options.strategy, columns=options.columns, lease=lease)
         summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,

@@ -19,7 +19,7 @@ from pyiceberg.table import Table as PyTable
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import ConfigError, StreambergConfig
 from streamberg.common.log import get_logger
-from streamberg.common.spark import spark_table_name
+from streamberg.common.spark import activate, spark_table_name
 from streamberg.compactor import jvm as J
 from streamberg.compactor import record as R
 from streamberg.compactor.commit import CommitManager
@@ -137,6 +137,7 @@ class Compactor:
     def run_pass(self, mode: Mode = "incremental", *, batch_id: int | None = None,
                  up_to_snapshot_id: int | None = None) -> PassReport:
         started = time.monotonic()
+        activate(self.spark)
         table, plan = self.plan(mode, up_to_snapshot_id)
         report = PassReport(mode=mode, batch_id=batch_id, plan=describe(plan))
         log = self.log.bind(mode=mode, batch_id=batch_id, plan_snapshot_id=plan.starting_snapshot_id)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamberg.common.log import get_logger
+from streamberg.common.spark import activate
 from streamberg.compactor.service import Compactor, PassReport
 
 SKIP_OPTIONS = {
@@ -89,15 +90,21 @@ class SnapshotWatcher:
         self.report = WatchReport()
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._stopping = False
         self._query: Any = None
         self.log = get_logger("compactor.stream", table=compactor.identifier,
                               checkpoint=self.config.checkpoint_dir)
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
+        if self._stopping:
+            self.log.info("micro-batch skipped: stopping", batch_id=batch_id)
+            return
         end = read_batch_end_snapshot(self.spark, self.config.checkpoint_dir, batch_id)
         self.log.info("micro-batch", batch_id=batch_id, end_snapshot_id=end)
         try:
             with self._lock:
+                if self._stopping:
+                    return
                 self.report.batches += 1
                 self.report.passes.append(self.compactor.run_pass(batch_id=batch_id, up_to_snapshot_id=end))
         except BaseException as exc:
@@ -111,6 +118,7 @@ class SnapshotWatcher:
             self.report.passes.append(self.compactor.run_pass())
 
     def start(self) -> Any:
+        activate(self.spark)
         stream = (self.spark.readStream.format("iceberg").options(**SKIP_OPTIONS)
                   .load(self.compactor.spark_table))
         writer = (stream.writeStream.foreachBatch(self._on_batch)
@@ -143,6 +151,12 @@ class SnapshotWatcher:
                     last_timer = time.monotonic()
             return self.report
         finally:
+            # Let a running pass finish (stopping the query would interrupt its Spark jobs),
+            # and make batches that start from now on return without work: they are safe
+            # to skip because pending files are found from the table, not from the batch.
+            self._stopping = True
+            with self._lock:
+                pass
             if query.isActive:
                 query.stop()
 
