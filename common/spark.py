@@ -143,6 +143,11 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
     compactor = config.compactor
     builder = SparkSession.builder
     conf = base_spark_conf(spark_jars(config.catalog), compactor.spark_master, app_name)
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Launched by spark-submit: its --master and --jars decide (builder settings would
+        # override them), the rest of the settings still apply.
+        conf.pop("spark.master")
+        conf.pop("spark.jars")
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
     conf.update(compactor.spark_conf)
