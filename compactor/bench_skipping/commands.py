@@ -62,6 +62,17 @@ def _skipping(args: argparse.Namespace) -> int:
     from .runner import BenchOptions, run, unknown_layouts
     from .spark_layouts import LayoutOptions
 
+    if args.show:
+        import json
+
+        from .results import BenchResult
+
+        try:
+            data = json.loads(Path(args.show).read_text())
+        except (OSError, ValueError) as exc:
+            raise CommandError(f"cannot read {args.show}: {exc}") from exc
+        print(format_tables(BenchResult.from_json(data)))
+        return 0
     if bad := unknown_layouts(args.layouts):
         raise CommandError(f"unknown layout(s): {', '.join(bad)}")
     workdir = Path(args.workdir)
@@ -125,4 +136,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     out.add_argument("--spark-master", default="local[2]", help="Spark master (default local[2])")
     out.add_argument("--driver-memory", default="4g", help="Spark driver memory (default 4g)")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
+    out.add_argument("--show", default=None, metavar="JSON",
+                     help="only re-print the tables of an earlier run from its result file (no new run)")
     parser.set_defaults(func=_skipping)

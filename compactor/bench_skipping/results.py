@@ -144,6 +144,15 @@ class BenchResult:
             "environment": self.environment,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BenchResult:
+        """Rebuild a result from its JSON file (to re-print it; figures recomputed from the counts)."""
+        predicates = [Predicate(p["kind"], tuple(p["columns"]), tuple(p["values"])) for p in data["predicates"]]
+        layouts = [LayoutResult(**r) for r in data["layouts"]]
+        return cls(scale=data["scale"], files=data["files"], rows=data["rows"], seed=data["seed"], columns=data["columns"],
+                   predicates=predicates, layouts=layouts, seconds=data.get("seconds", {}),
+                   environment=data.get("environment", {}))
+
     def write_json(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")

@@ -12,7 +12,7 @@ from streamberg.compactor.bench_skipping.datagen import STUDY_COLUMNS
 from streamberg.compactor.bench_skipping.planning import coverage_depth, planned_files
 from streamberg.compactor.bench_skipping.predicates import SamplerSpec
 from streamberg.compactor.bench_skipping.report import write_report
-from streamberg.compactor.bench_skipping.results import format_tables
+from streamberg.compactor.bench_skipping.results import BenchResult, format_tables
 from streamberg.compactor.bench_skipping.runner import BenchOptions, BenchRun, catalog_config, run
 
 pytestmark = pytest.mark.spark
@@ -98,6 +98,7 @@ def test_outputs_table_json_and_report(bench, tmp_path: Path) -> None:  # noqa: 
     data = json.loads(path.read_text())
     assert data["files"] == FILES and set(data["summary_skipped_percent"]) == {"random", "sort", "zorder-iceberg", "zorder", "hilbert"}
     assert data["layouts"][0]["planned"] == done.result.layouts[0].planned
+    assert format_tables(BenchResult.from_json(data)) == text, "--show re-prints the same tables from the file"
     written = write_report(done.result, done.bounds, done.distinct, tmp_path / "report")
     names = {p.name for p in written}
     assert {"skipped_point.png", "skipped_other.png", "overlap_depth.png", "file_ranges_s_city.png"} <= names
