@@ -104,3 +104,27 @@ def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:  # noqa:
     assert row_multiset(after) == rows
     last = summary(compactor_snapshots(after)[-1])
     assert last[R.MODE] == "full" and last[R.STRATEGY] == "hilbert" and R.BATCH_ID not in last
+
+
+def test_bucket_and_day_partitions_written_by_spark(spark, spark_catalog, tmp_path) -> None:  # noqa: ANN001
+    """The demo table's spec (day(ts), bucket[4](user_id)), appended by Spark SQL INSERTs."""
+    spec = [{"source": "ts", "transform": "day"}, {"source": "user_id", "transform": "bucket[4]"}]
+    config, _ = setup_table(tmp_path, partition_spec=spec, compactor={"strategy": "hilbert"})
+    name = f"{spark_catalog(config)}.{config.table.identifier}"
+    for i in range(3):
+        spark.sql(f"""INSERT INTO {name}
+            SELECT id, timestamp_seconds(1709251200 + (id * 7919) % 172800), format_string('user-%04d', id % 97),
+                   format_string('city-%02d', id % 13), id / 10.0
+            FROM range({i * 500}, {(i + 1) * 500})""")
+    before = reload(config)
+    files_before = live_files(before)
+    partitions = {f.file.partition for f in before.scan().plan_files()}
+    assert len(partitions) == 8  # 2 days x 4 buckets
+    rows = row_multiset(before)
+
+    out = run_compact(config, CompactOptions(once=True), spark=spark)
+
+    after = reload(config)
+    assert row_multiset(after) == rows
+    assert out["files_in"] == len(files_before) and len(live_files(after)) == len(partitions)
+    assert {f.file.partition for f in after.scan().plan_files()} == partitions
