@@ -117,9 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what = parser.add_argument_group("what to measure")
     what.add_argument("--columns", nargs="+", default=list(STUDY_COLUMNS), metavar="COL",
                       help=f"columns to cluster on and filter by (default: {' '.join(STUDY_COLUMNS)})")
-    what.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="LAYOUT",
+    what.add_argument("--layouts", nargs="*", default=list(LAYOUTS), metavar="LAYOUT",
                       help=f"layouts besides the random baseline (default: {' '.join(LAYOUTS)}; "
-                           f"also: {' '.join(EXTRA_LAYOUTS)})")
+                           f"also: {' '.join(EXTRA_LAYOUTS)}; none: only the random baseline, no Spark)")
     what.add_argument("--points", type=_positive_int, default=20, help="point predicates per column (default 20)")
     what.add_argument("--pairs", type=int, default=5, help="two-column predicates per column pair (default 5)")
     what.add_argument("--ranges", type=int, default=5, help="range predicates per column (default 5)")

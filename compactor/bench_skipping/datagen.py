@@ -21,7 +21,7 @@ says which of N random files a row goes to (see ``random_table``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,8 +149,13 @@ class LineorderGenerator:
     dropped on exit.
     """
 
-    def __init__(self, spec: GenerationSpec, spill_dir: Path | None = None, threads: int | None = None) -> None:
+    # The steps __enter__ reports to ``progress`` (one call each, with the step's name).
+    STEPS = ("dbgen", "denormalise and shuffle")
+
+    def __init__(self, spec: GenerationSpec, spill_dir: Path | None = None, threads: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.spec = spec
+        self._progress = progress or (lambda step: None)
         self._spill_dir = spill_dir
         self._threads = threads
         self._conn = None
@@ -173,6 +178,7 @@ class LineorderGenerator:
         conn.execute(f"LOAD '{_tpch_extension_path()}'")
         log.info("generating TPC-H tables")
         conn.execute(f"CALL dbgen(sf = {self.spec.scale})")
+        self._progress(self.STEPS[0])
         # Materialise once, sorted by slot, so each file's rows are one contiguous scan.
         conn.execute(
             f"CREATE TABLE lineorder AS SELECT * FROM ({lineorder_sql(self.spec.seed, self.spec.files)}) ORDER BY file_slot, lo_orderkey, lo_linenumber"
@@ -180,6 +186,7 @@ class LineorderGenerator:
         for table in ("lineitem", "orders", "customer", "supplier", "part", "partsupp", "nation", "region"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
         self.rows = conn.execute("SELECT count(*) FROM lineorder").fetchone()[0]
+        self._progress(self.STEPS[1])
         log.info("lineorder ready", rows=self.rows)
         self._conn = conn
         return self

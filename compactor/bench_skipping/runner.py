@@ -106,7 +106,11 @@ def run(options: BenchOptions, spark: Any = None) -> BenchRun:
 
     started = time.perf_counter()
     log.info("generating SSB-like data", expected_rows=spec.expected_rows)
-    with LineorderGenerator(spec, spill_dir=options.workdir / "duckdb") as generator:
+    # DuckDB reports no progress to Python; the bar moves per step (dbgen, then the join + shuffle).
+    gen_bar = _bar(options, total=len(LineorderGenerator.STEPS), desc=f"generate SF{options.scale} (DuckDB)", unit="step")
+    with gen_bar, LineorderGenerator(spec, spill_dir=options.workdir / "duckdb",
+                                     progress=lambda step: (gen_bar.set_postfix_str(step), gen_bar.update(1))) as generator:
+        gen_bar.close()  # generated; the bars below take over
         seconds["generate"] = time.perf_counter() - started
         missing = [c for c in options.columns if c not in generator.schema().names]
         if missing:
