@@ -18,6 +18,8 @@ COMMAND_MODULES = (
     "streamberg.common.commands",
     "streamberg.ingest.commands",
     "streamberg.compactor.commands",
+    "streamberg.maintenance.commands",
+    "streamberg.monitoring.commands",
     "streamberg.compactor.bench_skipping.commands",
 )
 

@@ -1,0 +1,1 @@
+"""Table maintenance: expire snapshots, remove orphan files, rewrite manifests, retention (TTL)."""

@@ -1,0 +1,1 @@
+"""Monitoring: the status command (lag, backlog, table health) and Prometheus metrics."""
