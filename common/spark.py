@@ -101,7 +101,7 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
 
 def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, str]:
     """Session-wide settings: jars, Iceberg SQL extensions (CALL, system functions), quiet UI."""
-    return {
+    conf = {
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.jars": ",".join(jars),
@@ -115,6 +115,12 @@ def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, st
         # falls back to per-operator code instead, as its documentation advises for HotSpot.
         "spark.sql.codegen.hugeMethodLimit": "8000",
     }
+    if master.startswith("local"):
+        # A local driver needs no reachable address; binding to loopback keeps Spark off
+        # whatever interface the hostname resolves to (and off the network entirely).
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+    return conf
 
 
 def register_catalog(spark: Any, catalog: CatalogConfig) -> str:
