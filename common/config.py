@@ -236,6 +236,53 @@ class CompactorConfig(_Section):
         return self.strategy if self.columns else "binpack"
 
 
+class MonitoringConfig(_Section):
+    """Thresholds of the health verdict of `streamberg status` and the metrics exporter
+    (monitoring/). A threshold set to null turns its check off. See docs/monitoring.md."""
+
+    # Seconds to wait for the broker (metadata, end offsets) before calling it unreachable.
+    broker_timeout_seconds: float = Field(default=3.0, gt=0)
+    # Ingest lag (records between the table's recorded offsets and the broker's end, all
+    # partitions together) from which the verdict is warn / critical.
+    lag_warn_records: int | None = Field(default=10_000, ge=1)
+    lag_critical_records: int | None = Field(default=1_000_000, ge=1)
+    # While records wait in Kafka, a last ingest commit older than this many
+    # ingest.commit_interval_seconds means ingest is stalled (no records waiting: idle, fine).
+    commit_age_warn_intervals: float | None = Field(default=3.0, gt=0)
+    commit_age_critical_intervals: float | None = Field(default=30.0, gt=0)
+    # The oldest file waiting for the compactor older than this many
+    # compactor.max_delay_seconds means the compactor is behind (off when max_delay is null).
+    pending_age_warn_factor: float | None = Field(default=2.0, gt=0)
+    pending_age_critical_factor: float | None = Field(default=6.0, gt=0)
+    # A data file is "small" below this fraction of the target file size (Iceberg's own
+    # rewrite uses 0.75 for its min-file-size-bytes).
+    small_file_fraction: float = Field(default=0.75, gt=0, le=1)
+    # Share of small data files from which the verdict is warn, checked only once the table
+    # has at least small_file_min_files data files (a young table is all small files).
+    small_file_ratio_warn: float | None = Field(default=0.8, gt=0, le=1)
+    small_file_min_files: int = Field(default=100, ge=1)
+    # Snapshot count from which the verdict is warn / critical (maintenance expires them).
+    snapshots_warn: int | None = Field(default=2000, ge=1)
+    snapshots_critical: int | None = Field(default=20000, ge=1)
+    # Dead letters from which the verdict is warn (null: off; bad producers are expected).
+    dead_letters_warn: int | None = Field(default=None, ge=1)
+    # Where `streamberg metrics` listens (Prometheus scrapes http://host:port/metrics).
+    metrics_port: int = Field(default=9464, ge=1, le=65535)
+    metrics_address: str = "0.0.0.0"
+
+    @model_validator(mode="after")
+    def _warn_below_critical(self) -> "MonitoringConfig":
+        pairs = [("lag_warn_records", "lag_critical_records"),
+                 ("commit_age_warn_intervals", "commit_age_critical_intervals"),
+                 ("pending_age_warn_factor", "pending_age_critical_factor"),
+                 ("snapshots_warn", "snapshots_critical")]
+        for warn, critical in pairs:
+            low, high = getattr(self, warn), getattr(self, critical)
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"{warn} ({low}) must not exceed {critical} ({high})")
+        return self
+
+
 class StreambergConfig(BaseSettings):
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -249,6 +296,7 @@ class StreambergConfig(BaseSettings):
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     dead_letter: DeadLetterConfig = Field(default_factory=DeadLetterConfig)
     compactor: CompactorConfig = Field(default_factory=CompactorConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
 
