@@ -93,17 +93,26 @@ class CommitterFunction(MapFunction):
             self.committer.close()
 
 
-def flink_configuration(config: StreambergConfig, parallelism: int) -> Configuration:
+def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False) -> Configuration:
+    """The job's Flink settings. `cluster`: submitted with `flink run` (ingest/submit.py).
+
+    Settings given here override those of `flink run`, so on a cluster the Python
+    interpreter (-pyexec / -pyarch) and the slots (the TaskManagers' own config) are left to
+    the cluster; locally the MiniCluster gets this environment's interpreter and enough slots.
+    """
     conf = Configuration()
-    settings = {
+    local = {} if cluster else {
         # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
+        "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
+    }
+    settings = {
+        **local,
         # Hand every unit downstream at once; the committer's timing depends on it.
         "python.fn-execution.bundle.size": "1",
         "python.fn-execution.bundle.time": "100",
         "parallelism.default": str(parallelism),
-        "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
         # A failure restarts the whole job; every task re-reads its position from the table.
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": "3",
@@ -116,8 +125,8 @@ def flink_configuration(config: StreambergConfig, parallelism: int) -> Configura
     return conf
 
 
-def build_job(config: StreambergConfig, parallelism: int, run_id: str) -> StreamExecutionEnvironment:
-    env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism))
+def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism, cluster))
     dump = dump_config(config)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
     units = (ticks.flat_map(WriterFunction(dump, run_id), output_type=Types.PICKLED_BYTE_ARRAY())
@@ -129,6 +138,20 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str) -> Stream
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
+    """Create or check the table and the dead-letter table before any worker starts."""
+    from streamberg.common.catalog import open_tables
+    from streamberg.ingest.decode import check_supported
+
+    catalog, table, _ = open_tables(config)
+    check_supported(table.schema())
+    return catalog, table
 
 
 @dataclass
@@ -146,17 +169,13 @@ class JobFailed(RuntimeError):
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
-    from streamberg.common.catalog import open_tables
     from streamberg.common.offsets import committed_position
     from streamberg.ingest.committer import run_dir
 
     parallelism = parallelism or config.ingest.parallelism
-    run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    run_id = new_run_id()
     log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
-    catalog, table, _ = open_tables(config)  # create or check the tables before any worker starts
-    from streamberg.ingest.decode import check_supported
-
-    check_supported(table.schema())
+    catalog, table = prepare_tables(config)
     start = committed_position(table, config.kafka.topic)
     markers = run_dir(config, run_id)
     markers.mkdir(parents=True, exist_ok=True)
