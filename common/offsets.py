@@ -22,6 +22,9 @@ RUN_ID_KEY = "streamberg.run-id"
 COMMIT_SEQ_KEY = "streamberg.commit-seq"
 # Kafka records (valid + dead-lettered) consumed by all ingest commits up to this one.
 CONSUMED_TOTAL_KEY = "streamberg.consumed-total"
+# Wall-clock ms when the committer started this commit (dead letters, fence, retries):
+# the snapshot's timestamp minus this is the commit latency that monitoring reports.
+COMMIT_STARTED_MS_KEY = "streamberg.commit-started-ms"
 
 # partition -> next offset to read
 PartitionOffsets = dict[int, int]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
@@ -19,6 +20,14 @@ def _total(table: Table, key: str) -> int:
     return int(summary_properties(snapshot).get(key, 0))
 
 
+def dead_letter_records(catalog: Catalog, identifier: str) -> int | None:
+    """Records in the dead-letter table (its summary's running total); None when it does not exist."""
+    try:
+        return _total(catalog.load_table(identifier), "total-records")
+    except NoSuchTableError:
+        return None
+
+
 def table_facts(config: StreambergConfig) -> dict[str, Any]:
     catalog = load_catalog(config.catalog)
     try:
@@ -26,11 +35,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
     except NoSuchTableError:
         return {"table": config.table.identifier, "exists": False}
     position = committed_position(table, config.kafka.topic)
-    try:
-        dlq = catalog.load_table(config.dead_letter_table)
-        dlq_records = _total(dlq, "total-records")
-    except NoSuchTableError:
-        dlq_records = 0
+    dlq_records = dead_letter_records(catalog, config.dead_letter_table) or 0
     current = table.current_snapshot()
     records = _total(table, "total-records")
     consumed = position.consumed_total  # counted by the writers, recorded by each commit

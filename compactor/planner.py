@@ -27,10 +27,22 @@ from typing import Any, Literal
 from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
-from streamberg.common.config import CompactorConfig
+from streamberg.common.config import CompactorConfig, StreambergConfig
 
 Mode = Literal["incremental", "full"]
 APPEND = "append"
+TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+
+
+def target_file_size(config: StreambergConfig, table: Table) -> int:
+    """Size of the files a rewrite writes: compactor.target_file_size_bytes, else the table's
+    write.target-file-size-bytes, else table.target_file_size_bytes. (Also what
+    `streamberg status` measures small files against.)"""
+    configured = config.compactor.target_file_size_bytes
+    if configured is not None:
+        return configured
+    prop = table.properties.get(TARGET_SIZE_PROPERTY)
+    return int(prop) if prop else config.table.target_file_size_bytes
 
 
 @dataclass(frozen=True)

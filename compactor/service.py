@@ -33,10 +33,9 @@ from streamberg.compactor.planner import (
     describe,
     plan_rewrite,
     sequence_number_of,
+    target_file_size,
 )
 from streamberg.compactor.runner import GroupRewriteError, GroupRunner, LayoutSpec, RewriteResult
-
-TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
 
 
 @dataclass
@@ -123,11 +122,7 @@ class Compactor:
         return self.catalog.load_table(self.identifier)
 
     def target_file_size(self, table: PyTable) -> int:
-        configured = self.config.compactor.target_file_size_bytes
-        if configured is not None:
-            return configured
-        prop = table.properties.get(TARGET_SIZE_PROPERTY)
-        return int(prop) if prop else self.config.table.target_file_size_bytes
+        return target_file_size(self.config, table)
 
     def plan(self, mode: Mode = "incremental", up_to_snapshot_id: int | None = None) -> tuple[PyTable, Plan]:
         table = self.load()

@@ -30,6 +30,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     COMMIT_SEQ_KEY,
+    COMMIT_STARTED_MS_KEY,
     CONSUMED_TOTAL_KEY,
     JOB_ID_KEY,
     RUN_ID_KEY,
@@ -157,6 +158,7 @@ class Committer:
 
     def commit(self, units: list[FlushUnit]) -> CommitResult:
         started = time.monotonic()
+        started_ms = int(time.time() * 1000)
         new_offsets = chain_offsets(self.expected, units)
         files = [f for u in units for f in u.files]
         dead = [d for u in units for d in u.dead_letters]
@@ -170,6 +172,7 @@ class Committer:
             RUN_ID_KEY: self.run_id,
             COMMIT_SEQ_KEY: str(self.commit_seq),
             CONSUMED_TOTAL_KEY: str(consumed_total),
+            COMMIT_STARTED_MS_KEY: str(started_ms),
             "streamberg.dead-letters": str(dead_written),
         }
         attempts = 0
