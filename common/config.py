@@ -283,6 +283,83 @@ class MonitoringConfig(_Section):
         return self
 
 
+class ExpireConfig(_Section):
+    """maintenance.expire: drop old snapshots (and the files only they reference)."""
+
+    enabled: bool = True
+    # Snapshots older than this may be expired (ingest/compactor needs are always kept).
+    max_snapshot_age_seconds: float = Field(default=7 * 86400.0, gt=0)
+    # The newest N snapshots of the main branch are always kept, whatever their age.
+    min_snapshots_to_keep: int = Field(default=1, ge=1)
+
+
+# Below this, a file still being written (ingest interval, a long compaction) could be
+# taken for an orphan; going lower needs an explicit, named override.
+ORPHAN_SAFETY_FLOOR_SECONDS = 3600.0
+
+
+class OrphanConfig(_Section):
+    """maintenance.orphan: delete files under the table location that no snapshot references."""
+
+    enabled: bool = True
+    # Only files older than this are candidates: in-flight writes must never be deleted.
+    safety_age_seconds: float = Field(default=3 * 86400.0, gt=0)
+    # Allows safety_age_seconds below one hour (tests, or writers known to be idle).
+    allow_short_safety_age: bool = False
+
+    @model_validator(mode="after")
+    def _safe_age(self) -> "OrphanConfig":
+        if self.safety_age_seconds < ORPHAN_SAFETY_FLOOR_SECONDS and not self.allow_short_safety_age:
+            raise ValueError(
+                f"safety_age_seconds: {self.safety_age_seconds:g} is below {ORPHAN_SAFETY_FLOOR_SECONDS:g} s; files "
+                "still being written by ingest or the compactor could be deleted. Set "
+                "maintenance.orphan.allow_short_safety_age: true only if no write can take that long")
+        return self
+
+
+class ManifestsConfig(_Section):
+    """maintenance.manifests: rewrite the manifests when there are too many or too much."""
+
+    enabled: bool = True
+    # Rewrite when the current snapshot has at least this many manifests (null: no count rule).
+    min_count: int | None = Field(default=100, ge=1)
+    # ... or when its manifests total at least this many bytes (null: no size rule).
+    min_total_bytes: int | None = Field(default=64 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> "ManifestsConfig":
+        if self.enabled and self.min_count is None and self.min_total_bytes is None:
+            raise ValueError("min_count and min_total_bytes are both null, so the rewrite would never run; "
+                             "set maintenance.manifests.enabled: false to turn it off")
+        return self
+
+
+class RetentionConfig(_Section):
+    """maintenance.retention: delete rows older than `days` by a time column (off by default)."""
+
+    # A date/timestamp/timestamptz column of table.schema (checked by `streamberg maintain`).
+    column: str | None = None
+    # Rows whose column is older than now - days are deleted; null: retention off.
+    days: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _column_when_on(self) -> "RetentionConfig":
+        if self.days is not None and not self.column:
+            raise ValueError("column: required when retention.days is set (the time column rows are aged by)")
+        return self
+
+
+class MaintenanceConfig(_Section):
+    """Settings of `streamberg maintain` (maintenance/). See docs/maintenance.md."""
+
+    # Continuous mode runs one maintenance pass every interval.
+    interval_seconds: float = Field(default=3600.0, gt=0)
+    expire: ExpireConfig = Field(default_factory=ExpireConfig)
+    orphan: OrphanConfig = Field(default_factory=OrphanConfig)
+    manifests: ManifestsConfig = Field(default_factory=ManifestsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+
+
 class StreambergConfig(BaseSettings):
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -296,6 +373,7 @@ class StreambergConfig(BaseSettings):
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     dead_letter: DeadLetterConfig = Field(default_factory=DeadLetterConfig)
     compactor: CompactorConfig = Field(default_factory=CompactorConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
