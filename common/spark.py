@@ -159,6 +159,10 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
         # override them), the rest of the settings still apply.
         conf.pop("spark.master")
         conf.pop("spark.jars")
+        # The loopback binding is for a local master only (compactor.spark_master, which
+        # spark-submit overrides); executors on other hosts must reach this driver.
+        conf.pop("spark.driver.bindAddress", None)
+        conf.pop("spark.driver.host", None)
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
     conf.update(compactor.spark_conf)
