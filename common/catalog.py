@@ -182,6 +182,71 @@ def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     return existing
 
 
+@dataclass(frozen=True)
+class SchemaEvolution:
+    """What `streamberg table --evolve` changes so the table takes the config's records.
+
+    Only changes every existing row and every reader already satisfies: adding optional
+    columns (old rows read them as null) and making a required column optional. Anything
+    else (a type change, a new required column, a column the config dropped) is refused.
+    """
+
+    table: str
+    add: tuple[NestedField, ...] = ()
+    make_optional: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+
+    @property
+    def changes(self) -> list[str]:
+        return ([f"add optional column {f.name!r} ({f.field_type})" for f in self.add]
+                + [f"make column {name!r} optional" for name in self.make_optional])
+
+
+def plan_schema_evolution(identifier: str, expected: Schema, actual: Schema) -> SchemaEvolution:
+    actual_by_name = {f.name: f for f in actual.fields}
+    add, make_optional, refused = [], [], []
+    for want in expected.fields:
+        have = actual_by_name.get(want.name)
+        if have is None and want.required:
+            refused.append(f"column {want.name!r} ({want.field_type}) is required in the config but not in the table: "
+                           f"rows already in the table have no value for it; add it as optional")
+        elif have is None:
+            add.append(want)
+        elif have.field_type != want.field_type:
+            refused.append(f"column {want.name!r} is {have.field_type} in the table but {want.field_type} in the "
+                           f"config: type changes are not made by --evolve")
+        elif have.required and not want.required:
+            make_optional.append(want.name)
+    expected_names = {f.name for f in expected.fields}
+    refused.extend(f"column {have.name!r} is required in the table but missing from the config: --evolve never drops "
+                   f"or relaxes columns the config does not name" for have in actual.fields
+                   if have.name not in expected_names and have.required)
+    return SchemaEvolution(identifier, tuple(add), tuple(make_optional), tuple(refused))
+
+
+def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) -> SchemaEvolution:
+    """Add the config's optional columns the table lacks (and relax required ones) in one commit.
+
+    Raises SchemaMismatchError, changing nothing, when the config differs in any other way.
+    """
+    existing = catalog.load_table(table.identifier)
+    plan = plan_schema_evolution(table.identifier, schema_from_config(table), existing.schema())
+    if plan.refused:
+        raise SchemaMismatchError(
+            f"table {table.identifier}: --evolve changes nothing, because the config differs in ways it does not "
+            f"make:\n  - " + "\n  - ".join(plan.refused))
+    if dry_run or not plan.changes:
+        return plan
+    with existing.update_schema() as update:
+        for f in plan.add:
+            update.add_column(f.name, f.field_type, doc=f.doc)
+        for name in plan.make_optional:
+            update.make_column_optional(name)
+    get_logger("catalog", table=table.identifier).info(
+        "schema evolved", changes=plan.changes, schema_id=catalog.load_table(table.identifier).schema().schema_id)
+    return plan
+
+
 DEAD_LETTER_SCHEMA = Schema(
     NestedField(1, "topic", StringType(), required=True),
     NestedField(2, "partition", IntegerType(), required=True),

@@ -53,9 +53,38 @@ def _produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evolve(args: argparse.Namespace) -> int:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from streamberg.common.catalog import SchemaMismatchError, evolve_table, load_catalog
+
+    config = load_config(args.config)
+    try:
+        plan = evolve_table(load_catalog(config.catalog), config.table, dry_run=args.dry_run)
+    except NoSuchTableError:
+        raise CommandError(f"table {config.table.identifier} does not exist; the ingest creates it from the config") from None
+    except SchemaMismatchError as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        print(json.dumps({"table": plan.table, "dry_run": args.dry_run, "changes": plan.changes,
+                          "added": [{"name": f.name, "type": str(f.field_type)} for f in plan.add],
+                          "made_optional": list(plan.make_optional)}, indent=2))
+    elif not plan.changes:
+        print(f"{plan.table}: the table already takes the config's records; nothing to change")
+    else:
+        verb = "would" if args.dry_run else "did"
+        for change in plan.changes:
+            print(f"{plan.table}: {verb} {change}")
+    return 0
+
+
 def _table(args: argparse.Namespace) -> int:
     from streamberg.common.table_facts import table_facts
 
+    if args.dry_run and not args.evolve:
+        raise CommandError("--dry-run goes with --evolve")
+    if args.evolve:
+        return _evolve(args)
     facts = table_facts(load_config(args.config))
     if args.json:
         print(json.dumps(facts, indent=2))
@@ -114,4 +143,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     table.add_argument("--config", required=True, help="the streamberg YAML config")
     table.add_argument("--json", action="store_true", help="machine-readable output")
+    table.add_argument("--evolve", action="store_true",
+                       help="change the table so it takes the config's records: add the optional columns the config "
+                            "has and the table lacks, make optional the columns the config makes optional; any other "
+                            "difference (type change, new required column, dropped column) is refused, exit 1")
+    table.add_argument("--dry-run", action="store_true", help="with --evolve: print the changes, make none")
     table.set_defaults(func=_table)

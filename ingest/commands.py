@@ -53,3 +53,7 @@ Prints a JSON line on exit: run id, records consumed, seconds, why it stopped.""
     bound.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=_ingest)
+
+    from streamberg.ingest import replay_cli
+
+    replay_cli.register(subparsers)

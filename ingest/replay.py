@@ -1,0 +1,470 @@
+"""Replay: put Kafka records into the table again, outside the ingest's offset chain.
+
+Two sources, both decoded and written with the ingest's own code (JsonDecoder,
+PartitionedFileWriter) and committed as ONE Iceberg append per run:
+
+- a topic range ``[A, B)`` of one partition, for rows lost downstream (deleted by mistake,
+  an over-eager TTL) or a range dead-lettered by a bug that is now fixed. Only ranges the
+  ingest has already consumed (``B <= committed offset``) can be replayed: beyond that is
+  the ingest's own job, and replaying it would duplicate what the ingest reads next.
+- dead-lettered records, re-decoded against the table's *current* schema (after
+  ``streamberg table --evolve`` or a raised ``ingest.max_record_bytes``).
+
+A replay snapshot never carries the ingest offsets key, so the ingest position is never
+moved (the committer finds its offsets on the nearest ancestor that has them). Instead it
+records what it replayed, so nothing is replayed twice:
+
+- ``streamberg.replay.<topic>`` = ``{"<partition>": [A, B]}`` for a range replay;
+- ``streamberg.dlq-replayed.<topic>`` = ``{"<partition>": [offset, ...]}`` for dead-lettered
+  records that now landed in the table. Those rows are then deleted from the dead-letter
+  table, so ``records + dead letters = consumed`` (``streamberg table``'s ``reconciles``)
+  still holds. A crash between the append and that delete is repaired by the next run,
+  which deletes every dead letter the table's summaries say already landed.
+
+These records live in snapshot summaries: once maintenance expires a replay snapshot, its
+range is no longer checked for overlap (dead letters that landed are gone from the DLQ by
+then, so they cannot be replayed twice either way).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from functools import reduce
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan, Or
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table
+
+from streamberg.common.catalog import DEAD_LETTER_SCHEMA, load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.offsets import RUN_ID_KEY, ancestry, committed_position, summary_properties
+from streamberg.ingest.decode import JsonDecoder
+from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
+from streamberg.ingest.units import DeadLetter
+from streamberg.ingest.writer import consumer_settings
+
+RANGE_KEY_PREFIX = "streamberg.replay."
+DLQ_KEY_PREFIX = "streamberg.dlq-replayed."
+OPERATION_KEY = "streamberg.operation"
+RECORDS_KEY = "streamberg.replay-records"
+# How long Kafka may return nothing before a range read gives up (the records exist:
+# the ingest already read them, so silence means they were deleted or compacted away).
+READ_IDLE_TIMEOUT_SECONDS = 15.0
+TOP_REASONS = 20
+
+
+class ReplayRefused(RuntimeError):
+    """The replay would duplicate or move what the ingest owns; nothing was written."""
+
+
+def range_key(topic: str) -> str:
+    return f"{RANGE_KEY_PREFIX}{topic}"
+
+
+def dlq_key(topic: str) -> str:
+    return f"{DLQ_KEY_PREFIX}{topic}"
+
+
+@dataclass
+class ReplayOutcome:
+    """What one replay run did (or, with dry_run, would do); printed as JSON."""
+
+    table: str
+    mode: str  # "range" | "dead-letters"
+    topic: str
+    dry_run: bool
+    run_id: str
+    read: int = 0  # Kafka records / dead letters considered
+    records_added: int = 0  # rows appended to the table (or that would be)
+    still_bad: int = 0  # records that still do not decode
+    still_bad_by_reason: dict[str, int] = field(default_factory=dict)
+    candidates_by_reason: dict[str, int] = field(default_factory=dict)  # dead-letters mode: reasons on file
+    dead_letters_added: int = 0  # range mode: still-bad records the DLQ did not hold yet
+    removed_from_dlq: int = 0  # dead letters that landed in the table and left the DLQ
+    snapshot_id: int | None = None
+    files: int = 0
+    seconds: float = 0.0
+    request: dict[str, Any] = field(default_factory=dict)  # the range or the filters asked for
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- what earlier replays recorded --------------------------------------------------------
+def _recorded(table: Table, key: str) -> Iterator[dict[int, Any]]:
+    for snapshot in ancestry(table):
+        text = summary_properties(snapshot).get(key)
+        if text is not None:
+            yield {int(p): v for p, v in json.loads(text).items()}
+
+
+def replayed_ranges(table: Table, topic: str) -> dict[int, list[tuple[int, int]]]:
+    """Ranges replayed into the table's current lineage, per partition."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for record in _recorded(table, range_key(topic)):
+        for p, (start, end) in record.items():
+            ranges.setdefault(p, []).append((int(start), int(end)))
+    return ranges
+
+
+def replayed_dead_letters(table: Table, topic: str) -> dict[int, set[int]]:
+    """Dead-lettered offsets that a replay already landed in the table, per partition."""
+    landed: dict[int, set[int]] = {}
+    for record in _recorded(table, dlq_key(topic)):
+        for p, offsets in record.items():
+            landed.setdefault(p, set()).update(int(o) for o in offsets)
+    return landed
+
+
+def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in ranges if a < end and start < b]
+
+
+# -- decoding and writing, as the ingest writer does --------------------------------------
+class _Batcher:
+    """Decodes batches of raw values and writes the valid rows into Parquet data files."""
+
+    def __init__(self, config: StreambergConfig, table: Table, run_id: str, dry_run: bool):
+        self.decoder = JsonDecoder(table.schema(), config.ingest.max_record_bytes)
+        self.files = None if dry_run else PartitionedFileWriter(
+            io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
+            properties=table.properties,
+            target_file_size=int(table.properties.get("write.target-file-size-bytes",
+                                                      config.table.target_file_size_bytes)),
+            row_group_rows=config.ingest.row_group_rows, name_prefix=f"replay-{run_id}",
+        )
+        self.added = 0
+
+    def decode(self, values: list[bytes | None]) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Write the rows that decode; return their indexes and the (index, reason) of the rest."""
+        result = self.decoder.decode(values)
+        if result.table.num_rows and self.files is not None:
+            self.files.write(result.table)
+        self.added += result.table.num_rows
+        return result.kept, result.rejected
+
+    def finish(self) -> list[WrittenFile]:
+        return self.files.flush() if self.files is not None else []
+
+    def abort(self) -> None:
+        if self.files is not None:
+            self.files.abort()  # files already closed are orphans; maintenance removes them
+
+
+def _commit_append(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
+                   properties: dict[str, str], recheck) -> int:  # noqa: ANN001 - recheck(Table) -> None
+    """One fast append of `files`; on a lost race, re-read, re-check and retry.
+
+    When it gives up or the re-check refuses, the files it wrote are deleted: they were
+    never part of the table. (Not after any other error: a catalog that failed while
+    answering a commit may have taken it, and deleting would then corrupt the table.)
+    """
+    try:
+        return _append_with_retries(catalog, config, files, properties, recheck)
+    except (ReplayRefused, CommitFailedException):
+        io = catalog.load_table(config.table.identifier).io
+        for f in files:
+            try:
+                io.delete(f.path)
+            except OSError:
+                pass  # an orphan; maintenance removes it after its safety age
+        raise
+
+
+def _append_with_retries(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
+                         properties: dict[str, str], recheck) -> int:  # noqa: ANN001
+    attempts = 0
+    while True:
+        attempts += 1
+        table = catalog.load_table(config.table.identifier)
+        recheck(table)  # another replay may have committed the same records meanwhile
+        try:
+            tx = table.transaction()
+            with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                for f in files:
+                    append.append_data_file(f.to_data_file())
+            # The append asserted main was at the snapshot we read, so the new current one is ours.
+            return tx.commit_transaction().current_snapshot().snapshot_id
+        except CommitFailedException:
+            if attempts > config.ingest.commit_retries:
+                raise
+            time.sleep(min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random()))
+
+
+# -- the dead-letter table -----------------------------------------------------------------
+def _load_dlq(catalog: Catalog, config: StreambergConfig) -> Table | None:
+    try:
+        return catalog.load_table(config.dead_letter_table)
+    except NoSuchTableError:
+        return None
+
+
+def _pairs_filter(topic: str, offsets: dict[int, set[int]]):  # noqa: ANN202 - a pyiceberg expression
+    per_partition = [And(EqualTo("partition", p), In("offset", {int(o) for o in offs}))
+                     for p, offs in sorted(offsets.items()) if offs]
+    return And(EqualTo("topic", topic), reduce(Or, per_partition))
+
+
+def remove_from_dead_letters(catalog: Catalog, config: StreambergConfig, landed: dict[int, set[int]],
+                             run_id: str) -> int:
+    """Delete the dead letters that landed in the table; return how many rows left the DLQ."""
+    if not any(landed.values()):
+        return 0
+    attempts = 0
+    while True:
+        attempts += 1
+        dlq = _load_dlq(catalog, config)
+        if dlq is None:
+            return 0
+        where = _pairs_filter(config.kafka.topic, landed)
+        present = dlq.scan(row_filter=where, selected_fields=("offset",)).to_arrow().num_rows
+        if not present:
+            return 0
+        try:
+            dlq.delete(where, snapshot_properties={OPERATION_KEY: "replay", RUN_ID_KEY: run_id})
+            return present
+        except CommitFailedException:  # the ingest appended dead letters meanwhile
+            if attempts > config.ingest.commit_retries:
+                raise
+            time.sleep(min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random()))
+
+
+def _append_dead_letters(catalog: Catalog, config: StreambergConfig, dead: list[DeadLetter], run_id: str) -> int:
+    """Append dead letters the DLQ does not hold yet (no offsets key: the ingest's chain stays)."""
+    if not dead:
+        return 0
+    dlq = _load_dlq(catalog, config)
+    if dlq is None:
+        return 0
+    now = dt.datetime.now(dt.timezone.utc)
+    rows = pa.Table.from_pylist([
+        {"topic": config.kafka.topic, "partition": d.partition, "offset": d.offset,
+         "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
+         "key": d.key, "value": d.value, "reason": d.reason, "job_id": f"replay:{config.table.identifier}",
+         "dead_lettered_at": now}
+        for d in dead
+    ], schema=schema_to_pyarrow(DEAD_LETTER_SCHEMA))
+    dlq.append(rows, snapshot_properties={OPERATION_KEY: "replay", RUN_ID_KEY: run_id})
+    return len(dead)
+
+
+def _reasons(reasons: list[str]) -> dict[str, int]:
+    return dict(Counter(reasons).most_common(TOP_REASONS))
+
+
+# -- range replay -------------------------------------------------------------------------
+def _read_range(config: StreambergConfig, partition: int, start: int, end: int) -> Iterator[list]:
+    """Batches of Kafka messages of one partition with offsets in [start, end)."""
+    topic = config.kafka.topic
+    consumer = Consumer({**consumer_settings(config), "group.id": f"{config.consumer_group}-replay"})
+    try:
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        if start < low:
+            raise ReplayRefused(
+                f"partition {partition} of {topic} starts at offset {low} now: records before it were deleted "
+                f"by Kafka's retention and cannot be replayed (asked from {start})")
+        consumer.assign([TopicPartition(topic, partition, start)])
+        next_offset, idle_since = start, time.monotonic()
+        while next_offset < end:
+            messages = [m for m in consumer.consume(config.ingest.max_poll_records, timeout=1.0) if m.error() is None]
+            if not messages:
+                if time.monotonic() - idle_since > READ_IDLE_TIMEOUT_SECONDS:
+                    raise RuntimeError(
+                        f"Kafka returned partition {partition} of {topic} only up to offset {next_offset - 1} "
+                        f"within {READ_IDLE_TIMEOUT_SECONDS:.0f} s; asked up to {end - 1}")
+                continue
+            idle_since = time.monotonic()
+            next_offset = messages[-1].offset() + 1
+            batch = [m for m in messages if m.offset() < end]
+            if batch:
+                yield batch
+    finally:
+        consumer.close()
+
+
+def _dead_letters_in_range(dlq: Table | None, topic: str, partition: int, start: int, end: int) -> set[int]:
+    if dlq is None:
+        return set()
+    where = And(And(EqualTo("topic", topic), EqualTo("partition", partition)),
+                And(GreaterThanOrEqual("offset", start), LessThan("offset", end)))
+    return set(dlq.scan(row_filter=where, selected_fields=("offset",)).to_arrow().column("offset").to_pylist())
+
+
+def replay_range(config: StreambergConfig, partition: int, start: int, end: int, *,
+                 force: bool = False, dry_run: bool = False) -> ReplayOutcome:
+    """Re-ingest Kafka records [start, end) of one partition as one append."""
+    started = time.monotonic()
+    topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
+    log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, partition=partition, run=run_id)
+    if not 0 <= start < end:
+        raise ReplayRefused(f"--from-offset {start} must be >= 0 and below --to-offset {end}")
+    catalog = load_catalog(config.catalog)
+    try:
+        table = catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        raise ReplayRefused(f"table {config.table.identifier} does not exist; nothing was ever ingested") from None
+    committed = committed_position(table, topic).offsets
+    if partition not in committed:
+        raise ReplayRefused(f"partition {partition} of {topic} has no committed ingest offset in "
+                            f"{config.table.identifier}; reading it is the ingest's job, not a replay's")
+    if end > committed[partition]:
+        raise ReplayRefused(
+            f"--to-offset {end} is beyond the ingest's committed offset {committed[partition]} for partition "
+            f"{partition}: records from {committed[partition]} on are the ingest's to read (replaying them "
+            f"would duplicate them); replay at most up to {committed[partition]}")
+
+    def check_overlap(current: Table) -> None:
+        if force:
+            return
+        clash = _overlaps(replayed_ranges(current, topic).get(partition, []), start, end)
+        if clash:
+            raise ReplayRefused(
+                f"partition {partition} range [{start}, {end}) overlaps range(s) already replayed into "
+                f"{config.table.identifier}: {', '.join(f'[{a}, {b})' for a, b in clash)}; "
+                f"pass --force if those rows are gone again")
+
+    check_overlap(table)
+    outcome = ReplayOutcome(table=config.table.identifier, mode="range", topic=topic, dry_run=dry_run, run_id=run_id,
+                            request={"partition": partition, "from_offset": start, "to_offset": end, "force": force})
+    dlq = _load_dlq(catalog, config)
+    in_dlq = _dead_letters_in_range(dlq, topic, partition, start, end)
+    batcher = _Batcher(config, table, run_id, dry_run)
+    landed_from_dlq: set[int] = set()
+    dead: list[DeadLetter] = []
+    try:
+        for messages in _read_range(config, partition, start, end):
+            outcome.read += len(messages)
+            kept, rejected = batcher.decode([m.value() for m in messages])
+            landed_from_dlq.update(messages[int(i)].offset() for i in kept if messages[int(i)].offset() in in_dlq)
+            for i, reason in rejected:
+                m = messages[i]
+                kind, ts = m.timestamp()
+                dead.append(DeadLetter(partition=m.partition(), offset=m.offset(), timestamp_ms=ts if kind else None,
+                                       key=m.key(), value=m.value(), reason=reason))
+        files = batcher.finish()
+    except BaseException:
+        batcher.abort()
+        raise
+    outcome.records_added = batcher.added
+    outcome.still_bad = len(dead)
+    outcome.still_bad_by_reason = _reasons([d.reason for d in dead])
+    fresh_dead = [d for d in dead if d.offset not in in_dlq]
+    outcome.files = len(files)
+    if dry_run:
+        outcome.dead_letters_added = len(fresh_dead)
+        outcome.removed_from_dlq = len(landed_from_dlq)
+    else:
+        # Dead letters first, as the ingest committer does: a crash before the main append
+        # leaves them recorded, and a re-run finds them in the DLQ and adds none twice.
+        outcome.dead_letters_added = _append_dead_letters(catalog, config, fresh_dead, run_id)
+        if files:
+            properties = {range_key(topic): json.dumps({str(partition): [start, end]}), OPERATION_KEY: "replay",
+                          RUN_ID_KEY: run_id, RECORDS_KEY: str(outcome.records_added)}
+            if landed_from_dlq:
+                properties[dlq_key(topic)] = json.dumps({str(partition): sorted(landed_from_dlq)})
+            outcome.snapshot_id = _commit_append(catalog, config, files, properties, check_overlap)
+            outcome.removed_from_dlq = remove_from_dead_letters(catalog, config, {partition: landed_from_dlq}, run_id)
+        log.info("range replayed", snapshot=outcome.snapshot_id, records=outcome.records_added, files=len(files),
+                 start=start, end=end, still_bad=outcome.still_bad, removed_from_dlq=outcome.removed_from_dlq)
+    outcome.seconds = round(time.monotonic() - started, 3)
+    return outcome
+
+
+# -- dead-letter replay ---------------------------------------------------------------------
+def _select_dead_letters(dlq: Table, topic: str, reason_like: str | None, since: dt.datetime | None,
+                         skip: dict[int, set[int]]) -> pa.Table:
+    rows = dlq.scan(row_filter=EqualTo("topic", topic)).to_arrow()
+    if reason_like is not None:
+        rows = rows.filter(pc.match_like(rows.column("reason"), reason_like))
+    if since is not None:
+        rows = rows.filter(pc.greater_equal(rows.column("dead_lettered_at"), pa.scalar(since, rows.schema.field("dead_lettered_at").type)))
+    if rows.num_rows == 0:
+        return rows
+    # One row per (partition, offset): the committer never writes two, but a DLQ edited by
+    # hand might, and replaying both would duplicate the record.
+    rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
+    parts, offs = rows.column("partition").to_numpy(), rows.column("offset").to_numpy()
+    first = np.ones(len(offs), dtype=bool)
+    first[1:] = (parts[1:] != parts[:-1]) | (offs[1:] != offs[:-1])
+    done = np.array([int(o) in skip.get(int(p), ()) for p, o in zip(parts, offs)], dtype=bool)
+    return rows.filter(pa.array(first & ~done))
+
+
+def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = None,
+                        since: dt.datetime | None = None, dry_run: bool = False) -> ReplayOutcome:
+    """Re-decode dead letters against the table's current schema; append those that now decode."""
+    started = time.monotonic()
+    topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
+    log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, run=run_id, mode="dead-letters")
+    catalog = load_catalog(config.catalog)
+    try:
+        table = catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        raise ReplayRefused(f"table {config.table.identifier} does not exist; nothing was ever ingested") from None
+    outcome = ReplayOutcome(table=config.table.identifier, mode="dead-letters", topic=topic, dry_run=dry_run,
+                            run_id=run_id, request={"reason_like": reason_like,
+                                                    "since": since.isoformat() if since else None})
+    landed_before = replayed_dead_letters(table, topic)
+    if not dry_run:  # repair an earlier run that crashed between its append and its DLQ delete
+        outcome.removed_from_dlq = remove_from_dead_letters(catalog, config, landed_before, run_id)
+    dlq = _load_dlq(catalog, config)
+    if dlq is None:
+        outcome.seconds = round(time.monotonic() - started, 3)
+        return outcome
+    rows = _select_dead_letters(dlq, topic, reason_like, since, landed_before)
+    outcome.read = rows.num_rows
+    outcome.candidates_by_reason = _reasons(rows.column("reason").to_pylist()) if rows.num_rows else {}
+    batcher = _Batcher(config, table, run_id, dry_run)
+    landed: dict[int, set[int]] = {}
+    still_bad: list[str] = []
+    step = config.ingest.max_poll_records
+    try:
+        for lo in range(0, rows.num_rows, step):
+            chunk = rows.slice(lo, step)
+            parts, offs = chunk.column("partition").to_pylist(), chunk.column("offset").to_pylist()
+            kept, rejected = batcher.decode(chunk.column("value").to_pylist())
+            for i in kept:
+                landed.setdefault(parts[int(i)], set()).add(offs[int(i)])
+            still_bad.extend(reason for _, reason in rejected)
+        files = batcher.finish()
+    except BaseException:
+        batcher.abort()
+        raise
+    outcome.records_added = batcher.added
+    outcome.still_bad = len(still_bad)
+    outcome.still_bad_by_reason = _reasons(still_bad)
+    outcome.files = len(files)
+
+    def check_not_landed(current: Table) -> None:
+        already = replayed_dead_letters(current, topic)
+        clash = sum(len(offs & already.get(p, set())) for p, offs in landed.items())
+        if clash:
+            raise ReplayRefused(f"{clash} of these dead letters were replayed by another run meanwhile; "
+                                f"nothing was added, run the replay again")
+
+    if files and not dry_run:
+        properties = {dlq_key(topic): json.dumps({str(p): sorted(o) for p, o in sorted(landed.items())}),
+                      OPERATION_KEY: "replay", RUN_ID_KEY: run_id, RECORDS_KEY: str(outcome.records_added)}
+        outcome.snapshot_id = _commit_append(catalog, config, files, properties, check_not_landed)
+        outcome.removed_from_dlq += remove_from_dead_letters(catalog, config, landed, run_id)
+        log.info("dead letters replayed", snapshot=outcome.snapshot_id, records=outcome.records_added,
+                 files=len(files), still_bad=outcome.still_bad, removed_from_dlq=outcome.removed_from_dlq)
+    elif dry_run:
+        outcome.removed_from_dlq = sum(len(o) for o in landed.values())
+    outcome.seconds = round(time.monotonic() - started, 3)
+    return outcome
