@@ -7,4 +7,6 @@ per test session where they can, because each costs seconds to start on a 2-core
 pytest_plugins = [
     "tests.fixtures.broker",
     "tests.fixtures.spark",
+    "tests.fixtures.postgres",
+    "tests.fixtures.s3",
 ]
