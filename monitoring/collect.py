@@ -1,0 +1,127 @@
+"""Collect every fact `streamberg status` reports, degrading truthfully.
+
+Pure reads: nothing here creates, commits or deletes anything. Each source is asked on its
+own, so one failing does not hide the others: with the catalog down the broker is still
+asked; with the broker down the table facts are still read. A failure becomes an
+unreachable flag with its error (or an entry in `errors`), never an exception, so the
+verdict can name it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib
+import time
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.offsets import CommittedPosition, committed_position
+from streamberg.common.table_facts import dead_letter_records
+from streamberg.compactor.planner import ManifestCache, live_data_files
+from streamberg.monitoring import table_stats
+from streamberg.monitoring.catalog_probe import CatalogUnreachable, first_line, open_catalog_readonly
+from streamberg.monitoring.lag import BrokerUnreachable, compute_lag, read_watermarks
+from streamberg.monitoring.model import DeadLetterFacts, IngestFacts, Reachability, Status
+
+
+class _Collector:
+    """One status collection; `errors` gathers parts that failed although the catalog answered."""
+
+    def __init__(self, config: StreambergConfig, now_ms: int, cache: ManifestCache) -> None:
+        self.config, self.now_ms, self.cache = config, now_ms, cache
+        self.errors: list[str] = []
+        self.log = get_logger("monitoring.status", table=config.table.identifier)
+
+    def part(self, what: str, read, *args: Any):  # noqa: ANN001, ANN202
+        """Run one read; on failure record which part could not be read, and go on."""
+        try:
+            return read(*args)
+        except Exception as exc:  # noqa: BLE001 - a broken part is reported, the rest still is
+            message = f"{what} could not be read: {first_line(exc)}"
+            self.log.warning("status part failed", part=what, error=first_line(exc))
+            self.errors.append(message)
+            return None
+
+    def ingest(self, position: CommittedPosition | None, table: Table | None) -> IngestFacts:
+        config = self.config
+        last = self.part("last ingest commit", table_stats.last_commit, table, position, self.now_ms) \
+            if table is not None and position is not None else None
+        try:
+            marks = read_watermarks(config, config.monitoring.broker_timeout_seconds)
+        except BrokerUnreachable as exc:
+            self.log.warning("broker unreachable", bootstrap=config.kafka.bootstrap_servers, error=str(exc))
+            return IngestFacts(last_commit=last, broker=Reachability(False, str(exc)), topic=config.kafka.topic,
+                               topic_exists=None, lag=None)
+        # Lag needs the recorded offsets, i.e. a readable table.
+        lag = compute_lag(position.offsets, marks, config.kafka.start_offset) \
+            if position is not None and marks.exists else None
+        return IngestFacts(last_commit=last, broker=Reachability(True), topic=config.kafka.topic,
+                           topic_exists=marks.exists, lag=lag)
+
+    def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
+        records = dead_letter_records(catalog, self.config.dead_letter_table)
+        return DeadLetterFacts(table=self.config.dead_letter_table, exists=records is not None, records=records or 0)
+
+
+def last_maintenance(config: StreambergConfig) -> dict[str, Any]:
+    """The last `streamberg maintain` run, if the maintenance package can tell (it may not
+    exist in this installation, or may not offer `last_maintenance_run`)."""
+    try:
+        module = importlib.import_module("streamberg.maintenance")
+    except ImportError:
+        return {"available": False, "last_run": None, "error": None}
+    reader = getattr(module, "last_maintenance_run", None)
+    if reader is None:
+        return {"available": False, "last_run": None, "error": None}
+    try:
+        return {"available": True, "last_run": reader(config), "error": None}
+    except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
+        return {"available": True, "last_run": None, "error": first_line(exc)}
+
+
+def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
+                   cache: ManifestCache | None = None) -> Status:
+    """Every fact about the configured table, its broker and its catalog (no verdict yet).
+
+    `cache` keeps parsed manifests between calls (`--watch`, the metrics exporter):
+    manifests are immutable, so later collections read only the new ones.
+    """
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    run = _Collector(config, now_ms, cache or ManifestCache())
+    identifier = config.table.identifier
+    checked_at = dt.datetime.fromtimestamp(now_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+    empty = {"table": identifier, "checked_at": checked_at, "files": None, "compactor": None, "snapshots": None,
+             "dead_letters": None}
+    try:
+        catalog = open_catalog_readonly(config.catalog)
+    except CatalogUnreachable as exc:
+        run.log.warning("catalog unreachable", error=str(exc))
+        return Status(**empty, catalog=Reachability(False, str(exc)), table_exists=None,
+                      ingest=run.ingest(None, None), maintenance=last_maintenance(config))
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        return Status(**{**empty, "dead_letters": run.part("dead letters", run.dead_letters, catalog)},
+                      catalog=Reachability(True), table_exists=False, ingest=run.ingest(None, None),
+                      maintenance=last_maintenance(config), errors=run.errors)
+    except Exception as exc:  # noqa: BLE001 - metadata file missing or unreadable, etc.
+        run.errors.append(f"table {identifier} could not be loaded: {first_line(exc)}")
+        return Status(**empty, catalog=Reachability(True), table_exists=True, ingest=run.ingest(None, None),
+                      maintenance=last_maintenance(config), errors=run.errors)
+    run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
+    position = run.part("committed offsets", committed_position, table, config.kafka.topic)
+    files = run.part("data files", lambda: live_data_files(table, run.cache)[0])
+    return Status(
+        table=identifier, checked_at=checked_at, catalog=Reachability(True), table_exists=True,
+        ingest=run.ingest(position, table),
+        files=run.part("file sizes", table_stats.file_facts, config, table, files) if files is not None else None,
+        compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
+        snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
+        dead_letters=run.part("dead letters", run.dead_letters, catalog),
+        maintenance=last_maintenance(config), errors=run.errors,
+    )

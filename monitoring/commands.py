@@ -1,0 +1,116 @@
+"""`streamberg status` and `streamberg metrics`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from streamberg.common.cli import CommandError
+from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.log import get_logger
+from streamberg.compactor.planner import ManifestCache
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.model import Status
+from streamberg.monitoring.render import render_screen
+
+DEFAULT_WATCH_SECONDS = 5.0
+# Exit codes of `status`: alerting and cron act on 1.
+EXIT = {"ok": 0, "warn": 0, "critical": 1}
+
+
+def _status_once(config: StreambergConfig, cache: ManifestCache) -> Status:
+    return with_health(collect_status(config, cache=cache), config)
+
+
+def _print(status: Status, as_json: bool, watching: bool) -> None:
+    if as_json:
+        # One object per refresh; while watching, one per line (JSON lines) so a reader can stream them.
+        print(json.dumps(status.to_dict(), indent=None if watching else 2), flush=True)
+        return
+    if watching and sys.stdout.isatty():
+        print("\033[2J\033[H", end="")  # clear the terminal, cursor home
+    print(render_screen(status), flush=True)
+    if watching:
+        print("" if sys.stdout.isatty() else "-" * 72, flush=True)
+
+
+def _status(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cache = ManifestCache()
+    if args.watch is not None and args.watch <= 0:
+        raise CommandError("--watch needs a positive number of seconds")
+    status = _status_once(config, cache)
+    _print(status, args.json, args.watch is not None)
+    if args.watch is None:
+        return EXIT[status.health.verdict]
+    try:
+        while True:
+            time.sleep(args.watch)
+            status = _status_once(config, cache)
+            _print(status, args.json, True)
+    except KeyboardInterrupt:
+        # Ctrl-C ends the watch; the exit code is the last verdict's, as for a single check.
+        return EXIT[status.health.verdict]
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from streamberg.monitoring.metrics import exposition, registry_for
+
+    config = load_config(args.config)
+    if args.once:
+        print(exposition(config), end="")
+        return 0
+    port = args.port or config.monitoring.metrics_port
+    address = args.address or config.monitoring.metrics_address
+    try:
+        server, thread = start_http_server(port, addr=address, registry=registry_for(config))
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
+    log = get_logger("monitoring.metrics", table=config.table.identifier)
+    log.info("serving metrics", url=f"http://{address}:{port}/metrics")
+    try:
+        while thread.is_alive():
+            thread.join(1.0)
+    except KeyboardInterrupt:
+        log.info("stopping")
+    finally:
+        server.shutdown()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    status = subparsers.add_parser(
+        "status", help="one screen of truth about the table: ingest lag, last commit, backlog, health verdict",
+        description="Reads the catalog, the table's metadata and the broker (never writes) and prints the last "
+                    "ingest commit, ingest lag per Kafka partition (offsets recorded in the table vs the broker's "
+                    "high watermark), data files and small files, files waiting for the compactor and the age of "
+                    "the oldest, the last optimize, snapshot count and metadata size, dead letters, the last "
+                    "maintenance run, and a health verdict (ok, warn, critical) with its reasons. Thresholds are "
+                    "the config's monitoring.* keys (docs/monitoring.md). Exit status: 0 ok or warn, 1 critical "
+                    "(also when the catalog, the table or the broker cannot be reached), 2 invalid configuration.",
+    )
+    status.add_argument("--config", required=True, help="the streamberg YAML config")
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object (with --watch: one per line, per refresh) for scripts and alerting")
+    status.add_argument("--watch", nargs="?", type=float, const=DEFAULT_WATCH_SECONDS, default=None, metavar="SECONDS",
+                        help=f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C")
+    status.set_defaults(func=_status)
+
+    metrics = subparsers.add_parser(
+        "metrics", help="Prometheus exporter: ingest, lag, compactor backlog and table metrics",
+        description="Serves /metrics in the Prometheus text format. Every scrape computes the metrics from the "
+                    "same facts as `streamberg status` (table snapshot summaries, the broker's end offsets), so "
+                    "the exporter holds no state and can restart at any time. --once prints one scrape to stdout "
+                    "(for tests and node_exporter's textfile collector). Metrics and sources: docs/monitoring.md.",
+    )
+    metrics.add_argument("--config", required=True, help="the streamberg YAML config")
+    metrics.add_argument("--port", type=int, default=None, help="port to listen on (default monitoring.metrics_port, 9464)")
+    metrics.add_argument("--address", default=None,
+                         help="address to bind (default monitoring.metrics_address, 0.0.0.0)")
+    metrics.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
+    metrics.set_defaults(func=_metrics)

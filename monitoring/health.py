@@ -1,0 +1,133 @@
+"""The health verdict: a pure function of the collected facts and the configured thresholds.
+
+Every rule that fires adds one finding (check name, severity, a sentence with the measured
+value and the threshold it crossed); the verdict is the worst severity, `ok` when nothing
+fired. The thresholds live in the config's `monitoring:` section (docs/monitoring.md
+lists every rule). No I/O here, so the rules are tested on facts read from real tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from streamberg.common.config import StreambergConfig
+from streamberg.monitoring.model import SEVERITY, Health, Status, Verdict
+
+
+def _grade(value: float, warn: float | None, critical: float | None) -> Verdict | None:
+    if critical is not None and value >= critical:
+        return "critical"
+    if warn is not None and value >= warn:
+        return "warn"
+    return None
+
+
+def _threshold(severity: Verdict, warn: float | None, critical: float | None) -> str:
+    return f"{'critical' if severity == 'critical' else 'warn'} at {critical if severity == 'critical' else warn:g}"
+
+
+class _Findings:
+    def __init__(self) -> None:
+        self.items: list[dict[str, str]] = []
+
+    def add(self, check: str, severity: Verdict | None, reason: str) -> None:
+        if severity is not None and severity != "ok":
+            self.items.append({"check": check, "severity": severity, "reason": reason})
+
+
+def _reachability(status: Status, config: StreambergConfig, out: _Findings) -> None:
+    if not status.catalog.reachable:
+        out.add("catalog", "critical", f"catalog unreachable: {status.catalog.error}")
+    elif status.table_exists is False:
+        out.add("table", "critical", f"table {status.table} does not exist in catalog {config.catalog.name} "
+                                     f"(no ingest has created it yet, or the config points at the wrong catalog)")
+    for error in status.errors:
+        out.add("table", "critical", error)
+    ingest = status.ingest
+    if not ingest.broker.reachable:
+        out.add("broker", "critical", f"broker unreachable: {ingest.broker.error}")
+    elif ingest.topic_exists is False:
+        recorded = ingest.last_commit is not None
+        out.add("topic", "critical" if recorded else "warn",
+                f"topic {ingest.topic} does not exist on broker {config.kafka.bootstrap_servers}"
+                + (" although the table recorded offsets for it (topic deleted or broker data lost)" if recorded
+                   else " (nothing has been produced yet?)"))
+
+
+def _ingest(status: Status, config: StreambergConfig, out: _Findings) -> None:
+    thresholds, ingest = config.monitoring, status.ingest
+    lag = ingest.lag
+    if lag is None:
+        return
+    severity = _grade(lag.total, thresholds.lag_warn_records, thresholds.lag_critical_records)
+    if severity:
+        out.add("lag", severity, f"ingest lag is {lag.total:,} records behind the broker "
+                f"({_threshold(severity, thresholds.lag_warn_records, thresholds.lag_critical_records)})")
+    if lag.ahead_partitions:
+        out.add("lag", "warn", f"the table's recorded offsets are past the broker's end on partition(s) "
+                f"{', '.join(lag.ahead_partitions)}: the topic was recreated, the broker lost data, "
+                f"or (embedded tansu) its watermark lags by a batch")
+    if lag.total == 0:
+        return  # nothing waits: an old last commit only means there was nothing to commit
+    last, interval = ingest.last_commit, config.ingest.commit_interval_seconds
+    if last is None:
+        out.add("commit_age", "warn", f"{lag.total:,} records wait in Kafka but the table has no ingest commit "
+                                      f"for topic {ingest.topic} yet (is `streamberg ingest` running?)")
+        return
+    intervals = last.age_seconds / interval
+    severity = _grade(intervals, thresholds.commit_age_warn_intervals, thresholds.commit_age_critical_intervals)
+    if severity:
+        out.add("commit_age", severity,
+                f"last ingest commit was {last.age_seconds:.0f} s ago ({intervals:.1f} commit intervals of "
+                f"{interval:g} s; {_threshold(severity, thresholds.commit_age_warn_intervals, thresholds.commit_age_critical_intervals)}) "
+                f"while {lag.total:,} records wait in Kafka: ingest is stalled or not running")
+
+
+def _table(status: Status, config: StreambergConfig, out: _Findings) -> None:
+    thresholds = config.monitoring
+    compactor, max_delay = status.compactor, config.compactor.max_delay_seconds
+    if compactor is not None and compactor.oldest_pending_age_seconds is not None and max_delay is not None:
+        factor = compactor.oldest_pending_age_seconds / max_delay
+        severity = _grade(factor, thresholds.pending_age_warn_factor, thresholds.pending_age_critical_factor)
+        if severity:
+            out.add("compactor", severity,
+                    f"the oldest of {compactor.pending_files:,} files waiting for the compactor was committed "
+                    f"{compactor.oldest_pending_age_seconds:.0f} s ago ({factor:.1f} x compactor.max_delay_seconds "
+                    f"{max_delay:g}; {_threshold(severity, thresholds.pending_age_warn_factor, thresholds.pending_age_critical_factor)}): "
+                    f"the compactor is behind or not running")
+    files = status.files
+    if (files is not None and thresholds.small_file_ratio_warn is not None
+            and files.data_files >= thresholds.small_file_min_files
+            and files.small_file_ratio >= thresholds.small_file_ratio_warn):
+        out.add("small_files", "warn",
+                f"{files.small_files:,} of {files.data_files:,} data files ({files.small_file_ratio:.0%}) are smaller "
+                f"than {files.small_file_threshold_bytes:,} bytes (warn at {thresholds.small_file_ratio_warn:.0%})")
+    snapshots = status.snapshots
+    if snapshots is not None:
+        severity = _grade(snapshots.count, thresholds.snapshots_warn, thresholds.snapshots_critical)
+        if severity:
+            out.add("snapshots", severity,
+                    f"the table keeps {snapshots.count:,} snapshots "
+                    f"({_threshold(severity, thresholds.snapshots_warn, thresholds.snapshots_critical)}): "
+                    f"run `streamberg maintain` to expire old ones")
+    dead = status.dead_letters
+    if dead is not None and thresholds.dead_letters_warn is not None and dead.records >= thresholds.dead_letters_warn:
+        out.add("dead_letters", "warn", f"{dead.records:,} records in {dead.table} "
+                                        f"(warn at {thresholds.dead_letters_warn:,})")
+    if status.maintenance.get("error"):
+        out.add("maintenance", "warn", f"the last maintenance run could not be read: {status.maintenance['error']}")
+
+
+def judge(status: Status, config: StreambergConfig) -> Health:
+    """The verdict and its reasons, worst first."""
+    out = _Findings()
+    _reachability(status, config, out)
+    _ingest(status, config, out)
+    _table(status, config, out)
+    findings = sorted(out.items, key=lambda f: -SEVERITY[f["severity"]])
+    verdict: Verdict = max((f["severity"] for f in findings), key=SEVERITY.__getitem__, default="ok")  # type: ignore[assignment]
+    return Health(verdict=verdict, reasons=[f["reason"] for f in findings], findings=findings)
+
+
+def with_health(status: Status, config: StreambergConfig) -> Status:
+    return dataclasses.replace(status, health=judge(status, config))

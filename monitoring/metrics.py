@@ -1,0 +1,155 @@
+"""Prometheus metrics computed from the same facts as `streamberg status`, at every scrape.
+
+A custom prometheus-client Collector runs `collect_status` when scraped, so the exporter
+keeps no state that can drift from the table: totals (records consumed, dead letters)
+are the running totals Iceberg and the ingest committer record in snapshot summaries, and
+they survive restarts of every process involved. Every metric carries `table`; the table
+of metrics, their sources and meaning is in docs/monitoring.md.
+
+A fact that is unknown (catalog or broker down) is left out of the scrape rather than
+reported as 0; `streamberg_up` and `streamberg_health` say why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from streamberg.common.config import StreambergConfig
+from streamberg.compactor.planner import ManifestCache
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.model import SEVERITY, Status
+
+
+def _gauge(name: str, doc: str, table: str, value: float | None, unit: str = "") -> Iterator[Metric]:
+    if value is not None:
+        family = GaugeMetricFamily(name, doc, labels=["table"], unit=unit)
+        family.add_metric([table], float(value))
+        yield family
+
+
+def _counter(name: str, doc: str, table: str, value: float | None) -> Iterator[Metric]:
+    if value is not None:
+        family = CounterMetricFamily(name, doc, labels=["table"])
+        family.add_metric([table], float(value))
+        yield family
+
+
+def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
+    """The metric families for one collected (and judged) status."""
+    t = status.table
+    up = GaugeMetricFamily("streamberg_up", "1 when the source answered the last status check, else 0",
+                           labels=["table", "source"])
+    up.add_metric([t, "catalog"], float(status.catalog.reachable))
+    up.add_metric([t, "broker"], float(status.ingest.broker.reachable))
+    yield up
+    if status.health is not None:
+        yield from _gauge("streamberg_health", "health verdict: 0 ok, 1 warn, 2 critical (streamberg status)",
+                          t, SEVERITY[status.health.verdict])
+    yield from _gauge("streamberg_status_collect_seconds", "time to collect the facts of this scrape", t,
+                      collect_seconds)
+
+    last = status.ingest.last_commit
+    if last is not None:
+        yield from _counter("streamberg_ingest_records_consumed",
+                            "Kafka records read by all ingest commits (valid + dead-lettered): records in",
+                            t, last.consumed_total)
+        yield from _gauge("streamberg_ingest_last_commit_age_seconds", "seconds since the last ingest commit",
+                          t, last.age_seconds)
+        yield from _gauge("streamberg_ingest_last_commit_latency_seconds",
+                          "duration of the last ingest commit (dead letters, fence check, retries, append)",
+                          t, last.commit_latency_seconds)
+        yield from _gauge("streamberg_ingest_last_commit_records", "records added by the last ingest commit",
+                          t, last.records)
+        yield from _gauge("streamberg_ingest_last_commit_files", "data files added by the last ingest commit",
+                          t, last.files)
+        yield from _gauge("streamberg_ingest_last_commit_dead_letters",
+                          "records dead-lettered by the last ingest commit", t, last.dead_letters)
+
+    lag = status.ingest.lag
+    if lag is not None:
+        labels = ["table", "topic", "partition"]
+        per_partition = {
+            "streamberg_ingest_lag_records": ("records in the partition not yet in the table", "lag"),
+            "streamberg_ingest_committed_offset": ("next offset recorded in the table", "committed"),
+            "streamberg_kafka_end_offset": ("the broker's high watermark", "end"),
+        }
+        for name, (doc, attr) in per_partition.items():
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            for p, part in lag.partitions.items():
+                value = getattr(part, attr)
+                if value is not None:
+                    family.add_metric([t, status.ingest.topic, p], float(value))
+            yield family
+
+    files = status.files
+    if files is not None:
+        yield from _gauge("streamberg_table_records", "records in the table's live data files: records out", t,
+                          files.records)
+        yield from _gauge("streamberg_table_data_files", "live data files", t, files.data_files)
+        yield from _gauge("streamberg_table_bytes", "size of the live data files", t, files.bytes)
+        yield from _gauge("streamberg_table_small_files", "live data files below the small-file threshold", t,
+                          files.small_files)
+
+    compactor = status.compactor
+    if compactor is not None:
+        yield from _gauge("streamberg_compactor_pending_files", "files added by ingest and not yet optimized", t,
+                          compactor.pending_files)
+        yield from _gauge("streamberg_compactor_pending_bytes", "size of the pending files", t,
+                          compactor.pending_bytes)
+        yield from _gauge("streamberg_compactor_oldest_pending_age_seconds",
+                          "age of the oldest pending file's commit", t, compactor.oldest_pending_age_seconds)
+        opt = compactor.last_optimize
+        if opt is not None:
+            yield from _gauge("streamberg_compactor_last_optimize_duration_seconds",
+                              "rewrite time of the last optimize commit", t, opt.duration_seconds)
+            yield from _gauge("streamberg_compactor_last_optimize_age_seconds", "seconds since the last optimize",
+                              t, opt.age_seconds)
+            yield from _gauge("streamberg_compactor_last_optimize_files_in", "files replaced by the last optimize",
+                              t, opt.files_in)
+            yield from _gauge("streamberg_compactor_last_optimize_files_out", "files written by the last optimize",
+                              t, opt.files_out)
+
+    snapshots = status.snapshots
+    if snapshots is not None:
+        yield from _gauge("streamberg_table_snapshots", "snapshots kept in the table metadata", t, snapshots.count)
+        yield from _gauge("streamberg_table_metadata_bytes",
+                          "metadata file + current manifest list + its manifests", t, snapshots.metadata_bytes)
+
+    dead = status.dead_letters
+    if dead is not None:
+        yield from _counter("streamberg_dead_letters", "records in the dead-letter table", t, dead.records)
+
+
+class StatusCollector(Collector):
+    """Collects the status on every scrape (one at a time; the manifest cache is reused)."""
+
+    def __init__(self, config: StreambergConfig) -> None:
+        self.config = config
+        self.cache = ManifestCache()
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            started = time.monotonic()
+            status = with_health(collect_status(self.config, cache=self.cache), self.config)
+            families = list(status_metrics(status, round(time.monotonic() - started, 3)))
+        yield from families
+
+
+def registry_for(config: StreambergConfig) -> CollectorRegistry:
+    """A registry holding only the status collector (no process metrics of the exporter)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(config))
+    return registry
+
+
+def exposition(config: StreambergConfig) -> str:
+    """One scrape's output in the Prometheus text format (`streamberg metrics --once`)."""
+    return generate_latest(registry_for(config)).decode()

@@ -1,0 +1,150 @@
+"""The facts `streamberg status` reports, as plain frozen dataclasses.
+
+Collecting them (collect.py), judging them (health.py), rendering them (render.py) and
+exporting them as Prometheus metrics (metrics.py) all share these shapes. `Status.to_dict`
+is the `--json` document; its keys are a contract other tools rely on (docs/monitoring.md).
+A section is None when it could not be read (catalog down, table missing): unknown is
+reported as unknown, never as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Verdict = Literal["ok", "warn", "critical"]
+SEVERITY: dict[str, int] = {"ok": 0, "warn": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Reachability:
+    reachable: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class LastCommit:
+    """The newest ingest commit on the table's lineage (the snapshot holding the offsets)."""
+
+    snapshot_id: int
+    committed_at: str  # ISO-8601 UTC
+    age_seconds: float
+    records: int  # records this commit added
+    files: int  # data files this commit added
+    dead_letters: int  # records this commit sent to the dead-letter table
+    job_id: str | None
+    run_id: str | None
+    consumed_total: int  # Kafka records read by all ingest commits up to this one
+    # Snapshot time minus the committer's start of this commit; None for commits that did
+    # not record it (streamberg.commit-started-ms).
+    commit_latency_seconds: float | None
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    committed: int | None  # next offset recorded in the table; None: never committed
+    end: int  # the broker's high watermark
+    lag: int  # records not yet in the table (0 when committed is past the watermark)
+
+
+@dataclass(frozen=True)
+class Lag:
+    total: int
+    partitions: dict[str, PartitionLag]
+    # Partitions whose recorded offset is past the broker's high watermark: a broker that
+    # lost data, a recreated topic, or (tansu) a watermark lagging by a batch.
+    ahead_partitions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class IngestFacts:
+    last_commit: LastCommit | None
+    broker: Reachability
+    topic: str
+    topic_exists: bool | None  # None: the broker could not be asked
+    lag: Lag | None
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    data_files: int
+    records: int
+    bytes: int
+    small_files: int
+    small_file_ratio: float
+    small_file_threshold_bytes: int
+    target_file_size_bytes: int
+
+
+@dataclass(frozen=True)
+class LastOptimize:
+    snapshot_id: int
+    committed_at: str
+    age_seconds: float
+    strategy: str | None
+    mode: str | None
+    files_in: int
+    files_out: int
+    bytes_in: int
+    bytes_out: int
+    records: int
+    duration_seconds: float | None
+
+
+@dataclass(frozen=True)
+class CompactorFacts:
+    pending_files: int  # live files added by ingest appends, not yet rewritten
+    pending_bytes: int
+    pending_snapshots: int  # ingest snapshots those files came from
+    due_files: int  # pending files whose partition a compactor rule already selects
+    oldest_pending_age_seconds: float | None
+    last_optimize: LastOptimize | None
+
+
+@dataclass(frozen=True)
+class SnapshotFacts:
+    count: int
+    metadata_bytes: int  # metadata file + current manifest list + its manifests
+    metadata_file_bytes: int
+    manifest_list_bytes: int
+    manifests: int
+    manifest_bytes: int
+    oldest_age_seconds: float | None
+
+
+@dataclass(frozen=True)
+class DeadLetterFacts:
+    table: str
+    exists: bool
+    records: int
+
+
+@dataclass(frozen=True)
+class Health:
+    verdict: Verdict
+    reasons: list[str]
+    # The same findings with the check that raised each (for alert routing).
+    findings: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Status:
+    table: str
+    checked_at: str
+    catalog: Reachability
+    table_exists: bool | None  # None: the catalog could not be asked
+    ingest: IngestFacts
+    files: FileFacts | None
+    compactor: CompactorFacts | None
+    snapshots: SnapshotFacts | None
+    dead_letters: DeadLetterFacts | None
+    maintenance: dict[str, Any]
+    # Parts of the table that could not be read although the catalog answered.
+    errors: list[str] = field(default_factory=list)
+    health: Health | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        # Health first after the identity: it is what a reader looks for.
+        ordered = {"table": data.pop("table"), "checked_at": data.pop("checked_at"), "health": data.pop("health")}
+        return {**ordered, **data}

@@ -1,0 +1,116 @@
+"""The status screen: plain text, one fact per line, the verdict and its reasons first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamberg.monitoring.model import Status
+
+_WIDTH = 13
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def human_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _line(label: str, text: str) -> str:
+    return f"{label:<{_WIDTH}}{text}"
+
+
+def _ingest_lines(status: Status) -> list[str]:
+    ingest = status.ingest
+    last = ingest.last_commit
+    if last is not None:
+        latency = f", commit latency {last.commit_latency_seconds:.2f} s" if last.commit_latency_seconds is not None else ""
+        commit = (f"{human_age(last.age_seconds)} ago: snapshot {last.snapshot_id}, {last.records:,} records, "
+                  f"{last.files} files, {last.dead_letters} dead letters{latency} (job {last.job_id})")
+    else:
+        commit = "unknown (catalog or table unavailable)" if not status.table_exists else "never"
+    lines = [_line("last commit", commit)]
+    broker = "reachable" if ingest.broker.reachable else f"UNREACHABLE: {ingest.broker.error}"
+    lines.append(_line("broker", broker))
+    if ingest.topic_exists is False:
+        lines.append(_line("lag", f"topic {ingest.topic} does not exist on the broker"))
+    elif ingest.lag is None:
+        lines.append(_line("lag", "unknown"))
+    else:
+        lines.append(_line("lag", f"{ingest.lag.total:,} records behind (topic {ingest.topic}; end = broker high watermark)"))
+        lines.append(f"{'':<{_WIDTH}}{'partition':>9} {'committed':>14} {'end':>14} {'lag':>12}")
+        for p, part in ingest.lag.partitions.items():
+            committed = f"{part.committed:,}" if part.committed is not None else "-"
+            lines.append(f"{'':<{_WIDTH}}{p:>9} {committed:>14} {part.end:>14,} {part.lag:>12,}")
+    return lines
+
+
+def _table_lines(status: Status) -> list[str]:
+    lines = []
+    files = status.files
+    if files is not None:
+        lines.append(_line("files", f"{files.data_files:,} data files, {files.records:,} records, {human_bytes(files.bytes)}; "
+                                    f"{files.small_files:,} small (< {human_bytes(files.small_file_threshold_bytes)}): "
+                                    f"{files.small_file_ratio:.0%}"))
+    compactor = status.compactor
+    if compactor is not None:
+        oldest = f", oldest {human_age(compactor.oldest_pending_age_seconds)}" if compactor.pending_files else ""
+        lines.append(_line("compactor", f"{compactor.pending_files:,} files waiting ({human_bytes(compactor.pending_bytes)}, "
+                                        f"{compactor.due_files:,} due now){oldest}"))
+        opt = compactor.last_optimize
+        text = "never" if opt is None else (
+            f"{human_age(opt.age_seconds)} ago: snapshot {opt.snapshot_id}, {opt.strategy} ({opt.mode}), "
+            f"{opt.files_in} -> {opt.files_out} files"
+            + (f", {opt.duration_seconds:.1f} s" if opt.duration_seconds is not None else ""))
+        lines.append(_line("last optimize", text))
+    snaps = status.snapshots
+    if snaps is not None:
+        lines.append(_line("snapshots", f"{snaps.count:,} (oldest {human_age(snaps.oldest_age_seconds)}), metadata "
+                                        f"{human_bytes(snaps.metadata_bytes)} in the metadata file, manifest list "
+                                        f"and {snaps.manifests} manifests"))
+    dead = status.dead_letters
+    if dead is not None:
+        lines.append(_line("dead letters", f"{dead.records:,} in {dead.table}" + ("" if dead.exists else " (no table yet)")))
+    return lines
+
+
+def _maintenance_line(maintenance: dict[str, Any]) -> str:
+    if not maintenance.get("available"):
+        return _line("maintenance", "unknown (this installation cannot report maintenance runs)")
+    if maintenance.get("error"):
+        return _line("maintenance", f"unknown: {maintenance['error']}")
+    run = maintenance.get("last_run")
+    if not run:
+        return _line("maintenance", "never")
+    if isinstance(run, dict):
+        shown = ", ".join(f"{k} {v}" for k, v in run.items() if isinstance(v, (str, int, float, bool)))
+        return _line("maintenance", f"last run: {shown}")
+    return _line("maintenance", f"last run: {run}")
+
+
+def render_screen(status: Status) -> str:
+    health = status.health
+    verdict = health.verdict.upper() if health else "NOT JUDGED"
+    lines = [f"streamberg status  {status.table}  at {status.checked_at}", "", _line("health", verdict)]
+    for reason in health.reasons if health else []:
+        lines.append(f"{'':<{_WIDTH}}- {reason}")
+    catalog = "reachable" if status.catalog.reachable else f"UNREACHABLE: {status.catalog.error}"
+    if status.catalog.reachable and status.table_exists is False:
+        catalog += f"; table {status.table} does not exist"
+    lines += ["", _line("catalog", catalog), *_ingest_lines(status), *_table_lines(status),
+              _maintenance_line(status.maintenance)]
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Facts read from one Iceberg table's metadata: pure reads, no Spark, no writes.
+
+Each function reads what it reports from the table and nothing else; where another
+module already knows how (pending files: compactor/planner.py; committed offsets:
+common/offsets.py; optimize records: compactor/record.py), it is asked instead of
+re-deriving the answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.offsets import COMMIT_STARTED_MS_KEY, CommittedPosition, ancestry, summary_properties
+from streamberg.compactor import record as R
+from streamberg.compactor.planner import (
+    DataFileInfo,
+    ManifestCache,
+    PlanningRules,
+    live_data_files,
+    plan_rewrite,
+    target_file_size,
+)
+from streamberg.monitoring.model import CompactorFacts, FileFacts, LastCommit, LastOptimize, SnapshotFacts
+
+DEAD_LETTERS_KEY = "streamberg.dead-letters"  # written by ingest/committer.py
+
+
+def iso_utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _age(now_ms: int, then_ms: int) -> float:
+    return round(max(0.0, (now_ms - then_ms) / 1000), 3)
+
+
+def _int(props: dict[str, str], key: str) -> int:
+    value = props.get(key)
+    return int(value) if value not in (None, "") else 0
+
+
+def last_commit(table: Table, position: CommittedPosition, now_ms: int) -> LastCommit | None:
+    """The ingest commit that recorded the current offsets (what `committed_position` found)."""
+    if position.snapshot_id is None:
+        return None
+    snapshot = table.snapshot_by_id(position.snapshot_id)
+    if snapshot is None:
+        return None
+    props = summary_properties(snapshot)
+    started = props.get(COMMIT_STARTED_MS_KEY)
+    latency = round(max(0.0, (snapshot.timestamp_ms - int(started)) / 1000), 3) if started else None
+    return LastCommit(
+        snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
+        age_seconds=_age(now_ms, snapshot.timestamp_ms),
+        records=_int(props, "added-records"), files=_int(props, "added-data-files"),
+        dead_letters=_int(props, DEAD_LETTERS_KEY), job_id=position.job_id, run_id=position.run_id,
+        consumed_total=position.consumed_total, commit_latency_seconds=latency,
+    )
+
+
+def file_facts(config: StreambergConfig, table: Table, files: list[DataFileInfo]) -> FileFacts:
+    target = target_file_size(config, table)
+    threshold = int(target * config.monitoring.small_file_fraction)
+    small = sum(1 for f in files if f.size_bytes < threshold)
+    return FileFacts(
+        data_files=len(files), records=sum(f.record_count for f in files), bytes=sum(f.size_bytes for f in files),
+        small_files=small, small_file_ratio=round(small / len(files), 4) if files else 0.0,
+        small_file_threshold_bytes=threshold, target_file_size_bytes=target,
+    )
+
+
+def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
+    for snapshot in ancestry(table):
+        props = summary_properties(snapshot)
+        if not R.is_compactor_summary(props):
+            continue
+        duration = props.get(R.DURATION_MS)
+        return LastOptimize(
+            snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
+            age_seconds=_age(now_ms, snapshot.timestamp_ms), strategy=props.get(R.STRATEGY), mode=props.get(R.MODE),
+            files_in=_int(props, R.FILES_IN), files_out=_int(props, R.FILES_OUT),
+            bytes_in=_int(props, R.BYTES_IN), bytes_out=_int(props, R.BYTES_OUT), records=_int(props, R.RECORDS),
+            duration_seconds=int(duration) / 1000 if duration else None,
+        )
+    return None
+
+
+def compactor_facts(config: StreambergConfig, table: Table, cache: ManifestCache, now_ms: int) -> CompactorFacts:
+    """Pending files exactly as the compactor's planner sees them: the files it selects
+    now (groups) plus those its rules still defer."""
+    plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
+    ages = [(now_ms - f.added_at_ms) / 1000 for g in plan.groups for f in g.files if f.added_at_ms is not None]
+    ages += [d.oldest_age_seconds for d in plan.deferred if d.oldest_age_seconds is not None]
+    return CompactorFacts(
+        pending_files=plan.files + sum(d.files for d in plan.deferred),
+        pending_bytes=plan.size_bytes + sum(d.size_bytes for d in plan.deferred),
+        pending_snapshots=plan.pending_snapshots, due_files=plan.files,
+        oldest_pending_age_seconds=round(max(ages), 3) if ages else None,
+        last_optimize=_last_optimize(table, now_ms),
+    )
+
+
+def _file_size(table: Table, location: str) -> int:
+    return len(table.io.new_input(location))
+
+
+def snapshot_facts(table: Table, now_ms: int) -> SnapshotFacts:
+    """Snapshot count and what a reader loads to plan a scan: the metadata file, the
+    current manifest list and its manifests (older manifest lists are not counted)."""
+    snapshots: list[Snapshot] = table.metadata.snapshots
+    metadata_file = _file_size(table, table.metadata_location)
+    current = table.current_snapshot()
+    manifest_list = manifests = manifest_bytes = 0
+    if current is not None:
+        if current.manifest_list:
+            manifest_list = _file_size(table, current.manifest_list)
+        listed = current.manifests(table.io)
+        manifests, manifest_bytes = len(listed), sum(m.manifest_length for m in listed)
+    oldest = min((s.timestamp_ms for s in snapshots), default=None)
+    return SnapshotFacts(
+        count=len(snapshots), metadata_bytes=metadata_file + manifest_list + manifest_bytes,
+        metadata_file_bytes=metadata_file, manifest_list_bytes=manifest_list, manifests=manifests,
+        manifest_bytes=manifest_bytes, oldest_age_seconds=_age(now_ms, oldest) if oldest is not None else None,
+    )
