@@ -5,6 +5,10 @@
 - SQLite JDBC driver: Debian's libxerial-sqlite-jdbc-java (/usr/share/java/sqlite-jdbc.jar);
   STREAMBERG_SQLITE_JDBC_JAR overrides. PostgreSQL: libpostgresql-jdbc-java, likewise
   STREAMBERG_POSTGRES_JDBC_JAR.
+- S3 for Spark (a warehouse on s3://): Iceberg's S3FileIO (in the runtime jar) needs the AWS SDK
+  v2, which no PyPI wheel or Debian package here carries unshaded. Users point
+  STREAMBERG_SPARK_S3_JARS at their own jars, e.g. iceberg-aws-bundle-1.10.2.jar
+  (deploy/object-store/README.md).
 """
 
 from __future__ import annotations
@@ -71,6 +75,28 @@ def sqlite_jdbc_jar() -> Path:
 
 def postgres_jdbc_jar() -> Path:
     return _first_existing("STREAMBERG_POSTGRES_JDBC_JAR", POSTGRES_JDBC_CANDIDATES, "libpostgresql-jdbc-java")
+
+
+SPARK_S3_JARS_ENV = "STREAMBERG_SPARK_S3_JARS"
+
+
+def spark_s3_jars() -> list[Path]:
+    """The AWS SDK v2 jars Iceberg's S3FileIO needs in Spark, from STREAMBERG_SPARK_S3_JARS.
+
+    The variable holds one or more jar paths separated by commas or the OS path separator.
+    """
+    value = os.environ.get(SPARK_S3_JARS_ENV, "")
+    paths = [Path(p) for p in value.replace(os.pathsep, ",").split(",") if p.strip()]
+    if not paths:
+        raise MissingJarError(
+            f"a warehouse on S3 needs the AWS SDK v2 in Spark (Iceberg's S3FileIO): set {SPARK_S3_JARS_ENV} "
+            "to iceberg-aws-bundle-<iceberg version>.jar (or the AWS SDK v2 bundle); no PyPI or Debian package "
+            "here ships it (deploy/object-store/README.md)"
+        )
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise MissingJarError(f"{SPARK_S3_JARS_ENV}: not a file: {', '.join(missing)}")
+    return paths
 
 
 def java_major_version() -> int | None:

@@ -32,11 +32,23 @@ from sqlalchemy.engine import make_url
 
 from streamberg.common.catalog import SQLITE_BUSY_TIMEOUT_SECONDS
 from streamberg.common.config import CatalogConfig, StreambergConfig
-from streamberg.common.jars import iceberg_spark_runtime_jar, postgres_jdbc_jar, sqlite_jdbc_jar
+from streamberg.common.jars import (
+    SPARK_S3_JARS_ENV,
+    MissingJarError,
+    iceberg_spark_runtime_jar,
+    postgres_jdbc_jar,
+    spark_s3_jars,
+    sqlite_jdbc_jar,
+)
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
 JDBC_CATALOG_IMPL = "org.apache.iceberg.jdbc.JdbcCatalog"
+S3_FILE_IO_IMPL = "org.apache.iceberg.aws.s3.S3FileIO"
+# Warehouse schemes served by S3FileIO (pyiceberg reads the same three with pyarrow).
+S3_SCHEMES = ("s3", "s3a", "s3n")
+# A class of the AWS SDK v2 S3 client that S3FileIO links against: present iff the jars are.
+AWS_SDK_S3_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
 
 
 class SparkCatalogError(RuntimeError):
@@ -78,9 +90,22 @@ def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
         raise SparkCatalogError(
             f"catalog.uri {catalog.uri!r}: Spark can share sqlite or postgresql catalogs, not {backend!r}"
         )
-    # FileIO settings (s3.endpoint, ...) mean the same to pyiceberg and Iceberg's Java FileIO.
+    if is_s3_warehouse(catalog):
+        # Java's default FileIO (HadoopFileIO) would need hadoop-aws; S3FileIO needs only the
+        # AWS SDK v2 (spark_s3_jars).
+        props["io-impl"] = S3_FILE_IO_IMPL
+        # pyiceberg takes the region as s3.region or client.region, S3FileIO only as client.region.
+        if "s3.region" in catalog.properties and "client.region" not in catalog.properties:
+            props["client.region"] = catalog.properties["s3.region"]
+    # FileIO settings (s3.endpoint, s3.access-key-id, s3.secret-access-key,
+    # s3.path-style-access, ...) mean the same to pyiceberg and Iceberg's Java FileIO.
     props.update(catalog.properties)
     return props
+
+
+def is_s3_warehouse(catalog: CatalogConfig) -> bool:
+    scheme, separator, _ = catalog.warehouse.partition("://")
+    return bool(separator) and scheme.lower() in S3_SCHEMES
 
 
 def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
@@ -92,10 +117,21 @@ def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
 
 
 def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
-    """Jars a session needs: the Iceberg runtime and the JDBC driver of the catalog database."""
+    """Jars a session needs: the Iceberg runtime, the JDBC drivers, S3 jars for an S3 warehouse.
+
+    Without a catalog (a shared session whose catalogs are registered later), the PostgreSQL
+    driver is added when installed: a JDBC driver must be on the classpath from the start.
+    """
     jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar())]
-    if catalog is not None and make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
+    if catalog is None:
+        try:
+            jars.append(str(postgres_jdbc_jar()))
+        except MissingJarError:
+            pass
+    elif make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
         jars.append(str(postgres_jdbc_jar()))
+    if catalog is not None and is_s3_warehouse(catalog):
+        jars.extend(str(p) for p in spark_s3_jars())
     return jars
 
 
@@ -138,9 +174,26 @@ def register_catalog(spark: Any, catalog: CatalogConfig) -> str:
             f"this Spark session already has a catalog named {catalog.name!r} on {existing_uri}; "
             f"give catalog.name a different value to use {conf[f'{prefix}.uri']} too"
         )
+    if is_s3_warehouse(catalog) and not _jvm_has_class(spark, AWS_SDK_S3_CLIENT):
+        # Fail here, naming the fix, rather than with a NoClassDefFoundError at the first read.
+        raise SparkCatalogError(
+            f"catalog.warehouse {catalog.warehouse!r} is on S3, but this Spark session has no AWS SDK v2 "
+            f"({AWS_SDK_S3_CLIENT}): start it with the jars of {SPARK_S3_JARS_ENV} (iceberg-aws-bundle)"
+        )
     for key, value in conf.items():
         spark.conf.set(key, value)
     return catalog.name
+
+
+def _jvm_has_class(spark: Any, name: str) -> bool:
+    """Whether the session's classloader (the one that sees spark.jars) can load `name`."""
+    jvm = spark._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        jvm.java.lang.Class.forName(name, False, loader)
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        return False
+    return True
 
 
 def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-compactor") -> Any:

@@ -25,6 +25,23 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
 
+# 2b. PostgreSQL catalog: the JDBC driver (Spark's JdbcCatalog on postgresql:// catalogs) and
+# the server binaries the tests start themselves (tests/fixtures/postgres.py). Optional for
+# SQLite-only use, so without root or sudo this only warns.
+pg_pkgs=()
+[ -f /usr/share/java/postgresql.jar ] || [ -n "${STREAMBERG_POSTGRES_JDBC_JAR:-}" ] || pg_pkgs+=(libpostgresql-jdbc-java)
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || pg_pkgs+=(postgresql)
+if [ ${#pg_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then PG_SUDO=""; elif command -v sudo >/dev/null; then PG_SUDO="sudo"; else PG_SUDO="none"; fi
+  if [ "$PG_SUDO" = none ]; then
+    echo "setup: warning: ${pg_pkgs[*]} (Debian) missing and not installable as non-root; PostgreSQL catalog tests will skip" >&2
+  else
+    say "installing ${pg_pkgs[*]}"
+    $PG_SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $PG_SUDO apt-get install -y -qq "${pg_pkgs[@]}" >/dev/null
+  fi
+fi
+
 # 3. The virtualenv with the pinned set (see pyproject.toml for why each pin).
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating $VENV"
