@@ -291,6 +291,10 @@ class ExpireConfig(_Section):
     max_snapshot_age_seconds: float = Field(default=7 * 86400.0, gt=0)
     # The newest N snapshots of the main branch are always kept, whatever their age.
     min_snapshots_to_keep: int = Field(default=1, ge=1)
+    # Keep every append snapshot that added a file the compactor has not rewritten yet (the
+    # compactor recognises pending files by their adding snapshot). Set false only when no
+    # compactor runs on the table; otherwise expiry stops at the oldest uncompacted append.
+    keep_pending_for_compactor: bool = True
 
 
 # Below this, a file still being written (ingest interval, a long compaction) could be

@@ -1,0 +1,141 @@
+"""Entry point shared by `streamberg maintain` and tests: checks, Spark, then one run or a schedule.
+
+No lease. Maintenance does not take the compactor's per-table lease: a continuous compactor
+holds it for as long as it runs, so sharing it would starve maintenance (or stop the
+compactor). It does not need it either, because every step is safe against a concurrent
+compactor or ingest commit through Iceberg's optimistic concurrency:
+
+- expire_snapshots and rewrite_manifests are metadata commits that Iceberg retries on a
+  lost race; expiry keeps the compactor's pending appends and ingest's position (planner.py);
+- a compactor commit whose plan snapshot was expired meanwhile fails validation ("cannot
+  determine history") and gives up cleanly (its files deleted, re-planned next pass);
+- the TTL delete: with whole-partition cutoffs it is a metadata delete by row filter that
+  Iceberg re-applies on retry; a row-level (copy-on-write) delete racing a compaction replace
+  of the same files fails validation on whichever commits second, and that side retries
+  later (the compactor next pass, maintenance next run). Rows are never lost or duplicated;
+  only work is repeated;
+- orphan removal only considers files older than the safety age, which no in-flight write
+  reaches.
+
+Two maintainers on one table are safe for the same reasons (every step is idempotent); run
+one per table to avoid the repeated work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.exceptions import NoSuchTableError
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import ConfigError, StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.maintenance.planner import RetentionColumnError, column_kind
+
+_TEMPORAL = {"date", "timestamp", "timestamptz"}
+
+
+class MaintainError(RuntimeError):
+    """An operator-facing failure (missing table, a --once run with a failed step)."""
+
+
+@dataclass(frozen=True)
+class MaintainOptions:
+    once: bool = False
+    dry_run: bool = False
+
+
+@dataclass
+class MaintainSummary:
+    runs: int = 0
+    failed_runs: int = 0
+    last: dict[str, Any] | None = None
+
+
+def _config_error(config: StreambergConfig, message: str) -> ConfigError:
+    return ConfigError(f"invalid configuration in {config.config_path or '(config)'}:\n  {message}")
+
+
+def check_config(config: StreambergConfig, table: Any | None = None) -> None:
+    """Checks that need the table's schema: the retention column (config first, then the table)."""
+    column = config.maintenance.retention.column
+    if not column:
+        return
+    types = {f.name: f.type for f in config.table.schema_}
+    if column not in types:
+        raise _config_error(config, f"maintenance.retention.column: {column!r} is not in table.schema "
+                                    f"(columns: {', '.join(types)})")
+    if types[column] not in _TEMPORAL:
+        raise _config_error(config, f"maintenance.retention.column: {column!r} is {types[column]}; "
+                                    "it must be a date, timestamp or timestamptz column")
+    if table is not None:
+        try:
+            column_kind(table, column)
+        except RetentionColumnError as exc:
+            raise _config_error(config, f"maintenance.retention.column: {exc}") from None
+
+
+def open_table(config: StreambergConfig) -> Any:
+    try:
+        return load_catalog(config.catalog).load_table(config.table.identifier)
+    except NoSuchTableError:
+        raise MaintainError(f"table {config.table.identifier} does not exist yet in {config.catalog.uri} "
+                            "(it is created by `streamberg ingest`)") from None
+
+
+def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: Any = None,
+                 stop: threading.Event | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> MaintainSummary:
+    """Run maintenance as the CLI does.
+
+    --once or --dry-run: one run. Otherwise one run every maintenance.interval_seconds until
+    `stop` is set (SIGINT/SIGTERM in the CLI); a run in progress finishes its current step and
+    skips the rest. `on_result` gets each run's JSON object as it completes. `spark`: an
+    existing session (tests); otherwise one is built and stopped at the end.
+    """
+    check_config(config)
+    check_config(config, open_table(config))  # bad settings fail before Spark starts
+    stop = stop or threading.Event()
+    log = get_logger("maintenance", table=config.table.identifier)
+    own_spark = spark is None
+    summary = MaintainSummary()
+    try:
+        if own_spark:
+            from streamberg.common.spark import build_spark_session, quiet_spark_logs
+
+            spark = build_spark_session(config, app_name="streamberg-maintenance")
+            quiet_spark_logs(spark)
+        else:
+            from streamberg.common.spark import activate, register_catalog
+
+            activate(spark)
+            register_catalog(spark, config.catalog)
+        from streamberg.maintenance.service import Maintainer
+
+        maintainer = Maintainer(config, spark, **({"clock": clock} if clock is not None else {}))
+        single = options.once or options.dry_run
+        while True:
+            try:
+                result = maintainer.run(dry_run=options.dry_run, stop=stop)
+            except Exception as exc:  # noqa: BLE001 - e.g. catalog unreachable; the schedule goes on
+                if single:
+                    raise MaintainError(f"maintenance run failed: {exc}") from exc
+                log.error("maintenance run failed; retrying at the next interval", error=str(exc))
+                summary.runs += 1
+                summary.failed_runs += 1
+            else:
+                summary.runs += 1
+                summary.failed_runs += result["status"] == "failed"
+                summary.last = result
+                if on_result is not None:
+                    on_result(result)
+            if single or stop.wait(config.maintenance.interval_seconds):
+                break
+        log.info("maintenance finished", runs=summary.runs, failed_runs=summary.failed_runs)
+        return summary
+    finally:
+        if own_spark and spark is not None:
+            spark.stop()

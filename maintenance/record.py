@@ -1,0 +1,101 @@
+"""The record of each maintenance run: one row in the catalog database.
+
+Table ``streamberg_maintenance_runs`` (created on first write, next to pyiceberg's
+``iceberg_tables`` and the compactor's lease table, so every host that shares the catalog
+sees it)::
+
+    run_id                      primary key
+    catalog_name, table_identifier
+    started_at, finished_at     epoch seconds
+    dry_run                     dry runs are recorded too, and told apart
+    status                      ok | failed (a step failed) | stopped (stop requested between steps)
+    bytes_freed                 total space that came back
+    result                      the run's JSON object (what `streamberg maintain --json` prints)
+
+Not every step makes a snapshot (orphan removal and expiry only delete files), so the
+snapshot summary could not hold this; a row per run can, including dry runs and failures.
+``streamberg status`` reads it through :func:`last_maintenance_run`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from streamberg.common.config import StreambergConfig
+
+RUNS_TABLE = "streamberg_maintenance_runs"
+_metadata = sa.MetaData()
+runs = sa.Table(
+    RUNS_TABLE, _metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("catalog_name", sa.String(255), nullable=False),
+    sa.Column("table_identifier", sa.String(255), nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float, nullable=False),
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("bytes_freed", sa.BigInteger, nullable=False),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Index("ix_streamberg_maintenance_runs_table", "catalog_name", "table_identifier", "finished_at"),
+)
+
+
+def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, started_at: float,
+               finished_at: float) -> None:
+    """Persist one run's result object (see service.Maintainer.run for its keys)."""
+    _metadata.create_all(engine, tables=[runs], checkfirst=True)
+    with engine.begin() as conn:
+        conn.execute(runs.insert().values(
+            run_id=result["run_id"], catalog_name=catalog_name, table_identifier=result["table"],
+            started_at=started_at, finished_at=finished_at,
+            dry_run=bool(result["dry_run"]), status=result["status"], bytes_freed=int(result["bytes_freed"]),
+            result=json.dumps(result),
+        ))
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = None,
+                         include_dry_runs: bool = False, now: float | None = None) -> dict[str, Any] | None:
+    """The newest recorded maintenance run of the config's table, or None when there is none.
+
+    Returns ``{"run_id", "started_at", "finished_at" (ISO-8601 UTC), "age_seconds" (since it
+    finished), "status", "dry_run", "bytes_freed", "duration_seconds", "result"}`` where
+    ``result`` is the run's full JSON object. Never creates anything; a catalog database that
+    cannot be reached raises SQLAlchemy's OperationalError (the caller reports it).
+    """
+    if engine is None:
+        from streamberg.common.catalog import load_catalog
+
+        engine = load_catalog(config.catalog).engine
+    if not sa.inspect(engine).has_table(RUNS_TABLE):
+        return None
+    query = (sa.select(runs)
+             .where(runs.c.catalog_name == config.catalog.name, runs.c.table_identifier == config.table.identifier)
+             .order_by(runs.c.finished_at.desc()).limit(1))
+    if not include_dry_runs:
+        query = query.where(runs.c.dry_run.is_(False))
+    with engine.connect() as conn:
+        row = conn.execute(query).first()
+    if row is None:
+        return None
+    now = now if now is not None else time.time()
+    return {
+        "run_id": row.run_id,
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "age_seconds": round(max(0.0, now - row.finished_at), 1),
+        "status": row.status,
+        "dry_run": bool(row.dry_run),
+        "bytes_freed": int(row.bytes_freed),
+        "duration_seconds": round(row.finished_at - row.started_at, 3),
+        "result": json.loads(row.result),
+    }

@@ -1,0 +1,79 @@
+"""Runner: the Spark side of maintenance. Each method is one Iceberg operation, nothing more.
+
+- expire: ``CALL <cat>.system.expire_snapshots(table, older_than, retain_last)``.
+- orphans: Iceberg's ``DeleteOrphanFiles`` Spark action (through py4j), not the
+  ``remove_orphan_files`` procedure: the procedure refuses any ``older_than`` under 24 hours
+  ("use the Action API"), while streamberg's floor is a configurable safety age (1 hour
+  unless overridden). The action is given a delete function that only collects the paths
+  (a ``java.util.stream.Stream.Builder`` is a ``Consumer<String>``), so it finds orphans
+  and deletes nothing; the service sizes them and deletes them through the table's FileIO.
+  One directory listing serves both the dry run and the real run.
+- manifests: ``CALL <cat>.system.rewrite_manifests(table)``.
+- retention: Spark SQL ``DELETE FROM <table> WHERE <column> < <cutoff>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.spark import activate, spark_table_name
+from streamberg.compactor import jvm as J
+from streamberg.maintenance.planner import ExpirePlan, RetentionPlan
+
+
+def _timestamp_literal(ms: int) -> str:
+    import datetime as dt
+
+    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+    return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
+
+
+def _quote(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+class MaintenanceRunner:
+    """Executes planned maintenance operations on one table with one SparkSession."""
+
+    def __init__(self, spark: Any, config: StreambergConfig) -> None:
+        self.spark = spark
+        self.catalog = config.catalog.name
+        self.identifier = config.table.identifier
+        self.spark_table = spark_table_name(config)
+
+    def _call(self, procedure: str, **args: str) -> dict[str, Any]:
+        activate(self.spark)
+        rendered = ", ".join([f"table => '{self.identifier}'", *(f"{k} => {v}" for k, v in args.items())])
+        rows = self.spark.sql(f"CALL {self.catalog}.system.{procedure}({rendered})").collect()
+        return rows[0].asDict() if rows else {}
+
+    def expire_snapshots(self, plan: ExpirePlan) -> dict[str, int]:
+        """Counts of deleted files by kind, as Iceberg reports them."""
+        row = self._call("expire_snapshots", older_than=_timestamp_literal(plan.older_than_ms),
+                         retain_last=str(plan.retain_last))
+        return {k: int(v or 0) for k, v in row.items()}
+
+    def find_orphans(self, older_than_ms: int) -> list[str]:
+        """Files under the table location, older than the cutoff, referenced by no snapshot or
+        metadata file (Iceberg's DeleteOrphanFiles logic); nothing is deleted here."""
+        activate(self.spark)
+        jvm = self.spark._jvm
+        table = J.load_table(self.spark, self.spark_table)
+        collect_only = jvm.java.util.stream.Stream.builder()
+        result = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)
+                  .deleteOrphanFiles(table).olderThan(older_than_ms).deleteWith(collect_only).execute())
+        return sorted(str(p) for p in J.iterate(result.orphanFileLocations()))
+
+    def rewrite_manifests(self) -> dict[str, int]:
+        row = self._call("rewrite_manifests")
+        return {k: int(v or 0) for k, v in row.items()}
+
+    def count_older_than(self, plan: RetentionPlan) -> int:
+        activate(self.spark)
+        query = f"SELECT count(*) AS n FROM {self.spark_table} WHERE {_quote(plan.column)} < {plan.sql_literal()}"
+        return int(self.spark.sql(query).collect()[0]["n"])
+
+    def delete_older_than(self, plan: RetentionPlan) -> None:
+        activate(self.spark)
+        self.spark.sql(f"DELETE FROM {self.spark_table} WHERE {_quote(plan.column)} < {plan.sql_literal()}")
