@@ -1,0 +1,99 @@
+"""`flink run` entry point: the ingest job, submitted to a Flink cluster.
+
+    flink run -d -pyexec /opt/venv/bin/python \\
+      -py $(python -c 'import streamberg.ingest.submit as m; print(m.__file__)') \\
+      --config /etc/streamberg/prod.yaml [--parallelism P]
+
+It builds the same topology as `streamberg ingest` (ingest/job.py) and submits it to the
+cluster `flink run` points at (session cluster), or to the one it runs in (application mode,
+deploy/k8s/). It does not drive the job: there is no bound and no stop marker, because the
+driver and the TaskManagers share no disk. Stop it through Flink (`flink cancel <job id>`,
+the REST API, or deleting the FlinkDeployment): that is safe at any moment, since the
+Kafka offsets live in the table's snapshots, and a resubmitted job resumes from them.
+
+The Python interpreter of the TaskManagers comes from `flink run` (-pyexec, or -pyarch with a
+shipped environment), not from here. Prints one JSON line (job id, run id, table, start
+offsets) once the job is submitted. Exit codes as for `streamberg`: 0 submitted (detached) or
+finished (attached), 1 runtime failure, 2 bad usage or invalid configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from streamberg.common.config import ConfigError, load_config
+
+PROG = "streamberg-ingest-submit"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Submit the streamberg ingest job to a Flink cluster (run me with `flink run -py`).",
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--config", required=True, help="the streamberg YAML config (readable by the client)")
+    parser.add_argument("--parallelism", type=int, default=None,
+                        help="writer subtasks (default: ingest.parallelism); the cluster needs that many free slots")
+    return parser
+
+
+def _attached(env) -> bool:  # noqa: ANN001 - pyflink StreamExecutionEnvironment
+    """Whether `flink run` was called without -d (it then waits for the job, and so do we)."""
+    from pyflink.java_gateway import get_gateway
+
+    options = get_gateway().jvm.org.apache.flink.configuration.DeploymentOptions
+    return bool(env._j_stream_execution_environment.getConfiguration().get(options.ATTACHED))
+
+
+def submit(config_path: str, parallelism: int | None) -> int:
+    from streamberg.common.catalog import SchemaMismatchError
+    from streamberg.common.log import get_logger
+    from streamberg.common.offsets import committed_position
+    from streamberg.ingest.decode import UnsupportedSchemaError
+    from streamberg.ingest.job import build_job, new_run_id, prepare_tables
+
+    config = load_config(config_path)
+    parallelism = parallelism or config.ingest.parallelism
+    if parallelism < 1:
+        raise ConfigError("--parallelism must be at least 1")
+    run_id = new_run_id()
+    log = get_logger("ingest.submit", job=config.job_id, table=config.table.identifier, run=run_id)
+    try:
+        _, table = prepare_tables(config)  # a bad table fails here, not in every TaskManager
+    except (SchemaMismatchError, UnsupportedSchemaError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    start = committed_position(table, config.kafka.topic)
+    env = build_job(config, parallelism, run_id, cluster=True)
+    client = env.execute_async(f"streamberg-ingest {config.table.identifier}")
+    job_id = str(client.get_job_id())
+    log.info("ingest job submitted", flink_job=job_id, parallelism=parallelism, topic=config.kafka.topic,
+             start_offsets=start.offsets, snapshot=start.snapshot_id)
+    print(json.dumps({"job_id": job_id, "run_id": run_id, "table": config.table.identifier,
+                      "topic": config.kafka.topic, "parallelism": parallelism,
+                      "start_offsets": {str(p): o for p, o in start.offsets.items()}}), flush=True)
+    if _attached(env):
+        from streamberg.ingest.job import _failure_message
+
+        try:
+            client.get_job_execution_result().result()  # an unbounded job ends only by failing or cancel
+        except Exception:  # noqa: BLE001 - reported in one line, like `streamberg ingest`
+            print(f"{PROG}: {_failure_message(client, str(client.get_job_status().result()))}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return submit(args.config, args.parallelism)
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
