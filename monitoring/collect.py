@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import inspect
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -53,9 +55,11 @@ class _Collector:
             if table is not None and position is not None else None
         try:
             marks = read_watermarks(config, config.monitoring.broker_timeout_seconds)
-        except BrokerUnreachable as exc:
-            self.log.warning("broker unreachable", bootstrap=config.kafka.bootstrap_servers, error=str(exc))
-            return IngestFacts(last_commit=last, broker=Reachability(False, str(exc)), topic=config.kafka.topic,
+        except Exception as exc:  # noqa: BLE001 - e.g. a client setting librdkafka refuses: unreachable too
+            error = str(exc) if isinstance(exc, BrokerUnreachable) else \
+                f"broker {config.kafka.bootstrap_servers}: {first_line(exc)}"
+            self.log.warning("broker unreachable", bootstrap=config.kafka.bootstrap_servers, error=error)
+            return IngestFacts(last_commit=last, broker=Reachability(False, error), topic=config.kafka.topic,
                                topic_exists=None, lag=None)
         # Lag needs the recorded offsets, i.e. a readable table.
         lag = compute_lag(position.offsets, marks, config.kafka.start_offset) \
@@ -68,18 +72,32 @@ class _Collector:
         return DeadLetterFacts(table=self.config.dead_letter_table, exists=records is not None, records=records or 0)
 
 
-def last_maintenance(config: StreambergConfig) -> dict[str, Any]:
-    """The last `streamberg maintain` run, if the maintenance package can tell (it may not
-    exist in this installation, or may not offer `last_maintenance_run`)."""
-    try:
-        module = importlib.import_module("streamberg.maintenance")
-    except ImportError:
-        return {"available": False, "last_run": None, "error": None}
-    reader = getattr(module, "last_maintenance_run", None)
+def _maintenance_reader() -> Callable[..., Any] | None:
+    """`last_maintenance_run` from the maintenance package, wherever it lives in this version."""
+    for name in ("streamberg.maintenance", "streamberg.maintenance.record"):
+        try:
+            reader = getattr(importlib.import_module(name), "last_maintenance_run", None)
+        except ImportError:
+            continue
+        if reader is not None:
+            return reader
+    return None
+
+
+def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:
+    """The last `streamberg maintain` run, if this installation can tell.
+
+    It is read through the status's own read-only catalog connection: left to itself the
+    reader would open the catalog the writers' way, which creates a missing SQLite file.
+    """
+    reader = _maintenance_reader()
     if reader is None:
         return {"available": False, "last_run": None, "error": None}
+    if catalog is None or "engine" not in inspect.signature(reader).parameters:
+        return {"available": True, "last_run": None, "error": "not read: the catalog database is unreachable"
+                if catalog is None else "not read: last_maintenance_run takes no read-only connection"}
     try:
-        return {"available": True, "last_run": reader(config), "error": None}
+        return {"available": True, "last_run": reader(config, engine=catalog.engine), "error": None}
     except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
         return {"available": True, "last_run": None, "error": first_line(exc)}
 
@@ -102,17 +120,17 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     except CatalogUnreachable as exc:
         run.log.warning("catalog unreachable", error=str(exc))
         return Status(**empty, catalog=Reachability(False, str(exc)), table_exists=None,
-                      ingest=run.ingest(None, None), maintenance=last_maintenance(config))
+                      ingest=run.ingest(None, None), maintenance=last_maintenance(config, None))
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
         return Status(**{**empty, "dead_letters": run.part("dead letters", run.dead_letters, catalog)},
                       catalog=Reachability(True), table_exists=False, ingest=run.ingest(None, None),
-                      maintenance=last_maintenance(config), errors=run.errors)
+                      maintenance=last_maintenance(config, catalog), errors=run.errors)
     except Exception as exc:  # noqa: BLE001 - metadata file missing or unreadable, etc.
         run.errors.append(f"table {identifier} could not be loaded: {first_line(exc)}")
         return Status(**empty, catalog=Reachability(True), table_exists=True, ingest=run.ingest(None, None),
-                      maintenance=last_maintenance(config), errors=run.errors)
+                      maintenance=last_maintenance(config, catalog), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     position = run.part("committed offsets", committed_position, table, config.kafka.topic)
     files = run.part("data files", lambda: live_data_files(table, run.cache)[0])
@@ -123,5 +141,5 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
-        maintenance=last_maintenance(config), errors=run.errors,
+        maintenance=last_maintenance(config, catalog), errors=run.errors,
     )

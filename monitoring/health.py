@@ -114,8 +114,13 @@ def _table(status: Status, config: StreambergConfig, out: _Findings) -> None:
     if dead is not None and thresholds.dead_letters_warn is not None and dead.records >= thresholds.dead_letters_warn:
         out.add("dead_letters", "warn", f"{dead.records:,} records in {dead.table} "
                                         f"(warn at {thresholds.dead_letters_warn:,})")
-    if status.maintenance.get("error"):
-        out.add("maintenance", "warn", f"the last maintenance run could not be read: {status.maintenance['error']}")
+    maintenance = status.maintenance
+    if maintenance.get("error") and status.catalog.reachable:
+        out.add("maintenance", "warn", f"the last maintenance run could not be read: {maintenance['error']}")
+    last_run = maintenance.get("last_run")
+    if isinstance(last_run, dict) and last_run.get("status") not in (None, "ok"):
+        out.add("maintenance", "warn", f"the last maintenance run ({last_run.get('run_id')}, finished "
+                                       f"{last_run.get('finished_at')}) ended {last_run.get('status')}")
 
 
 def judge(status: Status, config: StreambergConfig) -> Health:

@@ -126,6 +126,13 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
     if dead is not None:
         yield from _counter("streamberg_dead_letters", "records in the dead-letter table", t, dead.records)
 
+    last_run = status.maintenance.get("last_run")
+    if isinstance(last_run, dict):
+        yield from _gauge("streamberg_maintenance_last_run_age_seconds", "seconds since the last maintenance run "
+                          "finished", t, last_run.get("age_seconds"))
+        yield from _gauge("streamberg_maintenance_last_run_bytes_freed", "bytes the last maintenance run freed", t,
+                          last_run.get("bytes_freed"))
+
 
 class StatusCollector(Collector):
     """Collects the status on every scrape (one at a time; the manifest cache is reused)."""

@@ -96,6 +96,9 @@ def _maintenance_line(maintenance: dict[str, Any]) -> str:
     run = maintenance.get("last_run")
     if not run:
         return _line("maintenance", "never")
+    if isinstance(run, dict) and {"age_seconds", "status", "bytes_freed"} <= set(run):
+        return _line("maintenance", f"last run {human_age(run['age_seconds'])} ago: {run['status']}, "
+                                    f"{human_bytes(run['bytes_freed'])} freed (run {run.get('run_id')})")
     if isinstance(run, dict):
         shown = ", ".join(f"{k} {v}" for k, v in run.items() if isinstance(v, (str, int, float, bool)))
         return _line("maintenance", f"last run: {shown}")
