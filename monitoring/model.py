@@ -145,6 +145,9 @@ class Status:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if data["ingest"]["lag"] is None:
+            # Same shape whether known or not, so `["lag"]["total"]` never breaks a script.
+            data["ingest"]["lag"] = {"total": None, "partitions": {}, "ahead_partitions": []}
         # Health first after the identity: it is what a reader looks for.
         ordered = {"table": data.pop("table"), "checked_at": data.pop("checked_at"), "health": data.pop("health")}
         return {**ordered, **data}
