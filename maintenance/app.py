@@ -117,7 +117,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
 
         maintainer = Maintainer(config, spark, **({"clock": clock} if clock is not None else {}))
         single = options.once or options.dry_run
-        while True:
+        while not stop.is_set():
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)
             except Exception as exc:  # noqa: BLE001 - e.g. catalog unreachable; the schedule goes on

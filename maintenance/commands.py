@@ -115,7 +115,8 @@ def _maintain(args: argparse.Namespace) -> int:
         summary = run_maintain(config, options, stop=stop, on_result=show)
     except MaintainError as exc:
         raise CommandError(str(exc)) from exc
-    return 1 if summary.last is None or summary.last["status"] == "failed" else 0
+    # Stopped before any run (a signal during Spark start-up) is a clean stop, not a failure.
+    return 1 if summary.last is not None and summary.last["status"] == "failed" else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

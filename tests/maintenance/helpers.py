@@ -1,0 +1,54 @@
+"""Helpers for maintenance tests: a config with a maintenance section, files on disk, references."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.table import Table
+
+from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.config import StreambergConfig, load_config
+from streamberg.maintenance.reachability import ReferenceReader
+from tests.compactor.helpers import write_config
+
+# Steps off unless a test turns them on, so each test exercises what it names.
+ALL_OFF = {"expire": {"enabled": False}, "orphan": {"enabled": False}, "manifests": {"enabled": False}}
+
+
+def setup_maintained(directory: Path, maintenance: dict[str, Any] | None = None,
+                     **kwargs: Any) -> tuple[StreambergConfig, Table]:
+    """A table (compactor helpers' schema) whose config carries `maintenance` on top of ALL_OFF."""
+    merged = {**ALL_OFF, **(maintenance or {})}
+    config = load_config(write_config(directory, **kwargs), maintenance=merged)
+    return config, ensure_table(load_catalog(config.catalog), config.table)
+
+
+def local_path(uri: str) -> Path:
+    return Path(uri.removeprefix("file://").removeprefix("file:"))
+
+
+def files_on_disk(table: Table) -> dict[str, int]:
+    """Every file under the table location: absolute path -> size."""
+    root = local_path(table.location())
+    return {str(Path(d) / f): (Path(d) / f).stat().st_size for d, _, names in os.walk(root) for f in names}
+
+
+def referenced_paths(table: Table) -> set[str]:
+    """Local paths of every file any snapshot of the table references, plus its metadata files."""
+    reader = ReferenceReader(table)
+    refs = reader.referenced(s.snapshot_id for s in table.metadata.snapshots)
+    paths = {str(local_path(p)) for p in refs}
+    paths.add(str(local_path(table.metadata_location)))
+    paths.update(str(local_path(entry.metadata_file)) for entry in table.metadata.metadata_log)
+    return paths
+
+
+def age_files(paths: Any, seconds: float) -> None:
+    """Backdate modification times, so only references (not youth) can protect a file."""
+    import time
+
+    moment = time.time() - seconds
+    for path in paths:
+        os.utime(path, (moment, moment))

@@ -1,0 +1,69 @@
+"""`streamberg maintain` as an operator runs it: a subprocess on a schedule, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from streamberg.maintenance.record import last_maintenance_run
+from tests.compactor.helpers import FakeIngest
+from tests.maintenance.helpers import setup_maintained
+
+pytestmark = pytest.mark.spark
+
+STREAMBERG = str(Path(sys.executable).parent / "streamberg")
+CONTRACT_KEYS = {"table", "dry_run", "expire_snapshots", "orphan_files", "rewrite_manifests", "retention",
+                 "bytes_freed", "duration_seconds"}
+
+
+def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> None:  # noqa: ANN001
+    config, _ = setup_maintained(tmp_path, {
+        "interval_seconds": 1,
+        # No compactor runs here, so its pending appends need no protection.
+        "expire": {"max_snapshot_age_seconds": 0.001, "keep_pending_for_compactor": False},
+        "manifests": {"min_count": 3}, "orphan": {"enabled": True},
+    })
+    ingest = FakeIngest(config, seed=11)
+    for _ in range(3):
+        ingest.append(50)
+    proc = subprocess.Popen([STREAMBERG, "maintain", "--config", config.config_path, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+    try:
+        deadline = time.monotonic() + 180
+        first = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            first = last_maintenance_run(config)
+            if first is not None:
+                break
+            time.sleep(0.5)
+        assert first is not None, "no maintenance run was recorded"
+        # Wait for a second run, proving the schedule repeats.
+        while time.monotonic() < deadline and proc.poll() is None:
+            if last_maintenance_run(config)["run_id"] != first["run_id"]:
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    runs = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert len(runs) >= 2
+    assert CONTRACT_KEYS <= set(runs[0])
+    assert runs[0]["rewrite_manifests"]["ran"] and runs[0]["rewrite_manifests"]["manifests_after"] == 1
+    assert runs[0]["expire_snapshots"]["ran"]
+    assert not runs[1]["rewrite_manifests"]["ran"]  # already compact
+    assert first["result"]["run_id"] == runs[0]["run_id"]
+    logs = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    done = [entry for entry in logs if entry.get("event") == "maintenance run done"]
+    assert done and all(entry["table"] == "db.events" and "snapshot_id" in entry for entry in done)
