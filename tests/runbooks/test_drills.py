@@ -1,0 +1,285 @@
+"""Scripted drills: each runbook page's marked blocks, run as written against a real situation.
+
+For every page the test creates the situation for real (records waiting with no ingest, a
+second instance that moved the offsets, pending small files, poison records and a schema
+change, rows lost from the table, a graceful stop and a `kill -9`, a catalog database that
+refuses connections, a full file system), then runs the page's `drill=` blocks with bash
+and asserts what the page's "Check it worked" promises. Steps a human does by hand (edit
+the config, stop the other machine's job) are done here in Python, marked "by hand".
+
+The setup uses the real ingest code in-process (tests/runbooks/inprocess.py) where it only
+needs committed data; what the page tells the operator to run is always the real command.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.offsets import committed_position
+from streamberg.common.sample_events import produce_events
+from streamberg.ingest.committer import Committer, FencedError
+from streamberg.ingest.units import FlushUnit
+from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
+from tests.runbooks.drill import Drill, wait_for
+from tests.runbooks.inprocess import event, ingest_until, produce_values
+
+INGEST_WAIT_SECONDS = 240  # a PyFlink start is ~20-30 s on an idle 2-core machine
+
+
+def _config(tmp_path: Path, broker: str, **extra) -> Path:  # noqa: ANN003
+    ingest = {"commit_interval_seconds": 1, "parallelism": 1, **extra.pop("ingest", {})}
+    return write_config(tmp_path, broker, ingest=ingest, extra=extra or None)
+
+
+def _position(config):  # noqa: ANN001, ANN202
+    return committed_position(load_catalog(config.catalog).load_table(config.table.identifier), config.kafka.topic)
+
+
+def _has_ids(config, expected: list[int]):  # noqa: ANN001, ANN202
+    return lambda: table_ids(config) == expected
+
+
+@pytest.fixture
+def drills(tmp_path: Path):
+    """Drills of one test; whatever they left running is killed at the end."""
+    made: list[Drill] = []
+
+    def make(page: str, **variables: str) -> Drill:
+        made.append(Drill(page, tmp_path, **variables))
+        return made[-1]
+
+    yield make
+    for drill in made:
+        drill.close()
+
+
+def _stopped_gracefully(running, why: str) -> dict:  # noqa: ANN001
+    code = running.stop()
+    assert code == 0, f"{running.step} exited {code}:\n{running.output()[-3000:]}"
+    outcome = json.loads([line for line in running.output().splitlines() if line.startswith('{"run_id"')][-1])
+    assert outcome["stopped_because"] == why, outcome
+    return outcome
+
+
+# -- pages without a PyFlink run ---------------------------------------------------------------
+def test_replay_topic_range(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker)
+    config = config_at(config_path)
+    produce_values(config, [event(i) for i in range(100)], partition=0, partitions=1)
+    ingest_until(config, {0: 100})
+    before = _position(config)
+    # The incident: an over-eager retention deleted ids 20..39 (offsets 20..39).
+    load_catalog(config.catalog).load_table(config.table.identifier).delete(
+        And(GreaterThanOrEqual("id", 20), LessThan("id", 40)))
+    drill = drills("replay-topic-range.md", CONFIG=str(config_path), PARTITION="0", FROM="20", TO="40")
+
+    facts = drill.run("confirm").expect(0).json()
+    assert facts["reconciles"] is False and facts["records"] == 80
+    assert facts["committed_offsets"]["partitions"] == {"0": 100}
+    dry = drill.run("dry-run").expect(0).json()
+    assert (dry["read"], dry["records_added"], dry["still_bad"]) == (20, 20, 0)
+    assert len(table_ids(config)) == 80
+    fixed = drill.run("fix").expect(0).json()
+    assert fixed["records_added"] == 20 and fixed["snapshot_id"] is not None
+    facts = drill.run("check").expect(0).json()
+    assert facts["reconciles"] is True and facts["records"] == 100
+    assert table_ids(config) == list(range(100))
+    again = drill.run("check-again").expect(1)
+    assert "refused" in again.stderr and "overlaps range(s) already replayed" in again.stderr
+    assert _position(config).offsets == before.offsets
+
+
+@pytest.mark.spark
+def test_compactor_behind(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker, compactor={"min_files": 2, "checkpoint_dir": "checkpoint"})
+    config = config_at(config_path)
+    for batch in range(3):  # three ingest commits: three small pending files
+        produce_values(config, [event(batch * 50 + i) for i in range(50)], partition=0, partitions=1)
+        ingest_until(config, {0: (batch + 1) * 50})
+    drill = drills("compactor-behind.md", CONFIG=str(config_path))
+
+    status = drill.run("confirm").expect(0, 1).json()
+    assert status["compactor"]["pending_files"] == 3 and status["compactor"]["last_optimize"] is None
+    plan = drill.run("plan").expect(0).json()
+    assert plan["files"] == 3 and plan["groups"] >= 1
+    done = drill.run("fix", timeout=600).expect(0)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["files_in"] == 3 and summary["files_out"] >= 1
+    status = drill.run("check").expect(0, 1).json()
+    assert status["compactor"]["pending_files"] == 0
+    assert status["compactor"]["last_optimize"] is not None
+    assert not any("compactor" in reason for reason in status["health"]["reasons"])
+    assert table_ids(config) == list(range(150))
+
+
+# -- pages whose fix starts the real ingest (PyFlink) -----------------------------------------
+@pytest.mark.flink
+def test_ingest_lag(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker)
+    config = config_at(config_path)
+    for p in range(2):
+        produce_values(config, [event(p * 1000 + i) for i in range(100)], partition=p, partitions=2)
+    ingest_until(config, {0: 100, 1: 100})
+    # The incident: producers carry on while no ingest runs.
+    for p in range(2):
+        produce_values(config, [event(p * 1000 + i) for i in range(100, 300)], partition=p, partitions=2)
+    expected = sorted(p * 1000 + i for p in range(2) for i in range(300))
+    drill = drills("ingest-lag.md", CONFIG=str(config_path))
+
+    status = drill.run("confirm").expect(0, 1).json()
+    assert status["ingest"]["lag"]["total"] > 0 and status["ingest"]["last_commit"] is not None
+    running = drill.start("fix")
+    wait_for(_has_ids(config, expected), INGEST_WAIT_SECONDS, "the ingest to catch up", alive=running)
+    status = drill.run("check").expect(0).json()
+    assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] != "critical"
+    _stopped_gracefully(running, "SIGINT")
+    assert not duplicates(table_ids(config))
+
+
+@pytest.mark.flink
+def test_commit_failures_second_instance(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker)
+    config = config_at(config_path)
+    produce_values(config, [event(i) for i in range(100)], partition=0, partitions=1)
+    ingest_until(config, {0: 50})
+    ours = Committer(config, parallelism=1, run_id="ours")
+    ours.open()
+    # The incident: the same config runs on another host under another job id.
+    document = yaml.safe_load(config_path.read_text())
+    document["ingest"]["job_id"] = "ingest:other-host"
+    other_path = tmp_path / "other-host.yaml"
+    other_path.write_text(yaml.safe_dump(document))
+    ingest_until(config_at(other_path), {0: 100})
+    with pytest.raises(FencedError) as fenced:
+        ours.offer(FlushUnit(run_id="ours", writer=0, epoch=1, topic=config.kafka.topic, ranges={0: (50, 100)},
+                             final=True))
+    ours.close()
+    drill = drills("commit-failures.md", CONFIG=str(config_path))
+    assert "Refusing to commit: another ingest instance is writing this table" in str(fenced.value)
+    assert "Refusing to commit: another ingest instance is writing this table" in drill.page.text
+
+    facts = drill.run("confirm").expect(0).json()
+    assert facts["committed_offsets"]["job_id"] == "ingest:other-host"
+    # By hand: the other host's job is stopped. More records arrive; ours takes over.
+    produce_values(config, [event(i) for i in range(100, 150)], partition=0, partitions=1)
+    running = drill.start("fix")
+    wait_for(_has_ids(config, list(range(150))), INGEST_WAIT_SECONDS, "our ingest to take over", alive=running)
+    facts = drill.run("check").expect(0).json()
+    assert facts["committed_offsets"]["job_id"] == config.job_id and facts["reconciles"] is True
+    _stopped_gracefully(running, "SIGINT")
+
+
+@pytest.mark.flink
+def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker)
+    config = config_at(config_path)
+    # Producers start sending anonymous events (no user_id, required in the table) and a new
+    # field `device`; one poison record.
+    values = ([event(i) for i in range(40)] + [event(40 + i, user_id=None) for i in range(12)]
+              + [event(52 + i, device="phone") for i in range(5)] + [b"\x00poison"])
+    produce_values(config, values, partition=0, partitions=1)
+    ingest_until(config, {0: len(values)})
+    drill = drills("poison-or-schema-change.md", CONFIG=str(config_path), REASON="missing required field 'user_id'%")
+
+    status = drill.run("confirm").expect(0, 1).json()
+    assert status["dead_letters"]["records"] == 13
+    reasons = drill.run("reasons").expect(0).json()
+    assert reasons["candidates_by_reason"]["missing required field 'user_id'"] == 12
+    assert reasons["records_added"] == 0
+    # By hand: the config's schema takes user_id as optional and adds `device`.
+    document = yaml.safe_load(config_path.read_text())
+    for field in document["table"]["schema"]:
+        if field["name"] == "user_id":
+            field["required"] = False
+    document["table"]["schema"].append({"name": "device", "type": "string"})
+    config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    plan = drill.run("evolve-plan").expect(0)
+    assert "would add optional column 'device'" in plan.stdout and "would make column 'user_id' optional" in plan.stdout
+    assert "device" not in load_catalog(config.catalog).load_table(config.table.identifier).schema().column_names
+    drill.run("evolve").expect(0)
+    produce_values(config, [event(100 + i, device="tablet", user_id=None) for i in range(10)], partition=0, partitions=1)
+    running = drill.start("restart")
+    after_restart = sorted(list(range(40)) + [52 + i for i in range(5)] + [100 + i for i in range(10)])
+    wait_for(_has_ids(config, after_restart), INGEST_WAIT_SECONDS, "the restarted ingest to take the new shape",
+             alive=running)
+    _stopped_gracefully(running, "SIGINT")
+    replayed = drill.run("replay").expect(0).json()
+    assert (replayed["records_added"], replayed["removed_from_dlq"], replayed["still_bad"]) == (12, 12, 0)
+
+    facts = drill.run("check").expect(0).json()
+    assert facts["dead_letters"] == 1 and facts["reconciles"] is True
+    assert table_ids(config) == sorted(after_restart + [40 + i for i in range(12)])
+    rows = load_catalog(config.catalog).load_table(config.table.identifier).scan(
+        selected_fields=("id", "device")).to_arrow().to_pylist()
+    device = {r["id"]: r["device"] for r in rows}
+    assert all(device[100 + i] == "tablet" for i in range(10))
+    # As the page says: a field sent before the column existed was dropped, not dead-lettered.
+    assert all(device[52 + i] is None for i in range(5))
+    assert dead_letters(config).column("value").to_pylist() == [b"\x00poison"]
+
+
+@pytest.mark.flink
+def test_rolling_upgrade_then_crash_recovery(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+    """Two pages on one table: a graceful upgrade, then the new job is killed with SIGKILL."""
+    config_path = _config(tmp_path, broker)
+    config = config_at(config_path)
+    produced: list[int] = []
+    stop_producing = threading.Event()
+
+    def produce() -> None:
+        batch = 0
+        while not stop_producing.is_set():
+            result = produce_events(config, 200, rate=400, start_id=batch * 200, seed=batch)
+            produced.extend(result.valid_ids)
+            batch += 1
+
+    ensure_topic(broker, config.kafka.topic, 2)
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        upgrade = drills("rolling-upgrade.md", CONFIG=str(config_path))
+        old = upgrade.start("start")
+        wait_for(lambda: load_catalog(config.catalog).table_exists(config.table.identifier)
+                 and _position(config).offsets, INGEST_WAIT_SECONDS, "the old job's first commit", alive=old)
+        status = upgrade.run("confirm").expect(0, 1).json()
+        assert status["ingest"]["last_commit"] is not None and status["health"]["verdict"] != "critical"
+        upgrade.variables["INGEST_PID"] = str(old.command_pid())
+        upgrade.run("stop").expect(0)
+        assert old.wait(120) == 0, old.output()[-3000:]
+        assert json.loads(old.output().strip().splitlines()[-1])["stopped_because"] == "SIGTERM"
+        stopped_at = _position(config)
+        new = upgrade.start("start")
+        wait_for(lambda: sum(_position(config).offsets.values()) > sum(stopped_at.offsets.values()),
+                 INGEST_WAIT_SECONDS, "the new job to commit", alive=new)
+        facts = upgrade.run("check").expect(0).json()
+        assert facts["reconciles"] is True
+        assert all(int(o) >= stopped_at.offsets[int(p)] for p, o in facts["committed_offsets"]["partitions"].items())
+
+        # crash-recovery.md: the machine running the new job dies.
+        new.signal(signal.SIGKILL)
+        new.wait(60)
+        crash = drills("crash-recovery.md", CONFIG=str(config_path))
+        status = crash.run("confirm").expect(0, 1).json()
+        assert status["ingest"]["last_commit"] is not None
+        position = crash.run("position").expect(0).json()
+        assert position["reconciles"] is True
+    finally:
+        stop_producing.set()
+        producer.join()
+    restarted = crash.start("fix")
+    wait_for(_has_ids(config, sorted(produced)), INGEST_WAIT_SECONDS, "the restarted ingest to catch up",
+             alive=restarted)
+    status = crash.run("check").expect(0).json()
+    assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] == "ok"
+    _stopped_gracefully(restarted, "SIGINT")
+    assert not duplicates(table_ids(config))
