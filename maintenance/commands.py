@@ -44,14 +44,9 @@ Examples:
 
 
 def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+    from streamberg.monitoring.render import human_bytes
+
+    return "?" if n is None else human_bytes(n)
 
 
 def _why(step: dict[str, Any]) -> str:

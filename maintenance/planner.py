@@ -198,7 +198,7 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
     configured_retain = settings.min_snapshots_to_keep
     older_than, retain_last = configured_older_than, configured_retain
     protected: dict[int, ProtectedSnapshot] = {}
-    lineage = [s.snapshot_id for s in ancestry(table)]
+    depth_of = {s.snapshot_id: depth for depth, s in enumerate(ancestry(table))}
 
     chain = ingest_chain(table, topic)
     if chain:
@@ -215,7 +215,7 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
         if pending:
             oldest_ms = min(pending.values())
             older_than = min(older_than, oldest_ms)
-            depths = [lineage.index(sid) for sid in pending if sid in lineage]
+            depths = [depth_of[sid] for sid in pending if sid in depth_of]
             if depths:
                 retain_last = max(retain_last, max(depths) + 1)
             for sid, ts in pending.items():

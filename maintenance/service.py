@@ -196,7 +196,10 @@ class Maintainer:
                      bytes=out["bytes_freed"], older_than=out["older_than"], sample=orphans[:10])
             return out
         for path in orphans:
-            table.io.delete(path)
+            try:
+                table.io.delete(path)
+            except OSError as exc:  # reported below as not removed; the others still go
+                log.warning("could not delete orphan file", path=path, error=str(exc))
         left = still_present(table, orphans)
         gone = [p for p in orphans if p not in left]
         out.update(removed=len(gone), bytes_freed=sum(sizes.get(p, 0) for p in gone))
