@@ -242,6 +242,9 @@ class MonitoringConfig(_Section):
 
     # Seconds to wait for the broker (metadata, end offsets) before calling it unreachable.
     broker_timeout_seconds: float = Field(default=3.0, gt=0)
+    # Find each partition's end by also reading its last record batch: the embedded tansu
+    # broker's high watermark stops short of the end by the rest of that batch.
+    read_last_batch: bool = True
     # Ingest lag (records between the table's recorded offsets and the broker's end, all
     # partitions together) from which the verdict is warn / critical.
     lag_warn_records: int | None = Field(default=10_000, ge=1)
