@@ -38,7 +38,10 @@ def configure_logging(force_json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Write, not print: a PyFlink Python worker on a Flink cluster replaces builtins.print
+        # with one that takes no `flush` (PrintLogger's call fails there) and routes
+        # sys.stderr.write to the TaskManager's log, where these lines then appear.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     _configured = True
