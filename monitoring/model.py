@@ -43,16 +43,17 @@ class LastCommit:
 @dataclass(frozen=True)
 class PartitionLag:
     committed: int | None  # next offset recorded in the table; None: never committed
-    end: int  # the broker's high watermark
-    lag: int  # records not yet in the table (0 when committed is past the watermark)
+    end: int  # one past the partition's last record (monitoring.read_last_batch), else the watermark
+    lag: int  # records not yet in the table (0 when committed is past the end)
+    watermark: int  # the broker's high watermark as reported
 
 
 @dataclass(frozen=True)
 class Lag:
     total: int
     partitions: dict[str, PartitionLag]
-    # Partitions whose recorded offset is past the broker's high watermark: a broker that
-    # lost data, a recreated topic, or (tansu) a watermark lagging by a batch.
+    # Partitions whose recorded offset is past the broker's end: a broker that lost data,
+    # a recreated topic (or, with read_last_batch off, tansu's watermark lagging by a batch).
     ahead_partitions: list[str] = field(default_factory=list)
 
 

@@ -20,7 +20,6 @@ from streamberg.compactor.planner import (
     DataFileInfo,
     ManifestCache,
     PlanningRules,
-    live_data_files,
     plan_rewrite,
     target_file_size,
 )
