@@ -36,11 +36,22 @@ from streamberg.maintenance.runner import MaintenanceRunner
 
 # Orphan paths listed in the result (all are counted; the log carries the same sample).
 MAX_LISTED_PATHS = 100
+# Iceberg's expire_snapshots output columns, and reachability's file kinds, as result keys.
 _DELETED_KEYS = {
-    "deleted_data_files_count": "data", "deleted_position_delete_files_count": "position_deletes",
-    "deleted_equality_delete_files_count": "equality_deletes", "deleted_manifest_files_count": "manifests",
+    "deleted_data_files_count": "data", "deleted_position_delete_files_count": "delete_files",
+    "deleted_equality_delete_files_count": "delete_files", "deleted_manifest_files_count": "manifests",
     "deleted_manifest_lists_count": "manifest_lists", "deleted_statistics_files_count": "statistics",
 }
+_KIND_KEYS = {"data": "data", "delete": "delete_files", "manifest": "manifests", "manifest-list": "manifest_lists"}
+
+
+def _by_kind(counts: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, n in counts.items():
+        if n:
+            name = _DELETED_KEYS.get(key) or _KIND_KEYS.get(key, key)
+            out[name] = out.get(name, 0) + n
+    return out
 
 
 def _now_iso(epoch: float) -> str:
@@ -148,11 +159,9 @@ class Maintainer:
             out["reason"] = "no snapshot is past the age/count bounds"
             return out
         doomed = only_referenced_by(table, plan.expired_ids, plan.kept_ids)
-        by_kind: dict[str, int] = {}
-        for ref in doomed.values():
-            by_kind[ref.kind] = by_kind.get(ref.kind, 0) + 1
         if dry_run:
-            out.update(deleted_files=len(doomed), deleted_by_kind=by_kind,
+            kinds = [ref.kind for ref in doomed.values()]
+            out.update(deleted_files=len(doomed), deleted_by_kind=_by_kind({k: kinds.count(k) for k in set(kinds)}),
                        bytes_freed=sum(r.size_bytes for r in doomed.values()))
             return out
         counts = self.runner.expire_snapshots(plan)
@@ -163,7 +172,7 @@ class Maintainer:
         out.update(
             ran=True, expired=len(expired), kept=len(remaining),
             deleted_files=sum(counts.values()),
-            deleted_by_kind={_DELETED_KEYS.get(k, k): v for k, v in counts.items() if v},
+            deleted_by_kind=_by_kind(counts),
             bytes_freed=sum(doomed[p].size_bytes for p in gone),
         )
         if sorted(expired) != sorted(plan.expired_ids):

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import ensure_table, load_catalog
@@ -17,11 +18,20 @@ from tests.compactor.helpers import write_config
 ALL_OFF = {"expire": {"enabled": False}, "orphan": {"enabled": False}, "manifests": {"enabled": False}}
 
 
+def write_maintained_config(directory: Path, maintenance: dict[str, Any] | None, **kwargs: Any) -> Path:
+    """The compactor helpers' config file with a `maintenance:` section (written as given)."""
+    path = write_config(directory, **kwargs)
+    document = yaml.safe_load(path.read_text())
+    if maintenance is not None:
+        document["maintenance"] = maintenance
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
 def setup_maintained(directory: Path, maintenance: dict[str, Any] | None = None,
                      **kwargs: Any) -> tuple[StreambergConfig, Table]:
     """A table (compactor helpers' schema) whose config carries `maintenance` on top of ALL_OFF."""
-    merged = {**ALL_OFF, **(maintenance or {})}
-    config = load_config(write_config(directory, **kwargs), maintenance=merged)
+    config = load_config(write_maintained_config(directory, {**ALL_OFF, **(maintenance or {})}, **kwargs))
     return config, ensure_table(load_catalog(config.catalog), config.table)
 
 

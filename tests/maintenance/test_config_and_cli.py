@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import ConfigError, load_config
 from streamberg.maintenance.app import check_config
 from streamberg.maintenance.record import last_maintenance_run, record_run
 from tests.compactor.helpers import write_config
-from tests.maintenance.helpers import setup_maintained
+from tests.maintenance.helpers import setup_maintained, write_maintained_config
 
 STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 
@@ -25,14 +24,6 @@ STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([STREAMBERG, *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
-
-
-def _with_maintenance(tmp_path: Path, maintenance: dict) -> Path:
-    path = write_config(tmp_path)
-    document = yaml.safe_load(path.read_text())
-    document["maintenance"] = maintenance
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  # noqa: ANN001
@@ -56,12 +47,12 @@ def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  
 ])
 def test_invalid_maintenance_config_names_the_key(tmp_path, maintenance, key, words) -> None:  # noqa: ANN001
     with pytest.raises(ConfigError) as err:
-        load_config(_with_maintenance(tmp_path, maintenance))
+        load_config(write_maintained_config(tmp_path, maintenance))
     assert f"{key}:" in str(err.value) and words in str(err.value)
 
 
 def test_short_orphan_safety_age_needs_the_explicit_override(tmp_path) -> None:  # noqa: ANN001
-    config = load_config(_with_maintenance(tmp_path, {"orphan": {"safety_age_seconds": 60,
+    config = load_config(write_maintained_config(tmp_path, {"orphan": {"safety_age_seconds": 60,
                                                                  "allow_short_safety_age": True}}))
     assert config.maintenance.orphan.safety_age_seconds == 60
 
@@ -71,15 +62,15 @@ def test_env_overrides_a_nested_maintenance_key(tmp_path, monkeypatch) -> None: 
     assert load_config(write_config(tmp_path)).maintenance.expire.min_snapshots_to_keep == 7
 
 
-@pytest.mark.parametrize(("column", "words"), [("nope", "not in table.schema"), ("city", "is string")])
+@pytest.mark.parametrize(("column", "words"), [("nope", "is not in table.schema"), ("city", "is string")])
 def test_retention_column_is_checked_against_the_schema(tmp_path, column, words) -> None:  # noqa: ANN001
-    config = load_config(_with_maintenance(tmp_path, {"retention": {"column": column, "days": 3}}))
+    config = load_config(write_maintained_config(tmp_path, {"retention": {"column": column, "days": 3}}))
     with pytest.raises(ConfigError, match=f"maintenance.retention.column: '{column}' {words}"):
         check_config(config)
 
 
 def test_cli_invalid_config_exits_2_naming_the_key(tmp_path) -> None:  # noqa: ANN001
-    path = _with_maintenance(tmp_path, {"orphan": {"safety_age_seconds": 60}})
+    path = write_maintained_config(tmp_path, {"orphan": {"safety_age_seconds": 60}})
     proc = _run("maintain", "--config", str(path), "--once")
     assert proc.returncode == 2, proc.stderr
     assert "maintenance.orphan: safety_age_seconds: 60 is below 3600" in proc.stderr
