@@ -10,6 +10,8 @@ from streamberg.common.config import load_config
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    import sqlalchemy.exc
+
     from streamberg.common.catalog import SchemaMismatchError
     from streamberg.ingest.decode import UnsupportedSchemaError
     from streamberg.ingest.job import JobFailed, run_ingest
@@ -24,6 +26,14 @@ def _ingest(args: argparse.Namespace) -> int:
                              duration=args.duration, progress=not args.quiet)
     except (JobFailed, SchemaMismatchError, UnsupportedSchemaError) as exc:
         raise CommandError(str(exc)) from exc
+    except sqlalchemy.exc.OperationalError as exc:
+        # The catalog database went away (the driver reads the table every second). The job
+        # was cancelled on the way out; every commit is atomic, so nothing partial is visible.
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
+        raise CommandError(
+            f"catalog database unreachable: {reason}. Ingest stopped (a running Flink job is cancelled); commits "
+            f"are atomic, so nothing partial is visible. Start it again once the database is back "
+            f"(docs/runbooks/catalog-down.md)") from exc
     print(json.dumps({"run_id": outcome.run_id, "consumed": outcome.consumed,
                       "seconds": round(outcome.seconds, 1), "stopped_because": outcome.stopped_because}))
     return 0

