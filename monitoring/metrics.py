@@ -78,7 +78,9 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
         per_partition = {
             "streamberg_ingest_lag_records": ("records in the partition not yet in the table", "lag"),
             "streamberg_ingest_committed_offset": ("next offset recorded in the table", "committed"),
-            "streamberg_kafka_end_offset": ("the broker's high watermark", "end"),
+            "streamberg_kafka_end_offset": ("one past the partition's last record (the high watermark unless "
+                                            "monitoring.read_last_batch found more)", "end"),
+            "streamberg_kafka_high_watermark": ("the broker's high watermark as reported", "watermark"),
         }
         for name, (doc, attr) in per_partition.items():
             family = GaugeMetricFamily(name, doc, labels=labels)

@@ -6,7 +6,7 @@ from typing import Any
 
 from streamberg.monitoring.model import Status
 
-_WIDTH = 13
+_WIDTH = 14
 
 
 def human_bytes(n: int) -> str:
@@ -51,11 +51,11 @@ def _ingest_lines(status: Status) -> list[str]:
     elif ingest.lag is None:
         lines.append(_line("lag", "unknown"))
     else:
-        lines.append(_line("lag", f"{ingest.lag.total:,} records behind (topic {ingest.topic}; end = broker high watermark)"))
-        lines.append(f"{'':<{_WIDTH}}{'partition':>9} {'committed':>14} {'end':>14} {'lag':>12}")
+        lines.append(_line("lag", f"{ingest.lag.total:,} records behind (topic {ingest.topic})"))
+        lines.append(f"{'':<{_WIDTH}}{'partition':>9} {'committed':>14} {'end':>14} {'lag':>12} {'watermark':>14}")
         for p, part in ingest.lag.partitions.items():
             committed = f"{part.committed:,}" if part.committed is not None else "-"
-            lines.append(f"{'':<{_WIDTH}}{p:>9} {committed:>14} {part.end:>14,} {part.lag:>12,}")
+            lines.append(f"{'':<{_WIDTH}}{p:>9} {committed:>14} {part.end:>14,} {part.lag:>12,} {part.watermark:>14,}")
     return lines
 
 

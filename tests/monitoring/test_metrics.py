@@ -52,6 +52,7 @@ def test_once_values_equal_the_status_facts(scenario: Scenario) -> None:
         labels = {"topic": topic, "partition": str(p)}
         assert value("streamberg_ingest_lag_records", **labels) == scenario.lag[p] == facts.ingest.lag.partitions[str(p)].lag
         assert value("streamberg_kafka_end_offset", **labels) == produced
+        assert value("streamberg_kafka_high_watermark", **labels) == facts.ingest.lag.partitions[str(p)].watermark
         assert value("streamberg_ingest_committed_offset", **labels) == scenario.committed[p]
     # Ages grow between the two reads, never shrink.
     assert value("streamberg_ingest_last_commit_age_seconds") <= facts.ingest.last_commit.age_seconds

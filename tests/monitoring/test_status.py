@@ -20,7 +20,7 @@ from streamberg.compactor.planner import live_data_files
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from tests.helpers import config_at, streamberg, write_config
-from tests.monitoring.helpers import Scenario
+from tests.monitoring.helpers import Scenario, with_monitoring
 
 
 def _status_json(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
@@ -95,6 +95,19 @@ def test_after_ingest_commits(scenario: Scenario) -> None:
     assert status.health.verdict == "ok", status.health.reasons
 
 
+def test_watermark_alone_and_offsets_past_it(scenario: Scenario) -> None:
+    """With read_last_batch off the end is the reported watermark; a recorded offset past it
+    (tansu's watermark stops at its last batch's base offset + 1) is flagged, never negative lag."""
+    config = with_monitoring(scenario.config, read_last_batch=False)
+    status = with_health(collect_status(config), config)
+    lag = status.ingest.lag
+    for p, part in lag.partitions.items():
+        assert part.end == part.watermark and part.lag == max(0, part.watermark - scenario.committed[int(p)])
+    ahead = [str(p) for p, c in scenario.committed.items() if c > lag.partitions[str(p)].watermark]
+    assert lag.ahead_partitions == ahead
+    assert (("lag", "warn") in [(f["check"], f["severity"]) for f in status.health.findings]) == bool(ahead)
+
+
 def test_pending_age_is_the_oldest_ingest_commit(scenario: Scenario) -> None:
     table = load_catalog(scenario.config.catalog).load_table(scenario.config.table.identifier)
     first = min(s.timestamp_ms for s in table.metadata.snapshots)
@@ -141,7 +154,7 @@ def test_table_missing_is_critical(tmp_path: Path, broker: str) -> None:
 
 def test_screen_and_watch_until_ctrl_c(scenario: Scenario) -> None:
     screen = streamberg("status", "--config", str(scenario.path)).stdout
-    assert "health       OK" in screen and f"snapshot {scenario.results[-1].snapshot_id}" in screen
+    assert screen.splitlines()[2].split() == ["health", "OK"] and f"snapshot {scenario.results[-1].snapshot_id}" in screen
     exe = Path(sys.executable).parent / "streamberg"
     proc = subprocess.Popen([str(exe), "status", "--config", str(scenario.path), "--json", "--watch", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
