@@ -11,6 +11,7 @@ from streamberg.common.config import load_config
 
 def _ingest(args: argparse.Namespace) -> int:
     import sqlalchemy.exc
+    from py4j.protocol import Py4JJavaError
 
     from streamberg.common.catalog import SchemaMismatchError
     from streamberg.ingest.decode import UnsupportedSchemaError
@@ -34,6 +35,14 @@ def _ingest(args: argparse.Namespace) -> int:
             f"catalog database unreachable: {reason}. Ingest stopped (a running Flink job is cancelled); commits "
             f"are atomic, so nothing partial is visible. Start it again once the database is back "
             f"(docs/runbooks/catalog-down.md)") from exc
+    except Py4JJavaError as exc:
+        # Seen when the job fails for good (e.g. a full disk, after Flink's restarts): the
+        # local MiniCluster shuts down and the driver's next status call fails with this.
+        java = str(exc.java_exception).splitlines()[0] if exc.java_exception is not None else "unknown"
+        raise CommandError(
+            f"the Flink job failed and its cluster shut down ({java}); the cause is the last worker error in the "
+            f"log above. Commits are atomic, so nothing partial is visible: start the ingest again once the "
+            f"cause is fixed") from exc
     print(json.dumps({"run_id": outcome.run_id, "consumed": outcome.consumed,
                       "seconds": round(outcome.seconds, 1), "stopped_because": outcome.stopped_because}))
     return 0

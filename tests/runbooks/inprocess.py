@@ -9,7 +9,10 @@ ingest`) is still run as the real command.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import subprocess
 import time
 
 from confluent_kafka import Producer
@@ -61,3 +64,23 @@ def ingest_until(config: StreambergConfig, ends: dict[int, int], timeout: float 
     finally:
         writer.close()
         committer.close()
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The real `streamberg` entry point (parser, handlers, exit codes) called in this process.
+
+    A subprocess costs ~2.5 s of imports per call; tests that make dozens of calls use this
+    and keep a few real subprocess runs for what only a process shows.
+    """
+    from streamberg.common.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+    proc = subprocess.CompletedProcess(["streamberg", *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"streamberg {' '.join(args)} exited {code}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc

@@ -1,7 +1,8 @@
 """`streamberg replay` and `streamberg table --evolve` against a real broker and a real table.
 
 The table is filled by the real ingest code (writer + committer, in-process: see
-inprocess.py); the replays run as the real `streamberg` command in a subprocess.
+inprocess.py); the replays run through the real `streamberg` entry point, in-process (`cli`)
+and, where the process boundary matters (exit codes), as a subprocess.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.ingest.replay import dlq_key, range_key
 from tests.helpers import config_at, dead_letters, duplicates, streamberg, table_ids, write_config
-from tests.runbooks.inprocess import event, ingest_until, produce_values
+from tests.runbooks.inprocess import cli, event, ingest_until, produce_values
 
 PARTITIONS = 2
 
@@ -34,7 +35,7 @@ def _position(config):  # noqa: ANN001, ANN202
 
 
 def _table(path: Path) -> dict:
-    return _json(streamberg("table", "--config", str(path), "--json"))
+    return _json(cli("table", "--config", str(path), "--json"))
 
 
 @pytest.fixture
@@ -58,13 +59,13 @@ def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingeste
     table.delete(And(GreaterThanOrEqual("id", 20), LessThan("id", 40)))  # rows lost by mistake
     assert _table(path)["reconciles"] is False
 
-    dry = _json(streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
-                           "--to-offset", "40", "--dry-run"))
+    dry = _json(cli("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
+                    "--to-offset", "40", "--dry-run"))
     assert (dry["read"], dry["records_added"], dry["snapshot_id"]) == (20, 20, None)
     assert table_ids(config) == [i for i in valid if not 20 <= i < 40]  # a dry run changes nothing
 
-    out = _json(streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
-                           "--to-offset", "40"))
+    out = _json(cli("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
+                    "--to-offset", "40"))
     assert (out["read"], out["records_added"], out["still_bad"]) == (20, 20, 0)
     ids = table_ids(config)
     assert ids == valid and not duplicates(ids)
@@ -78,16 +79,16 @@ def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingeste
     assert _table(path)["reconciles"] is True
 
     # The same range, or any range overlapping it, is refused; --force overrides.
-    for start, end in ((20, 40), (35, 60), (0, 21)):
-        again = streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", str(start),
-                           "--to-offset", str(end), check=False)
+    for run, (start, end) in ((streamberg, (20, 40)), (cli, (35, 60)), (cli, (0, 21))):
+        again = run("replay", "--config", str(path), "--partition", "0", "--from-offset", str(start),
+                    "--to-offset", str(end), check=False)
         assert again.returncode == 1 and "overlaps" in again.stderr and "[20, 40)" in again.stderr, again.stderr
-    forced = _json(streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
-                              "--to-offset", "40", "--force", "--dry-run"))
+    forced = _json(cli("replay", "--config", str(path), "--partition", "0", "--from-offset", "20",
+                       "--to-offset", "40", "--force", "--dry-run"))
     assert forced["records_added"] == 20
     # A range containing dead-lettered records replays the valid ones; the bad ones stay put.
-    mixed = _json(streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", "50",
-                             "--to-offset", "60", "--dry-run"))
+    mixed = _json(cli("replay", "--config", str(path), "--partition", "0", "--from-offset", "50",
+                      "--to-offset", "60", "--dry-run"))
     assert (mixed["records_added"], mixed["still_bad"], mixed["dead_letters_added"]) == (9, 1, 0)
     assert table_ids(config) == valid
 
@@ -95,12 +96,12 @@ def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingeste
 def test_ranges_the_ingest_has_not_committed_are_refused(ingested) -> None:  # noqa: ANN001
     path, config, valid, _ = ingested
     committed = _position(config).offsets[0]
-    beyond = streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", str(committed - 5),
-                        "--to-offset", str(committed + 1), check=False)
+    beyond = cli("replay", "--config", str(path), "--partition", "0", "--from-offset", str(committed - 5),
+                 "--to-offset", str(committed + 1), check=False)
     assert beyond.returncode == 1
     assert f"beyond the ingest's committed offset {committed}" in beyond.stderr, beyond.stderr
-    unknown = streamberg("replay", "--config", str(path), "--partition", "7", "--from-offset", "0",
-                         "--to-offset", "1", check=False)
+    unknown = cli("replay", "--config", str(path), "--partition", "7", "--from-offset", "0",
+                  "--to-offset", "1", check=False)
     assert unknown.returncode == 1 and "no committed ingest offset" in unknown.stderr
     usage = streamberg("replay", "--config", str(path), "--partition", "0", "--from-offset", "5", check=False)
     assert usage.returncode == 2 and "--to-offset" in usage.stderr
@@ -133,28 +134,28 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     before = _position(config)
     assert dead_letters(config).num_rows == 13
 
-    dry = _json(streamberg("replay", "--config", str(path), "--dead-letters", "--dry-run"))
+    dry = _json(cli("replay", "--config", str(path), "--dead-letters", "--dry-run"))
     assert dry["read"] == 13 and dry["records_added"] == 0  # nothing decodes yet
     assert dry["candidates_by_reason"]["missing required field 'user_id'"] == 12
 
-    refused = streamberg("table", "--config", str(_evolved_config(path, amount={"type": "long"})), "--evolve",
-                         check=False)
+    refused = cli("table", "--config", str(_evolved_config(path, amount={"type": "long"})), "--evolve",
+                  check=False)
     assert refused.returncode == 1 and "'amount' is double in the table but long" in refused.stderr
-    required = streamberg("table", "--config", str(_evolved_config(path, region={"type": "string", "required": True})),
-                          "--evolve", check=False)
+    required = cli("table", "--config", str(_evolved_config(path, region={"type": "string", "required": True})),
+                   "--evolve", check=False)
     assert required.returncode == 1 and "'region'" in required.stderr
 
     new = _evolved_config(path, user_id={"type": "string"}, device={"type": "string"})
-    plan = _json(streamberg("table", "--config", str(new), "--evolve", "--dry-run", "--json"))
+    plan = _json(cli("table", "--config", str(new), "--evolve", "--dry-run", "--json"))
     assert plan["added"] == [{"name": "device", "type": "string"}] and plan["made_optional"] == ["user_id"]
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert table.schema().find_field("user_id").required and "device" not in table.schema().column_names
-    streamberg("table", "--config", str(new), "--evolve")
+    cli("table", "--config", str(new), "--evolve")
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert not table.schema().find_field("user_id").required and "device" in table.schema().column_names
-    assert _json(streamberg("table", "--config", str(new), "--evolve", "--json"))["changes"] == []
+    assert _json(cli("table", "--config", str(new), "--evolve", "--json"))["changes"] == []
 
-    out = _json(streamberg("replay", "--config", str(new), "--dead-letters", "--reason-like", "missing required%"))
+    out = _json(cli("replay", "--config", str(new), "--dead-letters", "--reason-like", "missing required%"))
     assert (out["read"], out["records_added"], out["still_bad"], out["removed_from_dlq"]) == (12, 12, 0, 12)
     ids = table_ids(config)
     assert ids == sorted(list(range(40)) + [100 + i for i in range(12)] + [200 + i for i in range(5)])
@@ -167,13 +168,13 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     assert _table(new)["reconciles"] is True
 
     # Nothing twice: a second run finds only the record that still does not decode.
-    second = _json(streamberg("replay", "--config", str(new), "--dead-letters"))
+    second = _json(cli("replay", "--config", str(new), "--dead-letters"))
     assert (second["read"], second["records_added"], second["still_bad"]) == (1, 0, 1)
     # A crash between the append and the DLQ delete leaves landed rows in the DLQ: the next
     # run removes them instead of adding them again.
     dlq = load_catalog(config.catalog).load_table(config.dead_letter_table)
     lost = dead_letters(config).slice(0, 1).to_pylist()[0]
     dlq.append(pa.Table.from_pylist([{**lost, "offset": 45}], schema=schema_to_pyarrow(dlq.schema())))
-    repaired = _json(streamberg("replay", "--config", str(new), "--dead-letters"))
+    repaired = _json(cli("replay", "--config", str(new), "--dead-letters"))
     assert (repaired["records_added"], repaired["removed_from_dlq"]) == (0, 1)
     assert table_ids(config) == ids and not duplicates(table_ids(config))

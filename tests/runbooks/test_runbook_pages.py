@@ -24,6 +24,7 @@ SAMPLE_VALUES = {
     "TO": "20",
     "REASON": "missing required field 'user_id'%",
     "INGEST_PID": "12345",
+    "WAREHOUSE": "/var/lib/streamberg/warehouse",
 }
 PAGES = pages()
 
