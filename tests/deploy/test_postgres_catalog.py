@@ -34,16 +34,25 @@ def pg_config(directory: Path, uri: str, **kwargs) -> StreambergConfig:  # noqa:
     return load_config(path)
 
 
-def catalog_row(uri: str, config: StreambergConfig) -> tuple[str, str | None]:
-    """(metadata_location, previous_metadata_location) of the table, read with psycopg2 directly."""
+def query(uri: str, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of `sql` on the database of `uri`, through psycopg2 (not the code under test)."""
     url = make_url(uri)
+    conn = psycopg2.connect(host=url.host, port=url.port, user=url.username, password=url.password,
+                            dbname=url.database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def catalog_row(uri: str, config: StreambergConfig) -> tuple[str, str | None]:
+    """(metadata_location, previous_metadata_location) of the table in iceberg_tables."""
     namespace, name = config.table.identifier.rsplit(".", 1)
-    with psycopg2.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                          dbname=url.database) as conn, conn.cursor() as cur:
-        cur.execute("SELECT metadata_location, previous_metadata_location FROM iceberg_tables "
-                    "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s",
-                    (config.catalog.name, namespace, name))
-        rows = cur.fetchall()
+    rows = query(uri, "SELECT metadata_location, previous_metadata_location FROM iceberg_tables "
+                      "WHERE catalog_name = %s AND table_namespace = %s AND table_name = %s",
+                 (config.catalog.name, namespace, name))
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -109,11 +118,7 @@ def test_compactor_lease_admits_one_holder_on_postgres(postgres, tmp_path) -> No
     loser = contenders[(winners[0] + 1) % len(contenders)]
     with pytest.raises(LeaseHeldError, match=winner.owner):
         loser.acquire(wait_seconds=0)
-    url = make_url(uri)
-    with psycopg2.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                          dbname=url.database) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT owner FROM {LEASE_TABLE}")
-        assert cur.fetchall() == [(winner.owner,)]
+    assert query(uri, f"SELECT owner FROM {LEASE_TABLE}") == [(winner.owner,)]
     winner.release()
     loser.acquire()
     loser.release()
