@@ -44,6 +44,13 @@ def event(i: int, **fields) -> bytes:  # noqa: ANN003
     return json.dumps(body).encode()
 
 
+def schema_change_events(valid: range, anonymous: range, with_device: range, poison: bytes) -> list[bytes]:
+    """Events as producers send them after a schema change: some without user_id (required in
+    the sample schema), some with a field `device` the table lacks, and one poison record."""
+    return ([event(i) for i in valid] + [event(i, user_id=None) for i in anonymous]
+            + [event(i, device="phone") for i in with_device] + [poison])
+
+
 def ingest_until(config: StreambergConfig, ends: dict[int, int], timeout: float = 60.0) -> None:
     """Consume every partition up to `ends` (next offsets) and commit it as one snapshot."""
     open_tables(config)

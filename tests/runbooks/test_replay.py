@@ -20,7 +20,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.ingest.replay import dlq_key, range_key
 from tests.helpers import config_at, dead_letters, duplicates, streamberg, table_ids, write_config
-from tests.runbooks.inprocess import cli, event, ingest_until, produce_values
+from tests.runbooks.inprocess import cli, event, ingest_until, produce_values, schema_change_events
 
 PARTITIONS = 2
 
@@ -127,8 +127,8 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     path = write_config(tmp_path, broker)
     config = config_at(path)
     # Anonymous events (no user_id, required in the table) and events carrying a new field.
-    values = ([event(i) for i in range(40)] + [event(100 + i, user_id=None) for i in range(12)]
-              + [event(200 + i, device="phone") for i in range(5)] + [b"still not json"])
+    values = schema_change_events(valid=range(40), anonymous=range(100, 112), with_device=range(200, 205),
+                                  poison=b"still not json")
     produce_values(config, values, partition=0, partitions=1)
     ingest_until(config, {0: len(values)})
     before = _position(config)
