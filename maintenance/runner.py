@@ -6,7 +6,8 @@
   ("use the Action API"), while streamberg's floor is a configurable safety age (1 hour
   unless overridden). The action is given a delete function that only collects the paths
   (a ``java.util.stream.Stream.Builder`` is a ``Consumer<String>``), so it finds orphans
-  and deletes nothing; the service sizes them and deletes them through the table's FileIO.
+  and deletes nothing; the service sizes them, then ``delete_files`` deletes them through
+  the table's FileIO.
   One directory listing serves both the dry run and the real run.
 - manifests: ``CALL <cat>.system.rewrite_manifests(table)``.
 - retention: Spark SQL ``DELETE FROM <table> WHERE <column> < <cutoff>``.
@@ -64,6 +65,14 @@ class MaintenanceRunner:
         result = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)
                   .deleteOrphanFiles(table).olderThan(older_than_ms).deleteWith(collect_only).execute())
         return sorted(str(p) for p in J.iterate(result.orphanFileLocations()))
+
+    def delete_files(self, paths: list[str]) -> None:
+        """Delete through the table's Java FileIO, as Iceberg's own actions do (on a local
+        warehouse, Hadoop's file system then removes each file's .crc sidecar with it)."""
+        activate(self.spark)
+        io = J.load_table(self.spark, self.spark_table).io()
+        for path in paths:
+            io.deleteFile(path)
 
     def rewrite_manifests(self) -> dict[str, int]:
         row = self._call("rewrite_manifests")

@@ -204,11 +204,10 @@ class Maintainer:
             log.info("orphan files found" if orphans else "no orphan files", count=len(orphans),
                      bytes=out["bytes_freed"], older_than=out["older_than"], sample=orphans[:10])
             return out
-        for path in orphans:
-            try:
-                table.io.delete(path)
-            except OSError as exc:  # reported below as not removed; the others still go
-                log.warning("could not delete orphan file", path=path, error=str(exc))
+        try:
+            self.runner.delete_files(orphans)
+        except Exception as exc:  # noqa: BLE001 - what did go is still counted below
+            log.warning("orphan deletion stopped", error=java_message(exc))
         left = still_present(table, orphans)
         gone = [p for p in orphans if p not in left]
         out.update(removed=len(gone), bytes_freed=sum(sizes.get(p, 0) for p in gone))

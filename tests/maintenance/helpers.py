@@ -39,10 +39,17 @@ def local_path(uri: str) -> Path:
     return Path(uri.removeprefix("file://").removeprefix("file:"))
 
 
+def _hadoop_checksum(name: str) -> bool:
+    # Hadoop's local file system writes ".<file>.crc" next to each file Java writes and
+    # deletes it with the file; it is not an Iceberg file and maintenance does not count it.
+    return name.startswith(".") and name.endswith(".crc")
+
+
 def files_on_disk(table: Table) -> dict[str, int]:
-    """Every file under the table location: absolute path -> size."""
+    """Every file under the table location (but Hadoop's .crc sidecars): absolute path -> size."""
     root = local_path(table.location())
-    return {str(Path(d) / f): (Path(d) / f).stat().st_size for d, _, names in os.walk(root) for f in names}
+    return {str(Path(d) / f): (Path(d) / f).stat().st_size
+            for d, _, names in os.walk(root) for f in names if not _hadoop_checksum(f)}
 
 
 def referenced_paths(table: Table) -> set[str]:
