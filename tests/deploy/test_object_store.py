@@ -69,6 +69,17 @@ def test_pyiceberg_table_lives_in_the_bucket(s3, tmp_path) -> None:  # noqa: ANN
     assert facts["records"] == 900 and facts["data_files"] == 6
 
 
+def test_compactor_on_s3_without_the_spark_s3_jars_exits_1_naming_them(s3, tmp_path) -> None:  # noqa: ANN001
+    bucket = s3.create_bucket()
+    path = compactor_config(tmp_path)
+    config = on_s3(path, f"s3://{bucket}/warehouse", s3.catalog_properties())
+    ensure_table(load_catalog(config.catalog), config.table)
+    FakeIngest(config).append(50)
+    proc = streamberg("compact", "--config", str(path), "--once", check=False, env={SPARK_S3_JARS_ENV: ""})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert SPARK_S3_JARS_ENV in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_spark_s3_jars_come_from_the_environment_or_fail_naming_it(s3, tmp_path, monkeypatch) -> None:  # noqa: ANN001
     config = on_s3(compactor_config(tmp_path), "s3://some-bucket/wh", s3.catalog_properties())
     props = jdbc_catalog_properties(config.catalog)
