@@ -85,6 +85,9 @@ conf = {
     "env.log.dir": "$FLINK_LOG_DIR",
     "env.pid.dir": "$FLINK_PID_DIR",
     "io.tmp.dirs": "$dir/tmp",
+    # For "flink stop" (stop-with-savepoint): the way to end the ingest job that keeps the
+    # TaskManager up (see deploy/README.md on flink cancel).
+    "state.savepoints.dir": "file://$dir/savepoints",
     # Everything on loopback: RPC, REST, data exchange.
     "jobmanager.rpc.address": "127.0.0.1",
     "jobmanager.rpc.port": $rpc_port,
@@ -135,7 +138,13 @@ stop() {
     "$flink_home/bin/jobmanager.sh" stop-all >/dev/null 2>&1 || true
     # A TaskManager that had to be SIGKILLed leaves its Python workers behind.
     for p in $children; do kill -9 "$p" 2>/dev/null || true; done
-    for p in $daemons $children; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+    # SIGKILLed processes take a moment to be gone (and reaped).
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        left=""
+        for p in $daemons $children; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+        [ -z "$left" ] && break
+        sleep 0.5
+    done
     [ -z "$left" ] || { echo "still running:$left" >&2; exit 1; }
     rm -f "$FLINK_PID_DIR"/*.pid
 }

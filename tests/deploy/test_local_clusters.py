@@ -1,0 +1,311 @@
+"""The cluster path on one machine, so it is not only documentation.
+
+- Flink: a standalone session cluster (JobManager + one TaskManager) started from the PyFlink
+  wheel's distribution by deploy/flink/local-cluster.sh; the ingest job submitted detached
+  with `flink run -py` (deploy/flink/submit-ingest.sh -> ingest/submit.py, the entry point
+  the Kubernetes FlinkDeployment names), stopped with `flink stop`.
+- Spark: a standalone master + worker from the pyspark wheel (deploy/spark/local-cluster.sh);
+  the compactor run once with spark-submit (deploy/spark/submit-compactor.sh ->
+  compactor/submit.py), its executors on the worker.
+
+Every daemon runs under the test's tmp dir; the fixtures stop them, and kill by pid whatever
+survives, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.offsets import committed_position
+from streamberg.common.sample_events import produce_events
+from streamberg.compactor import record as R
+from tests.compactor.helpers import (
+    DAY,
+    FakeIngest,
+    compactor_snapshots,
+    live_files,
+    reload,
+    removed_by,
+    row_multiset,
+    setup_table,
+    summary,
+)
+from tests.helpers import config_at, dead_letters, duplicates, end_offsets_by_reading, table_ids, write_config
+
+REPO = Path(__file__).resolve().parents[2]
+FLINK_CLUSTER = REPO / "deploy" / "flink" / "local-cluster.sh"
+SUBMIT_INGEST = REPO / "deploy" / "flink" / "submit-ingest.sh"
+SPARK_CLUSTER = REPO / "deploy" / "spark" / "local-cluster.sh"
+SUBMIT_COMPACTOR = REPO / "deploy" / "spark" / "submit-compactor.sh"
+
+PARTITIONS = 2
+BEFORE_SUBMIT = 3_000  # records waiting in the topic when the job starts
+WHILE_RUNNING = 3_000  # records produced while it runs
+
+
+def run(*cmd: str | Path, timeout: float, env: dict[str, str] | None = None,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
+    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def cluster_env(directory: Path) -> dict[str, str]:
+    """DIR/cluster.env as a dict (lines `[export ]KEY=value`)."""
+    pairs = (line.removeprefix("export ").split("=", 1) for line in (directory / "cluster.env").read_text().splitlines())
+    return {key: value for key, value in pairs}
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def last_json_line(text: str) -> dict:
+    return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
+    return [d for c in map(int, children) for d in (c, *descendants(c))]
+
+
+def managed_cluster(script: Path, directory: Path, *start_args: str) -> Iterator[dict[str, str]]:
+    """Start a cluster with `script`; on the way out stop it, then make sure nothing survives."""
+    pid_files = directory / "pid"
+    try:
+        run(script, "start", directory, *start_args, timeout=150)
+        yield cluster_env(directory)
+    finally:
+        daemons = [int(p) for f in pid_files.glob("*.pid") for p in f.read_text().split()]
+        processes = daemons + [d for p in daemons for d in descendants(p)]
+        subprocess.run([str(script), "stop", str(directory)], capture_output=True, timeout=120)
+        deadline = time.monotonic() + 5  # a process just killed takes a moment to be reaped
+        while (survivors := [p for p in processes if alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+        assert not survivors, f"{script.name} stop left processes running: {survivors}"
+
+
+# -- Flink -------------------------------------------------------------------------------
+
+@pytest.fixture
+def flink_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    directory = tmp_path / "flink-cluster"
+    for env in managed_cluster(FLINK_CLUSTER, directory, "--slots", str(PARTITIONS)):
+        yield directory, env
+
+
+def job_state(rest: str, job_id: str) -> str:
+    return get_json(f"{rest}/jobs/{job_id}")["state"]
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 1.0):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.mark.flink
+@pytest.mark.timeout(400)
+def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path: Path) -> None:  # noqa: ANN001
+    directory, env = flink_cluster
+    rest = env["FLINK_REST_URL"]
+    path = write_config(tmp_path / "table", broker, f"cluster-{uuid.uuid4().hex[:8]}",
+                        ingest={"parallelism": PARTITIONS, "commit_interval_seconds": 2})
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, PARTITIONS)
+    before = produce_events(config, BEFORE_SUBMIT, bad_fraction=0.01)
+
+    flink = Path(env["FLINK_HOME"]) / "bin" / "flink"
+    submitted = run(SUBMIT_INGEST, "--config", path, "--parallelism", str(PARTITIONS), timeout=180, env=env)
+    job = last_json_line(submitted.stdout)
+    try:
+        wait_for(lambda: job_state(rest, job["job_id"]) == "RUNNING", 60, "the job to run")
+        during = produce_events(config, WHILE_RUNNING, bad_fraction=0.01, start_id=BEFORE_SUBMIT, seed=8)
+        ends = end_offsets_by_reading(broker, config.kafka.topic, PARTITIONS)
+        table = load_catalog(config.catalog)
+
+        def at_the_end():  # noqa: ANN202
+            position = committed_position(table.load_table(config.table.identifier), config.kafka.topic)
+            return {str(p): o for p, o in position.offsets.items()} == ends and position
+
+        position = wait_for(at_the_end, 120, f"the committed offsets to reach {ends}")
+        # Stop-with-savepoint (the cluster config names the savepoint dir); see deploy/README.md
+        # for why not `flink cancel`, which is as safe for the table.
+        run(flink, "stop", job["job_id"], timeout=120, env=env)
+        wait_for(lambda: job_state(rest, job["job_id"]) == "FINISHED", 30, "the job to finish")
+    finally:
+        if job_state(rest, job["job_id"]) not in ("FINISHED", "CANCELED", "FAILED"):
+            subprocess.run([str(flink), "cancel", job["job_id"]], capture_output=True, timeout=60,
+                           env={**os.environ, **env})
+
+    # Exactly once: every valid record once, every malformed one dead-lettered once.
+    ids = table_ids(config)
+    assert not duplicates(ids)
+    assert ids == sorted(before.valid_ids + during.valid_ids)
+    dlq = dead_letters(config)
+    assert dlq.num_rows == sum(before.bad.values()) + sum(during.bad.values()) > 0
+    assert position.consumed_total == BEFORE_SUBMIT + WHILE_RUNNING
+    # The commits are this submission's, made on the cluster's TaskManager (its log has them).
+    assert position.run_id == job["run_id"] and position.job_id == config.job_id
+    taskmanager_output = "".join(p.read_text(errors="replace") for p in (directory / "log").glob("*taskexecutor*"))
+    assert job["run_id"] in taskmanager_output and '"committed"' in taskmanager_output
+    assert get_json(f"{rest}/overview")["taskmanagers"] == 1  # the stop left the TaskManager up
+
+
+# -- Spark -------------------------------------------------------------------------------
+
+@pytest.fixture
+def spark_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    directory = tmp_path / "spark-cluster"
+    for env in managed_cluster(SPARK_CLUSTER, directory, "--cores", "1", "--memory", "1g"):
+        yield directory, env
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: Path) -> None:  # noqa: ANN001
+    directory, env = spark_cluster
+    config, _ = setup_table(tmp_path / "table", partition_spec=DAY, compactor={
+        "strategy": "zorder", "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}})
+    ingest = FakeIngest(config, seed=11)
+    for _ in range(3):
+        ingest.append(300, days=2)
+    before = reload(config)
+    rows, ingest_files = row_multiset(before), set(live_files(before))
+
+    # From tmp_path: Spark's session may create its default spark-warehouse/ in the cwd.
+    proc = run(SUBMIT_COMPACTOR, "--config", config.config_path, "--once", timeout=240, cwd=tmp_path,
+               env={"SPARK_CLUSTER_DIR": str(directory), "SPARK_LOCAL_IP": "127.0.0.1"})
+    out = last_json_line(proc.stdout)
+
+    after = reload(config)
+    assert row_multiset(after) == rows
+    files_after = live_files(after)
+    assert len(files_after) < len(ingest_files)
+    snapshots = compactor_snapshots(after)
+    assert snapshots and all(s.summary.operation.value == "replace" for s in snapshots)
+    assert set().union(*(removed_by(after, s) for s in snapshots)) == ingest_files
+    recorded = [summary(s) for s in snapshots]
+    assert {r[R.STRATEGY] for r in recorded} == {"zorder"}
+    assert sum(int(r[R.FILES_IN]) for r in recorded) == len(ingest_files)
+    assert out["mode"] == "once" and out["files_in"] == len(ingest_files)
+    assert out["files_out"] == out["table_data_files"] == len(files_after)
+    # It ran on the cluster: the master saw the application finish with the worker's cores,
+    # and the worker ran its executor.
+    apps = get_json(f"{env['SPARK_MASTER_UI']}/json/")["completedapps"]
+    assert [a["name"] for a in apps] == ["streamberg-compactor"] and apps[0]["cores"] >= 1
+    assert list((directory / "work").glob("app-*/*/stderr"))
+
+
+# -- Kubernetes manifests (no Kubernetes here: check what can be checked) ------------------
+
+K8S = REPO / "deploy" / "k8s"
+
+
+def k8s_documents() -> dict[tuple[str, str], dict]:
+    """(kind, name) -> document, over every YAML file in deploy/k8s."""
+    import yaml
+
+    documents = [d for path in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+    assert all({"apiVersion", "kind", "metadata"} <= set(d) for d in documents)
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents}
+
+
+def test_flink_deployment_runs_the_entry_point_the_local_cluster_test_runs(tmp_path: Path) -> None:
+    import importlib.util
+    import zipfile
+
+    import pyflink
+
+    docs = k8s_documents()
+    spec = docs[("FlinkDeployment", "streamberg-ingest")]["spec"]
+    job = spec["job"]
+    # The driver jar: the one the wheel's distribution ships, and it has the entry class.
+    jar = Path(pyflink.__file__).parent / "opt" / Path(job["jarURI"].removeprefix("local://")).name
+    assert job["jarURI"].startswith("local:///opt/flink/opt/") and jar.is_file()
+    with zipfile.ZipFile(jar) as archive:
+        assert job["entryClass"].replace(".", "/") + ".class" in archive.namelist()
+    # The module it runs is the one deploy/flink/submit-ingest.sh submits in the test above.
+    module = job["args"][job["args"].index("-pym") + 1]
+    assert importlib.util.find_spec(module) is not None
+    assert module in SUBMIT_INGEST.read_text()
+    # Its --config is the ConfigMap's file, where the pod template mounts it.
+    config_arg = Path(job["args"][job["args"].index("--config") + 1])
+    container = spec["podTemplate"]["spec"]["containers"][0]
+    mount = next(m for m in container["volumeMounts"] if Path(m["mountPath"]) == config_arg.parent)
+    volume = next(v for v in spec["podTemplate"]["spec"]["volumes"] if v["name"] == mount["name"])
+    config_map = docs[("ConfigMap", volume["configMap"]["name"])]
+    assert config_arg.name in config_map["data"]
+    assert ("Secret", container["envFrom"][0]["secretRef"]["name"]) in docs
+    # The interpreter it names is the image's venv.
+    assert spec["flinkConfiguration"]["python.executable"] == "/opt/venv/bin/python"
+    assert "uv venv --python 3.11 /opt/venv" in (K8S / "Dockerfile").read_text()
+    assert f"FROM flink:{pyflink_version()}-" in (K8S / "Dockerfile").read_text()
+
+
+def pyflink_version() -> str:
+    from importlib.metadata import version
+
+    return version("apache-flink")
+
+
+def test_the_cluster_config_is_valid_and_the_secret_overrides_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from streamberg.common.config import load_config
+
+    docs = k8s_documents()
+    path = tmp_path / "streamberg.yaml"
+    path.write_text(docs[("ConfigMap", "streamberg-config")]["data"]["streamberg.yaml"])
+    secret = docs[("Secret", "streamberg-secrets")]["stringData"]
+    for key, value in secret.items():
+        monkeypatch.setenv(key, value)
+    config = load_config(path)
+    assert config.catalog.uri == secret["STREAMBERG_CATALOG__URI"]
+    assert config.ingest.parallelism == docs[("FlinkDeployment", "streamberg-ingest")]["spec"]["job"]["parallelism"]
+
+
+def test_spark_submit_example_names_what_the_image_provides() -> None:
+    from importlib.metadata import version
+
+    from streamberg.common.jars import ICEBERG_RUNTIME_JAR
+
+    script = (K8S / "spark-submit-compactor.sh").read_text()
+    dockerfile = (K8S / "Dockerfile").read_text()
+    # Every local:// path the submission names is one the Dockerfile creates.
+    for path in ("/opt/streamberg/compactor_submit.py", "/opt/streamberg/iceberg-spark-runtime.jar",
+                 "/opt/streamberg/postgresql.jar"):
+        assert f"local://{path}" in script and path in dockerfile
+    assert "streamberg.compactor.submit" in dockerfile and "iceberg_spark_runtime_jar" in dockerfile
+    assert "3.5_2.12" in ICEBERG_RUNTIME_JAR and f"FROM apache/spark:{version('pyspark')}-scala2.12-" in dockerfile
+    docs = k8s_documents()
+    assert ("ServiceAccount", "spark") in docs and "serviceAccountName=spark" in script
+    assert ("ConfigMap", "streamberg-spark-pod-template") in docs
