@@ -28,7 +28,7 @@ def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> N
         "interval_seconds": 1,
         # No compactor runs here, so its pending appends need no protection.
         "expire": {"max_snapshot_age_seconds": 0.001, "keep_pending_for_compactor": False},
-        "manifests": {"min_count": 3}, "orphan": {"enabled": True},
+        "manifests": {"min_count": 3},
     })
     ingest = FakeIngest(config, seed=11)
     for _ in range(3):
