@@ -128,3 +128,18 @@ def test_retention_cutoff_rounds_down_to_whole_partitions(tmp_path, spec, aligne
     assert plan_retention(table, RetentionConfig(), 0) is None
     with pytest.raises(RetentionColumnError, match="'city' is string"):
         plan_retention(table, RetentionConfig(column="city", days=1), 0)
+
+
+def test_a_branch_retention_that_would_expire_protected_snapshots_is_refused(tmp_path) -> None:  # noqa: ANN001
+    config, _ = setup_maintained(tmp_path)
+    ingest = FakeIngest(config)
+    appends = [ingest.append(50) for _ in range(3)]
+    reload(config).delete("id >= 140")  # a snapshot without offsets on top of the last ingest commit
+    table = reload(config)
+    # main's own settings win over the call's in Iceberg: keep 1, any age.
+    with table.manage_snapshots() as manage:
+        manage.create_branch(table.current_snapshot().snapshot_id, "main", max_snapshot_age_ms=1,
+                             min_snapshots_to_keep=1)
+    table = reload(config)
+    plan = plan_expire(table, ExpireConfig(**ANY_AGE), TOPIC, _now_ms())
+    assert plan.refusal is not None and str(appends[-1].snapshot_id) in plan.refusal
