@@ -17,9 +17,11 @@ import pytest
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import load_catalog, open_tables
 from streamberg.common.cli import main
+from streamberg.common.config import load_config
 from streamberg.compactor.planner import live_data_files
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
+from tests.compactor.helpers import TOPIC, FakeIngest, setup_table
 from tests.helpers import config_at, streamberg, write_config
 from tests.monitoring.helpers import Scenario, with_monitoring
 
@@ -180,3 +182,20 @@ def test_invalid_monitoring_config_names_the_key(tmp_path: Path, broker: str, ca
     assert main(["status", "--config", str(path)]) == 2
     stderr = capsys.readouterr().err
     assert "snapshots_warn" in stderr and "snapshots_critical" in stderr
+
+
+def test_unreadable_table_files_are_critical_not_a_crash(tmp_path: Path, broker: str) -> None:
+    made, _ = setup_table(tmp_path)
+    config = load_config(made.config_path, kafka={"topic": TOPIC, "bootstrap_servers": broker})
+    snapshot = FakeIngest(config).append(50)
+    manifest_list = Path(snapshot.manifest_list.removeprefix("file://"))
+    manifest_list.unlink()  # e.g. a bucket lifecycle rule or a wrong cleanup removed it
+
+    status = with_health(collect_status(config), config)
+
+    assert status.catalog.reachable and status.table_exists
+    assert status.ingest.last_commit.snapshot_id == snapshot.snapshot_id  # metadata alone still answers
+    assert status.files is None and status.compactor is None and status.snapshots is None
+    assert status.health.verdict == "critical"
+    table_reasons = [f["reason"] for f in status.health.findings if f["check"] == "table"]
+    assert table_reasons and all(manifest_list.name in r for r in table_reasons), table_reasons
