@@ -1,20 +1,23 @@
 """`flink run` entry point: the ingest job, submitted to a Flink cluster.
 
-    flink run -d -pyexec /opt/venv/bin/python \\
-      -py $(python -c 'import streamberg.ingest.submit as m; print(m.__file__)') \\
+    flink run -d -pyexec /opt/venv/bin/python -pym streamberg.ingest.submit \\
       --config /etc/streamberg/prod.yaml [--parallelism P]
 
-It builds the same topology as `streamberg ingest` (ingest/job.py) and submits it to the
-cluster `flink run` points at (session cluster), or to the one it runs in (application mode,
+(or `-py <path of this file>`; deploy/flink/submit-ingest.sh wraps the command). It builds
+the same topology as `streamberg ingest` (ingest/job.py) and submits it to the cluster
+`flink run` points at (session cluster), or to the one it runs in (application mode,
 deploy/k8s/). It does not drive the job: there is no bound and no stop marker, because the
-driver and the TaskManagers share no disk. Stop it through Flink (`flink cancel <job id>`,
-the REST API, or deleting the FlinkDeployment): that is safe at any moment, since the
-Kafka offsets live in the table's snapshots, and a resubmitted job resumes from them.
+client and the TaskManagers share no disk. Stop it through Flink: `flink stop <job id>`
+(stop-with-savepoint; the savepoint holds nothing streamberg needs), `flink cancel`, or
+deleting the FlinkDeployment. Any of them is safe at any moment, since the Kafka offsets
+live in the table's snapshots and a resubmitted job resumes from them (deploy/README.md
+says why `flink stop` is preferred on a session cluster).
 
 The Python interpreter of the TaskManagers comes from `flink run` (-pyexec, or -pyarch with a
 shipped environment), not from here. Prints one JSON line (job id, run id, table, start
-offsets) once the job is submitted. Exit codes as for `streamberg`: 0 submitted (detached) or
-finished (attached), 1 runtime failure, 2 bad usage or invalid configuration.
+offsets) once the job is submitted. Exit codes: 0 submitted (detached) or finished
+(attached), 1 runtime failure, 2 bad usage or invalid configuration (`flink run` itself
+reports any failure of this script with its own exit code 1).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ PROG = "streamberg-ingest-submit"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Submit the streamberg ingest job to a Flink cluster (run me with `flink run -py`).",
+        description="Submit the streamberg ingest job to a Flink cluster (run me with `flink run -pym`).",
         epilog=__doc__.split("\n\n", 1)[1],
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config (readable by the client)")

@@ -7,7 +7,8 @@
 # driver with -pym: it must be importable by the client's Python, as it is in the project's
 # venv; `-py <path of ingest/submit.py>` is equivalent.
 # Prints the entry point's JSON line ({"job_id": ..., "run_id": ..., "start_offsets": ...});
-# stop the job with `flink cancel <job_id>` (safe at any moment: offsets live in the table).
+# stop the job with `flink stop <job_id>` (safe at any moment: offsets live in the table;
+# deploy/README.md says why not `flink cancel` on a session cluster).
 #
 # Which cluster: the one whose config FLINK_CONF_DIR holds (rest.address/rest.port), e.g.
 # after `source DIR/cluster.env` for deploy/flink/local-cluster.sh; or add `-m host:port`

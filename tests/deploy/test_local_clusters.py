@@ -135,7 +135,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 1.0):  # no
 
 
 @pytest.mark.flink
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path: Path) -> None:  # noqa: ANN001
     directory, env = flink_cluster
     rest = env["FLINK_REST_URL"]
@@ -192,7 +192,7 @@ def spark_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 
 @pytest.mark.spark
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: Path) -> None:  # noqa: ANN001
     directory, env = spark_cluster
     config, _ = setup_table(tmp_path / "table", partition_spec=DAY, compactor={
@@ -204,7 +204,7 @@ def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: P
     rows, ingest_files = row_multiset(before), set(live_files(before))
 
     # From tmp_path: Spark's session may create its default spark-warehouse/ in the cwd.
-    proc = run(SUBMIT_COMPACTOR, "--config", config.config_path, "--once", timeout=240, cwd=tmp_path,
+    proc = run(SUBMIT_COMPACTOR, "--config", config.config_path, "--once", timeout=420, cwd=tmp_path,
                env={"SPARK_CLUSTER_DIR": str(directory), "SPARK_LOCAL_IP": "127.0.0.1"})
     out = last_json_line(proc.stdout)
 
