@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from streamberg.common.config import load_config
 from streamberg.compactor.planner import live_data_files
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
+from streamberg.monitoring.metrics import status_metrics
 from tests.compactor.helpers import TOPIC, FakeIngest, setup_table
 from tests.helpers import config_at, streamberg, write_config
 from tests.monitoring.helpers import Scenario, with_monitoring
@@ -199,3 +201,29 @@ def test_unreadable_table_files_are_critical_not_a_crash(tmp_path: Path, broker:
     assert status.health.verdict == "critical"
     table_reasons = [f["reason"] for f in status.health.findings if f["check"] == "table"]
     assert table_reasons and all(manifest_list.name in r for r in table_reasons), table_reasons
+
+
+def test_last_maintenance_run_is_shown_and_a_failed_one_warns(tmp_path: Path, broker: str) -> None:
+    from streamberg.maintenance.record import record_run
+
+    path = write_config(tmp_path, broker)
+    config = config_at(path)
+    open_tables(config)
+    ensure_topic(broker, config.kafka.topic, 1)
+    assert with_health(collect_status(config), config).maintenance["last_run"] is None
+
+    finished = time.time() - 30
+    result = {"run_id": "m-1", "table": config.table.identifier, "dry_run": False, "status": "failed",
+              "bytes_freed": 4096}
+    record_run(load_catalog(config.catalog).engine, config.catalog.name, result, started_at=finished - 2,
+               finished_at=finished)
+    status = with_health(collect_status(config), config)
+
+    run = status.maintenance["last_run"]
+    assert (run["run_id"], run["status"], run["bytes_freed"]) == ("m-1", "failed", result["bytes_freed"])
+    assert run["age_seconds"] >= 30
+    assert [(f["check"], f["severity"]) for f in status.health.findings] == [("maintenance", "warn")]
+    assert "m-1" in status.health.reasons[0]
+    exported = {s.name: s.value for family in status_metrics(status, 0.0) for s in family.samples}
+    assert exported["streamberg_maintenance_last_run_bytes_freed"] == result["bytes_freed"]
+    assert exported["streamberg_maintenance_last_run_age_seconds"] == run["age_seconds"]
