@@ -138,4 +138,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
         return summary
     finally:
         if own_spark and spark is not None:
-            spark.stop()
+            try:
+                spark.stop()
+            except Exception as exc:  # noqa: BLE001 - a JVM signalled with us (whole process group) is gone already
+                log.warning("Spark had already stopped", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
