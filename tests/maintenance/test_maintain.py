@@ -14,6 +14,7 @@ import pytest
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
+from streamberg.maintenance.commands import render
 from streamberg.maintenance.planner import pending_append_snapshots
 from streamberg.maintenance.record import last_maintenance_run
 from tests.compactor.helpers import BASE_TS, DAY, TOPIC, FakeIngest, live_files, reload, row_multiset
@@ -230,5 +231,8 @@ def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:  # noqa: 
     assert reload(config).metadata_location == metadata_location and files_on_disk(reload(config)) == disk
     assert result["expire_snapshots"]["expired"] == 1 and result["expire_snapshots"]["bytes_freed"] > 0
     assert result["orphan_files"]["removed"] == 1
+    text = render(result)  # what the CLI prints without --json
+    assert "dry run, nothing removed" in text and "1 snapshots would be expired" in text
+    assert "1 files older than" in text and "would be removed" in text
     assert last_maintenance_run(config) is None  # dry runs are recorded but never the "last run"
     assert last_maintenance_run(config, include_dry_runs=True)["run_id"] == result["run_id"]
