@@ -33,14 +33,16 @@ done
 
 spark_home=$("$python" -c 'import os, pyspark; print(os.path.dirname(os.path.abspath(pyspark.__file__)))')
 entry=$("$python" -c 'import streamberg.compactor.submit as m; print(m.__file__)')
-# The jars for this config's catalog; a bad config fails here, naming the key (exit 2).
+# The jars for this config's catalog; a bad config (naming the key) or a missing jar (naming
+# the fix) fails here, before Spark starts (exit 2).
 jars=$("$python" -c '
 import sys
 from streamberg.common.config import ConfigError, load_config
+from streamberg.common.jars import MissingJarError
 from streamberg.common.spark import spark_jars
 try:
     print(",".join(spark_jars(load_config(sys.argv[1]).catalog)))
-except ConfigError as exc:
+except (ConfigError, MissingJarError) as exc:
     sys.exit(f"streamberg: {exc}")' "$config") || exit 2
 
 # shellcheck disable=SC2086  # SPARK_SUBMIT_EXTRA is a list of options

@@ -309,3 +309,16 @@ def test_spark_submit_example_names_what_the_image_provides() -> None:
     docs = k8s_documents()
     assert ("ServiceAccount", "spark") in docs and "serviceAccountName=spark" in script
     assert ("ConfigMap", "streamberg-spark-pod-template") in docs
+
+
+def test_cluster_entry_points_refuse_an_invalid_config_naming_the_key(tmp_path: Path) -> None:
+    """Before any JVM starts: exit 2 and the bad key, from the spark-submit wrapper and the Flink entry."""
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kafka: {topic: t}\ntable: {identifier: db.e, schema: [{name: id, type: lng}]}\n")
+    for cmd, env in (([str(SUBMIT_COMPACTOR), "--config", str(bad), "--once"], {"SPARK_MASTER": "spark://127.0.0.1:9"}),
+                     ([sys.executable, "-m", "streamberg.ingest.submit", "--config", str(bad)], {})):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        assert proc.returncode == 2, proc.stderr
+        assert "table.schema.0.type: unknown type 'lng'" in proc.stderr
