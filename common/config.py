@@ -361,6 +361,9 @@ class MaintenanceConfig(_Section):
 
     # Continuous mode runs one maintenance pass every interval.
     interval_seconds: float = Field(default=3600.0, gt=0)
+    # Retries (with backoff) of a step whose commit still lost to concurrent commits after
+    # Iceberg's own retries (CommitFailedException); the step is re-planned each time.
+    commit_retries: int = Field(default=3, ge=0)
     expire: ExpireConfig = Field(default_factory=ExpireConfig)
     orphan: OrphanConfig = Field(default_factory=OrphanConfig)
     manifests: ManifestsConfig = Field(default_factory=ManifestsConfig)

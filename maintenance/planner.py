@@ -261,6 +261,17 @@ def plan_manifests(table: Table, settings: ManifestsConfig) -> ManifestsPlan:
     return ManifestsPlan(snapshot.snapshot_id, count, total, bool(reasons) and not compact, tuple(reasons))
 
 
+def manifest_rewrite_snapshot(table: Table, known_ids: set[int]) -> Snapshot | None:
+    """The newest snapshot not in `known_ids` made by rewrite_manifests (a replace whose
+    summary has Iceberg's manifests-replaced count), or None."""
+    for snapshot in sorted(table.metadata.snapshots, key=lambda s: -s.sequence_number):
+        if snapshot.snapshot_id in known_ids or snapshot.summary is None:
+            continue
+        if snapshot.summary.operation.value == "replace" and "manifests-replaced" in snapshot.summary.additional_properties:
+            return snapshot
+    return None
+
+
 def manifest_count(table: Table) -> int:
     snapshot = table.current_snapshot()
     return len(snapshot.manifests(table.io)) if snapshot is not None else 0

@@ -34,6 +34,11 @@ def _quote(column: str) -> str:
     return "`" + column.replace("`", "``") + "`"
 
 
+def lost_commit_race(exc: BaseException) -> bool:
+    """Iceberg gave up committing because other commits kept winning (CommitFailedException)."""
+    return "CommitFailedException" in J.java_message(exc)
+
+
 class MaintenanceRunner:
     """Executes planned maintenance operations on one table with one SparkSession."""
 

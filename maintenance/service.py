@@ -32,7 +32,7 @@ from streamberg.compactor.jvm import java_message
 from streamberg.maintenance import planner as P
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
 from streamberg.maintenance.record import record_run
-from streamberg.maintenance.runner import MaintenanceRunner
+from streamberg.maintenance.runner import MaintenanceRunner, lost_commit_race
 
 # Orphan paths listed in the result (all are counted; the log carries the same sample).
 MAX_LISTED_PATHS = 100
@@ -105,7 +105,7 @@ class Maintainer:
                 status = "stopped" if status == "ok" else status
                 continue
             try:
-                result[name] = step(dry_run, log)
+                result[name] = self._retrying(name, step, dry_run, log)
             except Exception as exc:  # noqa: BLE001 - one failed step must not stop the others
                 message = java_message(exc)
                 log.error("maintenance step failed", step=name, error=message)
@@ -130,6 +130,26 @@ class Maintainer:
         log.info("maintenance run done", status=result["status"], bytes_freed=result["bytes_freed"],
                  duration_seconds=result["duration_seconds"], snapshot_id_after=result["snapshot_id_after"])
         return result
+
+    def _retrying(self, name: str, step: Callable[[bool, Any], dict[str, Any]], dry_run: bool,
+                  log: Any) -> dict[str, Any]:
+        """Run a step; when its commit lost to concurrent commits even after Iceberg's own
+        retries, plan and run it again (up to maintenance.commit_retries times, backing off)."""
+        for attempt in range(self.settings.commit_retries + 1):
+            try:
+                out = step(dry_run, log)
+            except Exception as exc:
+                if attempt == self.settings.commit_retries or not lost_commit_race(exc):
+                    raise
+                delay = min(30.0, 2.0**attempt)
+                log.warning("step lost a commit race; retrying", step=name, attempt=attempt + 1,
+                            retry_in_seconds=delay, error=java_message(exc)[:300])
+                time.sleep(delay)
+                continue
+            if attempt:
+                out["attempts"] = attempt + 1
+            return out
+        raise AssertionError("unreachable")
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -237,12 +257,15 @@ class Maintainer:
             out.update(would_run=True, manifests_after=None)
             log.info("manifests would be rewritten", count=plan.count, bytes=plan.total_bytes, reasons=plan.reasons)
             return out
+        known = {s.snapshot_id for s in table.metadata.snapshots}
         counts = self.runner.rewrite_manifests()
         after = self.load()
-        snapshot = after.current_snapshot()
-        out.update(ran=True, manifests_after=P.manifest_count(after),
-                   manifest_bytes_after=sum(m.manifest_length for m in snapshot.manifests(after.io)) if snapshot else 0,
-                   snapshot_id=snapshot.snapshot_id if snapshot else None,
+        # The rewrite's own snapshot, not the current one: ingest may have appended since.
+        snapshot = P.manifest_rewrite_snapshot(after, known)
+        manifests = snapshot.manifests(after.io) if snapshot is not None else []
+        out.update(ran=True, manifests_after=len(manifests),
+                   manifest_bytes_after=sum(m.manifest_length for m in manifests),
+                   snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                    rewritten=counts.get("rewritten_manifests_count", 0), added=counts.get("added_manifests_count", 0))
         log.info("manifests rewritten", manifests_before=plan.count, manifests_after=out["manifests_after"],
                  new_snapshot_id=out["snapshot_id"], reasons=plan.reasons)

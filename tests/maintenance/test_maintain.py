@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -236,3 +237,41 @@ def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:  # noqa: 
     assert "1 files older than" in text and "would be removed" in text
     assert last_maintenance_run(config) is None  # dry runs are recorded but never the "last run"
     assert last_maintenance_run(config, include_dry_runs=True)["run_id"] == result["run_id"]
+
+
+def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None:  # noqa: ANN001
+    # No lease: expiry and the manifest rewrite commit while ingest keeps appending.
+    config, _ = setup_maintained(tmp_path, {"manifests": {"min_count": 2}, "expire": {
+        "max_snapshot_age_seconds": 0.001, "keep_pending_for_compactor": False}})  # no compactor here
+    ingest = FakeIngest(config, seed=12)
+    for _ in range(4):
+        ingest.append(50)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep_appending() -> None:
+        try:
+            # A commit every ~0.5 s: 20x the default ingest.commit_interval_seconds.
+            while not stop.wait(0.5):
+                ingest.append(50)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    writer = threading.Thread(target=keep_appending, name="fake-ingest")
+    writer.start()
+    try:
+        result = _maintain(spark, config)
+    finally:
+        stop.set()
+        writer.join(timeout=120)
+    assert not errors, errors
+    after = reload(config)
+    ids = sorted(after.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+    assert ids == list(range(ingest.next_id))  # every committed row exactly once
+    assert committed_position(after, TOPIC).offsets == {0: ingest.offset}
+    _assert_referenced_files_exist(config)
+    assert ingest.commits > 4  # ingest really committed during the run
+    assert result["status"] == "ok", result
+    assert result["expire_snapshots"]["ran"] and result["rewrite_manifests"]["ran"]
+    # Manifests appended meanwhile are carried over as they are by Iceberg's retry.
+    assert result["rewrite_manifests"]["rewritten"] >= 2 and result["rewrite_manifests"]["added"] >= 1
