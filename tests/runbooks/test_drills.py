@@ -40,7 +40,8 @@ CATALOG_DOWN_MESSAGE = "streamberg ingest: catalog database unreachable"
 # disk-full.md: the job fails for good after Flink's restarts (measured: ~37 s after the disk
 # filled); the driver reports it one of two ways, depending on when it polls the job.
 DISK_FULL_EXIT_SECONDS = 240
-DISK_FULL_MESSAGES = ("streamberg ingest: the Flink job failed and its cluster shut down", "streamberg ingest: ingest job FAILED")
+DISK_FULL_MESSAGES = ("streamberg ingest: the Flink job failed and its cluster shut down",
+                      "streamberg ingest: ingest job JobStatus.FAILED: OSError: [Errno 28]")
 
 
 def _config(tmp_path: Path, broker: str, **extra) -> Path:  # noqa: ANN003
