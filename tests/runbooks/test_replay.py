@@ -144,6 +144,10 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     required = cli("table", "--config", str(_evolved_config(path, region={"type": "string", "required": True})),
                    "--evolve", check=False)
     assert required.returncode == 1 and "'region'" in required.stderr
+    dropped = cli("table", "--config", str(_evolved_config(path, user_id=None, device={"type": "string"})), "--evolve",
+                  check=False)
+    assert dropped.returncode == 1 and "'user_id' is required in the table but missing" in dropped.stderr
+    assert "device" not in load_catalog(config.catalog).load_table(config.table.identifier).schema().column_names
 
     new = _evolved_config(path, user_id={"type": "string"}, device={"type": "string"})
     plan = _json(cli("table", "--config", str(new), "--evolve", "--dry-run", "--json"))
