@@ -46,3 +46,8 @@ SKIPPING_ARGS ?=
 .PHONY: bench-skipping
 bench-skipping: setup
 	$(SB) bench skipping --scale $(SKIPPING_SCALE) --report .streamberg/bench-skipping/report $(SKIPPING_ARGS)
+
+# The runbooks' scripted drills (docs/runbooks/): each page's marked commands, run for real.
+.PHONY: drills
+drills: setup
+	$(PY) -m pytest tests/runbooks
