@@ -13,6 +13,8 @@ help:
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
+	@echo "make bench-skipping data skipping per layout (SKIPPING_SCALE=1 for the study's 1000 files)"
+	@echo "make drills         the runbooks' scripted drills (docs/runbooks)"
 
 setup:
 	bash scripts/setup.sh

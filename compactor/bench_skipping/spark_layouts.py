@@ -20,7 +20,6 @@ from pyiceberg.catalog import Catalog
 from streamberg.common.config import CatalogConfig
 from streamberg.common.log import get_logger
 
-from .random_table import recreate_table
 
 # The layouts the study compares, in its row order (the random baseline is written without Spark).
 LAYOUTS: tuple[str, ...] = ("sort", "zorder-iceberg", "zorder", "hilbert")
@@ -133,6 +132,9 @@ def lay_out(
 ) -> LayoutRun:
     """Write ``source`` into a fresh table ``target`` laid out by ``strategy`` into ``files`` files."""
     from streamberg.compactor.layouts import apply_layout
+
+    # Imported here: pyiceberg's pyarrow IO is heavy and every `streamberg` call imports this module.
+    from .random_table import recreate_table
 
     log = get_logger("bench.layouts", strategy=strategy, target=target)
     source_table = catalog.load_table(source)
