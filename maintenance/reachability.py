@@ -72,10 +72,8 @@ class ReferenceReader:
         return out
 
     def _size(self, path: str) -> int:
-        try:
-            return len(self.table.io.new_input(path))
-        except (FileNotFoundError, OSError):
-            return 0
+        size = file_size(self.table, path)
+        return 0 if size is None else size
 
 
 def only_referenced_by(table: Table, expired_ids: Iterable[int], kept_ids: Iterable[int]) -> dict[str, FileRef]:
@@ -101,12 +99,15 @@ def still_present(table: Table, paths: Iterable[str]) -> set[str]:
     return present
 
 
+def file_size(table: Table, path: str) -> int | None:
+    """A file's size through the table's FileIO; None when it is missing or unreadable."""
+    try:
+        return len(table.io.new_input(path))
+    except (FileNotFoundError, OSError):
+        return None
+
+
 def file_sizes(table: Table, paths: Iterable[str]) -> dict[str, int]:
     """Sizes of existing files (missing ones are left out)."""
-    sizes = {}
-    for path in paths:
-        try:
-            sizes[path] = len(table.io.new_input(path))
-        except (FileNotFoundError, OSError):
-            continue
-    return sizes
+    sizes = {path: file_size(table, path) for path in paths}
+    return {path: size for path, size in sizes.items() if size is not None}
