@@ -3,13 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
-DEMO_RECORDS ?= 200000
 
 .PHONY: setup demo test test-fast bench-ingest bench-compact clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
-	@echo "make demo           embedded broker + sample events + PyFlink ingest into Iceberg"
+	@echo "make demo           the whole loop: broker, a minute of events, ingest + compactor + maintenance, status, layout PNG"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
@@ -19,11 +18,10 @@ help:
 setup:
 	bash scripts/setup.sh
 
+# The whole loop (scripts/demo.sh): broker, a minute of events, `streamberg run`, table facts,
+# status verdict, layout report PNG; stops the broker on any exit.
 demo: setup
-	$(SB) broker start
-	$(SB) produce --config $(CONFIG) --count $(DEMO_RECORDS) --bad-fraction 0.01
-	$(SB) ingest --config $(CONFIG) --max-records $(DEMO_RECORDS)
-	$(SB) table --config $(CONFIG)
+	VENV=$(VENV) CONFIG=$(CONFIG) bash scripts/demo.sh
 
 test: setup
 	$(PY) -m pytest tests

@@ -49,22 +49,55 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one process
+    for good, since a reused pid gets a later start time. None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: count from the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def process_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+
+
 @dataclass
 class BrokerInfo:
     pid: int
     port: int
     log: str
+    # Recorded at start (None in state files of older versions, which are then never trusted).
+    start_time: int | None = None
+    binary: str | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def not_ours(self) -> str | None:
+        """Why the recorded pid is not the broker this state file recorded, or None when it is:
+        the same process (pid and start time), running the tansu binary on the recorded port."""
+        if self.start_time is None or self.binary is None:
+            return "the state file records no start time (written by an older streamberg)"
+        started = process_start_time(self.pid)
+        if started is None:
+            return f"no process {self.pid} is running"
+        if started != self.start_time:
+            return f"pid {self.pid} now belongs to another process (started later than the recorded broker)"
+        args = process_cmdline(self.pid)
+        if not args or args[0] != self.binary or f"tcp://127.0.0.1:{self.port}" not in args:
+            return f"pid {self.pid} is not tansu on port {self.port} ({' '.join(args)[:120] or 'no command line'})"
+        return None
+
     def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return port_open("127.0.0.1", self.port)
+        return self.not_ours() is None and port_open("127.0.0.1", self.port)
 
 
 class EmbeddedBroker:
@@ -90,13 +123,15 @@ class EmbeddedBroker:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = self.state_dir / "broker.log"
         url = f"tcp://127.0.0.1:{port}"
+        binary = str(tansu_binary())
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
                  "--storage-engine", "memory://tansu/"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        info = BrokerInfo(pid=proc.pid, port=port, log=str(log))
+        info = BrokerInfo(pid=proc.pid, port=port, log=str(log), start_time=process_start_time(proc.pid),
+                          binary=binary)
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -109,9 +144,19 @@ class EmbeddedBroker:
         raise BrokerError(f"tansu did not listen on port {port} within {wait_seconds}s; see {log}")
 
     def stop(self) -> bool:
+        """Stop the broker this state folder started; False when none was recorded.
+
+        Raises BrokerError, without signalling anything, when the recorded pid is not that
+        broker any more (it exited and the pid was reused, or the file was edited): the stale
+        state file is removed, the process left alone.
+        """
         info = self.info()
         if info is None:
             return False
+        why = info.not_ours()
+        if why is not None:
+            self.info_file.unlink(missing_ok=True)
+            raise BrokerError(f"not stopping pid {info.pid}: {why}; removed the stale state file {self.info_file}")
         try:
             os.kill(info.pid, signal.SIGTERM)
             for _ in range(50):

@@ -6,7 +6,11 @@ same database is read by Spark's Iceberg JdbcCatalog, so both engines see one ta
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import sqlalchemy
 from pyiceberg.catalog import Catalog
@@ -36,6 +40,7 @@ from pyiceberg.types import (
 
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
 from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
 
 _TYPES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -96,8 +101,6 @@ def _prepare_sqlite(uri: str) -> None:
     path = uri.removeprefix("sqlite:///").split("?")[0]
     if not path or path == ":memory:":
         return
-    from pathlib import Path
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
     with engine.connect() as conn:
@@ -105,14 +108,77 @@ def _prepare_sqlite(uri: str) -> None:
     engine.dispose()
 
 
+# For commands that open the catalog to work on it (compact, maintain): long enough for a
+# loaded server, short of libpq's wait for the OS TCP timeout on a silent host.
+CATALOG_CONNECT_TIMEOUT_SECONDS = 10
+
+
+class CatalogUnreachable(RuntimeError):
+    """The catalog database cannot be read; the message says which and why (password removed)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver error's first line (SQLAlchemy appends SQL and a help link below it), redacted."""
+    text = str(exc).strip().splitlines()
+    return redact(f"{type(exc).__name__}: {text[0] if text else ''}".strip())
+
+
+def _with_connect_timeout(uri: str, seconds: int) -> str:
+    # libpq waits for the OS TCP timeout (minutes) on a host that drops packets.
+    if uri.startswith("postgresql") and "connect_timeout=" not in uri:
+        return f"{uri}{'&' if '?' in uri else '?'}connect_timeout={seconds}"
+    return uri
+
+
+def _sqlite_path(uri: str) -> str | None:
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    return None if not uri.startswith("sqlite:") or not path or path == ":memory:" else path
+
+
+def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 3) -> Catalog:
+    """A catalog that has answered one query, opened without creating anything.
+
+    `load_catalog` is for writers: it creates the SQLite file, its folder, the warehouse
+    folder and the catalog tables when they are missing. Readers (`streamberg status`,
+    `streamberg table`) must never do that: a mistyped path would be hidden behind a new,
+    empty catalog. Raises CatalogUnreachable, in one redacted sentence, otherwise.
+    """
+    sqlite = _sqlite_path(config.uri)
+    if sqlite is not None and not Path(sqlite).is_file():
+        raise CatalogUnreachable(f"catalog database {sqlite} does not exist")
+    uri = _with_connect_timeout(_sqlalchemy_uri(config.uri), connect_timeout_seconds)
+    try:
+        catalog = SqlCatalog(config.name, uri=uri, warehouse=config.warehouse, init_catalog_tables="false",
+                             **config.properties)
+        # One real round trip: engines connect lazily, so an unreachable database would
+        # otherwise surface later, in the middle of reading a table.
+        catalog.list_namespaces()
+    except Exception as exc:  # noqa: BLE001 - any driver failure means "unreachable" here
+        raise CatalogUnreachable(f"catalog database {redact(config.uri)} cannot be read: {first_line(exc)}") from exc
+    return catalog
+
+
 def load_catalog(config: CatalogConfig) -> Catalog:
     if config.uri.startswith("sqlite:"):
         _prepare_sqlite(config.uri)
     if config.warehouse.startswith("file://"):
-        from pathlib import Path
-
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    return SqlCatalog(config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse, **config.properties)
+    for attempt in range(5):
+        try:
+            return SqlCatalog(config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse,
+                              **config.properties)
+        except sqlalchemy.exc.DatabaseError as exc:
+            # Processes opening a new catalog database together (`streamberg run` starts the
+            # ingest, compactor and maintenance at once) race in pyiceberg's create-if-missing
+            # of its own tables: one sees "no such table", another "already exists". The
+            # database is fine a moment later; anything else is a real error.
+            text = str(exc.orig if exc.orig is not None else exc).lower()
+            if attempt == 4 or not ("no such table" in text or "already exists" in text):
+                raise
+            import time
+
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
@@ -275,3 +341,58 @@ def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent."""
     catalog = load_catalog(config.catalog)
     return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.dead_letter_table)
+
+
+def _poll_until(attempt: Callable[[], Any], waiting_for: tuple[type[BaseException], ...], timeout_seconds: float,
+                log: Any, message: str, stop: threading.Event | None) -> Any:
+    """`attempt()` until it does not raise one of `waiting_for`, with backoff (0.5 s doubling to
+    10 s) for up to `timeout_seconds`; then re-raise. None when `stop` is set while waiting."""
+    import time
+
+    deadline = time.monotonic() + timeout_seconds
+    delay, logged = 0.5, False
+    while True:
+        try:
+            result = attempt()
+            if logged:
+                log.info("found; starting", waited_for=message)
+            return result
+        except waiting_for as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            if not logged:
+                log.info(message, wait_seconds=timeout_seconds, reason=redact(str(exc).splitlines()[0] if str(exc) else ""))
+                logged = True
+            pause = min(delay, remaining)
+            if stop is not None:
+                if stop.wait(pause):
+                    return None
+            else:
+                time.sleep(pause)
+            delay = min(delay * 2, 10.0)
+
+
+def wait_for_catalog(config: CatalogConfig, timeout_seconds: float, component: str,
+                     stop: threading.Event | None = None) -> Catalog | None:
+    """`open_catalog_readonly`, retried for up to `timeout_seconds` while the database cannot be
+    read (the ingest creates a SQLite catalog on its first start; a database server may still
+    be starting). Raises CatalogUnreachable when the wait is over (0: no wait); None when `stop`
+    is set while waiting. Nothing is created either way."""
+    log = get_logger(component)
+    return _poll_until(lambda: open_catalog_readonly(config, connect_timeout_seconds=CATALOG_CONNECT_TIMEOUT_SECONDS),
+                       (CatalogUnreachable,), timeout_seconds, log, "waiting for the catalog database", stop)
+
+
+def wait_for_table(catalog: Catalog, identifier: str, timeout_seconds: float, component: str,
+                   stop: threading.Event | None = None) -> Table | None:
+    """Load `identifier`, polling with backoff for up to `timeout_seconds` while it does not exist.
+
+    A compactor or maintenance started beside (or before) the ingest would otherwise fail
+    until the ingest's first commit creates the table, and an orchestrator starting them all
+    at once would see a crash loop. Raises NoSuchTableError when the wait is over (0: no
+    wait); returns None when `stop` is set while waiting.
+    """
+    log = get_logger(component, table=identifier)
+    return _poll_until(lambda: catalog.load_table(identifier), (NoSuchTableError,), timeout_seconds, log,
+                       "waiting for the table to be created by the ingest", stop)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from streamberg.common.config import ConfigError
+from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -20,6 +23,7 @@ COMMAND_MODULES = (
     "streamberg.compactor.commands",
     "streamberg.maintenance.commands",
     "streamberg.monitoring.commands",
+    "streamberg.supervisor.commands",
     "streamberg.compactor.bench_skipping.commands",
 )
 
@@ -32,6 +36,7 @@ Typical local session (embedded broker, SQLite catalog, local warehouse):
   streamberg produce --config examples/demo.yaml --count 100000
   streamberg ingest  --config examples/demo.yaml --max-records 100000
   streamberg table   --config examples/demo.yaml
+  streamberg run     --config examples/demo.yaml   # ingest + compactor + maintenance together
 
 Every subcommand has its own --help. Configuration is one YAML file; any key can be
 overridden by an environment variable STREAMBERG_<SECTION>__<KEY>.
@@ -61,17 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Every message below passes through redact(): exception text from drivers, Spark and
+    # the JVM quotes URIs and connection properties, passwords included.
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
-        print(f"streamberg: {exc}", file=sys.stderr)
+        # One line, so a wrapper or log shipper shows the whole reason.
+        print(f"streamberg: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
         return 2
     except CommandError as exc:
-        print(f"streamberg {args.command}: {exc}", file=sys.stderr)
+        print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("streamberg: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen failure: no raw traceback
+        # The traceback (redacted) goes to the debug log; the operator gets one line.
+        get_logger("cli").debug("unexpected error", command=args.command, traceback=traceback.format_exc())
+        first = (redact(str(exc)).strip().splitlines() or [""])[0]
+        print(f"streamberg {args.command}: unexpected error: {type(exc).__name__}: {first} "
+              f"(STREAMBERG_LOG_LEVEL=debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 from streamberg.common.broker import BrokerError, EmbeddedBroker, ensure_topic
 from streamberg.common.cli import CommandError
 from streamberg.common.config import load_config
+from streamberg.common.redact import redact
 
 DEFAULT_BROKER_DIR = ".streamberg/broker"
 
@@ -56,11 +57,14 @@ def _produce(args: argparse.Namespace) -> int:
 def _evolve(args: argparse.Namespace) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from streamberg.common.catalog import SchemaMismatchError, evolve_table, load_catalog
+    from streamberg.common.catalog import CatalogUnreachable, SchemaMismatchError, evolve_table, open_catalog_readonly
 
     config = load_config(args.config)
     try:
-        plan = evolve_table(load_catalog(config.catalog), config.table, dry_run=args.dry_run)
+        # Opened the reader's way: a mistyped catalog path must not create an empty catalog.
+        plan = evolve_table(open_catalog_readonly(config.catalog), config.table, dry_run=args.dry_run)
+    except CatalogUnreachable as exc:
+        raise CommandError(str(exc)) from None
     except NoSuchTableError:
         raise CommandError(f"table {config.table.identifier} does not exist; the ingest creates it from the config") from None
     except SchemaMismatchError as exc:
@@ -79,21 +83,27 @@ def _evolve(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
+    from streamberg.common.catalog import CatalogUnreachable
     from streamberg.common.table_facts import table_facts
 
     if args.dry_run and not args.evolve:
         raise CommandError("--dry-run goes with --evolve")
     if args.evolve:
         return _evolve(args)
-    facts = table_facts(load_config(args.config))
+    config = load_config(args.config)
+    try:
+        facts = table_facts(config)
+    except CatalogUnreachable as exc:
+        raise CommandError(f"{exc} (check catalog.uri; nothing was created)") from None
     if args.json:
-        print(json.dumps(facts, indent=2))
-        return 0
+        print(redact(json.dumps(facts, indent=2)))
     if not facts["exists"]:
-        print(f"{facts['table']}: does not exist yet")
+        raise CommandError(f"table {facts['table']} does not exist in catalog {config.catalog.name} "
+                           f"(`streamberg ingest` creates it; check table.identifier)")
+    if args.json:
         return 0
     offsets = facts["committed_offsets"]
-    print(f"table            {facts['table']}  ({facts['location']})")
+    print(f"table            {facts['table']}  ({redact(facts['location'])})")
     print(f"snapshots        {facts['snapshots']} (current {facts['current_snapshot_id']})")
     print(f"data files       {facts['data_files']}  ({facts['total_size_bytes']:,} bytes)")
     print(f"records          {facts['records']:,}")
@@ -139,7 +149,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "table", help="facts about the table: snapshots, files, records, committed offsets, dead letters",
         description="Reads the catalog and prints the table's snapshots, data files, records, the Kafka offsets "
                     "recorded by the last ingest commit, and the dead-letter count. `reconciles` is true when "
-                    "records + dead letters equal the records consumed.",
+                    "records + dead letters equal the records consumed. Read-only: a missing catalog database or "
+                    "table exits 1 and creates nothing.",
     )
     table.add_argument("--config", required=True, help="the streamberg YAML config")
     table.add_argument("--json", action="store_true", help="machine-readable output")

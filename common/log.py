@@ -2,7 +2,8 @@
 
 JSON lines when stderr is not a terminal (log shippers, CI, Flink worker logs), a readable
 console renderer otherwise. Set STREAMBERG_LOG_FORMAT=json|console to force one, and
-STREAMBERG_LOG_LEVEL=debug|info|warning|error for the level.
+STREAMBERG_LOG_LEVEL=debug|info|warning|error for the level. Every line is redacted
+(common/redact.py): passwords in URIs and values of secret-named keys never reach the log.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from typing import Any
 
 import structlog
+
+from streamberg.common.redact import redact_log_event
 
 _configured = False
 
@@ -35,6 +38,8 @@ def configure_logging(force_json: bool | None = None) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            # Last before rendering, so exception text and bound context are covered too.
+            redact_log_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

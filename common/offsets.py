@@ -26,6 +26,10 @@ CONSUMED_TOTAL_KEY = "streamberg.consumed-total"
 # the snapshot's timestamp minus this is the commit latency that monitoring reports.
 COMMIT_STARTED_MS_KEY = "streamberg.commit-started-ms"
 
+# What a fenced ingest says (committer, CLI) and what `streamberg run` looks for in a
+# component's output to know that restarting it is pointless.
+FENCED_MESSAGE = "another ingest instance is writing this table"
+
 # partition -> next offset to read
 PartitionOffsets = dict[int, int]
 
@@ -95,3 +99,30 @@ def committed_position(table: Table, topic: str) -> CommittedPosition:
                 consumed_total=int(props.get(CONSUMED_TOTAL_KEY, 0)),
             )
     return CommittedPosition(topic=topic)
+
+
+def consumed_by_run(table: Table, topic: str, run_id: str, since_snapshot_id: int | None = None) -> int:
+    """Records (valid + dead-lettered) that the ingest run `run_id` itself committed.
+
+    Each ingest commit records the running total of all ingest commits up to it; the run's
+    share is the sum, over its own snapshots on the current lineage, of the step from the
+    previous offsets-bearing snapshot. A table-wide difference would also count another
+    instance's commits (e.g. those of the ingest that fenced this run). `since_snapshot_id`:
+    the committed snapshot when the run started; the walk stops there (nothing older is ours).
+    """
+    key = offsets_key(topic)
+    total, newer = 0, None
+    for snapshot in ancestry(table):
+        props = summary_properties(snapshot)
+        if key not in props:
+            continue
+        consumed = int(props.get(CONSUMED_TOTAL_KEY, 0))
+        if newer is not None and newer[0] == run_id:
+            total += newer[1] - consumed
+        if snapshot.snapshot_id == since_snapshot_id:
+            newer = None
+            break
+        newer = (props.get(RUN_ID_KEY), consumed)
+    if newer is not None and newer[0] == run_id:  # the run's commit is the first on the table
+        total += newer[1]
+    return total

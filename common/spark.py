@@ -41,6 +41,7 @@ from streamberg.common.jars import (
     spark_s3_jars,
     sqlite_jdbc_jar,
 )
+from streamberg.common.redact import redact
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
@@ -78,7 +79,7 @@ def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
     }
     if backend == "sqlite":
         if not url.database or url.database == ":memory:":
-            raise SparkCatalogError(f"catalog.uri {catalog.uri!r}: an in-memory SQLite catalog cannot be shared with Spark")
+            raise SparkCatalogError(f"catalog.uri {redact(catalog.uri)!r}: an in-memory SQLite catalog cannot be shared with Spark")
         props["uri"] = f"jdbc:sqlite:{url.database}"
         # Passed to the xerial driver as a connection property (JdbcCatalog strips "jdbc.").
         props["jdbc.busy_timeout"] = str(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)
@@ -92,7 +93,7 @@ def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
             props["jdbc.password"] = str(url.password)
     else:
         raise SparkCatalogError(
-            f"catalog.uri {catalog.uri!r}: Spark can share sqlite or postgresql catalogs, not {backend!r}"
+            f"catalog.uri {redact(catalog.uri)!r}: Spark can share sqlite or postgresql catalogs, not {backend!r}"
         )
     if is_s3_warehouse(catalog):
         # Java's default FileIO (HadoopFileIO) would need hadoop-aws; S3FileIO needs only the
@@ -140,7 +141,7 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
 
 
 def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, str]:
-    """Session-wide settings: jars, Iceberg SQL extensions (CALL, system functions), quiet UI."""
+    """Session-wide settings: jars, Iceberg SQL extensions (CALL, system functions), loopback only when local."""
     conf = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -155,11 +156,17 @@ def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, st
         # falls back to per-operator code instead, as its documentation advises for HotSpot.
         "spark.sql.codegen.hugeMethodLimit": "8000",
     }
+    # The UI's kill links would let anyone who reaches it stop a stage (docs/security.md).
+    conf["spark.ui.killEnabled"] = "false"
     if master.startswith("local"):
         # A local driver needs no reachable address; binding to loopback keeps Spark off
         # whatever interface the hostname resolves to (and off the network entirely).
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
+        # The UI ignores spark.driver.bindAddress and listens on every interface (*:4040);
+        # nobody watches a local compactor's UI, so it is off (compactor.spark_conf can turn
+        # it back on). tests/test_listen_loopback.py checks nothing listens off loopback.
+        conf["spark.ui.enabled"] = "false"
     return conf
 
 
@@ -220,6 +227,7 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
         # spark-submit overrides); executors on other hosts must reach this driver.
         conf.pop("spark.driver.bindAddress", None)
         conf.pop("spark.driver.host", None)
+        conf.pop("spark.ui.enabled", None)  # the submit's (and the cluster's) choice
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
     conf.update(compactor.spark_conf)

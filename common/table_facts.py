@@ -1,4 +1,8 @@
-"""Facts about an ingest table, read from the catalog (what `streamberg table` prints)."""
+"""Facts about an ingest table, read from the catalog (what `streamberg table` prints).
+
+Read-only: the catalog is opened without creating anything, so a mistyped path or database
+fails with a message instead of leaving a new, empty catalog and warehouse behind.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import open_catalog_readonly
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import committed_position, summary_properties
 
@@ -29,7 +33,11 @@ def dead_letter_records(catalog: Catalog, identifier: str) -> int | None:
 
 
 def table_facts(config: StreambergConfig) -> dict[str, Any]:
-    catalog = load_catalog(config.catalog)
+    """The table's facts; {"exists": False} when the catalog has no such table.
+
+    Raises CatalogUnreachable when the catalog database is missing or does not answer.
+    """
+    catalog = open_catalog_readonly(config.catalog)
     try:
         table = catalog.load_table(config.table.identifier)
     except NoSuchTableError:

@@ -10,9 +10,10 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import CatalogUnreachable, wait_for_catalog, wait_for_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import PlanningRules, describe, plan_rewrite
 from streamberg.compactor.service import Compactor, resolve_layout
@@ -32,12 +33,24 @@ class CompactOptions:
     columns: list[str] | None = None
 
 
-def _open_table(config: StreambergConfig) -> tuple[Any, Any]:
-    catalog = load_catalog(config.catalog)
+def _open_table(config: StreambergConfig, wait_seconds: float = 0.0,
+                stop: threading.Event | None = None) -> tuple[Any, Any]:
+    """Catalog and table, opened without creating anything (a mistyped catalog.uri must not
+    leave an empty catalog behind); waits up to `wait_seconds` for the ingest to create the
+    catalog database and then the table. Returns (None, None) when `stop` was set while waiting.
+    """
     try:
-        return catalog, catalog.load_table(config.table.identifier)
+        catalog = wait_for_catalog(config.catalog, wait_seconds, "compactor", stop)
+    except CatalogUnreachable as exc:
+        waited = f" after waiting {wait_seconds:g} s (compactor.wait_for_table_seconds)" if wait_seconds else ""
+        raise CompactError(f"{exc}{waited}") from None
+    if catalog is None:
+        return None, None
+    try:
+        return catalog, wait_for_table(catalog, config.table.identifier, wait_seconds, "compactor", stop)
     except NoSuchTableError:
-        raise CompactError(f"table {config.table.identifier} does not exist yet in {config.catalog.uri} "
+        waited = f" after waiting {wait_seconds:g} s (compactor.wait_for_table_seconds)" if wait_seconds else ""
+        raise CompactError(f"table {config.table.identifier} does not exist yet in {redact(config.catalog.uri)}{waited} "
                            "(it is created by `streamberg ingest`)") from None
 
 
@@ -66,7 +79,13 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     """
     if options.dry_run:
         return dry_run(config, options)
-    catalog, table = _open_table(config)
+    continuous = not (options.once or options.full)
+    # Only the continuous service waits for the table: a one-off run (cron, tests) on a
+    # missing table is an operator error to report at once.
+    catalog, table = _open_table(config, config.compactor.wait_for_table_seconds if continuous else 0.0, stop)
+    if table is None:  # stopped while waiting
+        return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
+                "stopped_before_table_existed": True}
     resolve_layout(config, options.strategy, options.columns, table)  # bad columns fail before Spark starts
     log = get_logger("compactor", table=config.table.identifier)
     lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)

@@ -8,6 +8,7 @@ import threading
 
 from streamberg.common.cli import CommandError
 from streamberg.common.config import load_config
+from streamberg.common.redact import redact
 from streamberg.compactor.layouts import STRATEGIES
 
 DESCRIPTION = """\
@@ -66,7 +67,7 @@ def _compact(args: argparse.Namespace) -> int:
         summary = run_compact(config, options, stop=stop)
     except CompactError as exc:
         raise CommandError(str(exc)) from exc
-    print(json.dumps(summary))
+    print(redact(json.dumps(summary)))
     return 0
 
 

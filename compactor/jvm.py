@@ -14,6 +14,8 @@ from typing import Any
 from py4j.protocol import Py4JJavaError
 from pyiceberg.table import Table as PyTable
 
+from streamberg.common.redact import redact
+
 # Iceberg option names (org.apache.iceberg.spark.SparkReadOptions / SparkWriteOptions).
 SCAN_TASK_SET_ID = "scan-task-set-id"
 REWRITTEN_FILE_SCAN_TASK_SET_ID = "rewritten-file-scan-task-set-id"
@@ -34,15 +36,16 @@ def java_class_name(exc: BaseException) -> str | None:
 
 def java_message(exc: BaseException) -> str:
     """The Java exception's message followed by its causes' (the useful part is often a cause)."""
+    # Redacted: driver and JDBC errors quote connection URLs and properties.
     if not isinstance(exc, Py4JJavaError):
-        return str(exc)
+        return redact(str(exc))
     parts = []
     current = exc.java_exception
     while current is not None and len(parts) < 5:
         parts.append(f"{current.getClass().getSimpleName()}: {current.getMessage()}")
         cause = current.getCause()
         current = None if cause is None or cause.equals(current) else cause
-    return " <- ".join(parts)
+    return redact(" <- ".join(parts))
 
 
 def load_table(spark: Any, spark_table: str) -> Any:

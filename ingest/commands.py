@@ -15,7 +15,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
     from streamberg.common.catalog import SchemaMismatchError
     from streamberg.ingest.decode import UnsupportedSchemaError
-    from streamberg.ingest.job import JobFailed, run_ingest
+    from streamberg.ingest.job import IngestFenced, JobFailed, run_ingest
 
     config = load_config(args.config)
     if args.max_records is not None and args.max_records <= 0:
@@ -25,6 +25,12 @@ def _ingest(args: argparse.Namespace) -> int:
     try:
         outcome = run_ingest(config, parallelism=args.parallelism, max_records=args.max_records,
                              duration=args.duration, progress=not args.quiet)
+    except IngestFenced as exc:
+        # Exit 1 with the fencing message; the summary line still says what this run committed.
+        outcome = exc.outcome
+        print(json.dumps({"run_id": outcome.run_id, "consumed": outcome.consumed,
+                          "seconds": round(outcome.seconds, 1), "stopped_because": outcome.stopped_because}))
+        raise CommandError(str(exc)) from exc
     except (JobFailed, SchemaMismatchError, UnsupportedSchemaError) as exc:
         raise CommandError(str(exc)) from exc
     except sqlalchemy.exc.OperationalError as exc:

@@ -32,6 +32,7 @@ from streamberg.common.offsets import (
     COMMIT_SEQ_KEY,
     COMMIT_STARTED_MS_KEY,
     CONSUMED_TOTAL_KEY,
+    FENCED_MESSAGE,
     JOB_ID_KEY,
     RUN_ID_KEY,
     PartitionOffsets,
@@ -149,16 +150,44 @@ class Committer:
     def _check_fence(self, table: Table) -> None:
         position = committed_position(table, self.topic)
         if position.offsets != self.expected:
-            raise FencedError(
+            message = (
                 f"table {self.config.table.identifier}: offsets for topic {self.topic} were moved by "
                 f"job {position.job_id!r} (run {position.run_id}, snapshot {position.snapshot_id}); this committer "
-                f"expected {self.expected} but found {position.offsets}. Refusing to commit: another ingest "
-                f"instance is writing this table."
+                f"expected {self.expected} but found {position.offsets}. Refusing to commit: {FENCED_MESSAGE}."
             )
+            self._fenced(message)
+
+    def _check_writers_start(self, units: list[FlushUnit]) -> None:
+        """Units that start before the offsets this committer opened with: fenced, not a chain bug.
+
+        Writers and committer read the table's offsets when they open; within one run only
+        this committer moves them, by chaining the writers' units. A unit starting before
+        them means another instance committed between the writers' and the committer's open.
+        """
+        for unit in units:
+            for p, (start, _end) in unit.ranges.items():
+                if p in self.expected and start < self.expected[p]:
+                    self._fenced(
+                        f"table {self.config.table.identifier}: this run's writers started partition {p} at offset "
+                        f"{start}, but the table's offsets had already moved to {self.expected[p]} when its committer "
+                        f"opened. Refusing to commit: {FENCED_MESSAGE}.")
+
+    def _fenced(self, message: str) -> None:
+        # Tell the driver: a Flink restart would re-read the table and carry on beside the
+        # other instance (ingesting twice for nothing, fenced again at random), so the
+        # driver stops the whole run at once on this marker instead.
+        marker = run_dir(self.config, self.run_id) / "fenced"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(message)
+        raise FencedError(message)
 
     def commit(self, units: list[FlushUnit]) -> CommitResult:
         started = time.monotonic()
         started_ms = int(time.time() * 1000)
+        # Before the chain check: when another instance moved the offsets between this run's
+        # writers and committer opening, the chain check would report an "overlap" instead
+        # of the real cause (and Flink would restart the job beside the other instance).
+        self._check_writers_start(units)
         new_offsets = chain_offsets(self.expected, units)
         files = [f for u in units for f in u.files]
         dead = [d for u in units for d in u.dead_letters]

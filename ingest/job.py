@@ -106,6 +106,17 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
         "python.executable": sys.executable,
         "python.client.executable": sys.executable,
         "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
+        # A local MiniCluster listens on loopback only (docs/security.md): by default its REST
+        # endpoint and BLOB server bind every interface, with web job submission and
+        # cancellation on. `ingest.flink` (applied last) can widen any of these.
+        "rest.address": "127.0.0.1",
+        "rest.bind-address": "127.0.0.1",
+        "jobmanager.rpc.address": "127.0.0.1",
+        "jobmanager.bind-host": "127.0.0.1",  # also the BLOB server's bind host
+        "taskmanager.host": "127.0.0.1",
+        "taskmanager.bind-host": "127.0.0.1",
+        "web.submit.enable": "false",
+        "web.cancel.enable": "false",
     }
     settings = {
         **local,
@@ -126,6 +137,15 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
 
 
 def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False) -> StreamExecutionEnvironment:
+    if not cluster:
+        # Local servers on loopback only, before the gateway JVM and the worker pool start
+        # (ingest/loopback.py, docs/security.md).
+        from pathlib import Path
+
+        from streamberg.ingest.loopback import bind_beam_servers_to_loopback, bind_loopback_worker_pool
+
+        bind_beam_servers_to_loopback(Path(config.ingest.state_dir))
+        bind_loopback_worker_pool()
     env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism, cluster))
     dump = dump_config(config)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
@@ -166,10 +186,18 @@ class JobFailed(RuntimeError):
     pass
 
 
+class IngestFenced(JobFailed):
+    """Another ingest instance commits to this table; this run stopped without restarting."""
+
+    def __init__(self, message: str, outcome: RunOutcome):
+        super().__init__(message)
+        self.outcome = outcome
+
+
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
-    from streamberg.common.offsets import committed_position
+    from streamberg.common.offsets import committed_position, consumed_by_run
     from streamberg.ingest.committer import run_dir
 
     parallelism = parallelism or config.ingest.parallelism
@@ -200,16 +228,21 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     bar = _progress_bar(max_records, enabled=progress)
     consumed = 0
+    fenced: list[str] = []
     try:
         stop_deadline = None
         while True:
             time.sleep(1.0)
+            if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
+                fenced.append((markers / "fenced").read_text().strip())
+                log.error("fenced: another ingest instance is writing this table; stopping without restart",
+                          reason=fenced[0])
+                break
             status = str(client.get_job_status().result())
             if status.endswith(("FAILED", "CANCELED", "FINISHED")):
                 raise JobFailed(_failure_message(client, status))
             table = catalog.load_table(config.table.identifier)
-            now_pos = committed_position(table, config.kafka.topic)
-            consumed = now_pos.consumed_total - start.consumed_total
+            consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
             if bar is not None:
                 bar.n = consumed
                 bar.refresh()
@@ -237,9 +270,13 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
             pass
     table = catalog.load_table(config.table.identifier)
     end = committed_position(table, config.kafka.topic)
-    consumed = end.consumed_total - start.consumed_total
+    # Only this run's own commits: after a fence the table's totals include the other instance's.
+    consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
     outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
-                         stopped_because=stop_reason[0] if stop_reason else "unknown")
+                         stopped_because="fenced" if fenced else stop_reason[0] if stop_reason else "unknown")
+    if fenced:
+        log.error("ingest fenced", consumed=consumed, seconds=round(outcome.seconds, 1))
+        raise IngestFenced(f"FencedError: {fenced[0]}", outcome)
     log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,
              end_offsets=end.offsets, snapshot=end.snapshot_id)
     return outcome

@@ -53,7 +53,7 @@ from streamberg.common.catalog import DEAD_LETTER_SCHEMA, load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import RUN_ID_KEY, ancestry, committed_position, summary_properties
-from streamberg.ingest.decode import JsonDecoder
+from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 from streamberg.ingest.writer import consumer_settings
@@ -140,7 +140,7 @@ class _Batcher:
     """Decodes batches of raw values and writes the valid rows into Parquet data files."""
 
     def __init__(self, config: StreambergConfig, table: Table, run_id: str, dry_run: bool):
-        self.decoder = JsonDecoder(table.schema(), config.ingest.max_record_bytes)
+        self.decoder = JsonDecoder(table.schema(), config.ingest.max_record_bytes, epoch_units(config.table.schema_))
         self.files = None if dry_run else PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,

@@ -27,6 +27,7 @@ import json
 import sys
 
 from streamberg.common.config import ConfigError, load_config
+from streamberg.common.redact import redact
 
 PROG = "streamberg-ingest-submit"
 
@@ -67,7 +68,7 @@ def submit(config_path: str, parallelism: int | None) -> int:
     try:
         _, table = prepare_tables(config)  # a bad table fails here, not in every TaskManager
     except (SchemaMismatchError, UnsupportedSchemaError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
         return 1
     start = committed_position(table, config.kafka.topic)
     env = build_job(config, parallelism, run_id, cluster=True)
@@ -84,7 +85,7 @@ def submit(config_path: str, parallelism: int | None) -> int:
         try:
             client.get_job_execution_result().result()  # an unbounded job ends only by failing or cancel
         except Exception:  # noqa: BLE001 - reported in one line, like `streamberg ingest`
-            print(f"{PROG}: {_failure_message(client, str(client.get_job_status().result()))}", file=sys.stderr)
+            print(f"{PROG}: {redact(_failure_message(client, str(client.get_job_status().result())))}", file=sys.stderr)
             return 1
     return 0
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return submit(args.config, args.parallelism)
     except ConfigError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

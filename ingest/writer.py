@@ -22,7 +22,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
-from streamberg.ingest.decode import JsonDecoder
+from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
@@ -88,7 +88,8 @@ class IngestWriter:
                 self.position[p] = low if self.config.kafka.start_offset == "earliest" else high
         self.unit_start = dict(self.position)
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
-        self.decoder = JsonDecoder(table.schema(), self.config.ingest.max_record_bytes)
+        self.decoder = JsonDecoder(table.schema(), self.config.ingest.max_record_bytes,
+                                   epoch_units(self.config.table.schema_))
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,

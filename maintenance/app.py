@@ -30,9 +30,10 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import CatalogUnreachable, wait_for_catalog, wait_for_table
 from streamberg.common.config import ConfigError, StreambergConfig
 from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
 from streamberg.maintenance.planner import RetentionColumnError, column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
@@ -56,7 +57,7 @@ class MaintainSummary:
 
 
 def _config_error(config: StreambergConfig, message: str) -> ConfigError:
-    return ConfigError(f"invalid configuration in {config.config_path or '(config)'}:\n  {message}")
+    return ConfigError(f"invalid configuration in {config.config_path or '(config)'}: {message}")
 
 
 def check_config(config: StreambergConfig, table: Any | None = None) -> None:
@@ -78,11 +79,22 @@ def check_config(config: StreambergConfig, table: Any | None = None) -> None:
             raise _config_error(config, f"maintenance.retention.column: {exc}") from None
 
 
-def open_table(config: StreambergConfig) -> Any:
+def open_table(config: StreambergConfig, wait_seconds: float = 0.0, stop: threading.Event | None = None) -> Any:
+    """The table, opened without creating anything (a mistyped catalog.uri must not leave an
+    empty catalog behind); waits up to `wait_seconds` for the ingest to create the catalog
+    database and then the table (None: stopped while waiting)."""
     try:
-        return load_catalog(config.catalog).load_table(config.table.identifier)
+        catalog = wait_for_catalog(config.catalog, wait_seconds, "maintenance", stop)
+    except CatalogUnreachable as exc:
+        waited = f" after waiting {wait_seconds:g} s (maintenance.wait_for_table_seconds)" if wait_seconds else ""
+        raise MaintainError(f"{exc}{waited}") from None
+    if catalog is None:
+        return None
+    try:
+        return wait_for_table(catalog, config.table.identifier, wait_seconds, "maintenance", stop)
     except NoSuchTableError:
-        raise MaintainError(f"table {config.table.identifier} does not exist yet in {config.catalog.uri} "
+        waited = f" after waiting {wait_seconds:g} s (maintenance.wait_for_table_seconds)" if wait_seconds else ""
+        raise MaintainError(f"table {config.table.identifier} does not exist yet in {redact(config.catalog.uri)}{waited} "
                             "(it is created by `streamberg ingest`)") from None
 
 
@@ -97,9 +109,14 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
     existing session (tests); otherwise one is built and stopped at the end.
     """
     check_config(config)
-    check_config(config, open_table(config))  # bad settings fail before Spark starts
     stop = stop or threading.Event()
     log = get_logger("maintenance", table=config.table.identifier)
+    single = options.once or options.dry_run
+    # Only the scheduled service waits for the table; a one-off run reports it missing at once.
+    table = open_table(config, 0.0 if single else config.maintenance.wait_for_table_seconds, stop)
+    if table is None:  # stopped while waiting
+        return MaintainSummary()
+    check_config(config, table)  # bad settings fail before Spark starts
     own_spark = spark is None
     summary = MaintainSummary()
     try:
@@ -116,7 +133,6 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
         from streamberg.maintenance.service import Maintainer
 
         maintainer = Maintainer(config, spark, **({"clock": clock} if clock is not None else {}))
-        single = options.once or options.dry_run
         while not stop.is_set():
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)

@@ -9,6 +9,7 @@ from typing import Any
 
 from streamberg.common.cli import CommandError
 from streamberg.common.config import load_config
+from streamberg.common.redact import redact
 
 DESCRIPTION = """\
 Housekeeping for the ingest table, so snapshots, metadata and stray files do not grow
@@ -80,6 +81,10 @@ def render(result: dict[str, Any]) -> str:
     if "older_than" in o:
         lines.append(f"  orphans    {o['removed']} files older than {o['older_than']} {would}removed, "
                      f"{_size(o['bytes_freed'])} {would}freed")
+        if o.get("skipped_count"):
+            first = o["skipped"][0]
+            lines.append(f"             {o['skipped_count']} skipped, not the table's to delete "
+                         f"(e.g. {first['path']}: {first['reason']})")
     else:
         lines.append(f"  orphans    {_why(o)}")
     m = result["rewrite_manifests"]
@@ -104,7 +109,7 @@ def _maintain(args: argparse.Namespace) -> int:
         install_stop_handlers(stop)
 
     def show(result: dict[str, Any]) -> None:
-        print(json.dumps(result) if args.json else render(result), flush=True)
+        print(redact(json.dumps(result) if args.json else render(result)), flush=True)
 
     try:
         summary = run_maintain(config, options, stop=stop, on_result=show)

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
@@ -71,13 +72,22 @@ class MaintenanceRunner:
                   .deleteOrphanFiles(table).olderThan(older_than_ms).deleteWith(collect_only).execute())
         return sorted(str(p) for p in J.iterate(result.orphanFileLocations()))
 
-    def delete_files(self, paths: list[str]) -> None:
+    def delete_files(self, paths: list[str], check: Callable[[str], str | None] | None = None) -> dict[str, str]:
         """Delete through the table's Java FileIO, as Iceberg's own actions do (on a local
-        warehouse, Hadoop's file system then removes each file's .crc sidecar with it)."""
+        warehouse, Hadoop's file system then removes each file's .crc sidecar with it).
+
+        `check(path)` runs just before each delete; a reason it returns skips the path.
+        Returns {skipped path: reason}."""
         activate(self.spark)
         io = J.load_table(self.spark, self.spark_table).io()
+        skipped = {}
         for path in paths:
+            reason = check(path) if check is not None else None
+            if reason is not None:
+                skipped[path] = reason
+                continue
             io.deleteFile(path)
+        return skipped
 
     def rewrite_manifests(self) -> dict[str, int]:
         row = self._call("rewrite_manifests")

@@ -30,6 +30,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.compactor.jvm import java_message
 from streamberg.maintenance import planner as P
+from streamberg.maintenance.confine import LocationRefused, check_location, confine, outside_reason
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
 from streamberg.maintenance.record import record_run
 from streamberg.maintenance.runner import MaintenanceRunner, lost_commit_race
@@ -215,19 +216,38 @@ class Maintainer:
         table = self.load()
         current = table.current_snapshot()
         log = log.bind(step="orphan_files", snapshot_id=current.snapshot_id if current is not None else None)
-        orphans = self.runner.find_orphans(older_than_ms)
+        location = table.location()
+        try:
+            # Refuses a location outside the warehouse or holding another table (confine.py).
+            check_location(self.config, self.catalog, self.identifier, location)
+        except LocationRefused as exc:
+            log.error("orphan removal refused", location=location, reason=str(exc))
+            raise
+        listed = self.runner.find_orphans(older_than_ms)
+        # Hadoop's local listing follows symlinks: what lies behind one, or outside the
+        # location, is never the table's to delete.
+        orphans, skipped = confine(listed, location)
         sizes = file_sizes(table, orphans)
         out: dict[str, Any] = {"ran": not dry_run, "removed": len(orphans), "bytes_freed": sum(sizes.values()),
                                "older_than": P.iso_ms(older_than_ms),
                                "paths": orphans[:MAX_LISTED_PATHS]}
+        if skipped:
+            out["skipped"] = [{"path": p, "reason": r} for p, r in sorted(skipped.items())[:MAX_LISTED_PATHS]]
+            out["skipped_count"] = len(skipped)
+            log.warning("orphan candidates skipped: not the table's to delete (outside its location or behind a "
+                        "symlink)", count=len(skipped), sample=out["skipped"][:10])
         if dry_run or not orphans:
             log.info("orphan files found" if orphans else "no orphan files", count=len(orphans),
                      bytes=out["bytes_freed"], older_than=out["older_than"], sample=orphans[:10])
             return out
         try:
-            self.runner.delete_files(orphans)
+            late = self.runner.delete_files(orphans, check=lambda path: outside_reason(path, location))
         except Exception as exc:  # noqa: BLE001 - what did go is still counted below
             log.warning("orphan deletion stopped", error=java_message(exc))
+        else:
+            if late:
+                log.warning("orphan candidates skipped at deletion (changed since the listing)",
+                            count=len(late), sample=sorted(late.items())[:10])
         left = still_present(table, orphans)
         gone = [p for p in orphans if p not in left]
         out.update(removed=len(gone), bytes_freed=sum(sizes.get(p, 0) for p in gone))

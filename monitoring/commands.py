@@ -10,6 +10,7 @@ import time
 from streamberg.common.cli import CommandError
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
 from streamberg.compactor.planner import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
@@ -28,11 +29,11 @@ def _status_once(config: StreambergConfig, cache: ManifestCache) -> Status:
 def _print(status: Status, as_json: bool, watching: bool) -> None:
     if as_json:
         # One object per refresh; while watching, one per line (JSON lines) so a reader can stream them.
-        print(json.dumps(status.to_dict(), indent=None if watching else 2), flush=True)
+        print(redact(json.dumps(status.to_dict(), indent=None if watching else 2)), flush=True)
         return
     if watching and sys.stdout.isatty():
         print("\033[2J\033[H", end="")  # clear the terminal, cursor home
-    print(render_screen(status), flush=True)
+    print(redact(render_screen(status)), flush=True)
     if watching:
         print("" if sys.stdout.isatty() else "-" * 72, flush=True)
 
@@ -63,7 +64,7 @@ def _metrics(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if args.once:
-        print(exposition(config), end="")
+        print(redact(exposition(config)), end="")
         return 0
     port = args.port or config.monitoring.metrics_port
     address = args.address or config.monitoring.metrics_address
@@ -111,6 +112,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     metrics.add_argument("--config", required=True, help="the streamberg YAML config")
     metrics.add_argument("--port", type=int, default=None, help="port to listen on (default monitoring.metrics_port, 9464)")
     metrics.add_argument("--address", default=None,
-                         help="address to bind (default monitoring.metrics_address, 0.0.0.0)")
+                         help="address to bind (default monitoring.metrics_address, 127.0.0.1; 0.0.0.0 for every interface)")
     metrics.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
     metrics.set_defaults(func=_metrics)

@@ -101,3 +101,34 @@ def end_offsets_by_reading(bootstrap: str, topic: str, partitions: int) -> dict[
         ends[str(p)] = last + 1
     consumer.close()
     return ends
+
+
+class JvmSentinel:
+    """Records every JVM a subprocess starts: a `java` shim first on PATH (JAVA_HOME unset, so
+    spark-submit and PyFlink both resolve `java` through PATH) appends its arguments to a file,
+    then execs the real java. `launched()` lists the JVMs that ran a program (a bare
+    `java -version` probe is not one)."""
+
+    def __init__(self, tmp_path: Path):
+        import shutil
+
+        home = os.environ.get("JAVA_HOME")
+        real = shutil.which("java", path=os.path.join(home, "bin")) if home else shutil.which("java")
+        assert real, "java not found"
+        self.bin_dir = tmp_path / "jvm-sentinel"
+        self.bin_dir.mkdir()
+        self.record = self.bin_dir / "launches"
+        shim = self.bin_dir / "java"
+        shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{self.record}"\nexec "{real}" "$@"\n')
+        shim.chmod(0o755)
+
+    @property
+    def env(self) -> dict:
+        env = {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("JAVA_HOME", None)
+        return env
+
+    def launched(self) -> list[str]:
+        if not self.record.exists():
+            return []
+        return [line for line in self.record.read_text().splitlines() if line.strip() not in ("-version", "")]

@@ -148,3 +148,40 @@ def added_by(table: Table, snapshot: Snapshot) -> set[str]:
 def file_sizes(table: Table) -> dict[str, int]:
     files, _ = live_data_files(table)
     return {f.path: f.size_bytes for f in files}
+
+
+class CommitterIngest:
+    """Commits through the product's own ingest `Committer` (one writer): Parquet files written
+    by the ingest's file writer, offsets chained and fenced, and commit conflicts retried by
+    the committer's own loop. For concurrency tests, where the retry under test is the product's,
+    not a test helper's (FakeIngest retries by itself)."""
+
+    def __init__(self, config: StreambergConfig, seed: int = 0) -> None:
+        from streamberg.ingest.committer import Committer
+
+        self.config, self.seed = config, seed
+        self.next_id = self.offset = self.commits = self.retries = 0
+        self.committer = Committer(config, parallelism=1, run_id=f"test-{uuid.uuid4().hex[:6]}")
+        self.committer.open()
+
+    def append(self, rows: int, **row_kwargs: Any) -> int:
+        """Commit `rows` new rows as one ingest interval; return the snapshot id."""
+        from streamberg.ingest.files import PartitionedFileWriter
+        from streamberg.ingest.units import FlushUnit
+
+        table = reload(self.config)
+        data = make_rows(table, rows, self.next_id, seed=self.seed * 100003 + self.commits, **row_kwargs)
+        files = PartitionedFileWriter(table.io, table.location(), table.schema(), table.spec(), table.properties,
+                                      1 << 30, 100_000, f"{self.committer.run_id}-{self.commits}")
+        files.write(data)
+        unit = FlushUnit(run_id=self.committer.run_id, writer=0, epoch=self.commits + 1, topic=self.config.kafka.topic,
+                         ranges={0: (self.offset, self.offset + rows)}, files=files.flush(), messages=rows)
+        result = self.committer.commit([unit])
+        self.next_id += rows
+        self.offset += rows
+        self.commits += 1
+        self.retries += result.attempts - 1
+        return result.snapshot_id
+
+    def close(self) -> None:
+        self.committer.close()

@@ -18,7 +18,7 @@ from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.planner import PlanningRules, plan_rewrite
 from streamberg.compactor.runner import GroupRunner, LayoutSpec
 from streamberg.compactor.service import Compactor
-from tests.compactor.helpers import TOPIC, FakeIngest, live_files, reload, row_multiset, setup_table
+from tests.compactor.helpers import TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset, setup_table
 
 pytestmark = pytest.mark.spark
 
@@ -87,7 +87,7 @@ def test_removed_input_files_make_the_commit_give_up_cleanly(spark, spark_catalo
 def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_path) -> None:  # noqa: ANN001
     config, _ = setup_table(tmp_path, compactor={"strategy": "hilbert", "trigger_interval_seconds": 1,
                                                  "max_commits": 3})
-    ingest = FakeIngest(config, seed=23)
+    ingest = CommitterIngest(config, seed=23)  # the product's committer retries its own conflicts
     ingest.append(100, days=1)
     stop_ingest, stop_compactor = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -95,7 +95,7 @@ def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_pa
     def keep_ingesting() -> None:
         try:
             while not stop_ingest.is_set():
-                ingest.append(50, days=1, retries=50)
+                ingest.append(50, days=1)
                 time.sleep(0.3)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
@@ -135,5 +135,6 @@ def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_pa
     assert outcome["commits"] >= 2 and len(committed) >= 3
     assert rebased, "no compactor commit overlapped an ingest commit"
     assert committed_position(table, TOPIC).offsets == {0: ingest.offset}
+    ingest.close()
     failures = [e for e in logs if e["event"].startswith("group")  and e["log_level"] == "error"]
     assert settle["groups_failed"] == 0 and outcome["groups_failed"] == 0, [(e["event"], e.get("error")) for e in failures]

@@ -10,12 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import ConfigError, load_config
+from streamberg.compactor.layouts import CLUSTERING_STRATEGIES
+from streamberg.compactor.service import resolve_layout
 from streamberg.compactor.lease import LeaseHeldError, LeaseLostError, TableLease, leases
 from tests.compactor.helpers import DAY, FakeIngest, setup_table, write_config
+from tests.helpers import JvmSentinel
 
 STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 
@@ -24,9 +26,9 @@ def _lease(config, ttl: float = 30.0) -> TableLease:  # noqa: ANN001
     return TableLease(load_catalog(config.catalog).engine, config.catalog.name, config.table.identifier, ttl)
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([STREAMBERG, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+                          env={**(env or os.environ), "STREAMBERG_LOG_FORMAT": "json"})
 
 
 def test_second_compactor_is_refused_while_the_lease_is_held(tmp_path) -> None:  # noqa: ANN001
@@ -103,17 +105,19 @@ def test_all_rules_off_is_rejected(tmp_path) -> None:  # noqa: ANN001
 def test_unknown_clustering_column_fails_before_spark_starts(tmp_path) -> None:  # noqa: ANN001
     config, _ = setup_table(tmp_path, compactor={"columns": ["user_id", "no_such_column"]})
     FakeIngest(config).append(10)
-    started = time.monotonic()
-    proc = _run("compact", "--config", config.config_path, "--once")
+    jvm = JvmSentinel(tmp_path)
+    proc = _run("compact", "--config", config.config_path, "--once", env=jvm.env)
     assert proc.returncode == 2, proc.stderr
     assert "compactor.columns" in proc.stderr and "no_such_column" in proc.stderr
-    assert time.monotonic() - started < 30  # no JVM was started
+    assert jvm.launched() == []  # refused before Spark's JVM started
 
 
 def test_missing_table_is_an_operator_error(tmp_path) -> None:  # noqa: ANN001
     path = write_config(tmp_path)
     proc = _run("compact", "--config", str(path), "--once")
-    assert proc.returncode == 1 and "does not exist yet" in proc.stderr
+    # No catalog at all: said so, and none is created.
+    assert proc.returncode == 1 and "catalog.db does not exist" in proc.stderr
+    assert not (tmp_path / "catalog.db").exists()
 
 
 def test_env_overrides_a_rule(tmp_path, monkeypatch) -> None:  # noqa: ANN001
@@ -144,8 +148,15 @@ def test_help_explains_modes_rules_and_layouts() -> None:
         assert word in proc.stdout, word
 
 
-def test_demo_config_is_valid_for_the_compactor() -> None:
+def test_demo_config_is_valid_for_the_compactor(tmp_path) -> None:  # noqa: ANN001
+    """The demo's layout resolves against a table made from the demo's own schema: a clustering
+    strategy on columns the table has, not the bin-pack fallback."""
     root = Path(__file__).resolve().parents[2]
-    config = load_config(root / "examples" / "demo.yaml")
-    assert config.compactor.columns == yaml.safe_load((root / "examples" / "demo.yaml").read_text())["compactor"]["columns"]
-    assert config.compactor.effective_strategy == config.compactor.strategy
+    demo = load_config(root / "examples" / "demo.yaml")
+    catalog = demo.catalog.model_copy(update={"uri": f"sqlite:///{tmp_path / 'catalog.db'}",
+                                              "warehouse": str(tmp_path / "warehouse")})
+    config = demo.model_copy(update={"catalog": catalog})
+    table = ensure_table(load_catalog(config.catalog), config.table)
+    strategy, columns = resolve_layout(config, None, None, table)
+    assert strategy in CLUSTERING_STRATEGIES and strategy == demo.compactor.strategy
+    assert columns and set(columns) <= {f.name for f in table.schema().fields}

@@ -88,6 +88,39 @@ def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:  
         c.close()
 
 
+def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config) -> None:  # noqa: ANN001
+    from dataclasses import replace
+
+    from streamberg.common.offsets import FENCED_MESSAGE, consumed_by_run
+    from streamberg.ingest.committer import run_dir
+
+    first, second = Committer(config, 1, "first"), Committer(config, 1, "second")
+    first.open()
+    second.open()
+    first.offer(replace(make_unit(config, 0, partition=0, start=0, end=100), messages=100))
+    with pytest.raises(FencedError):
+        second.offer(replace(make_unit(config, 0, partition=0, start=0, end=100), messages=100))
+    # The driver stops the run on this marker instead of letting Flink restart the committer.
+    assert FENCED_MESSAGE in (run_dir(config, "second") / "fenced").read_text()
+    after_first = load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot().snapshot_id
+    # Writers that started before another instance's commit, with a committer opened after it:
+    # fenced too (not a chain "overlap", which Flink would restart).
+    late = Committer(config, 1, "late")
+    late.open()
+    with pytest.raises(FencedError, match="writers started partition 0 at offset 0"):
+        late.offer(replace(make_unit(config, 0, partition=0, start=0, end=100), messages=100))
+    third = Committer(config, 1, "third")
+    third.open()
+    third.offer(replace(make_unit(config, 0, partition=0, start=100, end=150), messages=50))
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    topic = config.kafka.topic
+    assert [consumed_by_run(table, topic, run) for run in ("first", "second", "late", "third")] == [100, 0, 0, 50]
+    assert consumed_by_run(table, topic, "first", since_snapshot_id=after_first) == 0  # older than the start
+    assert committed_position(table, topic).consumed_total == 150
+    for c in (first, second, late, third):
+        c.close()
+
+
 class _RacingCatalog:
     """The real catalog, except that right after the committer reads the table, another
     process (here: a compactor-like append without offsets) commits first."""

@@ -41,9 +41,12 @@ BAD = {
     "day on a string": (lambda d: d["table"].update(partition_spec=[{"source": "user_id", "transform": "day"}]),
                         "partition_spec.0.transform: day needs a date/timestamp field"),
     "ingest.commit_interval_seconds": (lambda d: d["ingest"].update(commit_interval_seconds=0),
-                                       "ingest.commit_interval_seconds: Input should be greater than 0"),
+                                       "ingest.commit_interval_seconds: must be a number > 0"),
     "ingest.parallelism": (lambda d: d["ingest"].update(parallelism="two"), "ingest.parallelism"),
     "unknown section": (lambda d: d.update(ingset={}), "ingset: Extra inputs are not permitted"),
+    "epoch unit value": (lambda d: d["table"]["schema"][1].update(unit="millis"), "table.schema.1.unit: Input should be 's', 'ms', 'us' or 'ns'"),
+    "epoch unit on a string": (lambda d: d["table"]["schema"][2].update(unit="ms"),
+                               "table.schema.2.unit: an epoch unit only applies to timestamp/timestamptz fields, this one is string"),
     "duplicate field": (lambda d: d["table"]["schema"].append({"name": "id", "type": "long"}), "duplicate field names ['id']"),
 }
 
@@ -57,6 +60,14 @@ def test_each_bad_key_is_named(good_config: Path, case: str) -> None:
     assert expected in str(error.value)
     # ...and the CLI turns it into exit code 2 before anything starts.
     assert main(["table", "--config", str(good_config)]) == 2
+
+
+def test_epoch_unit_is_optional_and_read_per_field(good_config: Path) -> None:
+    from streamberg.ingest.decode import epoch_units
+
+    assert epoch_units(load_config(good_config).table.schema_) == {}  # ms by default, in the decoder
+    _mutate(good_config, lambda d: d["table"]["schema"][1].update(unit="us"))
+    assert epoch_units(load_config(good_config).table.schema_) == {"ts": "us"}
 
 
 def test_good_config_loads_and_resolves_paths(good_config: Path) -> None:
@@ -76,7 +87,7 @@ def test_environment_overrides_the_file(good_config: Path, monkeypatch: pytest.M
 
 def test_bad_environment_override_is_named(good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "-1")
-    with pytest.raises(ConfigError, match="ingest.parallelism: Input should be greater than or equal to 1"):
+    with pytest.raises(ConfigError, match="ingest.parallelism: must be an integer between 1 and 256"):
         load_config(good_config)
 
 

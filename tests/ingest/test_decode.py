@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
+import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
-from pyiceberg.types import BinaryType, DateType, DecimalType, LongType, NestedField, StringType, TimestamptzType
+from pyiceberg.types import (
+    BinaryType,
+    DateType,
+    DecimalType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
 
 from streamberg.ingest.decode import JsonDecoder, UnsupportedSchemaError
 
@@ -25,10 +38,10 @@ def good(i: int) -> bytes:
 
 
 CASES = {
-    "not json": (b"not json", "Invalid value"),
+    "not json": (b"not json", "not valid JSON"),
     "wrong type": (json.dumps({"id": "x", "ts": TS}).encode(), "Column(/id) changed from number to string"),
     "missing required": (json.dumps({"ts": TS}).encode(), "missing required field 'id'"),
-    "not an object": (b"[1, 2]", "changed from object to array"),
+    "not an object": (b"[1, 2]", "not a JSON object: the record is an array"),
     "empty": (b"", "empty or blank value"),
     "blank": (b" \n\t ", "empty or blank value"),
     "two values": (good(1) + b" " + good(2), "more than one JSON value"),
@@ -85,3 +98,138 @@ def test_decoded_table_carries_iceberg_field_ids() -> None:
 def test_schema_json_cannot_carry_is_refused() -> None:
     with pytest.raises(UnsupportedSchemaError, match="'blob' has type binary"):
         JsonDecoder(Schema(NestedField(1, "blob", BinaryType())), 4096)
+
+
+# -- epoch timestamps ----------------------------------------------------------------------
+EPOCH_SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "ts", TimestamptzType(), required=True),
+    NestedField(3, "local", TimestampType()),
+)
+WHEN = datetime(2026, 11, 21, 10, 0, 0, 123456, tzinfo=timezone.utc)
+WHEN_US = (WHEN - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(("unit", "value", "expected_us"), [
+    ("s", WHEN_US // 10**6, WHEN_US // 10**6 * 10**6),
+    ("ms", WHEN_US // 10**3, WHEN_US // 10**3 * 10**3),
+    ("us", WHEN_US, WHEN_US),
+    ("ns", WHEN_US * 1000 + 999, WHEN_US),  # floored to microseconds
+    ("ms", -1, -1000),  # before 1970
+])
+def test_integer_epochs_are_read_in_the_fields_unit(unit: str, value: int, expected_us: int) -> None:
+    decoder = JsonDecoder(EPOCH_SCHEMA, 4096, {"ts": unit, "local": unit})
+    result = decoder.decode([json.dumps({"id": 1, "ts": value, "local": value}).encode()])
+    assert result.rejected == []
+    row = result.table.cast(pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("local", pa.int64())])).to_pylist()[0]
+    assert row == {"id": 1, "ts": expected_us, "local": expected_us}
+
+
+def test_epoch_ms_is_the_default_and_iso_strings_mix_with_epochs_in_one_batch() -> None:
+    ms = WHEN_US // 1000
+    batch = [json.dumps({"id": i, "ts": ms if i % 2 else "2026-11-21T10:00:00.123Z", "local": i % 3 and ms or None}).encode()
+             for i in range(10)]
+    # A key spelled with an escape defeats the byte-level guess of which fields hold numbers.
+    batch.append(b'{"id": 10, "t\\u0073": ' + str(ms).encode() + b'}')
+    batch.append(b'{"id": 11, "ts": "2026-11-21T10:00:00.123Z", "meta": {"ts": 5}}')  # a nested "ts" key
+    result = JsonDecoder(EPOCH_SCHEMA, 4096).decode(batch)
+    assert result.rejected == []
+    assert result.table.column("id").to_pylist() == list(range(12))
+    assert set(result.table.column("ts").to_pylist()) == {WHEN.replace(microsecond=123000)}
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (253402300800000, "epoch (ms) outside years 0001-9999"),
+    (-62135596800001, "epoch (ms) outside years 0001-9999"),
+    (2 ** 63, "couldn't parse"),
+    (1.7e12, "couldn't parse"),
+    (True, "changed from string to boolean"),
+    ("2026-02-30T00:00:00Z", "not an ISO-8601 timestamp"),
+    ("0000-12-31T23:00:00Z", "not an ISO-8601 timestamp"),
+    ("0001-01-01T00:30:00+01:00", "not an ISO-8601 timestamp"),  # before year 1 in UTC
+    ("2026-11-21T10:00:00+24:00", "not an ISO-8601 timestamp"),
+])
+def test_out_of_range_or_malformed_timestamps_are_dead_lettered(value: object, reason: str) -> None:
+    batch = [json.dumps({"id": 0, "ts": 0}).encode(), json.dumps({"id": 1, "ts": value}).encode()]
+    result = JsonDecoder(EPOCH_SCHEMA, 4096).decode(batch)
+    assert result.table.column("id").to_pylist() == [0]
+    assert len(result.rejected) == 1 and reason in result.rejected[0][1], result.rejected
+
+
+def test_unknown_epoch_unit_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown epoch unit 'millis'"):
+        JsonDecoder(EPOCH_SCHEMA, 4096, {"ts": "millis"})
+
+
+# -- what the screen takes out before the parse ----------------------------------------------
+@pytest.mark.parametrize(("value", "reason"), [
+    (b"  null  ", "not a JSON object: the record is null"),
+    (b"true", "not a JSON object: the record is a boolean"),
+    (b"-1.5", "not a JSON object: the record is a number"),
+    (b'"x"', "not a JSON object: the record is a string"),
+    (b"\xef\xbb\xbf" + good(2), "byte order mark"),
+    (good(2)[:-1] + b', "x": "a\x00b"}', "NUL byte"),
+    (good(2)[:-1] + b', "amount": NaN}', "NaN and Infinity"),
+    (good(2)[:-1] + b', "extra": [-Infinity]}', "NaN and Infinity"),
+    (good(2) + b" x", "not a single JSON object"),
+    (good(2)[:-1], "not a single JSON object"),
+    (good(2)[:-1] + b', "note": "\\ud800"}', "surrogate"),
+    (good(2)[:-1] + b', "name": "\xed\xa0\x80"}', "not valid UTF-8"),
+    (good(2)[:-1] + b', "id": 3}', "specified twice"),
+    (good(2)[:-1] + b', "name": "a\nb"}', "not valid JSON"),  # a raw line end inside a string
+])
+def test_screened_records_are_isolated_with_their_reason(value: bytes, reason: str) -> None:
+    batch = [good(0), good(1), value, good(3)]
+    result = JsonDecoder(SCHEMA, 4096).decode(batch)
+    assert result.table.column("id").to_pylist() == [0, 1, 3]
+    assert [i for i, _ in result.rejected] == [2] and reason in result.rejected[0][1], result.rejected
+
+
+def test_nan_inside_strings_and_unknown_duplicates_are_fine() -> None:
+    value = json.dumps({"id": 2, "ts": TS, "name": 'NaN " Infinity'}).encode()[:-1] + b', "zz": 1, "zz": {"a": 1, "a": 2}}'
+    result = JsonDecoder(SCHEMA, 4096).decode([value])
+    assert result.rejected == [] and result.table.column("name").to_pylist() == ['NaN " Infinity']
+
+
+def test_values_pyarrow_would_let_through_are_checked_per_row() -> None:
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "amount", DecimalType(10, 2)),
+                    NestedField(3, "ratio", FloatType()), NestedField(4, "n", IntegerType()))
+    batch = [b'{"id": 0, "amount": 1234567890}',  # pyarrow reads it into decimal(10,2) unchecked
+             b'{"id": 1, "amount": 99999999.990}',  # written with 11 digits, fits at scale 2
+             b'{"id": 2, "ratio": 1e39}',  # infinite as a 32-bit float
+             b'{"id": 3, "n": 2147483648}',
+             b'{"id": 4, "amount": "12.50", "ratio": 0.5, "n": -2147483648}']
+    result = JsonDecoder(schema, 4096).decode(batch)
+    assert result.table.column("id").to_pylist() == [1, 4]
+    assert [str(v) for v in result.table.column("amount").to_pylist()] == ["99999999.99", "12.50"]
+    reasons = dict(result.rejected)
+    assert "precision" in reasons[0] and "finite float" in reasons[2] and "out of range for int" in reasons[3]
+
+
+def test_many_bad_records_cost_a_few_parses_each() -> None:
+    decoder = JsonDecoder(SCHEMA, 4096)
+    calls = []
+    parse = decoder._parse
+    decoder._parse = lambda lines, numbers: calls.append(len(lines)) or parse(lines, numbers)  # count, not replace
+    batch = [good(i) if i % 4 else json.dumps({"id": "x", "ts": TS}).encode() for i in range(2000)]
+    result = decoder.decode(batch)
+    assert len(result.rejected) == 500
+    assert len(calls) <= 4 * 500 + 10
+    assert sum(calls) <= 20 * len(batch)  # records parsed, summed over all attempts: not quadratic
+
+
+@pytest.mark.parametrize("batch", [[], [b""], [None], [b"", None, b"  "]])
+def test_degenerate_batches(batch: list) -> None:
+    result = JsonDecoder(SCHEMA, 4096).decode(batch)
+    assert result.table.num_rows == 0 and [i for i, _ in result.rejected] == list(range(len(batch)))
+
+
+def test_rows_stay_in_input_order_when_records_are_retried_with_the_other_timestamp_type() -> None:
+    ms = WHEN_US // 1000
+    batch = [json.dumps({"id": 0, "ts": ms}).encode(),
+             b'{"id": 1, "t\\u0073": ' + str(ms).encode() + b'}',  # guessed string, retried as a number
+             json.dumps({"id": 2, "ts": ms}).encode(),
+             b'{"id": 3, "t\\u0073": ' + str(ms).encode() + b'}']
+    result = JsonDecoder(EPOCH_SCHEMA, 4096).decode(batch)
+    assert result.rejected == []
+    assert result.table.column("id").to_pylist() == [0, 1, 2, 3] and list(result.kept) == [0, 1, 2, 3]

@@ -134,13 +134,28 @@ def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_pat
     assert "column 'country' (string) is in the config but not in the table" in proc.stderr
 
 
-def test_duration_bound_stops_gracefully_and_a_rerun_adds_nothing(ingested) -> None:  # noqa: ANN001
+def test_duration_bound_drains_records_in_flight_and_a_rerun_adds_nothing(ingested) -> None:  # noqa: ANN001
     config, path, produced, _, _ = ingested
+    # Records the bounded run reads but cannot commit on its own: the commit interval (600 s) is
+    # longer than the run, so whatever it reports consumed was committed by the graceful drain.
+    extra = produce_events(config, 2000, start_id=RECORDS, seed=99)
     before = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
-    run = streamberg("ingest", "--config", str(path), "--duration", "8", "--quiet")
-    outcome = json.loads(run.stdout.strip().splitlines()[-1])
-    assert outcome["consumed"] == 0 and outcome["stopped_because"] == "duration 8.0s elapsed"
+    run = streamberg("ingest", "--config", str(path), "--duration", "15", "--quiet",
+                     env={"STREAMBERG_INGEST__COMMIT_INTERVAL_SECONDS": "600"})
+    drained = json.loads(run.stdout.strip().splitlines()[-1])
+    assert drained["stopped_because"] == "duration 15.0s elapsed"
+    assert 0 < drained["consumed"] <= extra.produced  # read, in flight at the stop, and committed
     assert '"all writers finished and committed"' in run.stderr  # drained, not cut off
+    middle = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
+    assert middle["snapshots"] == before["snapshots"] + 1  # the drain's one commit
+    # The rest, if the stop came before every record was read (a slow start-up eats the bound).
+    remaining = extra.produced - drained["consumed"]
+    if remaining:
+        streamberg("ingest", "--config", str(path), "--max-records", str(remaining), "--quiet")
+    settled = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
+    idle = json.loads(streamberg("ingest", "--config", str(path), "--duration", "8", "--quiet").stdout
+                      .strip().splitlines()[-1])
+    assert idle["consumed"] == 0
     after = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
-    assert after["snapshots"] == before["snapshots"]  # no empty snapshots
-    assert table_ids(config) == sorted(produced.valid_ids)
+    assert after["snapshots"] == settled["snapshots"]  # no empty snapshots
+    assert table_ids(config) == sorted(produced.valid_ids + extra.valid_ids)

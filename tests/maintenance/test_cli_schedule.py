@@ -14,6 +14,7 @@ import pytest
 
 from streamberg.maintenance.record import last_maintenance_run
 from tests.compactor.helpers import FakeIngest
+from tests.helpers import JvmSentinel
 from tests.maintenance.helpers import setup_maintained
 
 pytestmark = pytest.mark.spark
@@ -33,9 +34,12 @@ def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> N
     ingest = FakeIngest(config, seed=11)
     for _ in range(3):
         ingest.append(50)
+    # The JVM sentinel's positive control: this run does start Spark, and the sentinel must see
+    # it (the "before Spark starts" tests rely on it seeing nothing).
+    jvm = JvmSentinel(tmp_path)
     proc = subprocess.Popen([STREAMBERG, "maintain", "--config", config.config_path, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+                            env={**jvm.env, "STREAMBERG_LOG_FORMAT": "json"})
     try:
         deadline = time.monotonic() + 180
         first = None
@@ -57,6 +61,7 @@ def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> N
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err[-3000:]
+    assert any("org.apache.spark" in line for line in jvm.launched()), jvm.launched()
     runs = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert len(runs) >= 2
     assert CONTRACT_KEYS <= set(runs[0])

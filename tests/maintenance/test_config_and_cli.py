@@ -16,14 +16,15 @@ from streamberg.common.config import ConfigError, load_config
 from streamberg.maintenance.app import check_config
 from streamberg.maintenance.record import last_maintenance_run, record_run
 from tests.compactor.helpers import write_config
+from tests.helpers import JvmSentinel
 from tests.maintenance.helpers import setup_maintained, write_maintained_config
 
 STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 
 
-def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _run(*args: str, env: dict | None = None, base_env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([STREAMBERG, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
+                          env={**(base_env or os.environ), "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
 
 
 def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  # noqa: ANN001
@@ -37,12 +38,12 @@ def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  
 
 
 @pytest.mark.parametrize(("maintenance", "key", "words"), [
-    ({"interval_seconds": 0}, "maintenance.interval_seconds", "greater than 0"),
-    ({"orphan": {"safety_age_seconds": 600}}, "maintenance.orphan", "allow_short_safety_age"),
-    ({"retention": {"days": 30}}, "maintenance.retention", "column: required"),
-    ({"retention": {"column": "ts", "days": -1}}, "maintenance.retention.days", "greater than 0"),
+    ({"interval_seconds": 0}, "maintenance.interval_seconds", "must be a number > 0"),
+    ({"orphan": {"safety_age_seconds": 600}}, "maintenance.orphan.safety_age_seconds", "allow_short_safety_age"),
+    ({"retention": {"days": 30}}, "maintenance.retention.column", "required when retention.days is set"),
+    ({"retention": {"column": "ts", "days": -1}}, "maintenance.retention.days", "must be a number > 0"),
     ({"manifests": {"min_count": None, "min_total_bytes": None}}, "maintenance.manifests", "enabled: false"),
-    ({"expire": {"min_snapshots_to_keep": 0}}, "maintenance.expire.min_snapshots_to_keep", "greater than or equal to 1"),
+    ({"expire": {"min_snapshots_to_keep": 0}}, "maintenance.expire.min_snapshots_to_keep", "must be an integer between 1"),
     ({"expire": {"max_age": 5}}, "maintenance.expire.max_age", "Extra inputs"),
 ])
 def test_invalid_maintenance_config_names_the_key(tmp_path, maintenance, key, words) -> None:  # noqa: ANN001
@@ -73,20 +74,25 @@ def test_cli_invalid_config_exits_2_naming_the_key(tmp_path) -> None:  # noqa: A
     path = write_maintained_config(tmp_path, {"orphan": {"safety_age_seconds": 60}})
     proc = _run("maintain", "--config", str(path), "--once")
     assert proc.returncode == 2, proc.stderr
-    assert "maintenance.orphan: safety_age_seconds: 60 is below 3600" in proc.stderr
+    assert "maintenance.orphan.safety_age_seconds: 60 is below 3600" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_cli_retention_column_error_exits_2_before_spark(tmp_path) -> None:  # noqa: ANN001
     config, _ = setup_maintained(tmp_path, {"retention": {"column": "amount", "days": 1}})
-    proc = _run("maintain", "--config", config.config_path, "--once")
+    jvm = JvmSentinel(tmp_path)
+    proc = _run("maintain", "--config", config.config_path, "--once", base_env=jvm.env)
     assert proc.returncode == 2 and "maintenance.retention.column: 'amount' is double" in proc.stderr
+    assert jvm.launched() == []  # refused before Spark's JVM started
 
 
 def test_cli_missing_table_exits_1(tmp_path) -> None:  # noqa: ANN001
     proc = _run("maintain", "--config", str(write_config(tmp_path)), "--once", "--json")
     assert proc.returncode == 1
-    assert "table db.events does not exist yet" in proc.stderr and "Traceback" not in proc.stderr
+    # No catalog at all: said so, and none is created (tests/security covers a missing table
+    # in an existing catalog).
+    assert "catalog.db does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "catalog.db").exists()
 
 
 def test_help_describes_steps_safety_and_keys() -> None:

@@ -18,7 +18,7 @@ from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.maintenance.commands import render
 from streamberg.maintenance.planner import pending_append_snapshots
 from streamberg.maintenance.record import last_maintenance_run
-from tests.compactor.helpers import BASE_TS, DAY, TOPIC, FakeIngest, live_files, reload, row_multiset
+from tests.compactor.helpers import BASE_TS, DAY, TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset
 from tests.maintenance.helpers import age_files, files_on_disk, local_path, referenced_paths, setup_maintained
 
 pytestmark = pytest.mark.spark
@@ -184,10 +184,14 @@ def test_retention_deletes_only_rows_older_than_the_cutoff(spark, tmp_path, part
     rows = table.scan().to_arrow().to_pylist()
     kept_ids = collections.Counter(r["id"] for r in rows if r["ts"] >= cutoff)
     assert 0 < sum(kept_ids.values()) < len(rows)
+    disk = files_on_disk(table)
 
     result = _maintain(spark, config, clock=lambda: now.timestamp())["retention"]
 
     after = reload(config)
+    # Retention only commits (files leave the table's snapshots, not the disk): expiry and
+    # orphan removal delete files, later (docs/security.md).
+    assert set(disk) <= set(files_on_disk(after))
     assert collections.Counter(r["id"] for r in after.scan().to_arrow().to_pylist()) == kept_ids
     assert committed_position(after, TOPIC) == position
     assert result["ran"] and result["records_deleted"] == len(rows) - sum(kept_ids.values())
@@ -243,7 +247,7 @@ def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None: 
     # No lease: expiry and the manifest rewrite commit while ingest keeps appending.
     config, _ = setup_maintained(tmp_path, {"manifests": {"min_count": 2}, "expire": {
         "max_snapshot_age_seconds": 0.001, "keep_pending_for_compactor": False}})  # no compactor here
-    ingest = FakeIngest(config, seed=12)
+    ingest = CommitterIngest(config, seed=12)  # conflicts retried by the product's committer
     for _ in range(4):
         ingest.append(50)
     stop = threading.Event()
@@ -264,6 +268,7 @@ def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None: 
     finally:
         stop.set()
         writer.join(timeout=120)
+    ingest.close()
     assert not errors, errors
     after = reload(config)
     ids = sorted(after.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())

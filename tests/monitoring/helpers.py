@@ -20,8 +20,13 @@ from tests.ingest.test_committer import make_unit
 
 
 def produce_to(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
-    """Produce counts[p] small JSON messages to partition p, and wait until all are acknowledged."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    """Produce counts[p] small JSON messages to partition p, and wait until all are acknowledged.
+
+    A long linger puts each partition's messages in one record batch, so on tansu (whose
+    watermark is its last batch's base offset + 1) the watermark lags the true end by all but
+    one record: the monitoring tests rely on that gap to exercise "offsets past the watermark".
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1000})
     for partition, n in counts.items():
         for i in range(n):
             producer.produce(topic, value=json.dumps({"id": i}).encode(), partition=partition)

@@ -1,0 +1,130 @@
+"""Keep orphan-file deletion inside the table (docs/security.md, "What is deleted and when").
+
+Orphan removal lists "everything under the table location" and deletes what no snapshot
+references; the location comes from the catalog. Three things could make that delete files
+that are not the table's:
+
+1. a location outside the warehouse (a mistyped or hostile catalog entry: `/`, a home
+   folder): refused unless `maintenance.allow_location_outside_warehouse` is true;
+2. a location that contains another table's location (a table created at its parent's path,
+   the dead-letter table under the main one): refused, always;
+3. a symbolic link inside the location: Hadoop's local file system lists through it, so the
+   files it points at would look like old, unreferenced files of this table. Every candidate
+   is checked before it is deleted: inside the location after normalisation (no `..`), and
+   no component from the location down to the file is a symlink (lstat). Failing ones are
+   skipped and reported. Object stores have no symlinks; their paths get the prefix check.
+
+Each check is made just before its delete as well (a link swapped in after the listing is
+still caught, up to the moment of the lstat).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from pyiceberg.catalog import Catalog
+
+from streamberg.common.config import StreambergConfig
+
+
+class LocationRefused(RuntimeError):
+    """The table's location is not one orphan removal may list and delete under."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """A storage location split into what identifies a file system and a normalised path."""
+
+    filesystem: str  # "" for the local file system, else scheme://bucket
+    path: str  # absolute, normalised, no trailing slash
+    raw_path: str  # as given, to spot `..` segments
+
+    @property
+    def local(self) -> bool:
+        return self.filesystem == ""
+
+
+def place(location: str) -> Place:
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file"):
+        raw = parts.path if parts.scheme else location
+        return Place("", posixpath.normpath(raw) if raw else "/", raw)
+    raw = parts.path or "/"
+    return Place(f"{parts.scheme.lower()}://{parts.netloc}", posixpath.normpath(raw), raw)
+
+
+def is_within(child: Place, parent: Place) -> bool:
+    """`child` is `parent` or below it (same file system, path prefix on a `/` boundary)."""
+    if child.filesystem != parent.filesystem:
+        return False
+    return child.path == parent.path or child.path.startswith(parent.path.rstrip("/") + "/")
+
+
+def _real(p: Place) -> Place:
+    # The warehouse check compares where folders really are: a warehouse reached through a
+    # symlink still contains its tables.
+    return Place("", os.path.realpath(p.path), p.raw_path) if p.local else p
+
+
+def check_location(config: StreambergConfig, catalog: Catalog, identifier: str, location: str) -> None:
+    """Raise LocationRefused when orphan removal must not run on the table at `location`."""
+    table_place, warehouse = place(location), place(config.catalog.warehouse)
+    if not is_within(_real(table_place), _real(warehouse)) and not config.maintenance.allow_location_outside_warehouse:
+        raise LocationRefused(
+            f"table {identifier} is located at {location}, outside the catalog warehouse "
+            f"{config.catalog.warehouse}; orphan removal deletes unreferenced files under the table location, "
+            "so it refuses to run there. Move the table, or set maintenance.allow_location_outside_warehouse: true "
+            "if that location holds only this table's files")
+    if table_place.path == "/":
+        raise LocationRefused(f"table {identifier} is located at the root of {location}; orphan removal refuses it")
+    for namespace in catalog.list_namespaces():
+        for other in catalog.list_tables(namespace):
+            name = ".".join(other)
+            if name == identifier:
+                continue
+            try:
+                other_location = catalog.load_table(other).location()
+            except Exception as exc:  # noqa: BLE001 - unknown means unsafe
+                raise LocationRefused(
+                    f"cannot read the location of table {name} ({type(exc).__name__}: {str(exc)[:200]}); orphan "
+                    f"removal on {identifier} needs every table's location to be sure none lies inside it") from None
+            if is_within(place(other_location), table_place):
+                raise LocationRefused(
+                    f"table {identifier} at {location} contains table {name} (at {other_location}); orphan removal "
+                    f"would delete {name}'s files as unreferenced, so it refuses to run. Give each table a "
+                    "location of its own")
+
+
+def outside_reason(path: str, location: str) -> str | None:
+    """Why orphan removal must not delete `path` of the table at `location`, or None if it may."""
+    target, root = place(path), place(location)
+    if ".." in target.raw_path.split("/"):
+        return "the path contains '..'"
+    if not is_within(target, root) or target.path == root.path:
+        return "outside the table location"
+    if not target.local:
+        return None  # object stores have no symlinks
+    relative = posixpath.relpath(target.path, root.path).split("/")
+    current = root.path
+    if os.path.islink(current):
+        return f"the table location {current} is a symlink"
+    for part in relative:
+        current = posixpath.join(current, part)
+        if os.path.islink(current):  # lstat: the link itself, never its target
+            return f"{current} is a symlink"
+    return None
+
+
+def confine(paths: list[str], location: str) -> tuple[list[str], dict[str, str]]:
+    """(paths that may be deleted, {skipped path: reason})."""
+    kept, skipped = [], {}
+    for path in paths:
+        reason = outside_reason(path, location)
+        if reason is None:
+            kept.append(path)
+        else:
+            skipped[path] = reason
+    return kept, skipped

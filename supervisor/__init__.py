@@ -1,0 +1,1 @@
+"""`streamberg run`: the local supervisor of the whole loop (ingest, compactor, maintenance)."""

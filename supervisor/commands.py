@@ -1,0 +1,115 @@
+"""`streamberg run`: the whole loop (ingest + compactor + maintenance) under one supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+from streamberg.common.cli import CommandError
+from streamberg.common.config import ConfigError, StreambergConfig, load_config
+
+DESCRIPTION = """\
+Runs the whole loop on this machine: the ingest (`streamberg ingest`), the continuous
+compactor (`streamberg compact`) and scheduled maintenance (`streamberg maintain`), each its
+own process under one small supervisor. This is the embedded local default; on clusters the
+same components run under Flink and Spark as deploy/ describes.
+
+- Ctrl-C / SIGTERM stops them all gracefully (the ingest drains and commits, the compactor
+  finishes its pass, maintenance its step); each gets run.stop_timeout_seconds, then
+  SIGKILL. A second Ctrl-C kills at once (safe: commits are atomic).
+- A component that exits is restarted with exponential backoff (run.restart_backoff_seconds
+  up to run.restart_backoff_max_seconds); restarts are logged and counted.
+- A fenced ingest (another ingest writes this table) and an invalid configuration (exit 2)
+  are not restarted: the supervisor stops the others and exits 1 or 2.
+- The compactor and maintenance wait for the ingest to create the table
+  (compactor/maintenance.wait_for_table_seconds).
+- Every line a component prints carries its name. On a terminal a live status line shows
+  committed records and rate, lag, pending files, last optimize and the health verdict,
+  refreshed every run.status_interval_seconds; otherwise the same facts are logged.
+
+Prints one JSON summary line on stdout when it stops. Exit status: 0 after a requested
+stop, 1 when the ingest was fenced, 2 for an invalid configuration.
+
+Examples:
+  streamberg run --config examples/demo.yaml
+  streamberg run --config examples/demo.yaml --duration 90
+  streamberg run --config examples/demo.yaml --components ingest,compact
+"""
+
+
+def status_collector(config: StreambergConfig) -> Callable[[], dict[str, Any]]:
+    """Monitoring's own collection, called in process every run.status_interval_seconds.
+
+    In process rather than `streamberg status --json` in a subprocess: the supervisor is a
+    composition root (like the CLI) and may use monitoring, and keeping one manifest cache
+    across refreshes means each refresh reads only the new manifests (one catalog read and
+    one broker read), instead of a fresh interpreter re-reading every manifest.
+    """
+    from streamberg.compactor.planner import ManifestCache
+    from streamberg.monitoring.collect import collect_status
+    from streamberg.monitoring.health import with_health
+
+    cache = ManifestCache()
+
+    def collect() -> dict[str, Any]:
+        status = with_health(collect_status(config, cache=cache), config)
+        ingest, compactor = status.ingest, status.compactor
+        last_optimize = compactor.last_optimize if compactor is not None else None
+        return {
+            "records": status.files.records if status.files is not None else None,
+            "data_files": status.files.data_files if status.files is not None else None,
+            "consumed_total": ingest.last_commit.consumed_total if ingest.last_commit is not None else None,
+            "lag": ingest.lag.total if ingest.lag is not None else None,
+            "pending_files": compactor.pending_files if compactor is not None else None,
+            "last_optimize_age_seconds": None if last_optimize is None else round(last_optimize.age_seconds, 1),
+            "dead_letters": status.dead_letters.records if status.dead_letters is not None else None,
+            "health": status.health.verdict,
+            "health_reasons": status.health.reasons,
+        }
+
+    return collect
+
+
+def _components(text: str) -> list[str]:
+    from streamberg.supervisor.supervisor import COMMANDS
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [n for n in names if n not in COMMANDS]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"give distinct names among {', '.join(COMMANDS)} (got {text!r})")
+    return names
+
+
+def _run(args: argparse.Namespace) -> int:
+    from streamberg.supervisor.supervisor import Supervisor
+
+    config = load_config(args.config)  # an invalid file fails here (exit 2), before any child starts
+    if args.duration is not None and args.duration <= 0:
+        raise CommandError("--duration must be positive")
+    supervisor = Supervisor(config, str(config.config_path or args.config), duration=args.duration,
+                            components=args.components, status=not args.no_status,
+                            status_collector=status_collector(config))
+    code = supervisor.run()
+    print(json.dumps(supervisor.summary()), flush=True)
+    if code == 1:
+        raise CommandError("the ingest was fenced: another ingest instance is writing this table "
+                           "(see its message above); stopped without restarting")
+    if code == 2:
+        # ConfigError: the CLI's exit 2, as the component's own.
+        raise ConfigError(f"run stopped: {supervisor.stop_reason} (see the component's message above)")
+    return code
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run", help="the whole loop on one machine: ingest + continuous compactor + scheduled maintenance",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="the streamberg YAML config")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="stop gracefully after this many seconds (default: until Ctrl-C/SIGTERM)")
+    parser.add_argument("--components", type=_components, default=None, metavar="A,B",
+                        help="which components to run (default: run.components: ingest,compact,maintain)")
+    parser.add_argument("--no-status", action="store_true", help="no status line / periodic status log")
+    parser.set_defaults(func=_run)

@@ -1,0 +1,113 @@
+"""Child process for the decoder fuzz suite: decodes batches sent over a pipe.
+
+A native crash or hang in the decoder then kills this process, not pytest: the test sees the
+dead pipe, saves the batch and fails. Protocol: 8-byte length + pickle both ways; the request
+is (schema name, batch), the reply (kept indexes, rejected (index, reason) pairs, rows).
+
+Replay a saved batch in-process:
+    .venv/bin/python -m tests.ingest.decode_worker --replay BATCH.pkl
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import sys
+from typing import BinaryIO
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+
+# Two schemas: one with required fields, one where every field is optional (so `{}` and a
+# stray `null` row would be accepted silently if the screen let them through).
+SCHEMAS = {
+    "events": Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "ts", TimestamptzType(), required=True),
+        NestedField(3, "at", TimestampType()),
+        NestedField(4, "t_us", TimestamptzType()),
+        NestedField(5, "t_ns", TimestampType()),
+        NestedField(6, "day", DateType()),
+        NestedField(7, "amount", DecimalType(10, 2)),
+        NestedField(8, "big", DecimalType(38, 6)),
+        NestedField(9, "small", IntegerType()),
+        NestedField(10, "ratio", FloatType()),
+        NestedField(11, "score", DoubleType()),
+        NestedField(12, "flag", BooleanType()),
+        NestedField(13, "name", StringType()),
+    ),
+    "loose": Schema(
+        NestedField(1, "id", LongType()),
+        NestedField(2, "ts", TimestamptzType()),
+        NestedField(3, "name", StringType()),
+        NestedField(4, "amount", DecimalType(5, 0)),
+    ),
+}
+UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose": {"ts": "s"}}
+MAX_RECORD_BYTES = 4 << 20
+
+
+def send(stream: BinaryIO, obj: object) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def receive(stream: BinaryIO) -> object:
+    header = stream.read(8)
+    if len(header) < 8:
+        raise EOFError("pipe closed")
+    (size,) = struct.unpack("<Q", header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("pipe closed")
+    return pickle.loads(data)
+
+
+def decode(schema_name: str, batch: list[bytes | None]) -> tuple[list[int], list[tuple[int, str]], list[dict]]:
+    from streamberg.ingest.decode import JsonDecoder
+    from tests.ingest.json_oracle import normalise_table
+
+    if schema_name == "raw-pyarrow":  # the bare parser, to show the harness catches its crash
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        pj.read_json(pa.BufferReader(b"\n".join(v or b"" for v in batch) + b"\n"))
+        return [], [], []
+
+    decoder = JsonDecoder(SCHEMAS[schema_name], MAX_RECORD_BYTES, UNITS[schema_name])
+    result = decoder.decode(batch)
+    return [int(i) for i in result.kept], result.rejected, normalise_table(result.table)
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--replay":
+        with open(sys.argv[2], "rb") as f:
+            schema_name, batch = pickle.load(f)
+        kept, rejected, _ = decode(schema_name, batch)
+        print(f"decoded {len(batch)} records: {len(kept)} kept, {len(rejected)} rejected")
+        return
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write into the reply pipe
+    while True:
+        try:
+            schema_name, batch = receive(stdin)
+        except EOFError:
+            return
+        send(stdout, decode(schema_name, batch))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The reference decoder for the fuzz suite: `json.loads` plus the schema's rules, record by record.
+
+Plain Python, written from the rules in the docstring of streamberg.ingest.decode, with no code
+shared with the decoder: where the two disagree, one of them is wrong. Returns, per record,
+either ("ok", row) with the row normalised as `normalise_table` normalises the decoder's
+output, or ("bad", reason).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from datetime import date, datetime, timedelta
+from decimal import Context, Decimal, InvalidOperation
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+
+EPOCH = datetime(1970, 1, 1)
+MIN_US = (datetime(1, 1, 1) - EPOCH) // timedelta(microseconds=1)
+MAX_US = (datetime(9999, 12, 31, 23, 59, 59, 999999) - EPOCH) // timedelta(microseconds=1)
+US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
+                r"(Z|[+-]\d{2}(?::?\d{2})?)?)?", re.ASCII)
+DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
+DECIMAL_STRING = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+WIDE = Context(prec=200)
+
+
+def _int(text: str) -> int | None:
+    """An integer literal's value, or None past 64 bits (int() refuses over 4300 digits)."""
+    return int(text) if len(text.lstrip("-")) <= 20 else None
+
+
+class Num:
+    """A JSON number with its literal text (so decimals and ints are judged exactly)."""
+
+    __slots__ = ("kind", "text")
+
+    def __init__(self, kind: str, text: str):
+        self.kind, self.text = kind, text
+
+
+class Obj(dict):
+    dups: set
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> Obj:
+    obj = Obj()
+    obj.dups = set()
+    for k, v in pairs:
+        if k in obj:
+            obj.dups.add(k)
+        obj[k] = v
+    return obj
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_int=lambda s: Num("int", s), parse_float=lambda s: Num("float", s),
+                      parse_constant=_constant, object_pairs_hook=_pairs)
+
+
+def _loads_deep(text: str) -> Any:
+    """json.loads recurses per nesting level: deep records get a thread with a big stack."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        old = sys.getrecursionlimit()
+        try:
+            sys.setrecursionlimit(max(old, 3 * len(text) + 1000))
+            out["value"] = _loads(text)
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = exc
+        finally:
+            sys.setrecursionlimit(old)
+
+    size = threading.stack_size(1 << 30)
+    try:
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(size)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _micros_from_iso(text: str) -> int | None:
+    m = TS.fullmatch(text)
+    if not m:
+        return None
+    y, mo, d, hh, mi, ss, frac, zone = m.groups()
+    try:
+        naive = datetime(int(y), int(mo), int(d), int(hh or 0), int(mi or 0), int(ss or 0),
+                         int((frac or "0")[:6].ljust(6, "0")))
+    except ValueError:
+        return None
+    micros = (naive - EPOCH) // timedelta(microseconds=1)
+    if zone and zone != "Z":
+        digits = zone[1:].replace(":", "")
+        hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+        if hours > 23 or minutes > 59:
+            return None
+        offset = (hours * 60 + minutes) * 60_000_000
+        micros -= offset if zone[0] == "+" else -offset
+    return micros if MIN_US <= micros <= MAX_US else None
+
+
+def _field(ftype: Any, value: Any, unit: str) -> tuple[bool, Any]:
+    """(ok, normalised value) for one non-null value of one field."""
+    if isinstance(ftype, BooleanType):
+        return (True, value) if isinstance(value, bool) else (False, None)
+    if isinstance(ftype, (IntegerType, LongType)):
+        if not (isinstance(value, Num) and value.kind == "int"):
+            return False, None
+        v = _int(value.text)
+        if v is None:
+            return False, None
+        bits = 31 if isinstance(ftype, IntegerType) else 63
+        return (-(2 ** bits) <= v < 2 ** bits), v
+    if isinstance(ftype, (FloatType, DoubleType)):
+        if not isinstance(value, Num):
+            return False, None
+        v = float(value.text)  # correctly rounded from the literal, as a double
+        if isinstance(ftype, FloatType):
+            with np.errstate(over="ignore"):
+                v = float(np.float32(v))
+        return (v == v and abs(v) != float("inf")), v
+    if isinstance(ftype, DecimalType):
+        if isinstance(value, Num):
+            text = value.text
+        elif isinstance(value, str) and DECIMAL_STRING.fullmatch(value):
+            text = value
+        else:
+            return False, None
+        if sum(c.isdigit() for c in text.split("e")[0].split("E")[0]) > 76:
+            return False, None
+        d = WIDE.create_decimal(text)
+        try:
+            q = d.quantize(Decimal(1).scaleb(-ftype.scale), context=WIDE)
+        except InvalidOperation:
+            return False, None
+        if q != d or abs(q) >= Decimal(10) ** (ftype.precision - ftype.scale):
+            return False, None
+        return True, q
+    if isinstance(ftype, DateType):
+        if not (isinstance(value, str) and DATE.fullmatch(value)):
+            return False, None
+        try:
+            return True, (date.fromisoformat(value) - date(1970, 1, 1)).days
+        except ValueError:
+            return False, None
+    if isinstance(ftype, (TimestampType, TimestamptzType)):
+        if isinstance(value, Num) and value.kind == "int":
+            v = _int(value.text)
+            if v is None or not -(2 ** 63) <= v < 2 ** 63:
+                return False, None
+            micros = v // 1000 if unit == "ns" else v * US_PER_UNIT[unit]
+            return (MIN_US <= micros <= MAX_US), micros
+        if isinstance(value, str):
+            micros = _micros_from_iso(value)
+            return micros is not None, micros
+        return False, None
+    if isinstance(ftype, StringType):
+        return (True, value) if isinstance(value, str) else (False, None)
+    raise AssertionError(f"type {ftype} not covered by the oracle")
+
+
+def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: int,
+                     value: bytes | None) -> tuple[str, Any]:
+    if value is None:
+        return "bad", "tombstone"
+    if len(value) > max_record_bytes:
+        return "bad", "oversized"
+    try:
+        text = value.decode("utf-8")  # strict: no surrogates, no overlong forms
+    except UnicodeDecodeError:
+        return "bad", "utf-8"
+    if text.startswith("\ufeff"):
+        return "bad", "bom"
+    try:
+        deep = value.count(b"[") + value.count(b"{") > 500
+        obj = _loads_deep(text) if deep else _loads(text)
+    except (ValueError, RecursionError) as exc:
+        return "bad", f"json: {exc}"
+    if not isinstance(obj, dict):
+        return "bad", "not an object"
+    if _has_lone_surrogate(obj):
+        return "bad", "lone surrogate"
+    names = {f.name for f in schema.fields}
+    if obj.dups & names:
+        return "bad", f"duplicate {sorted(obj.dups & names)}"
+    row = {}
+    for f in schema.fields:
+        v = obj.get(f.name)
+        if v is None:
+            if f.required:
+                return "bad", f"missing {f.name}"
+            row[f.name] = None
+            continue
+        ok, normalised = _field(f.field_type, v, units.get(f.name, "ms"))
+        if not ok:
+            return "bad", f"field {f.name}"
+        row[f.name] = normalised
+    return "ok", row
+
+
+def normalise_table(table: pa.Table) -> list[dict[str, Any]]:
+    """Decoder output in the oracle's terms: timestamps as epoch micros, dates as epoch days."""
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        elif pa.types.is_date32(column.type):
+            column = column.cast(pa.int32())
+        columns[name] = column.to_pylist()
+    return [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else []

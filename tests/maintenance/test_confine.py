@@ -1,0 +1,137 @@
+"""Orphan removal stays inside the table: symlinks, foreign locations, nested tables (real Spark action).
+
+docs/security.md, "What is deleted and when". Every file the table has is aged past the
+safety age in these tests, so only the confinement checks (not youth) can protect a file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamberg.common.catalog import load_catalog, schema_from_config
+from streamberg.common.config import load_config
+from streamberg.maintenance.app import MaintainOptions, run_maintain
+from streamberg.maintenance.commands import render
+from streamberg.maintenance.confine import outside_reason
+from tests.compactor.helpers import FakeIngest, reload, row_multiset
+from tests.maintenance.helpers import ALL_OFF, age_files, files_on_disk, local_path, setup_maintained, write_maintained_config
+
+pytestmark = pytest.mark.spark
+
+TWO_DAYS = 2 * 86400
+ORPHANS_ON = {**ALL_OFF, "orphan": {"safety_age_seconds": 3600}}
+
+
+def _maintain(spark, config) -> dict:  # noqa: ANN001
+    summary = run_maintain(config, MaintainOptions(once=True), spark=spark)
+    assert summary.runs == 1 and summary.last is not None
+    return summary.last
+
+
+def _old_parquet(path: Path, rows: int = 10) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": list(range(rows))}), path)
+    age_files([path], TWO_DAYS)
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_orphan_removal_never_follows_a_symlink(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    config, _ = setup_maintained(tmp_path / "t", ORPHANS_ON)
+    ingest = FakeIngest(config, seed=11)
+    ingest.append(100)
+    table = reload(config)
+    rows = row_multiset(table)
+    data_dir = local_path(table.location()) / "data"
+    age_files(files_on_disk(table), TWO_DAYS)
+    # Precious, old, unreferenced files outside the table, reachable through links inside it.
+    precious = tmp_path / "precious"
+    for name in ("a.parquet", "nested/b.parquet"):
+        _old_parquet(precious / name)
+    before = _tree(precious)
+    (data_dir / "linked-dir").symlink_to(precious, target_is_directory=True)
+    (data_dir / "linked-file.parquet").symlink_to(precious / "a.parquet")
+    crashed = _old_parquet(data_dir / "00000-crashed-writer.parquet")  # a genuine orphan
+
+    run = _maintain(spark, config)
+    result = run["orphan_files"]
+
+    assert _tree(precious) == before, "files behind a symlink were deleted"
+    assert (data_dir / "linked-dir").is_symlink() and (data_dir / "linked-file.parquet").is_symlink()
+    assert not crashed.exists() and result["removed"] == 1
+    skipped = {Path(local_path(s["path"])).relative_to(data_dir).as_posix(): s["reason"] for s in result["skipped"]}
+    # What Spark's listing offered (through the links) is reported, each with its reason.
+    assert "linked-file.parquet" in skipped and skipped["linked-file.parquet"].endswith("is a symlink")
+    assert {"linked-dir/a.parquet", "linked-dir/nested/b.parquet"} <= skipped.keys(), skipped
+    assert all("linked-dir is a symlink" in skipped[k] for k in skipped if k.startswith("linked-dir/"))
+    assert result["skipped_count"] == len(skipped)
+    assert f"{len(skipped)} skipped, not the table's to delete" in render(run)
+    assert row_multiset(reload(config)) == rows
+
+
+def _create_at(config, identifier: str, location: str):  # noqa: ANN001, ANN202
+    catalog = load_catalog(config.catalog)
+    catalog.create_namespace_if_not_exists(identifier.split(".")[0])
+    return catalog.create_table(identifier, schema=schema_from_config(config.table), location=location)
+
+
+def test_location_outside_the_warehouse_is_refused_unless_allowed(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    path = write_maintained_config(tmp_path / "t", ORPHANS_ON)
+    config = load_config(path)
+    elsewhere = tmp_path / "somebody-elses-folder"
+    _create_at(config, config.table.identifier, f"file://{elsewhere}")
+    FakeIngest(config, seed=12).append(50)
+    age_files(files_on_disk(reload(config)), TWO_DAYS)
+    stray = _old_parquet(elsewhere / "data" / "not-ours.parquet")
+
+    result = _maintain(spark, config)
+
+    assert stray.exists()
+    step = result["orphan_files"]
+    assert result["status"] == "failed" and step["ran"] is False
+    assert "outside the catalog warehouse" in step["error"] and "allow_location_outside_warehouse" in step["error"]
+    assert "outside the catalog warehouse" in render(result)
+
+    allowed = load_config(path, maintenance={**ORPHANS_ON, "allow_location_outside_warehouse": True})
+    assert _maintain(spark, allowed)["orphan_files"]["removed"] == 1 and not stray.exists()
+
+
+def test_location_containing_another_table_is_refused(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    config, _ = setup_maintained(tmp_path / "t", ORPHANS_ON)
+    FakeIngest(config, seed=13).append(50)
+    outer = reload(config)
+    inner = _create_at(config, "db.inner", outer.location() + "/inner")
+    age_files(files_on_disk(outer), TWO_DAYS)  # the inner table's metadata too: unreferenced by outer
+    inner_files = _tree(local_path(inner.location()))
+    assert inner_files
+
+    result = _maintain(spark, config)
+
+    step = result["orphan_files"]
+    assert result["status"] == "failed" and step["ran"] is False
+    assert "contains table db.inner" in step["error"], step
+    assert _tree(local_path(inner.location())) == inner_files
+    load_catalog(config.catalog).load_table("db.inner")  # still loads
+
+
+@pytest.mark.parametrize(("path", "reason"), [
+    ("file:///w/t/data/../../other/x.parquet", "the path contains '..'"),
+    ("file:///w/other/x.parquet", "outside the table location"),
+    ("file:///w/t", "outside the table location"),
+    ("s3://bucket/w/t/data/x.parquet", "outside the table location"),  # another file system
+    ("file:///w/t/data/x.parquet", None),
+])
+def test_candidate_paths_outside_the_location(path: str, reason: str | None) -> None:
+    assert outside_reason(path, "file:///w/t") == reason
+
+
+def test_object_store_prefixes_need_a_path_boundary() -> None:
+    assert outside_reason("s3://b/w/t-other/x.parquet", "s3://b/w/t") == "outside the table location"
+    assert outside_reason("s3://b/w/t/data/x.parquet", "s3://b/w/t") is None

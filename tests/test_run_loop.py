@@ -1,0 +1,175 @@
+"""`streamberg run`: the whole loop under its supervisor, at a small scale, with real components.
+
+A producer writes while `streamberg run` supervises the PyFlink ingest, the Spark compactor
+and maintenance. The compactor is started before the ingest's first commit (it must wait for
+the table, not crash), then killed with SIGKILL mid-run: the supervisor restarts it and counts
+the restart. A SIGTERM to the supervisor then stops everything gracefully: exit 0, every
+valid id exactly once, dead letters present, compactor replace snapshots on the table, and no
+process of the loop left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.offsets import committed_position
+from streamberg.common.sample_events import produce_events
+from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
+
+pytestmark = [pytest.mark.flink, pytest.mark.spark]
+
+PARTITIONS = 2
+
+
+def _events(log: Path) -> list[dict]:
+    out = []
+    for line in log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _supervisor_events(log: Path, event: str, process: str | None = None) -> list[dict]:
+    return [e for e in _events(log) if e.get("component") == "supervisor" and e.get("event") == event
+            and (process is None or e.get("process") == process)]
+
+
+def _wait(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"streamberg run exited {proc.returncode} while waiting for {what}:\n" \
+                                    + log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + log.read_text()[-4000:]
+        time.sleep(0.5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose (nothing runs), but there should be none either.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _in_groups(groups: list[int]) -> list[str]:
+    """Processes in the given process groups (each component leads its own: its JVM is in it)."""
+    out = subprocess.run(["ps", "-eo", "pid,pgid,stat,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
+    return [" ".join(r) for r in rows if len(r) >= 3 and int(r[1]) in groups and not r[2].startswith("Z")]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if text in line and "ps -eo" not in line]
+
+
+def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(tmp_path: Path, broker: str) -> None:
+    path = write_config(
+        tmp_path, broker, partition_spec=[{"source": "ts", "transform": "day"}],
+        ingest={"commit_interval_seconds": 1, "max_poll_records": 500},
+        extra={
+            "compactor": {"strategy": "zorder", "columns": ["user_id", "city"], "min_files": 2,
+                          "every_n_snapshots": 2, "max_delay_seconds": None, "checkpoint_dir": "checkpoint",
+                          "trigger_interval_seconds": 2, "wait_for_table_seconds": 600},
+            "maintenance": {"interval_seconds": 30, "wait_for_table_seconds": 600},
+            "run": {"restart_backoff_seconds": 1, "status_interval_seconds": 5, "stop_timeout_seconds": 120},
+        },
+    )
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, PARTITIONS)
+    produced_ids: list[int] = []
+    produced_total = [0]
+    stop = threading.Event()
+
+    def produce() -> None:
+        batch = 0
+        while not stop.is_set() and batch < 40:
+            result = produce_events(config, 250, rate=500, bad_fraction=0.02, start_id=batch * 250, seed=batch)
+            produced_ids.extend(result.valid_ids)
+            produced_total[0] += result.produced
+            batch += 1
+
+    log = tmp_path / "run.log"
+    out = tmp_path / "run.out"
+    exe = Path(sys.executable).parent / "streamberg"
+    # Before any record and before the ingest creates the table: the compactor must wait.
+    run = subprocess.Popen([str(exe), "run", "--config", str(path)], stdout=out.open("w"), stderr=log.open("w"),
+                           env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+    producer = threading.Thread(target=produce)
+    try:
+        _wait(lambda: any(e.get("process") == "compact" and "waiting for the table" in str(e.get("event"))
+                          for e in _events(log)), "the compactor waiting for the table", run, log)
+        producer.start()
+        catalog = load_catalog(config.catalog)
+
+        def replaces() -> int:
+            try:
+                table = catalog.load_table(config.table.identifier)
+            except Exception:  # noqa: BLE001 - not created yet
+                return 0
+            return sum(1 for s in table.metadata.snapshots if s.summary and s.summary.operation.value == "replace")
+
+        _wait(lambda: replaces() > 0, "a compactor replace snapshot", run, log)
+        # Kill the compactor's Python process outright (no graceful stop): the supervisor restarts it.
+        victim = _supervisor_events(log, "component started", "compact")[-1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: len(_supervisor_events(log, "component started", "compact")) >= 2,
+              "the compactor restarted", run, log)
+        producer.join()
+        replaces_before = replaces()
+        _wait(lambda: committed_position(catalog.load_table(config.table.identifier),
+                                         config.kafka.topic).consumed_total >= produced_total[0],
+              "every produced record committed", run, log)
+        # The restarted compactor keeps working on what the ingest committed since.
+        _wait(lambda: replaces() > replaces_before, "a replace by the restarted compactor", run, log)
+    finally:
+        stop.set()
+        if producer.is_alive():
+            producer.join()
+        run.send_signal(signal.SIGTERM)
+        run.wait(240)
+    text = log.read_text()
+    assert run.returncode == 0, text[-4000:]
+    summary = json.loads(out.read_text().strip().splitlines()[-1])
+    assert summary["components"]["compact"]["restarts"] >= 1, summary
+    assert summary["components"]["ingest"]["restarts"] == 0, summary
+    restarted = _supervisor_events(log, "component exited; restarting", "compact")
+    assert restarted and restarted[0]["exit_code"] == -signal.SIGKILL and restarted[0]["restarts"] == 1
+    # Every component's lines are relayed with its name.
+    assert {e.get("process") for e in _events(log)} >= {"ingest", "compact", "maintain"}
+    # Graceful stop: the ingest drained (its last unit committed) and reported how it stopped.
+    ingest_summary = [e for e in _events(log) if e.get("process") == "ingest" and "stopped_because" in e]
+    assert ingest_summary and ingest_summary[-1]["stopped_because"] == "SIGTERM", text[-3000:]
+
+    ids = table_ids(config)
+    assert not duplicates(ids)
+    assert ids == sorted(produced_ids)
+    bad = dead_letters(config)
+    assert bad.num_rows == produced_total[0] - len(produced_ids) > 0
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert committed_position(table, config.kafka.topic).consumed_total == produced_total[0]
+    # Nothing of the loop is left: every component process started, and their JVMs.
+    started = [e["pid"] for e in _supervisor_events(log, "component started")]
+    assert started and not [pid for pid in started if _alive(pid)]
+    assert not _in_groups(started), _in_groups(started)
+    assert not _processes_mentioning(str(path)), _processes_mentioning(str(path))
+    assert not _processes_mentioning(str(tmp_path)), _processes_mentioning(str(tmp_path))

@@ -1,0 +1,116 @@
+"""`streamberg run` supervision rules and the components' wait for the table, without a JVM.
+
+The children are the real `streamberg compact` / `streamberg maintain` processes, failing
+for real reasons (no table yet, a bad clustering column) before they would start Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import streamberg, write_config
+
+
+def _events(stderr: str) -> list[dict]:
+    out = []
+    for line in stderr.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def test_a_failing_component_is_restarted_with_growing_backoff(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "127.0.0.1:1", extra={
+        "compactor": {"wait_for_table_seconds": 0},  # fails at once: no table, no ingest running
+        "run": {"restart_backoff_seconds": 0.5, "restart_backoff_max_seconds": 1.5},
+    })
+    proc = streamberg("run", "--config", str(path), "--components", "compact", "--duration", "20", "--no-status",
+                      timeout=120)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["exit_code"] == 0 and summary["stopped_because"] == "duration 20s elapsed"
+    restarts = [e for e in _events(proc.stderr) if e.get("event") == "component exited; restarting"]
+    assert restarts and summary["components"]["compact"]["restarts"] == len(restarts)
+    assert [e["restarts"] for e in restarts] == list(range(1, len(restarts) + 1))
+    assert all(e["exit_code"] == 1 and e["process"] == "compact" for e in restarts)
+    backoffs = [e["backoff_seconds"] for e in restarts]
+    assert backoffs == [min(1.5, 0.5 * 2 ** i) for i in range(len(backoffs))]
+    # The child's own message is relayed with its name, and it is a message, not a traceback.
+    relayed = [e for e in _events(proc.stderr) if e.get("process") == "compact" and e.get("component") != "supervisor"]
+    assert any("does not exist" in str(e.get("event")) for e in relayed)  # no catalog database yet
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_invalid_component_configuration_is_not_restarted(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "127.0.0.1:1", extra={"compactor": {"columns": ["no_such_column"]}})
+    # The table must exist for the compactor to check its columns against it.
+    from streamberg.common.catalog import open_tables
+    from tests.helpers import config_at
+
+    open_tables(config_at(path))
+    proc = streamberg("run", "--config", str(path), "--components", "compact", "--no-status", check=False,
+                      timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["components"]["compact"] == {"restarts": 0, "last_exit": 2}
+    assert "compactor.columns" in proc.stderr and "invalid configuration" in proc.stderr
+
+
+def test_invalid_run_section_fails_before_anything_starts(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "127.0.0.1:1", extra={"run": {"components": ["ingest", "spark"]}})
+    proc = streamberg("run", "--config", str(path), check=False, timeout=60)
+    assert proc.returncode == 2 and "run.components" in proc.stderr and "component started" not in proc.stderr
+
+
+def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "127.0.0.1:1", extra={"compactor": {"wait_for_table_seconds": 2},
+                                                        "maintenance": {"wait_for_table_seconds": 2}})
+    from streamberg.common.catalog import load_catalog
+    from tests.helpers import config_at
+
+    load_catalog(config_at(path).catalog)  # the catalog database exists; the table does not
+    exe = Path(sys.executable).parent / "streamberg"
+    procs = {name: subprocess.Popen([str(exe), name, "--config", str(path)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+             for name in ("compact", "maintain")}
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stderr
+        assert any("waiting for the table" in str(e.get("event")) for e in _events(stderr)), stderr
+        assert "does not exist yet" in stderr and "after waiting 2 s" in stderr and "Traceback" not in stderr
+
+
+def test_waiting_ends_when_the_table_appears(tmp_path: Path) -> None:
+    import threading
+
+    from streamberg.common.catalog import load_catalog, open_tables, wait_for_table
+    from tests.helpers import config_at
+
+    config = config_at(write_config(tmp_path, "127.0.0.1:1"))
+    catalog = load_catalog(config.catalog)
+    creator = threading.Timer(1.5, open_tables, args=(config,))
+    creator.start()
+    table = wait_for_table(catalog, config.table.identifier, 60, "test")
+    creator.join()
+    assert table is not None and table.name() == tuple(config.table.identifier.split("."))
+    stop = threading.Event()
+    stop.set()
+    assert wait_for_table(catalog, "db.never", 60, "test", stop) is None
+
+
+def test_continuous_compactor_waits_for_a_catalog_database_the_ingest_has_not_created(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "127.0.0.1:1", extra={"compactor": {"wait_for_table_seconds": 2}})
+    exe = Path(sys.executable).parent / "streamberg"
+    proc = subprocess.run([str(exe), "compact", "--config", str(path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+    assert proc.returncode == 1, proc.stderr
+    assert any(e.get("event") == "waiting for the catalog database" for e in _events(proc.stderr)), proc.stderr
+    assert "does not exist after waiting 2 s" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "catalog.db").exists()  # waiting never creates the catalog
