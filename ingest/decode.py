@@ -42,6 +42,10 @@ states the same rules with `json.loads`):
   silently keep the last one); duplicate keys outside the schema's fields are ignored, as
   are fields the schema lacks, at any nesting depth.
 - `null` or absent: null; refused for a required field.
+- Numbers beyond a double's range (about 1.8e308) in fields the schema lacks: the record may
+  be dead-lettered (`Number too big to be stored in double`), depending on how the number is
+  written (`1e400` is refused, a 400-digit integer is not). RFC 8259 section 6 lets a parser
+  limit the range of numbers; such numbers are not interoperable anyway.
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 Plain Python, written from the rules in the docstring of streamberg.ingest.decode, with no code
 shared with the decoder: where the two disagree, one of them is wrong. Returns, per record,
 either ("ok", row) with the row normalised as `normalise_table` normalises the decoder's
-output, or ("bad", reason).
+output, or ("bad", reason), or ("either", row) for a record the rules accept but that holds
+a number beyond a double's range in a field the schema lacks: the parser may refuse it
+(RFC 8259 section 6 lets a parser limit the range of numbers; pyarrow's does so depending on
+how the number is written), so keeping it with that row or dead-lettering it as
+`Number too big` are both right.
 """
 
 from __future__ import annotations
@@ -104,6 +108,24 @@ def _loads_deep(text: str) -> Any:
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def _overflows_double(value: Any) -> bool:
+    """Whether some number literal in the value is beyond a double's range."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Num):
+            try:
+                if abs(float(v.text)) == float("inf"):
+                    return True
+            except OverflowError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -240,7 +262,7 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
         if not ok:
             return "bad", f"field {f.name}"
         row[f.name] = normalised
-    return "ok", row
+    return ("either" if _overflows_double(obj) else "ok"), row
 
 
 def normalise_table(table: pa.Table) -> list[dict[str, Any]]:
