@@ -1,21 +1,23 @@
-"""Ingest benchmark: streamberg (PyFlink, exactly-once) vs a bare Python baseline, same topic, same run.
+"""Ingest benchmark: streamberg (PyFlink, exactly-once) at parallelism 1 and 2 vs a bare Python
+baseline, same topic, same run.
 
-    .venv/bin/python bench/ingest_throughput.py [--records 1000000] [--partitions 4] [--parallelism 2]
+    .venv/bin/python bench/ingest_throughput.py [--records 2000000] [--partitions 4] [--parallelisms 1,2]
 
 1. Starts its own tansu broker, produces N JSON events (the demo schema) to a fresh topic.
 2. Baseline: one Python process consumes the topic with confluent-kafka (assign, from 0),
    decodes each batch with pyarrow.json and writes Parquet files: no Flink, no Iceberg
    commit, no dead-letter checks.
-3. streamberg: `streamberg ingest --max-records N` on the same topic into a fresh table.
-   Two rates: end to end (wall clock of the command, JVM and job start included) and
-   steady state (records committed between the first and the last commit / the time
-   between them).
+3. streamberg: `streamberg ingest --max-records N` on the same topic into a fresh table, once
+   per parallelism. Per run: end to end (wall clock of the command, JVM and job start
+   included), start-up (command start to the last writer reading), and steady state (records
+   committed / time from the writers reading to the last commit).
 4. Freshness: with the ingest running, events are produced at a fixed rate; for every
    record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
    field) gives p50/p95, set against the commit interval.
 
-Prints a table and writes bench/results/ingest-<time>.json. Figures are measured, never
-assumed; run it on an otherwise idle machine.
+Prints a table (rates as ratios to the baseline, and parallelism 2 to 1) and writes
+bench/results/ingest-<time>.json. Figures are measured, never assumed; run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ SCHEMA = SAMPLE_EVENT_SCHEMA
 
 
 def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
     doc = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
         "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
@@ -115,9 +118,9 @@ def run_streamberg(config_path: Path, records: int, parallelism: int) -> dict:
     opened = [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
               for line in proc.stderr.splitlines() if '"writer opened"' in line]
     running = done_at - max(opened)
-    return {"seconds": seconds, "records": records, "commits": len(snapshots),
-            "startup_seconds": max(opened) - started_wall, "steady_seconds": running,
-            "steady_records_per_s": records / running}
+    return {"parallelism": parallelism, "seconds": seconds, "records": records, "commits": len(snapshots),
+            "records_per_s": records / seconds, "startup_seconds": max(opened) - started_wall,
+            "steady_seconds": running, "steady_records_per_s": records / running}
 
 
 def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int, interval: float,
@@ -163,13 +166,14 @@ def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--parallelisms", default="1,2", help="streamberg runs, one per parallelism (comma list)")
     parser.add_argument("--interval", type=float, default=5.0, help="commit interval of the streamberg runs")
-    parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run")
+    parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run (0: skip)")
     parser.add_argument("--fresh-seconds", type=int, default=30)
     args = parser.parse_args()
+    parallelisms = [int(p) for p in args.parallelisms.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
         directory = Path(tmp)
@@ -178,41 +182,59 @@ def main() -> None:
         try:
             topic = "bench-events"
             ensure_topic(info.bootstrap, topic, args.partitions)
-            config_path = write_config(directory, info.bootstrap, topic, args.interval, args.parallelism)
+            produce_config = write_config(directory, info.bootstrap, topic, args.interval, 1)
             print(f"producing {args.records:,} events ...", file=sys.stderr)
-            produce_events(load_config(config_path), args.records)
+            produce_events(load_config(produce_config), args.records)
             print("baseline ...", file=sys.stderr)
             base_s = baseline(info.bootstrap, topic, args.partitions, args.records, directory / "baseline")
-            print("streamberg ingest ...", file=sys.stderr)
-            sb = run_streamberg(config_path, args.records, args.parallelism)
-            print("freshness ...", file=sys.stderr)
-            fresh = freshness(info.bootstrap, directory, args.partitions, args.parallelism, args.interval,
-                              args.fresh_rate, args.fresh_seconds)
+            runs = []
+            for parallelism in parallelisms:
+                print(f"streamberg ingest, parallelism {parallelism} ...", file=sys.stderr)
+                # A table of its own per run (same topic): each run reads all N records.
+                config_path = write_config(directory / f"p{parallelism}", info.bootstrap, topic, args.interval,
+                                           parallelism)
+                runs.append(run_streamberg(config_path, args.records, parallelism))
+            fresh = None
+            if args.fresh_rate:
+                print("freshness ...", file=sys.stderr)
+                fresh = freshness(info.bootstrap, directory, args.partitions, max(parallelisms), args.interval,
+                                  args.fresh_rate, args.fresh_seconds)
         finally:
             broker.stop()
 
     base_rate = args.records / base_s
-    e2e_rate = sb["records"] / sb["seconds"]
+    for run in runs:
+        run["ratio_end_to_end"] = run["records_per_s"] / base_rate
+        run["ratio_steady_state"] = run["steady_records_per_s"] / base_rate
+    by_p = {run["parallelism"]: run for run in runs}
+    scaling = by_p[2]["records_per_s"] / by_p[1]["records_per_s"] if 1 in by_p and 2 in by_p else None
     result = {
-        "records": args.records, "partitions": args.partitions, "parallelism": args.parallelism,
-        "cores": os.cpu_count(),
+        "records": args.records, "partitions": args.partitions, "cores": os.cpu_count(),
+        "python_workers": os.environ.get("_python_worker_execution_mode", "process"),
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
-        "streamberg": {**sb, "end_to_end_records_per_s": e2e_rate},
-        "ratio_end_to_end": e2e_rate / base_rate,
-        "ratio_steady_state": sb["steady_records_per_s"] / base_rate,
-        "freshness": fresh,
+        "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"ingest-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(result, indent=2))
-    print(f"\nrecords {args.records:,}, {args.partitions} partitions, parallelism {args.parallelism}, {os.cpu_count()} cores")
-    print(f"{'':34}{'records/s':>12}{'seconds':>10}{'ratio':>8}")
-    print(f"{'baseline (python, no flink/commit)':34}{base_rate:>12,.0f}{base_s:>10.1f}{1.0:>8.2f}")
-    print(f"{'streamberg end to end (w/ start)':34}{e2e_rate:>12,.0f}{sb['seconds']:>10.1f}{result['ratio_end_to_end']:>8.2f}")
-    print(f"{'streamberg steady (job running)':34}{sb['steady_records_per_s']:>12,.0f}{sb['steady_seconds']:>10.1f}{result['ratio_steady_state']:>8.2f}")
-    print(f"streamberg start-up (JVM + job until writers read): {sb['startup_seconds']:.1f}s; commits: {sb['commits']}")
-    print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
-          f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over {fresh['records']:,} records")
+    print(f"\nrecords {args.records:,}, {args.partitions} partitions, {os.cpu_count()} cores, "
+          f"Python workers: {result['python_workers']}")
+    print(f"{'':38}{'records/s':>12}{'seconds':>10}{'ratio':>8}")
+    print(f"{'baseline (python, no flink/commit)':38}{base_rate:>12,.0f}{base_s:>10.1f}{1.0:>8.2f}")
+    for run in runs:
+        p = run["parallelism"]
+        print(f"{f'streamberg p={p} end to end (w/ start)':38}{run['records_per_s']:>12,.0f}"
+              f"{run['seconds']:>10.1f}{run['ratio_end_to_end']:>8.2f}")
+        print(f"{f'streamberg p={p} steady (job running)':38}{run['steady_records_per_s']:>12,.0f}"
+              f"{run['steady_seconds']:>10.1f}{run['ratio_steady_state']:>8.2f}")
+        print(f"{f'  p={p} start-up to the writers reading':38}{'':>12}{run['startup_seconds']:>10.1f}"
+              f"   commits: {run['commits']}")
+    if scaling is not None:
+        print(f"p=2 / p=1 end to end: {scaling:.2f}x")
+    if fresh:
+        print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
+              f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over "
+              f"{fresh['records']:,} records")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import structlog
 
@@ -20,16 +21,31 @@ from streamberg.common.redact import redact_log_event
 _configured = False
 
 
-def configure_logging(force_json: bool | None = None) -> None:
-    """Configure structlog once per process; later calls are no-ops."""
+def renders_json() -> bool:
+    """Whether this process's log lines are JSON (the rule configure_logging applies)."""
+    fmt = os.environ.get("STREAMBERG_LOG_FORMAT")
+    return fmt == "json" or (fmt != "console" and not sys.stderr.isatty())
+
+
+def configure_logging(force_json: bool | None = None, file: Path | None = None) -> None:
+    """Configure structlog once per process; later calls are no-ops.
+
+    `file`: append the lines to this file instead of stderr (a local Flink job's Python
+    worker processes, whose stderr nobody reads; the driver relays the file, see
+    ingest/worker_logs.py).
+    """
     global _configured
     if _configured:
         return
     level_name = os.environ.get("STREAMBERG_LOG_LEVEL", "info").upper()
     level = getattr(logging, level_name, logging.INFO)
-    fmt = os.environ.get("STREAMBERG_LOG_FORMAT")
     if force_json is None:
-        force_json = fmt == "json" or (fmt != "console" and not sys.stderr.isatty())
+        force_json = renders_json()
+    out: IO[str] = sys.stderr
+    if file is not None:
+        # Line-buffered appends: each line is one write(2) with O_APPEND, so lines of
+        # several worker processes never interleave inside a line.
+        out = open(file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     renderer: Any = structlog.processors.JSONRenderer() if force_json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
@@ -46,7 +62,7 @@ def configure_logging(force_json: bool | None = None) -> None:
         # Write, not print: a PyFlink Python worker on a Flink cluster replaces builtins.print
         # with one that takes no `flush` (PrintLogger's call fails there) and routes
         # sys.stderr.write to the TaskManager's log, where these lines then appear.
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=out),
         cache_logger_on_first_use=True,
     )
     _configured = True

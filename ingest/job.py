@@ -19,11 +19,14 @@ safe: uncommitted files are orphans and their records are read again on the next
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from pyflink.common import Configuration, Types, WatermarkStrategy
 from pyflink.datastream import StreamExecutionEnvironment
@@ -32,31 +35,41 @@ from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
-from streamberg.common.log import get_logger
+from streamberg.common.log import get_logger, renders_json
+from streamberg.ingest.read_progress import ReadProgress, records_read
+from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
 
-STOP_CHECK_SECONDS = 0.5
+STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
+DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 
 
 class WriterFunction(FlatMapFunction):
-    def __init__(self, config: dict, run_id: str):
-        self.config_dump, self.run_id = config, run_id
+    def __init__(self, config: dict, run_id: str, log_target: WorkerLogTarget | None):
+        self.config_dump, self.run_id, self.log_target = config, run_id, log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
         from streamberg.ingest.committer import run_dir
         from streamberg.ingest.writer import IngestWriter
 
+        if self.log_target is not None:
+            self.log_target.configure()
+        _log_restart(runtime_context, "writers")
         config = config_from_dump(self.config_dump)
-        self.stop_marker = run_dir(config, self.run_id) / "stop"
-        self.writer = IngestWriter(config, runtime_context.get_index_of_this_subtask(),
-                                   runtime_context.get_number_of_parallel_subtasks(), self.run_id)
+        markers = run_dir(config, self.run_id)
+        self.stop_marker = markers / "stop"
+        index = runtime_context.get_index_of_this_subtask()
+        self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
         self.writer.open()
+        self.progress = ReadProgress(markers, index, self.writer.position)
         self._next_stop_check = 0.0
 
     def _stop_requested(self) -> bool:
+        """Every STOP_CHECK_SECONDS: report what was read, then look for the stop marker."""
         now = time.monotonic()
         if now < self._next_stop_check:
             return False
         self._next_stop_check = now + STOP_CHECK_SECONDS
+        self.progress.update(self.writer.position)
         return self.stop_marker.exists()
 
     def flat_map(self, tick):  # noqa: ANN001, ANN201 - Flink's signature
@@ -75,12 +88,16 @@ class WriterFunction(FlatMapFunction):
 
 
 class CommitterFunction(MapFunction):
-    def __init__(self, config: dict, parallelism: int, run_id: str):
+    def __init__(self, config: dict, parallelism: int, run_id: str, log_target: WorkerLogTarget | None):
         self.config_dump, self.parallelism, self.run_id = config, parallelism, run_id
+        self.log_target = log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
         from streamberg.ingest.committer import Committer
 
+        if self.log_target is not None:
+            self.log_target.configure()
+        _log_restart(runtime_context, "committer")
         self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
         self.committer.open()
 
@@ -91,6 +108,15 @@ class CommitterFunction(MapFunction):
     def close(self) -> None:
         if getattr(self, "committer", None) is not None:
             self.committer.close()
+
+
+def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:
+    """Say so when Flink restarted this task (after a failure anywhere in the job)."""
+    attempt = runtime_context.get_attempt_number()
+    if attempt > 0:
+        get_logger("ingest.job").warning("task restarted by Flink after a failure; resuming from the table's offsets",
+                                         operator=operator, subtask=runtime_context.get_index_of_this_subtask(),
+                                         attempt=attempt)
 
 
 def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False) -> Configuration:
@@ -136,28 +162,69 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
     return conf
 
 
-def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False) -> StreamExecutionEnvironment:
+def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
+              log_target: WorkerLogTarget | None = None) -> StreamExecutionEnvironment:
+    """The job graph. `log_target`: where local worker processes log (None: their stderr,
+    which on a cluster is the TaskManager's log)."""
     if not cluster:
-        # Local servers on loopback only, before the gateway JVM and the worker pool start
-        # (ingest/loopback.py, docs/security.md).
-        from pathlib import Path
-
-        from streamberg.ingest.loopback import bind_beam_servers_to_loopback, bind_loopback_worker_pool
-
-        bind_beam_servers_to_loopback(Path(config.ingest.state_dir))
-        bind_loopback_worker_pool()
+        start_local_gateway(config).join()
     env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism, cluster))
     dump = dump_config(config)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
-    units = (ticks.flat_map(WriterFunction(dump, run_id), output_type=Types.PICKLED_BYTE_ARRAY())
+    units = (ticks.flat_map(WriterFunction(dump, run_id, log_target), output_type=Types.PICKLED_BYTE_ARRAY())
              .name("writers").set_parallelism(parallelism))
-    commits = (units.map(CommitterFunction(dump, parallelism, run_id), output_type=Types.LONG())
+    commits = (units.map(CommitterFunction(dump, parallelism, run_id, log_target), output_type=Types.LONG())
                .name("committer").set_parallelism(1))
     from pyflink.java_gateway import get_gateway
 
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
+
+
+_local_gateway: threading.Thread | None = None
+
+
+def start_local_gateway(config: StreambergConfig) -> threading.Thread:
+    """Start the gateway JVM of a local run in the background, once per process.
+
+    The JVM takes about a second to come up; the driver prepares the tables meanwhile.
+    Local servers listen on loopback only, so the patches go in before the JVM and the
+    worker pool start (ingest/loopback.py, docs/security.md). A launch that fails here
+    fails again, with its message, where build_job asks for the gateway itself.
+    """
+    global _local_gateway
+    if _local_gateway is None:
+        from pyflink.java_gateway import get_gateway
+
+        from streamberg.ingest.loopback import bind_beam_servers_to_loopback, bind_loopback_worker_pool
+
+        bind_beam_servers_to_loopback(Path(config.ingest.state_dir))
+        bind_loopback_worker_pool()
+
+        def launch() -> None:
+            try:
+                get_gateway()
+            except Exception:  # noqa: BLE001 - raised again, in the driver's thread, by build_job
+                pass
+
+        _local_gateway = threading.Thread(target=launch, name="flink-gateway", daemon=True)
+        _local_gateway.start()
+    return _local_gateway
+
+
+def python_worker_mode() -> str:
+    """Run a local job's Python operators in worker processes of their own (Flink's
+    `process` mode) unless the operator chose otherwise.
+
+    PyFlink's default for a MiniCluster is `loopback`: every Python operator runs inside
+    the driver's interpreter, so P writers share one GIL and a native crash in a writer
+    (a parser segfault, an OOM kill) takes the whole `streamberg ingest` down instead of
+    being a task failure Flink restarts from the table's offsets. PyFlink reads the choice
+    from this environment variable when the job starts; `loopback` stays available for
+    debugging a worker in the driver's process.
+    """
+    return os.environ.setdefault("_python_worker_execution_mode", "process")
 
 
 def new_run_id() -> str:
@@ -203,14 +270,21 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
     parallelism = parallelism or config.ingest.parallelism
     run_id = new_run_id()
     log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
+    worker_mode = python_worker_mode()
+    start_local_gateway(config)
     catalog, table = prepare_tables(config)
     start = committed_position(table, config.kafka.topic)
     markers = run_dir(config, run_id)
     markers.mkdir(parents=True, exist_ok=True)
+    worker_log = (markers / WORKER_LOG_NAME).resolve()
     log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
-             start_offsets=start.offsets, max_records=max_records, duration_s=duration)
+             start_offsets=start.offsets, max_records=max_records, duration_s=duration,
+             python_workers=worker_mode, worker_log=str(worker_log))
     started = time.monotonic()
-    client = build_job(config, parallelism, run_id).execute_async(f"streamberg-ingest {config.table.identifier}")
+    bar = _progress_bar(max_records, enabled=progress)
+    relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
+    client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json())
+                       ).execute_async(f"streamberg-ingest {config.table.identifier}")
 
     stop_reason: list[str] = []
 
@@ -226,13 +300,20 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
         request_stop(signal.Signals(signum).name)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    bar = _progress_bar(max_records, enabled=progress)
     consumed = 0
     fenced: list[str] = []
     try:
         stop_deadline = None
+        next_table_look = 0.0
         while True:
-            time.sleep(1.0)
+            time.sleep(DRIVER_TICK_SECONDS)
+            if max_records is not None and records_read(markers) >= max_records:
+                request_stop(f"max_records {max_records} read")
+            if stop_reason and (markers / "drained").exists():
+                break
+            if time.monotonic() < next_table_look:
+                continue
+            next_table_look = time.monotonic() + 1.0  # the catalog and the job status once a second
             if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
                 fenced.append((markers / "fenced").read_text().strip())
                 log.error("fenced: another ingest instance is writing this table; stopping without restart",
@@ -268,6 +349,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
             client.cancel().result()
         except Exception:  # noqa: BLE001 - already terminal
             pass
+        relay.stop()
     table = catalog.load_table(config.table.identifier)
     end = committed_position(table, config.kafka.topic)
     # Only this run's own commits: after a fence the table's totals include the other instance's.
