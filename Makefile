@@ -4,12 +4,13 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo test test-fast bench-ingest bench-compact clean help
+.PHONY: setup demo test test-fast lint bench-ingest bench-compact clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
 	@echo "make demo           the whole loop: broker, a minute of events, ingest + compactor + maintenance, status, layout PNG"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
+	@echo "make lint           ruff over the tree, mypy over common/ (CI runs it before the tests)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-skipping data skipping per layout (SKIPPING_SCALE=1 for the study's 1000 files)"
@@ -25,6 +26,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy common
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not flink and not spark"

@@ -128,7 +128,7 @@ def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> d
         for factor, (config, table) in tables.items():  # alternate 1x / 10x so noise hits both
             for i in range(new_commits):  # the same new rows land in both tables
                 append(spark, table, 10**9 + (r * new_commits + i) * step, step, seed=1000 * r + i)
-            seconds, report = timed(lambda: Compactor(config, spark).run_pass())
+            seconds, report = timed(lambda config=config: Compactor(config, spark).run_pass())
             totals = report.totals()
             files, size = data_files(spark, table)
             runs[factor].append(seconds)

@@ -29,14 +29,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 import yaml
@@ -210,7 +209,7 @@ def main() -> None:
     scaling = by_p[2]["records_per_s"] / by_p[1]["records_per_s"] if 1 in by_p and 2 in by_p else None
     result = {
         "records": args.records, "partitions": args.partitions, "cores": os.cpu_count(),
-        "python_workers": os.environ.get("_python_worker_execution_mode", "process"),
+        "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
     }

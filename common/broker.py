@@ -178,7 +178,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 1
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     try:
         futures[topic].result(timeout)
-    except Exception as exc:  # noqa: BLE001 - a racing creator is fine
+    except Exception as exc:
         if "TOPIC_ALREADY_EXISTS" not in str(exc):
             raise BrokerError(f"cannot create topic {topic}: {exc}") from exc
     deadline = time.monotonic() + timeout

@@ -153,7 +153,7 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
         # One real round trip: engines connect lazily, so an unreachable database would
         # otherwise surface later, in the middle of reading a table.
         catalog.list_namespaces()
-    except Exception as exc:  # noqa: BLE001 - any driver failure means "unreachable" here
+    except Exception as exc:
         raise CatalogUnreachable(f"catalog database {redact(config.uri)} cannot be read: {first_line(exc)}") from exc
     return catalog
 

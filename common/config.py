@@ -21,8 +21,9 @@ import math
 import os
 import re
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -82,7 +83,7 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]{1,19}")  # an environment override of an int
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 
 
-def _int(lo: int, hi: int, optional: bool = False) -> Any:
+def _int(lo: int, hi: int, optional: bool = False) -> PlainValidator:
     """An integer in [lo, hi]. Booleans and fractional numbers are refused (pydantic's lax
     mode takes `true` as 1); a string of digits is taken, as environment overrides are strings."""
     hint = f"must be an integer between {lo} and {hi}" + (" (or null)" if optional else "")
@@ -96,10 +97,10 @@ def _int(lo: int, hi: int, optional: bool = False) -> Any:
             raise ValueError(hint)
         return value
 
-    return Annotated[int | None if optional else int, PlainValidator(check)]
+    return PlainValidator(check)
 
 
-def _float(lo: float, hi: float, *, lo_open: bool = True, optional: bool = False) -> Any:
+def _float(lo: float, hi: float, *, lo_open: bool = True, optional: bool = False) -> PlainValidator:
     """A finite number in (lo, hi] (or [lo, hi]); no inf, nan or booleans."""
     hint = f"must be a number {'>' if lo_open else '>='} {lo:.12g} and <= {hi:.12g}" + (" (or null)" if optional else "")
 
@@ -115,7 +116,7 @@ def _float(lo: float, hi: float, *, lo_open: bool = True, optional: bool = False
             raise ValueError(hint)
         return float(value)
 
-    return Annotated[float | None if optional else float, PlainValidator(check)]
+    return PlainValidator(check)
 
 
 def _check_bool(value: Any) -> bool:
@@ -130,7 +131,7 @@ Bool = Annotated[bool, PlainValidator(_check_bool)]
 
 
 def _text(max_len: int = MAX_TEXT, pattern: re.Pattern[str] | None = None, rule: str = "",
-          optional: bool = False) -> Any:
+          optional: bool = False) -> PlainValidator:
     """A string of 1..max_len characters without control characters, matching `pattern` when given."""
     hint = rule or f"must be a string of 1 to {max_len} printable characters"
 
@@ -143,16 +144,16 @@ def _text(max_len: int = MAX_TEXT, pattern: re.Pattern[str] | None = None, rule:
             raise ValueError(hint)
         return value
 
-    return Annotated[str | None if optional else str, PlainValidator(check)]
+    return PlainValidator(check)
 
 
 _IDENTIFIER_RULE = f"must be an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*) of at most {MAX_IDENTIFIER} characters"
-Identifier = _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE)
-TableIdentifier = _text(2 * MAX_IDENTIFIER + 1, _TABLE_ID,
-                        f"must be namespace.table, each part an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*) "
-                        f"of at most {MAX_IDENTIFIER} characters")
-Text = _text()
-Key = _text(256)
+Identifier = Annotated[str, _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE)]
+TableIdentifier = Annotated[str, _text(2 * MAX_IDENTIFIER + 1, _TABLE_ID,
+                                       f"must be namespace.table, each part an ASCII identifier "
+                                       f"([A-Za-z_][A-Za-z0-9_]*) of at most {MAX_IDENTIFIER} characters")]
+Text = Annotated[str, _text()]
+Key = Annotated[str, _text(256)]
 # Free-form string maps (catalog/table properties, Flink and Spark settings).
 Properties = Annotated[dict[Key, Text], Field(max_length=MAX_MAP_ENTRIES)]
 
@@ -174,12 +175,12 @@ class _Section(BaseModel):
 
 class KafkaConfig(_Section):
     bootstrap_servers: Text = "127.0.0.1:19092"
-    topic: _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule), not '.' or '..'")
+    topic: Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule), not '.' or '..'")]
     # The offset to start from for a partition the table has never seen.
     start_offset: Literal["earliest", "latest"] = "earliest"
     # Consumer group under which offsets are committed *after* each Iceberg commit.
     # They are for lag monitoring only: the job always resumes from the table.
-    group_id: _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True) = None
+    group_id: Annotated[str | None, _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True)] = None
     # Extra librdkafka settings passed to every consumer (security, fetch sizes, ...).
     consumer: Annotated[dict[Key, Annotated[str | int | float | bool, PlainValidator(_check_setting)]],
                         Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
@@ -265,7 +266,7 @@ class TableConfig(_Section):
     identifier: TableIdentifier
     schema_: list[FieldConfig] = Field(alias="schema", min_length=1, max_length=4096)
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list, max_length=64)
-    target_file_size_bytes: _int(1, MAX_BYTES) = 128 * 1024 * 1024
+    target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = 128 * 1024 * 1024
     properties: Properties = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -283,7 +284,7 @@ class TableConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TableConfig":
+    def _consistent(self) -> TableConfig:
         names = [f.name for f in self.schema_]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"schema: duplicate field names {dupes}")
@@ -311,21 +312,21 @@ class TableConfig(_Section):
 
 class IngestConfig(_Section):
     # Each commit interval, writers close their files and the committer makes one snapshot.
-    commit_interval_seconds: _float(0, DAY_SECONDS) = 10.0
-    parallelism: _int(1, 256) = 2
+    commit_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
+    parallelism: Annotated[int, _int(1, 256)] = 2
     # Upper bound of records fetched by one poll (one decode batch).
-    max_poll_records: _int(1, 1_000_000) = 5000
-    poll_timeout_seconds: _float(0, 3600) = 0.2
+    max_poll_records: Annotated[int, _int(1, 1_000_000)] = 5000
+    poll_timeout_seconds: Annotated[float, _float(0, 3600)] = 0.2
     # A record larger than this is dead-lettered as oversized.
-    max_record_bytes: _int(1, 2**31 - 1) = 1024 * 1024
+    max_record_bytes: Annotated[int, _int(1, 2**31 - 1)] = 1024 * 1024
     # Rows buffered per open file before a Parquet row group is written.
-    row_group_rows: _int(1, MAX_COUNT) = 131072
+    row_group_rows: Annotated[int, _int(1, MAX_COUNT)] = 131072
     # Identifies this ingest job in snapshot summaries; defaults to "ingest:<table>".
-    job_id: _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True) = None
+    job_id: Annotated[str | None, _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True)] = None
     # Local working files of the job (run markers); not part of the table.
     state_dir: Text = ".streamberg/state"
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
-    commit_retries: _int(0, 1000) = 10
+    commit_retries: Annotated[int, _int(0, 1000)] = 10
     # Extra Flink configuration (key: value), e.g. {"taskmanager.memory.process.size": "2g"}.
     flink: Properties = Field(default_factory=dict)
 
@@ -353,40 +354,40 @@ class CompactorConfig(_Section):
 
     # -- planning rules (per partition unless said otherwise) --
     # At least this many pending files in a partition.
-    min_files: _int(1, MAX_COUNT, optional=True) = 10
+    min_files: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
     # At least this many pending bytes in a partition (null: off; the target size is typical).
-    min_bytes: _int(1, MAX_BYTES, optional=True) = None
+    min_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None
     # The oldest pending file of a partition was committed at least this long ago.
-    max_delay_seconds: _float(0, YEAR_SECONDS, optional=True) = 600.0
+    max_delay_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 600.0
     # Table-wide: at least this many ingest snapshots have pending files (Tencent's "every 5").
-    every_n_snapshots: _int(1, MAX_COUNT, optional=True) = 5
+    every_n_snapshots: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 5
 
     # -- rewriting --
     # Size of the files the rewrite writes; null: the table's write.target-file-size-bytes.
-    target_file_size_bytes: _int(1, MAX_BYTES, optional=True) = None
+    target_file_size_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None
     # A partition's pending files are split into groups of at most this many bytes; each
     # group is read, laid out and written by one Spark job.
-    max_group_bytes: _int(1, MAX_BYTES) = 2 * 1024**3
+    max_group_bytes: Annotated[int, _int(1, MAX_BYTES)] = 2 * 1024**3
     # Large plans commit in several steps so a crash loses at most one step's work; a plan
     # is committed in at most this many commits (1: one all-or-nothing commit).
-    max_commits: _int(1, 10_000) = 10
+    max_commits: Annotated[int, _int(1, 10_000)] = 10
     # Retries of a commit that still fails after Iceberg's own retries (CommitFailedException).
-    commit_retries: _int(0, 1000) = 3
+    commit_retries: Annotated[int, _int(0, 1000)] = 3
     # Rows sampled per group to find each column's rank boundaries (zorder, hilbert).
-    sample_rows: _int(100, MAX_COUNT) = 20000
+    sample_rows: Annotated[int, _int(100, MAX_COUNT)] = 20000
     # Bits of rank per column for zorder/hilbert: up to 2^bits distinct ranks per column.
-    index_bits: _int(1, 20) = 10
+    index_bits: Annotated[int, _int(1, 20)] = 10
 
     # -- running --
     # How often the streaming query looks for new snapshots (continuous mode).
-    trigger_interval_seconds: _float(0, DAY_SECONDS) = 30.0
+    trigger_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 30.0
     # One compactor per table: a lease row in the catalog database, renewed while running.
-    lease_ttl_seconds: _float(5, DAY_SECONDS, lo_open=False) = 60.0
+    lease_ttl_seconds: Annotated[float, _float(5, DAY_SECONDS, lo_open=False)] = 60.0
     # When another compactor holds the lease: 0 exits at once, >0 waits up to that long.
-    lease_wait_seconds: _float(0, DAY_SECONDS, lo_open=False) = 0.0
+    lease_wait_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 0.0
     # Continuous mode started before the ingest's first commit: wait this long for the table
     # to appear (0 fails at once). --once/--full/--dry-run never wait.
-    wait_for_table_seconds: _float(0, DAY_SECONDS, lo_open=False) = 300.0
+    wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
 
     @field_validator("columns")
     @classmethod
@@ -398,7 +399,7 @@ class CompactorConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _some_rule(self) -> "CompactorConfig":
+    def _some_rule(self) -> CompactorConfig:
         rules = (self.min_files, self.min_bytes, self.max_delay_seconds, self.every_n_snapshots)
         if all(rule is None for rule in rules):
             raise ValueError("min_files, min_bytes, max_delay_seconds and every_n_snapshots are all null: "
@@ -416,41 +417,41 @@ class MonitoringConfig(_Section):
     (monitoring/). A threshold set to null turns its check off. See docs/monitoring.md."""
 
     # Seconds to wait for the broker (metadata, end offsets) before calling it unreachable.
-    broker_timeout_seconds: _float(0, 3600) = 3.0
+    broker_timeout_seconds: Annotated[float, _float(0, 3600)] = 3.0
     # Find each partition's end by also reading its last record batch: the embedded tansu
     # broker's high watermark stops short of the end by the rest of that batch.
     read_last_batch: Bool = True
     # Ingest lag (records between the table's recorded offsets and the broker's end, all
     # partitions together) from which the verdict is warn / critical.
-    lag_warn_records: _int(1, MAX_INT64, optional=True) = 10_000
-    lag_critical_records: _int(1, MAX_INT64, optional=True) = 1_000_000
+    lag_warn_records: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = 10_000
+    lag_critical_records: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = 1_000_000
     # While records wait in Kafka, a last ingest commit older than this many
     # ingest.commit_interval_seconds means ingest is stalled (no records waiting: idle, fine).
-    commit_age_warn_intervals: _float(0, 1e6, optional=True) = 3.0
-    commit_age_critical_intervals: _float(0, 1e6, optional=True) = 30.0
+    commit_age_warn_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 3.0
+    commit_age_critical_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 30.0
     # The oldest file waiting for the compactor older than this many
     # compactor.max_delay_seconds means the compactor is behind (off when max_delay is null).
-    pending_age_warn_factor: _float(0, 1e6, optional=True) = 2.0
-    pending_age_critical_factor: _float(0, 1e6, optional=True) = 6.0
+    pending_age_warn_factor: Annotated[float | None, _float(0, 1e6, optional=True)] = 2.0
+    pending_age_critical_factor: Annotated[float | None, _float(0, 1e6, optional=True)] = 6.0
     # A data file is "small" below this fraction of the target file size (Iceberg's own
     # rewrite uses 0.75 for its min-file-size-bytes).
-    small_file_fraction: _float(0, 1) = 0.75
+    small_file_fraction: Annotated[float, _float(0, 1)] = 0.75
     # Share of small data files from which the verdict is warn, checked only once the table
     # has at least small_file_min_files data files (a young table is all small files).
-    small_file_ratio_warn: _float(0, 1, optional=True) = 0.8
-    small_file_min_files: _int(1, MAX_COUNT) = 100
+    small_file_ratio_warn: Annotated[float | None, _float(0, 1, optional=True)] = 0.8
+    small_file_min_files: Annotated[int, _int(1, MAX_COUNT)] = 100
     # Snapshot count from which the verdict is warn / critical (maintenance expires them).
-    snapshots_warn: _int(1, MAX_COUNT, optional=True) = 2000
-    snapshots_critical: _int(1, MAX_COUNT, optional=True) = 20000
+    snapshots_warn: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 2000
+    snapshots_critical: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 20000
     # Dead letters from which the verdict is warn (null: off; bad producers are expected).
-    dead_letters_warn: _int(1, MAX_INT64, optional=True) = None
+    dead_letters_warn: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = None
     # Where `streamberg metrics` listens (Prometheus scrapes http://host:port/metrics).
     metrics_port: int = Field(default=9464, ge=1, le=65535)
     # Loopback unless configured: the exporter has no authentication (docs/security.md).
     metrics_address: str = "127.0.0.1"
 
     @model_validator(mode="after")
-    def _warn_below_critical(self) -> "MonitoringConfig":
+    def _warn_below_critical(self) -> MonitoringConfig:
         pairs = [("lag_warn_records", "lag_critical_records"),
                  ("commit_age_warn_intervals", "commit_age_critical_intervals"),
                  ("pending_age_warn_factor", "pending_age_critical_factor"),
@@ -465,7 +466,7 @@ class MonitoringConfig(_Section):
     @classmethod
     def _port_not_bool(cls, value: Any) -> Any:
         # pydantic's lax int takes `true` as port 1.
-        if isinstance(value, bool) or isinstance(value, float):
+        if isinstance(value, (bool, float)):
             raise ValueError("must be an integer between 1 and 65535")
         return value
 
@@ -475,9 +476,9 @@ class ExpireConfig(_Section):
 
     enabled: Bool = True
     # Snapshots older than this may be expired (ingest/compactor needs are always kept).
-    max_snapshot_age_seconds: _float(0, 10 * YEAR_SECONDS) = 7 * 86400.0
+    max_snapshot_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 7 * 86400.0
     # The newest N snapshots of the main branch are always kept, whatever their age.
-    min_snapshots_to_keep: _int(1, MAX_COUNT) = 1
+    min_snapshots_to_keep: Annotated[int, _int(1, MAX_COUNT)] = 1
     # Keep every append snapshot that added a file the compactor has not rewritten yet (the
     # compactor recognises pending files by their adding snapshot). Set false only when no
     # compactor runs on the table; otherwise expiry stops at the oldest uncompacted append.
@@ -494,12 +495,12 @@ class OrphanConfig(_Section):
 
     enabled: Bool = True
     # Only files older than this are candidates: in-flight writes must never be deleted.
-    safety_age_seconds: _float(0, 10 * YEAR_SECONDS) = 3 * 86400.0
+    safety_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 3 * 86400.0
     # Allows safety_age_seconds below one hour (tests, or writers known to be idle).
     allow_short_safety_age: Bool = False
 
     @model_validator(mode="after")
-    def _safe_age(self) -> "OrphanConfig":
+    def _safe_age(self) -> OrphanConfig:
         if self.safety_age_seconds < ORPHAN_SAFETY_FLOOR_SECONDS and not self.allow_short_safety_age:
             raise ValueError(
                 f"safety_age_seconds: {self.safety_age_seconds:g} is below {ORPHAN_SAFETY_FLOOR_SECONDS:g} s; files "
@@ -513,12 +514,12 @@ class ManifestsConfig(_Section):
 
     enabled: Bool = True
     # Rewrite when the current snapshot has at least this many manifests (null: no count rule).
-    min_count: _int(1, MAX_COUNT, optional=True) = 100
+    min_count: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 100
     # ... or when its manifests total at least this many bytes (null: no size rule).
-    min_total_bytes: _int(1, MAX_BYTES, optional=True) = 64 * 1024 * 1024
+    min_total_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = 64 * 1024 * 1024
 
     @model_validator(mode="after")
-    def _some_threshold(self) -> "ManifestsConfig":
+    def _some_threshold(self) -> ManifestsConfig:
         if self.enabled and self.min_count is None and self.min_total_bytes is None:
             raise ValueError("min_count and min_total_bytes are both null, so the rewrite would never run; "
                              "set maintenance.manifests.enabled: false to turn it off")
@@ -529,12 +530,12 @@ class RetentionConfig(_Section):
     """maintenance.retention: delete rows older than `days` by a time column (off by default)."""
 
     # A date/timestamp/timestamptz column of table.schema (checked by `streamberg maintain`).
-    column: _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE, optional=True) = None
+    column: Annotated[str | None, _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE, optional=True)] = None
     # Rows whose column is older than now - days are deleted; null: retention off.
-    days: _float(0, 36600, optional=True) = None
+    days: Annotated[float | None, _float(0, 36600, optional=True)] = None
 
     @model_validator(mode="after")
-    def _column_when_on(self) -> "RetentionConfig":
+    def _column_when_on(self) -> RetentionConfig:
         if self.days is not None and not self.column:
             raise ValueError("column: required when retention.days is set (the time column rows are aged by)")
         return self
@@ -544,13 +545,13 @@ class MaintenanceConfig(_Section):
     """Settings of `streamberg maintain` (maintenance/). See docs/maintenance.md."""
 
     # Continuous mode runs one maintenance pass every interval.
-    interval_seconds: _float(0, 30 * DAY_SECONDS) = 3600.0
+    interval_seconds: Annotated[float, _float(0, 30 * DAY_SECONDS)] = 3600.0
     # Continuous mode started before the ingest's first commit: wait this long for the table
     # to appear (0 fails at once). --once/--dry-run never wait.
-    wait_for_table_seconds: _float(0, DAY_SECONDS, lo_open=False) = 300.0
+    wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
     # Retries (with backoff) of a step whose commit still lost to concurrent commits after
     # Iceberg's own retries (CommitFailedException); the step is re-planned each time.
-    commit_retries: _int(0, 1000) = 3
+    commit_retries: Annotated[int, _int(0, 1000)] = 3
     expire: ExpireConfig = Field(default_factory=ExpireConfig)
     orphan: OrphanConfig = Field(default_factory=OrphanConfig)
     manifests: ManifestsConfig = Field(default_factory=ManifestsConfig)
@@ -560,23 +561,27 @@ class MaintenanceConfig(_Section):
     allow_location_outside_warehouse: bool = False
 
 
+Component = Literal["ingest", "compact", "maintain"]
+COMPONENTS: tuple[Component, ...] = get_args(Component)
+
+
 class RunConfig(_Section):
     """Settings of `streamberg run`, the local supervisor of ingest + compactor + maintenance."""
 
     # Which components `streamberg run` starts (each is its own `streamberg <command>` process).
-    components: list[Literal["ingest", "compact", "maintain"]] = Field(
-        default_factory=lambda: ["ingest", "compact", "maintain"], min_length=1)
+    components: list[Component] = Field(
+        default_factory=lambda: list(COMPONENTS), min_length=1)
     # A component that exits unexpectedly is restarted after this delay, doubled after each
     # exit that follows a short run, up to restart_backoff_max_seconds.
-    restart_backoff_seconds: _float(0, DAY_SECONDS) = 2.0
-    restart_backoff_max_seconds: _float(0, DAY_SECONDS) = 60.0
+    restart_backoff_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 2.0
+    restart_backoff_max_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
     # A component that ran this long before exiting counts as healthy: the backoff starts over.
-    healthy_after_seconds: _float(0, DAY_SECONDS) = 60.0
+    healthy_after_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
     # On stop, each component gets this long to finish gracefully before SIGKILL.
-    stop_timeout_seconds: _float(0, DAY_SECONDS) = 120.0
+    stop_timeout_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 120.0
     # How often the status (line on a terminal, log line otherwise) is refreshed: one
     # catalog read and one broker read each time.
-    status_interval_seconds: _float(1, DAY_SECONDS, lo_open=False) = 10.0
+    status_interval_seconds: Annotated[float, _float(1, DAY_SECONDS, lo_open=False)] = 10.0
 
     @field_validator("components")
     @classmethod
@@ -606,7 +611,7 @@ class StreambergConfig(BaseSettings):
     config_path: str | None = None
 
     @model_validator(mode="after")
-    def _dead_letters_elsewhere(self) -> "StreambergConfig":
+    def _dead_letters_elsewhere(self) -> StreambergConfig:
         # Catalog identifiers compare case-insensitively in Spark: the same table either way.
         if self.dead_letter_table.lower() == self.table.identifier.lower():
             raise ValueError("dead_letter.table: must differ from table.identifier (dead letters would be "
@@ -656,7 +661,7 @@ _MAX_ERRORS = 10
 _MAX_MESSAGE = 300
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
@@ -668,7 +673,7 @@ def _key_shown(part: Any) -> str:
     return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
 
 
-def _shown(key: str, item: dict[str, Any]) -> str:
+def _shown(key: str, item: Mapping[str, Any]) -> str:
     """' (got X)' for a harmless scalar input; nothing for containers, secrets and long text."""
     got = item.get("input")
     if item["type"] == "missing" or got is None or isinstance(got, (dict, list, tuple, set, bytes)):
@@ -828,7 +833,7 @@ def _read_config_text(path: Path) -> str:
 
 def _parse_yaml(path: Path, text: str) -> Any:
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_StrictLoader)
     except _Refused as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     except yaml.MarkedYAMLError as exc:
@@ -903,14 +908,14 @@ def _register_secrets(config: StreambergConfig) -> None:
 
 def config_from_dump(data: dict[str, Any]) -> StreambergConfig:
     """Rebuild a config inside a worker; the environment there must not change it."""
-    config = StreambergConfig.model_construct(**{
-        "kafka": KafkaConfig(**data["kafka"]),
-        "catalog": CatalogConfig(**data["catalog"]),
-        "table": TableConfig(**data["table"]),
-        "ingest": IngestConfig(**data["ingest"]),
-        "dead_letter": DeadLetterConfig(**data["dead_letter"]),
-        "compactor": CompactorConfig(**data["compactor"]),
-        "config_path": data.get("config_path"),
-    })
+    config = StreambergConfig.model_construct(
+        kafka=KafkaConfig(**data["kafka"]),
+        catalog=CatalogConfig(**data["catalog"]),
+        table=TableConfig(**data["table"]),
+        ingest=IngestConfig(**data["ingest"]),
+        dead_letter=DeadLetterConfig(**data["dead_letter"]),
+        compactor=CompactorConfig(**data["compactor"]),
+        config_path=data.get("config_path"),
+    )
     _register_secrets(config)  # worker logs are redacted like the driver's
     return config

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -41,7 +41,7 @@ def configure_logging(force_json: bool | None = None, file: Path | None = None) 
     level = getattr(logging, level_name, logging.INFO)
     if force_json is None:
         force_json = renders_json()
-    out: IO[str] = sys.stderr
+    out: TextIO = sys.stderr
     if file is not None:
         # Line-buffered appends: each line is one write(2) with O_APPEND, so lines of
         # several worker processes never interleave inside a line.

@@ -16,15 +16,7 @@ from dataclasses import dataclass, field
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-OFFSETS_KEY_PREFIX = "streamberg.kafka-offsets."
-JOB_ID_KEY = "streamberg.job-id"
-RUN_ID_KEY = "streamberg.run-id"
-COMMIT_SEQ_KEY = "streamberg.commit-seq"
-# Kafka records (valid + dead-lettered) consumed by all ingest commits up to this one.
-CONSUMED_TOTAL_KEY = "streamberg.consumed-total"
-# Wall-clock ms when the committer started this commit (dead letters, fence, retries):
-# the snapshot's timestamp minus this is the commit latency that monitoring reports.
-COMMIT_STARTED_MS_KEY = "streamberg.commit-started-ms"
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 
 # What a fenced ingest says (committer, CLI) and what `streamberg run` looks for in a
 # component's output to know that restarting it is pointless.
@@ -32,10 +24,6 @@ FENCED_MESSAGE = "another ingest instance is writing this table"
 
 # partition -> next offset to read
 PartitionOffsets = dict[int, int]
-
-
-def offsets_key(topic: str) -> str:
-    return f"{OFFSETS_KEY_PREFIX}{topic}"
 
 
 def encode_offsets(offsets: PartitionOffsets) -> str:
@@ -83,20 +71,20 @@ def ancestry(table: Table) -> list[Snapshot]:
 
 def committed_position(table: Table, topic: str) -> CommittedPosition:
     """The newest recorded offsets for `topic` on the table's current lineage."""
-    key = offsets_key(topic)
+    key = kafka_offsets_key(topic)
     for snapshot in ancestry(table):
         props = summary_properties(snapshot)
         if key in props:
-            seq = props.get(COMMIT_SEQ_KEY)
+            seq = props.get(SummaryKeys.COMMIT_SEQ)
             return CommittedPosition(
                 topic=topic,
                 offsets=decode_offsets(props[key]),
                 snapshot_id=snapshot.snapshot_id,
-                job_id=props.get(JOB_ID_KEY),
-                run_id=props.get(RUN_ID_KEY),
+                job_id=props.get(SummaryKeys.JOB_ID),
+                run_id=props.get(SummaryKeys.RUN_ID),
                 commit_seq=int(seq) if seq is not None else None,
                 timestamp_ms=snapshot.timestamp_ms,
-                consumed_total=int(props.get(CONSUMED_TOTAL_KEY, 0)),
+                consumed_total=int(props.get(SummaryKeys.CONSUMED_TOTAL, 0)),
             )
     return CommittedPosition(topic=topic)
 
@@ -110,19 +98,19 @@ def consumed_by_run(table: Table, topic: str, run_id: str, since_snapshot_id: in
     instance's commits (e.g. those of the ingest that fenced this run). `since_snapshot_id`:
     the committed snapshot when the run started; the walk stops there (nothing older is ours).
     """
-    key = offsets_key(topic)
+    key = kafka_offsets_key(topic)
     total, newer = 0, None
     for snapshot in ancestry(table):
         props = summary_properties(snapshot)
         if key not in props:
             continue
-        consumed = int(props.get(CONSUMED_TOTAL_KEY, 0))
+        consumed = int(props.get(SummaryKeys.CONSUMED_TOTAL, 0))
         if newer is not None and newer[0] == run_id:
             total += newer[1] - consumed
         if snapshot.snapshot_id == since_snapshot_id:
             newer = None
             break
-        newer = (props.get(RUN_ID_KEY), consumed)
+        newer = (props.get(SummaryKeys.RUN_ID), consumed)
     if newer is not None and newer[0] == run_id:  # the run's commit is the first on the table
         total += newer[1]
     return total

@@ -14,8 +14,9 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -116,7 +117,7 @@ def produce_events(
     })
     errors: list[str] = []
 
-    def on_delivery(err, _msg):  # noqa: ANN001 - confluent-kafka callback
+    def on_delivery(err, _msg) -> None:  # noqa: ANN001 - confluent-kafka callback
         if err is not None:
             errors.append(str(err))
 

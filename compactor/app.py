@@ -138,7 +138,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
 def install_stop_handlers(stop: threading.Event) -> None:
     """SIGINT/SIGTERM end continuous mode after the running pass (a second signal kills)."""
 
-    def handler(signum: int, frame: Any) -> None:  # noqa: ARG001
+    def handler(signum: int, frame: Any) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()

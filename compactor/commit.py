@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamberg.common.log import get_logger
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import jvm as J
-from streamberg.compactor import record as R
+from streamberg.compactor import record
 from streamberg.compactor.runner import RewriteResult, delete_files
 
 VALIDATION = "org.apache.iceberg.exceptions.ValidationException"
@@ -66,7 +67,7 @@ class CommitManager:
     def commit(self, results: list[RewriteResult], summary: Mapping[str, str]) -> CommitOutcome:
         """Commit all `results` as one snapshot carrying `summary`; never raises for conflicts."""
         commit_id = str(uuid.uuid4())
-        props = R.check_summary({**summary, R.COMMIT_ID: commit_id})
+        props = record.check_summary({**summary, SummaryKeys.COMPACTOR_COMMIT_ID: commit_id})
         new_paths = [p for r in results for p in r.new_paths]
         attempt = 0
         while True:
@@ -149,6 +150,6 @@ class CommitManager:
             return None
         for snap in J.iterate(self.jtable.snapshots()):
             summary = snap.summary()
-            if summary is not None and summary.get(R.COMMIT_ID) == commit_id:
+            if summary is not None and summary.get(SummaryKeys.COMPACTOR_COMMIT_ID) == commit_id:
                 return int(snap.snapshotId())
         return None

@@ -110,7 +110,7 @@ def hilbert_reference(ranks: Sequence[int], bits: int) -> int:
 
 # --------------------------------------------------------------------------- Spark side
 
-def _check_columns(df: "DataFrame", columns: Sequence[str]) -> None:
+def _check_columns(df: DataFrame, columns: Sequence[str]) -> None:
     from pyspark.sql.types import ArrayType, MapType, StructType
 
     if not columns:
@@ -123,8 +123,8 @@ def _check_columns(df: "DataFrame", columns: Sequence[str]) -> None:
             raise LayoutError(f"column {name!r} is {fields[name].dataType.simpleString()}: only orderable scalars can be clustered")
 
 
-def sample_columns(df: "DataFrame", columns: Sequence[str], *, sample_rows: int, row_count: int | None = None,
-                   seed: int = 0, materialize: bool = True) -> "DataFrame":
+def sample_columns(df: DataFrame, columns: Sequence[str], *, sample_rows: int, row_count: int | None = None,
+                   seed: int = 0, materialize: bool = True) -> DataFrame:
     """About `sample_rows` rows of `columns` (a read of those columns only).
 
     `materialize` keeps the sample (local checkpoint) for callers that use it more than once.
@@ -136,7 +136,7 @@ def sample_columns(df: "DataFrame", columns: Sequence[str], *, sample_rows: int,
     return sample.localCheckpoint(eager=True) if materialize else sample
 
 
-def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: int) -> list["Column"]:
+def boundaries_from_sample(sample: DataFrame, columns: Sequence[str], bits: int) -> list[Column]:
     """Per column, a literal sorted array of at most 2**bits - 1 rank boundaries.
 
     Few distinct values in the sample: all of them (exact dense ranks). Many: evenly spaced
@@ -159,7 +159,9 @@ def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: in
         # the j-th of max_bounds evenly spaced quantiles of the sorted sample (1-based position)
         quantiles = F.array_distinct(F.transform(
             F.sequence(F.lit(1), F.lit(max_bounds)),
-            lambda j: F.element_at(arr, (F.floor(j * n / (max_bounds + 1)) + 1).cast("int")),
+            # F.transform builds the expression now, inside this iteration (and counts the
+            # lambda's parameters, so arr and n cannot be bound as defaults).
+            lambda j: F.element_at(arr, (F.floor(j * n / (max_bounds + 1)) + 1).cast("int")),  # noqa: B023
         ))
         chosen = F.when(F.size(distinct) <= max_bounds, distinct).otherwise(quantiles)
         picks.append(chosen.alias(f"{_TMP}b{i}"))
@@ -174,14 +176,14 @@ def boundaries_from_sample(sample: "DataFrame", columns: Sequence[str], bits: in
     ]
 
 
-def rank_boundaries(df: "DataFrame", columns: Sequence[str], *, bits: int, sample_rows: int,
-                    row_count: int | None = None, seed: int = 0) -> list["Column"]:
+def rank_boundaries(df: DataFrame, columns: Sequence[str], *, bits: int, sample_rows: int,
+                    row_count: int | None = None, seed: int = 0) -> list[Column]:
     """Sample `df` and return the per-column boundary literals (see boundaries_from_sample)."""
     sample = sample_columns(df, columns, sample_rows=sample_rows, row_count=row_count, seed=seed, materialize=False)
     return boundaries_from_sample(sample, columns, bits)
 
 
-def _count_le(df: "DataFrame", targets: dict[str, tuple[str, "Column"]], depth: int) -> "DataFrame":
+def _count_le(df: DataFrame, targets: dict[str, tuple[str, Column]], depth: int) -> DataFrame:
     """For each out column: how many elements of a sorted literal array are <= the value.
 
     A branch-free binary search of fixed depth (arrays up to 2**depth - 1 long), one
@@ -203,7 +205,7 @@ def _count_le(df: "DataFrame", targets: dict[str, tuple[str, "Column"]], depth: 
     return df
 
 
-def with_scaled_ranks(df: "DataFrame", columns: Sequence[str], bounds: Sequence["Column"], bits: int) -> "DataFrame":
+def with_scaled_ranks(df: DataFrame, columns: Sequence[str], bounds: Sequence[Column], bits: int) -> DataFrame:
     """Add ``__sb_r<i>``: each column's rank among its boundaries, stretched to ``bits`` bits.
 
     rank(v) = number of boundaries <= v (nulls and values below the first boundary: 0).
@@ -219,7 +221,7 @@ def with_scaled_ranks(df: "DataFrame", columns: Sequence[str], bounds: Sequence[
     })
 
 
-def zorder_expression(ranks: Sequence["Column"], bits: int) -> "Column":
+def zorder_expression(ranks: Sequence[Column], bits: int) -> Column:
     """Interleave the bits of ``ranks`` (longs < 2**bits); the first column is most significant."""
     from pyspark.sql import functions as F
 
@@ -232,7 +234,7 @@ def zorder_expression(ranks: Sequence["Column"], bits: int) -> "Column":
     return key
 
 
-def with_hilbert_transpose(df: "DataFrame", names: Sequence[str], bits: int) -> "DataFrame":
+def with_hilbert_transpose(df: DataFrame, names: Sequence[str], bits: int) -> DataFrame:
     """Rewrite the columns ``names`` (scaled ranks) in place into Skilling's transposed Hilbert form.
 
     One projection per bit level: within a level the n sequential updates are inlined (x0's
@@ -274,8 +276,8 @@ def with_hilbert_transpose(df: "DataFrame", names: Sequence[str], bits: int) -> 
     return df.withColumns({c: F.col(c).bitwiseXOR(F.col(f"{_TMP}t")) for c in names}).drop(f"{_TMP}t")
 
 
-def _with_key(df: "DataFrame", strategy: str, columns: Sequence[str], bounds: Sequence["Column"], bits: int,
-              key: str) -> "DataFrame":
+def _with_key(df: DataFrame, strategy: str, columns: Sequence[str], bounds: Sequence[Column], bits: int,
+              key: str) -> DataFrame:
     from pyspark.sql import functions as F
 
     ranked = with_scaled_ranks(df, columns, bounds, bits)
@@ -285,8 +287,8 @@ def _with_key(df: "DataFrame", strategy: str, columns: Sequence[str], bounds: Se
     return ranked.withColumn(key, zorder_expression([F.col(c) for c in names], bits)).drop(*names)
 
 
-def with_index(df: "DataFrame", strategy: str, columns: Sequence[str], *, bits: int = 10, sample_rows: int = 20000,
-               row_count: int | None = None, seed: int = 0, key: str = f"{_TMP}key") -> "DataFrame":
+def with_index(df: DataFrame, strategy: str, columns: Sequence[str], *, bits: int = 10, sample_rows: int = 20000,
+               row_count: int | None = None, seed: int = 0, key: str = f"{_TMP}key") -> DataFrame:
     """``df`` plus a column ``key`` holding the ``zorder`` or ``hilbert`` index of ``columns``."""
     if strategy not in ("zorder", "hilbert"):
         raise LayoutError(f"with_index computes zorder or hilbert keys, not {strategy!r}")
@@ -349,8 +351,8 @@ def split_points(sorted_keys: Sequence[int], num_files: int) -> list[int]:
     return sorted(set(cuts))
 
 
-def _index_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num_files: int, bits: int,
-                  sample_rows: int, row_count: int | None, seed: int, keep_key: bool = False) -> "DataFrame":
+def _index_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int,
+                  sample_rows: int, row_count: int | None, seed: int, keep_key: bool = False) -> DataFrame:
     """zorder/hilbert: key every row, route it to the file owning its key range, sort within.
 
     Jobs: one pruned read of the clustered columns for the sample, small jobs on the sample
@@ -378,8 +380,8 @@ def _index_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num
     return routed.repartition(num_files, F.col(part)).sortWithinPartitions(key).drop(*drop, part)
 
 
-def iceberg_zorder_column(df: "DataFrame", columns: Sequence[str], *, var_length_contribution: int = 8,
-                          max_output_size: int = 2**31 - 1) -> "Column":
+def iceberg_zorder_column(df: DataFrame, columns: Sequence[str], *, var_length_contribution: int = 8,
+                          max_output_size: int = 2**31 - 1) -> Column:
     """Iceberg's z-value column, built by Iceberg's own SparkZOrderUDF.
 
     The class is package-private in the runtime jar, so it is constructed by reflection; the
@@ -425,9 +427,9 @@ def iceberg_zorder_column(df: "DataFrame", columns: Sequence[str], *, var_length
     return Column(interleave.invoke(udf, call))
 
 
-def apply_layout(df: "DataFrame", strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
+def apply_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
                  sample_rows: int = 20000, row_count: int | None = None, seed: int = 0,
-                 keep_key: bool = False) -> "DataFrame":
+                 keep_key: bool = False) -> DataFrame:
     """``df`` laid out by ``strategy`` on ``columns`` into ``num_files`` partitions (see module doc).
 
     ``row_count`` (when known, e.g. from file metadata) saves a count to size the sample.

@@ -192,7 +192,7 @@ class TableLease:
         self._thread = threading.Thread(target=beat, name="streamberg-lease", daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> "TableLease":
+    def __enter__(self) -> TableLease:
         return self
 
     def __exit__(self, *exc: object) -> None:

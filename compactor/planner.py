@@ -56,7 +56,7 @@ class PlanningRules:
     max_group_bytes: int = 2 * 1024**3
 
     @classmethod
-    def from_config(cls, config: CompactorConfig) -> "PlanningRules":
+    def from_config(cls, config: CompactorConfig) -> PlanningRules:
         return cls(
             min_files=config.min_files, min_bytes=config.min_bytes, max_delay_seconds=config.max_delay_seconds,
             every_n_snapshots=config.every_n_snapshots, max_group_bytes=config.max_group_bytes,

@@ -1,6 +1,6 @@
 """The record of each optimize, written into the snapshot summary of its commit.
 
-Keys (all strings, prefix ``streamberg.compactor.``):
+Keys (all strings, prefix ``streamberg.compactor.``, declared in common/summary_keys.py):
 
 ======================  ===========================================================
 run-id                  one compactor process run
@@ -26,29 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from streamberg.common.offsets import COMMIT_SEQ_KEY, JOB_ID_KEY, OFFSETS_KEY_PREFIX, RUN_ID_KEY
+from streamberg.common.summary_keys import is_ingest_key
 
-PREFIX = "streamberg.compactor."
-RUN_ID = PREFIX + "run-id"
-COMMIT_ID = PREFIX + "commit-id"
-MODE = PREFIX + "mode"
-STRATEGY = PREFIX + "strategy"
-COLUMNS = PREFIX + "columns"
-GROUPS = PREFIX + "groups"
-COMMIT = PREFIX + "commit"
-FILES_IN = PREFIX + "files-in"
-FILES_OUT = PREFIX + "files-out"
-BYTES_IN = PREFIX + "bytes-in"
-BYTES_OUT = PREFIX + "bytes-out"
-RECORDS = PREFIX + "records"
-DURATION_MS = PREFIX + "duration-ms"
-PLAN_SNAPSHOT_ID = PREFIX + "plan-snapshot-id"
-COVERED_SNAPSHOTS = PREFIX + "covered-snapshots"
-BATCH_ID = PREFIX + "batch-id"
 # A summary value is a string in the table metadata; keep it bounded.
 MAX_COVERED_LISTED = 500
-
-_INGEST_KEYS = (JOB_ID_KEY, RUN_ID_KEY, COMMIT_SEQ_KEY)
 
 
 class ForbiddenSummaryKey(ValueError):
@@ -57,7 +38,7 @@ class ForbiddenSummaryKey(ValueError):
 
 def check_summary(summary: Mapping[str, str]) -> dict[str, str]:
     """The summary as a plain dict, refusing any key ingest relies on."""
-    bad = sorted(k for k in summary if k.startswith(OFFSETS_KEY_PREFIX) or k in _INGEST_KEYS)
+    bad = sorted(k for k in summary if is_ingest_key(k))
     if bad:
         raise ForbiddenSummaryKey(f"compactor commits must not carry ingest keys: {bad}")
     return {str(k): str(v) for k, v in summary.items()}
@@ -70,7 +51,3 @@ def covered_value(snapshot_ids: Iterable[int]) -> str:
         tail = ids[-MAX_COVERED_LISTED // 2 :]
         return ",".join(map(str, head)) + f",...({len(ids) - len(head) - len(tail)} more)...," + ",".join(map(str, tail))
     return ",".join(map(str, ids))
-
-
-def is_compactor_summary(summary: Mapping[str, str]) -> bool:
-    return RUN_ID in summary

@@ -20,8 +20,9 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import ConfigError, StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.spark import activate, spark_table_name
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import jvm as J
-from streamberg.compactor import record as R
+from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, STRATEGIES
 from streamberg.compactor.lease import TableLease
@@ -184,8 +185,8 @@ class Compactor:
                 log.info("optimize committed", snapshot_id=outcome.snapshot_id, commit=f"{k}/{len(batches)}",
                          groups=entry.groups, files_in=entry.files_in, files_out=entry.files_out,
                          bytes_in=entry.bytes_in, bytes_out=entry.bytes_out,
-                         records=int(summary[R.RECORDS]), duration_ms=int(summary[R.DURATION_MS]),
-                         covered_snapshots=len(summary[R.COVERED_SNAPSHOTS].split(",")),
+                         records=int(summary[SummaryKeys.COMPACTOR_RECORDS]), duration_ms=int(summary[SummaryKeys.COMPACTOR_DURATION_MS]),
+                         covered_snapshots=len(summary[SummaryKeys.COMPACTOR_COVERED_SNAPSHOTS].split(",")),
                          rebased_over=entry.rebased_over, attempts=entry.attempts)
             elif outcome.status == "lease-lost":
                 break
@@ -197,21 +198,21 @@ class Compactor:
         files = [f for r in results for f in r.group.files]
         covered = [s for _, s in sorted({(f.sequence_number, f.snapshot_id) for f in files})]
         summary = {
-            R.RUN_ID: self.run_id,
-            R.MODE: plan.mode,
-            R.STRATEGY: self.strategy,
-            R.COLUMNS: ",".join(self.columns),
-            R.GROUPS: str(len(results)),
-            R.COMMIT: f"{k}/{n}",
-            R.FILES_IN: str(len(files)),
-            R.FILES_OUT: str(sum(r.files_out for r in results)),
-            R.BYTES_IN: str(sum(f.size_bytes for f in files)),
-            R.BYTES_OUT: str(sum(r.bytes_out for r in results)),
-            R.RECORDS: str(sum(r.records_out for r in results)),
-            R.DURATION_MS: str(int(sum(r.seconds for r in results) * 1000)),
-            R.PLAN_SNAPSHOT_ID: str(plan.starting_snapshot_id),
-            R.COVERED_SNAPSHOTS: R.covered_value(covered),
+            SummaryKeys.COMPACTOR_RUN_ID: self.run_id,
+            SummaryKeys.COMPACTOR_MODE: plan.mode,
+            SummaryKeys.COMPACTOR_STRATEGY: self.strategy,
+            SummaryKeys.COMPACTOR_COLUMNS: ",".join(self.columns),
+            SummaryKeys.COMPACTOR_GROUPS: str(len(results)),
+            SummaryKeys.COMPACTOR_COMMIT: f"{k}/{n}",
+            SummaryKeys.COMPACTOR_FILES_IN: str(len(files)),
+            SummaryKeys.COMPACTOR_FILES_OUT: str(sum(r.files_out for r in results)),
+            SummaryKeys.COMPACTOR_BYTES_IN: str(sum(f.size_bytes for f in files)),
+            SummaryKeys.COMPACTOR_BYTES_OUT: str(sum(r.bytes_out for r in results)),
+            SummaryKeys.COMPACTOR_RECORDS: str(sum(r.records_out for r in results)),
+            SummaryKeys.COMPACTOR_DURATION_MS: str(int(sum(r.seconds for r in results) * 1000)),
+            SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID: str(plan.starting_snapshot_id),
+            SummaryKeys.COMPACTOR_COVERED_SNAPSHOTS: record.covered_value(covered),
         }
         if batch_id is not None:
-            summary[R.BATCH_ID] = str(batch_id)
+            summary[SummaryKeys.COMPACTOR_BATCH_ID] = str(batch_id)
         return summary

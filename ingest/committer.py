@@ -28,18 +28,8 @@ from pyiceberg.table import Table
 from streamberg.common.catalog import DEAD_LETTER_SCHEMA, ensure_dead_letter_table, load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import (
-    COMMIT_SEQ_KEY,
-    COMMIT_STARTED_MS_KEY,
-    CONSUMED_TOTAL_KEY,
-    FENCED_MESSAGE,
-    JOB_ID_KEY,
-    RUN_ID_KEY,
-    PartitionOffsets,
-    committed_position,
-    encode_offsets,
-    offsets_key,
-)
+from streamberg.common.offsets import FENCED_MESSAGE, PartitionOffsets, committed_position, encode_offsets
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
 
@@ -196,13 +186,13 @@ class Committer:
         self.commit_seq += 1
         dead_written = self._commit_dead_letters(dead, new_offsets) if dead else 0
         properties = {
-            offsets_key(self.topic): encode_offsets(new_offsets),
-            JOB_ID_KEY: self.config.job_id,
-            RUN_ID_KEY: self.run_id,
-            COMMIT_SEQ_KEY: str(self.commit_seq),
-            CONSUMED_TOTAL_KEY: str(consumed_total),
-            COMMIT_STARTED_MS_KEY: str(started_ms),
-            "streamberg.dead-letters": str(dead_written),
+            kafka_offsets_key(self.topic): encode_offsets(new_offsets),
+            SummaryKeys.JOB_ID: self.config.job_id,
+            SummaryKeys.RUN_ID: self.run_id,
+            SummaryKeys.COMMIT_SEQ: str(self.commit_seq),
+            SummaryKeys.CONSUMED_TOTAL: str(consumed_total),
+            SummaryKeys.COMMIT_STARTED_MS: str(started_ms),
+            SummaryKeys.DEAD_LETTERS: str(dead_written),
         }
         attempts = 0
         while True:
@@ -254,8 +244,8 @@ class Committer:
             ], schema=_dead_letter_arrow_schema())
             try:
                 dlq.append(rows, snapshot_properties={
-                    offsets_key(self.topic): encode_offsets({**already, **new_offsets}),
-                    JOB_ID_KEY: self.config.job_id, RUN_ID_KEY: self.run_id,
+                    kafka_offsets_key(self.topic): encode_offsets({**already, **new_offsets}),
+                    SummaryKeys.JOB_ID: self.config.job_id, SummaryKeys.RUN_ID: self.run_id,
                 })
                 return len(fresh)
             except CommitFailedException:

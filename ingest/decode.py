@@ -175,10 +175,8 @@ def _has_nonfinite_token(value: bytes) -> bool:
     quotes = np.flatnonzero(data == 0x22)
     run = np.where(quotes > 0, (quotes - 1) - last_other[np.maximum(quotes - 1, 0)], 0)
     delimiters = quotes[run % 2 == 0]
-    for match in _NONFINITE.finditer(value):
-        if np.searchsorted(delimiters, match.start()) % 2 == 0:  # even delimiters before: outside
-            return True
-    return False
+    # An even number of delimiters before a match: it stands outside any string.
+    return any(np.searchsorted(delimiters, match.start()) % 2 == 0 for match in _NONFINITE.finditer(value))
 
 
 def _records_containing(text: bytes, token: bytes, offsets: np.ndarray) -> np.ndarray:

@@ -294,7 +294,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
             (markers / "stop").touch()
             log.info("stopping: writers flush and commit what they have", reason=reason)
 
-    def on_signal(signum, _frame):  # noqa: ANN001
+    def on_signal(signum, _frame) -> None:  # noqa: ANN001
         if stop_reason:  # second signal: stop now (safe: nothing half-visible)
             raise KeyboardInterrupt
         request_stop(signal.Signals(signum).name)

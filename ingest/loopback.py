@@ -47,7 +47,7 @@ def _start_on_localhost(self):  # noqa: ANN001, ANN202 - PyFlink's method, one s
 
     if not self._worker_address:
         worker_server = grpc.server(thread_pool_executor.shared_unbounded_instance())
-        worker_address = "localhost:%s" % worker_server.add_insecure_port("localhost:0")
+        worker_address = f"localhost:{worker_server.add_insecure_port('localhost:0')}"
         beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(self, worker_server)
         worker_server.start()
         self._worker_address = worker_address

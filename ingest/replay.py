@@ -52,16 +52,13 @@ from pyiceberg.table import Table
 from streamberg.common.catalog import DEAD_LETTER_SCHEMA, load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import RUN_ID_KEY, ancestry, committed_position, summary_properties
+from streamberg.common.offsets import ancestry, committed_position, summary_properties
+from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 from streamberg.ingest.writer import consumer_settings
 
-RANGE_KEY_PREFIX = "streamberg.replay."
-DLQ_KEY_PREFIX = "streamberg.dlq-replayed."
-OPERATION_KEY = "streamberg.operation"
-RECORDS_KEY = "streamberg.replay-records"
 # How long Kafka may return nothing before a range read gives up (the records exist:
 # the ingest already read them, so silence means they were deleted or compacted away).
 READ_IDLE_TIMEOUT_SECONDS = 15.0
@@ -71,13 +68,6 @@ TOP_REASONS = 20
 class ReplayRefused(RuntimeError):
     """The replay would duplicate or move what the ingest owns; nothing was written."""
 
-
-def range_key(topic: str) -> str:
-    return f"{RANGE_KEY_PREFIX}{topic}"
-
-
-def dlq_key(topic: str) -> str:
-    return f"{DLQ_KEY_PREFIX}{topic}"
 
 
 @dataclass
@@ -116,7 +106,7 @@ def _recorded(table: Table, key: str) -> Iterator[dict[int, Any]]:
 def replayed_ranges(table: Table, topic: str) -> dict[int, list[tuple[int, int]]]:
     """Ranges replayed into the table's current lineage, per partition."""
     ranges: dict[int, list[tuple[int, int]]] = {}
-    for record in _recorded(table, range_key(topic)):
+    for record in _recorded(table, replay_range_key(topic)):
         for p, (start, end) in record.items():
             ranges.setdefault(p, []).append((int(start), int(end)))
     return ranges
@@ -125,7 +115,7 @@ def replayed_ranges(table: Table, topic: str) -> dict[int, list[tuple[int, int]]
 def replayed_dead_letters(table: Table, topic: str) -> dict[int, set[int]]:
     """Dead-lettered offsets that a replay already landed in the table, per partition."""
     landed: dict[int, set[int]] = {}
-    for record in _recorded(table, dlq_key(topic)):
+    for record in _recorded(table, dlq_replayed_key(topic)):
         for p, offsets in record.items():
             landed.setdefault(p, set()).update(int(o) for o in offsets)
     return landed
@@ -236,7 +226,7 @@ def remove_from_dead_letters(catalog: Catalog, config: StreambergConfig, landed:
         if not present:
             return 0
         try:
-            dlq.delete(where, snapshot_properties={OPERATION_KEY: "replay", RUN_ID_KEY: run_id})
+            dlq.delete(where, snapshot_properties={SummaryKeys.OPERATION: "replay", SummaryKeys.RUN_ID: run_id})
             return present
         except CommitFailedException:  # the ingest appended dead letters meanwhile
             if attempts > config.ingest.commit_retries:
@@ -259,7 +249,7 @@ def _append_dead_letters(catalog: Catalog, config: StreambergConfig, dead: list[
          "dead_lettered_at": now}
         for d in dead
     ], schema=schema_to_pyarrow(DEAD_LETTER_SCHEMA))
-    dlq.append(rows, snapshot_properties={OPERATION_KEY: "replay", RUN_ID_KEY: run_id})
+    dlq.append(rows, snapshot_properties={SummaryKeys.OPERATION: "replay", SummaryKeys.RUN_ID: run_id})
     return len(dead)
 
 
@@ -373,10 +363,10 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
         # leaves them recorded, and a re-run finds them in the DLQ and adds none twice.
         outcome.dead_letters_added = _append_dead_letters(catalog, config, fresh_dead, run_id)
         if files:
-            properties = {range_key(topic): json.dumps({str(partition): [start, end]}), OPERATION_KEY: "replay",
-                          RUN_ID_KEY: run_id, RECORDS_KEY: str(outcome.records_added)}
+            properties = {replay_range_key(topic): json.dumps({str(partition): [start, end]}), SummaryKeys.OPERATION: "replay",
+                          SummaryKeys.RUN_ID: run_id, SummaryKeys.REPLAY_RECORDS: str(outcome.records_added)}
             if landed_from_dlq:
-                properties[dlq_key(topic)] = json.dumps({str(partition): sorted(landed_from_dlq)})
+                properties[dlq_replayed_key(topic)] = json.dumps({str(partition): sorted(landed_from_dlq)})
             outcome.snapshot_id = _commit_append(catalog, config, files, properties, check_overlap)
             outcome.removed_from_dlq = remove_from_dead_letters(catalog, config, {partition: landed_from_dlq}, run_id)
         log.info("range replayed", snapshot=outcome.snapshot_id, records=outcome.records_added, files=len(files),
@@ -458,8 +448,8 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
                                 f"nothing was added, run the replay again")
 
     if files and not dry_run:
-        properties = {dlq_key(topic): json.dumps({str(p): sorted(o) for p, o in sorted(landed.items())}),
-                      OPERATION_KEY: "replay", RUN_ID_KEY: run_id, RECORDS_KEY: str(outcome.records_added)}
+        properties = {dlq_replayed_key(topic): json.dumps({str(p): sorted(o) for p, o in sorted(landed.items())}),
+                      SummaryKeys.OPERATION: "replay", SummaryKeys.RUN_ID: run_id, SummaryKeys.REPLAY_RECORDS: str(outcome.records_added)}
         outcome.snapshot_id = _commit_append(catalog, config, files, properties, check_not_landed)
         outcome.removed_from_dlq += remove_from_dead_letters(catalog, config, landed, run_id)
         log.info("dead letters replayed", snapshot=outcome.snapshot_id, records=outcome.records_added,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 WORKER_LOG_NAME = "workers.log"
 

@@ -136,7 +136,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
         while not stop.is_set():
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)
-            except Exception as exc:  # noqa: BLE001 - e.g. catalog unreachable; the schedule goes on
+            except Exception as exc:
                 if single:
                     raise MaintainError(f"maintenance run failed: {exc}") from exc
                 log.error("maintenance run failed; retrying at the next interval", error=str(exc))

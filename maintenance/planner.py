@@ -37,7 +37,8 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DateType, TimestampType, TimestamptzType
 
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
-from streamberg.common.offsets import ancestry, committed_position, offsets_key
+from streamberg.common.offsets import ancestry, committed_position
+from streamberg.common.summary_keys import kafka_offsets_key
 from streamberg.compactor.planner import PlanningRules, plan_rewrite
 
 # Every rule satisfied: the compactor's planner then puts every pending file into a group.
@@ -206,7 +207,7 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
         retain_last = max(retain_last, len(chain))
         older_than = min(older_than, position.timestamp_ms)
         for snapshot in chain:
-            reason = (f"ingest position: newest snapshot with {offsets_key(topic)}" if snapshot is position
+            reason = (f"ingest position: newest snapshot with {kafka_offsets_key(topic)}" if snapshot is position
                       else "on the lineage from the current snapshot back to the ingest position")
             protected[snapshot.snapshot_id] = ProtectedSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms, reason)
 

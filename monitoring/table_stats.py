@@ -14,8 +14,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.offsets import COMMIT_STARTED_MS_KEY, CommittedPosition, ancestry, summary_properties
-from streamberg.compactor import record as R
+from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
+from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
 from streamberg.compactor.planner import (
     DataFileInfo,
     ManifestCache,
@@ -24,8 +24,6 @@ from streamberg.compactor.planner import (
     target_file_size,
 )
 from streamberg.monitoring.model import CompactorFacts, FileFacts, LastCommit, LastOptimize, SnapshotFacts
-
-DEAD_LETTERS_KEY = "streamberg.dead-letters"  # written by ingest/committer.py
 
 
 def iso_utc(ms: int) -> str:
@@ -49,13 +47,13 @@ def last_commit(table: Table, position: CommittedPosition, now_ms: int) -> LastC
     if snapshot is None:
         return None
     props = summary_properties(snapshot)
-    started = props.get(COMMIT_STARTED_MS_KEY)
+    started = props.get(SummaryKeys.COMMIT_STARTED_MS)
     latency = round(max(0.0, (snapshot.timestamp_ms - int(started)) / 1000), 3) if started else None
     return LastCommit(
         snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
         age_seconds=_age(now_ms, snapshot.timestamp_ms),
         records=_int(props, "added-records"), files=_int(props, "added-data-files"),
-        dead_letters=_int(props, DEAD_LETTERS_KEY), job_id=position.job_id, run_id=position.run_id,
+        dead_letters=_int(props, SummaryKeys.DEAD_LETTERS), job_id=position.job_id, run_id=position.run_id,
         consumed_total=position.consumed_total, commit_latency_seconds=latency,
     )
 
@@ -74,14 +72,14 @@ def file_facts(config: StreambergConfig, table: Table, files: list[DataFileInfo]
 def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
     for snapshot in ancestry(table):
         props = summary_properties(snapshot)
-        if not R.is_compactor_summary(props):
+        if not is_compactor_summary(props):
             continue
-        duration = props.get(R.DURATION_MS)
+        duration = props.get(SummaryKeys.COMPACTOR_DURATION_MS)
         return LastOptimize(
             snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
-            age_seconds=_age(now_ms, snapshot.timestamp_ms), strategy=props.get(R.STRATEGY), mode=props.get(R.MODE),
-            files_in=_int(props, R.FILES_IN), files_out=_int(props, R.FILES_OUT),
-            bytes_in=_int(props, R.BYTES_IN), bytes_out=_int(props, R.BYTES_OUT), records=_int(props, R.RECORDS),
+            age_seconds=_age(now_ms, snapshot.timestamp_ms), strategy=props.get(SummaryKeys.COMPACTOR_STRATEGY), mode=props.get(SummaryKeys.COMPACTOR_MODE),
+            files_in=_int(props, SummaryKeys.COMPACTOR_FILES_IN), files_out=_int(props, SummaryKeys.COMPACTOR_FILES_OUT),
+            bytes_in=_int(props, SummaryKeys.COMPACTOR_BYTES_IN), bytes_out=_int(props, SummaryKeys.COMPACTOR_BYTES_OUT), records=_int(props, SummaryKeys.COMPACTOR_RECORDS),
             duration_seconds=int(duration) / 1000 if duration else None,
         )
     return None

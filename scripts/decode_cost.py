@@ -33,7 +33,7 @@ def event(rng: random.Random, i: int, form: str) -> bytes:
                        "city": rng.choice(["Paris", "Oslo", "Lima"]), "amount": round(rng.uniform(0, 500), 2)}).encode()
 
 
-def median_seconds(fn, repeat: int = 30) -> float:  # noqa: ANN001
+def median_seconds(fn, repeat: int = 30) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -48,15 +48,15 @@ def main() -> None:
     for form in ("iso", "epoch-ms"):
         batch = [event(rng, i, form) for i in range(5000)]
         raw = pa.array(batch, pa.binary())
-        screen = median_seconds(lambda: decoder.screen(raw))
-        decode = median_seconds(lambda: decoder.decode(batch))
+        screen = median_seconds(lambda raw=raw: decoder.screen(raw))
+        decode = median_seconds(lambda batch=batch: decoder.decode(batch))
         print(f"clean batch, ts as {form}: screen {screen * 1e3:.2f} ms / decode {decode * 1e3:.2f} ms = {screen / decode:.3f}")
         for share in (0.01, 0.5):
             # Same timestamp form as the batch, so the bad records share its parse block.
             bad = json.dumps({"id": "x", "ts": json.loads(batch[0])["ts"], "user_id": "u"}).encode()
             every = round(1 / share)
             mixed = [bad if i % every == 0 else v for i, v in enumerate(batch)]
-            slow = median_seconds(lambda: decoder.decode(mixed), repeat=3)
+            slow = median_seconds(lambda mixed=mixed: decoder.decode(mixed), repeat=3)
             print(f"  {share:.0%} wrong-type records: decode {slow * 1e3:.1f} ms = {slow / decode:.1f}x the clean batch, "
                   f"{slow / (len(batch) * share) * 1e3:.2f} ms per bad record")
 

@@ -26,12 +26,13 @@ from pyiceberg.manifest import ManifestEntryStatus
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
-from streamberg.common.offsets import offsets_key, summary_properties
+from streamberg.common.offsets import summary_properties
+from streamberg.common.summary_keys import kafka_offsets_key
 
 
-def ingest_files(table, topic: str) -> list:  # noqa: ANN001
+def ingest_files(table, topic: str) -> list:
     """(spec id, DataFile) of every data file an ingest append added (offsets in its summary)."""
-    key = offsets_key(topic)
+    key = kafka_offsets_key(topic)
     files = []
     for snapshot in table.metadata.snapshots:
         if key not in summary_properties(snapshot):
@@ -45,7 +46,7 @@ def ingest_files(table, topic: str) -> list:  # noqa: ANN001
     return files
 
 
-def planned(table, files: list, expression) -> int:  # noqa: ANN001
+def planned(table, files: list, expression) -> int:
     """Files of `files` that Iceberg's scan planning keeps for `expression` (partition, then metrics)."""
     scan = table.scan(row_filter=expression)
     by_spec = {}

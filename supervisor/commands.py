@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from streamberg.common.cli import CommandError
 from streamberg.common.config import ConfigError, StreambergConfig, load_config

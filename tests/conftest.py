@@ -41,7 +41,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:  # noqa: ANN001 - pytest's hook
+def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
     if _under_ci() and _unexpected_skips:
         terminalreporter.section("unexpected skips under CI (they fail the run)", red=True)
         for nodeid in _unexpected_skips:

@@ -66,11 +66,11 @@ def duplicates(values: list[int]) -> list[int]:
     return sorted(v for v, n in collections.Counter(values).items() if n > 1)
 
 
-def distinct(values) -> int:  # noqa: ANN001
+def distinct(values) -> int:
     return pc.count_distinct(values).as_py()
 
 
-def spark_table(spark, config: StreambergConfig, identifier: str):  # noqa: ANN001, ANN201
+def spark_table(spark, config: StreambergConfig, identifier: str):
     """A Spark DataFrame of an Iceberg table, read through Spark's own JdbcCatalog."""
     from streamberg.common.spark import register_catalog
 

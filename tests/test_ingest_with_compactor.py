@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.flink, pytest.mark.spark]
 PARTITIONS = 3
 
 
-def test_live_ingest_and_compactor_commit_side_by_side(tmp_path: Path, broker: str, spark) -> None:  # noqa: ANN001
+def test_live_ingest_and_compactor_commit_side_by_side(tmp_path: Path, broker: str, spark) -> None:
     path = write_config(
         tmp_path, broker, "live-events", partition_spec=[{"source": "ts", "transform": "day"}],
         ingest={"commit_interval_seconds": 1, "max_poll_records": 500},

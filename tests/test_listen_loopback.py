@@ -63,7 +63,7 @@ def test_local_processes_listen_on_loopback_only(tmp_path: Path, broker: str) ->
             if proc.poll() is None:
                 seen.setdefault(name, set()).update(listeners(proc.pid))
 
-    def sample_until(condition, timeout: float, what: str) -> None:  # noqa: ANN001
+    def sample_until(condition, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if time.monotonic() > deadline:

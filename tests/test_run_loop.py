@@ -49,7 +49,7 @@ def _supervisor_events(log: Path, event: str, process: str | None = None) -> lis
             and (process is None or e.get("process") == process)]
 
 
-def _wait(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:  # noqa: ANN001
+def _wait(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert proc.poll() is None, f"streamberg run exited {proc.returncode} while waiting for {what}:\n" \

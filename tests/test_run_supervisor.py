@@ -80,7 +80,7 @@ def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_p
     procs = {name: subprocess.Popen([str(exe), name, "--config", str(path)], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
              for name in ("compact", "maintain")}
-    for name, proc in procs.items():
+    for proc in procs.values():
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 1, stderr
         assert any("waiting for the table" in str(e.get("event")) for e in _events(stderr)), stderr

@@ -14,6 +14,7 @@ from typing import Any
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig
 from streamberg.common.log import get_logger
+from streamberg.common.summary_keys import SummaryKeys
 
 from .datagen import STUDY_COLUMNS, GenerationSpec, LineorderGenerator
 from .planning import FileBounds, column_bounds, coverage_depth, planned_files, total_files
@@ -120,7 +121,7 @@ def run(options: BenchOptions, spark: Any = None) -> BenchRun:
         table = recreate_table(catalog, table_identifier(RANDOM), generator.schema())
         with _bar(options, total=files, desc="write random files", unit="file") as bar:
             written = write_files(table, generator.slots(), progress=bar.update,
-                                  snapshot_properties={"streamberg.bench.layout": RANDOM})
+                                  snapshot_properties={SummaryKeys.BENCH_LAYOUT: RANDOM})
         seconds["write_random"] = time.perf_counter() - started
     rows = written.rows
 

@@ -20,7 +20,6 @@ from pyiceberg.catalog import Catalog
 from streamberg.common.config import CatalogConfig
 from streamberg.common.log import get_logger
 
-
 # The layouts the study compares, in its row order (the random baseline is written without Spark).
 LAYOUTS: tuple[str, ...] = ("sort", "zorder-iceberg", "zorder", "hilbert")
 # Further layouts one may ask for: no reordering, and Iceberg's own rewrite action with its

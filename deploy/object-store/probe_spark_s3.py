@@ -29,13 +29,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
 
-from streamberg.common.broker import free_port, port_open  # noqa: E402
-from streamberg.common.catalog import ensure_table, load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.jars import sqlite_jdbc_jar  # noqa: E402
-from streamberg.common.spark import base_spark_conf, jdbc_catalog_properties  # noqa: E402
-from tests.compactor.helpers import FakeIngest, reload, write_config  # noqa: E402
-from tests.fixtures.s3 import S3Server  # noqa: E402
+from streamberg.common.broker import free_port, port_open
+from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.config import load_config
+from streamberg.common.jars import sqlite_jdbc_jar
+from streamberg.common.spark import base_spark_conf, jdbc_catalog_properties
+from tests.compactor.helpers import FakeIngest, reload, write_config
+from tests.fixtures.s3 import S3Server
 
 RELOCATED = "smfs.shaded.org.apache.iceberg"
 

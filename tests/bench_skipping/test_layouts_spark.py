@@ -21,7 +21,7 @@ FILES = 20
 
 
 @pytest.fixture(scope="module")
-def bench(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchRun, BenchOptions]:  # noqa: ANN001
+def bench(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchRun, BenchOptions]:
     workdir = tmp_path_factory.mktemp("bench-skipping")
     options = BenchOptions(
         scale=0.01, files=FILES, workdir=workdir, catalog_name="bench_skipping_test", progress=False,
@@ -31,13 +31,13 @@ def bench(spark, tmp_path_factory: pytest.TempPathFactory) -> tuple[BenchRun, Be
     return run(options, spark=spark), options
 
 
-def _point(result, layout: str, column: str) -> float:  # noqa: ANN001
+def _point(result, layout: str, column: str) -> float:
     value = result.mean_skipped(result.layout(layout), "point", column)
     assert value is not None
     return value
 
 
-def test_every_layout_keeps_rows_and_file_count(bench) -> None:  # noqa: ANN001
+def test_every_layout_keeps_rows_and_file_count(bench) -> None:
     done, _ = bench
     result = done.result
     assert [r.layout for r in result.layouts] == ["random", "sort", "zorder-iceberg", "zorder", "hilbert"]
@@ -48,7 +48,7 @@ def test_every_layout_keeps_rows_and_file_count(bench) -> None:  # noqa: ANN001
         assert all(0 <= n <= r.files for n in r.planned)
 
 
-def test_random_skips_nothing_and_linear_order_skips_almost_everything_on_its_first_column(bench) -> None:  # noqa: ANN001
+def test_random_skips_nothing_and_linear_order_skips_almost_everything_on_its_first_column(bench) -> None:
     result = bench[0].result
     for column in STUDY_COLUMNS:
         assert _point(result, "random", column) == 0.0
@@ -57,7 +57,7 @@ def test_random_skips_nothing_and_linear_order_skips_almost_everything_on_its_fi
     assert _point(result, "sort", "p_brand") < 10, "the third sort column is not clustered"
 
 
-def test_multi_column_layouts_cluster_every_column(bench) -> None:  # noqa: ANN001
+def test_multi_column_layouts_cluster_every_column(bench) -> None:
     result = bench[0].result
     for layout in ("zorder", "hilbert"):
         for column in STUDY_COLUMNS:
@@ -65,7 +65,7 @@ def test_multi_column_layouts_cluster_every_column(bench) -> None:  # noqa: ANN0
         assert result.mean_skipped(result.layout(layout), "two-column", "s_city+c_city") > _point(result, layout, "s_city")
 
 
-def test_counts_agree_with_manifest_bounds_and_pruning_is_safe(bench) -> None:  # noqa: ANN001
+def test_counts_agree_with_manifest_bounds_and_pruning_is_safe(bench) -> None:
     """Iceberg's planner and an independent reading of the manifests agree, and no match is pruned."""
     from streamberg.common.catalog import load_catalog
 
@@ -89,7 +89,7 @@ def test_counts_agree_with_manifest_bounds_and_pruning_is_safe(bench) -> None:  
         assert planned_files(table, predicate.expression()) < FILES
 
 
-def test_outputs_table_json_and_report(bench, tmp_path: Path) -> None:  # noqa: ANN001
+def test_outputs_table_json_and_report(bench, tmp_path: Path) -> None:
     done, _ = bench
     text = format_tables(done.result)
     assert "Point predicates" in text and "| hilbert" in text and "Targets" in text

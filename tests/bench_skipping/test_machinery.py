@@ -19,7 +19,7 @@ from streamberg.compactor.bench_skipping.random_table import recreate_table, wri
 from streamberg.compactor.bench_skipping.results import BenchResult, LayoutResult, format_tables
 
 
-def _catalog(tmp_path: Path):  # noqa: ANN202
+def _catalog(tmp_path: Path):
     return load_catalog(CatalogConfig(name="t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/wh"))
 
 

@@ -19,8 +19,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.offsets import JOB_ID_KEY, offsets_key
-from streamberg.compactor import record as R
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 from streamberg.compactor.planner import live_data_files
 
 SCHEMA = [
@@ -89,7 +88,7 @@ class FakeIngest:
         for attempt in range(retries + 1):
             table = reload(self.config)
             data = make_rows(table, rows, self.next_id, seed=self.seed * 100003 + self.commits, **row_kwargs)
-            props = {offsets_key(TOPIC): json.dumps({"0": self.offset + rows}), JOB_ID_KEY: "ingest:test"}
+            props = {kafka_offsets_key(TOPIC): json.dumps({"0": self.offset + rows}), SummaryKeys.JOB_ID: "ingest:test"}
             try:
                 table.append(data, snapshot_properties=props)
             except CommitFailedException:
@@ -115,7 +114,7 @@ def live_files(table: Table) -> dict[str, int]:
 
 def compactor_snapshots(table: Table) -> list[Snapshot]:
     return [s for s in table.metadata.snapshots
-            if s.summary is not None and R.RUN_ID in s.summary.additional_properties]
+            if s.summary is not None and SummaryKeys.COMPACTOR_RUN_ID in s.summary.additional_properties]
 
 
 def summary(snapshot: Snapshot) -> dict[str, str]:

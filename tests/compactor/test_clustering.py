@@ -18,12 +18,12 @@ from tests.compactor.helpers import FakeIngest, live_files, reload, row_multiset
 pytestmark = pytest.mark.spark
 
 
-def _planned(table, column: str, values: list[str]) -> float:  # noqa: ANN001
+def _planned(table, column: str, values: list[str]) -> float:
     return statistics.mean(len(list(table.scan(row_filter=EqualTo(column, v)).plan_files())) for v in values)
 
 
 @pytest.mark.parametrize("strategy", ["zorder", "hilbert"])
-def test_point_predicates_plan_fewer_files_after_clustering(spark, tmp_path, strategy) -> None:  # noqa: ANN001
+def test_point_predicates_plan_fewer_files_after_clustering(spark, tmp_path, strategy) -> None:
     # Iceberg rolls files on an estimate that counts the open page uncompressed; small pages
     # keep that estimate honest at this test's small target size.
     config, _ = setup_table(tmp_path, compactor={"strategy": strategy},

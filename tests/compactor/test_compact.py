@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from streamberg.common.offsets import OFFSETS_KEY_PREFIX, committed_position
-from streamberg.compactor import record as R
+from streamberg.common.offsets import committed_position
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.layouts import STRATEGIES
 from tests.compactor.helpers import (
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_rows_identical_files_fewer_and_record_written(spark, tmp_path, strategy) -> None:  # noqa: ANN001
+def test_rows_identical_files_fewer_and_record_written(spark, tmp_path, strategy) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": strategy})
     ingest = FakeIngest(config, seed=1)
     for _ in range(4):
@@ -52,24 +52,24 @@ def test_rows_identical_files_fewer_and_record_written(spark, tmp_path, strategy
     records = [summary(s) for s in snapshots]
     assert len(snapshots) == out["commits"] and len(snapshots) <= config.compactor.max_commits
     for record in records:
-        assert record[R.STRATEGY] == strategy and record[R.COLUMNS] == "user_id,city"
-        assert record[R.MODE] == "incremental" and record[R.BATCH_ID] == "0"
+        assert record[SummaryKeys.COMPACTOR_STRATEGY] == strategy and record[SummaryKeys.COMPACTOR_COLUMNS] == "user_id,city"
+        assert record[SummaryKeys.COMPACTOR_MODE] == "incremental" and record[SummaryKeys.COMPACTOR_BATCH_ID] == "0"
         # each day partition holds files of all four appends
-        assert record[R.COVERED_SNAPSHOTS] == ",".join(str(s.snapshot_id) for s in before.metadata.snapshots)
-        assert record[R.PLAN_SNAPSHOT_ID] == str(before.current_snapshot().snapshot_id)
-        assert R.COMMIT_ID in record and R.DURATION_MS in record
-    assert sum(int(r[R.FILES_IN]) for r in records) == 8 and sum(int(r[R.FILES_OUT]) for r in records) == 2
-    assert sum(int(r[R.BYTES_IN]) for r in records) == sum(file_sizes(before).values())
-    assert sum(int(r[R.BYTES_OUT]) for r in records) == sum(file_sizes(after).values())
-    assert sum(int(r[R.RECORDS]) for r in records) == sum(rows_before.values())
+        assert record[SummaryKeys.COMPACTOR_COVERED_SNAPSHOTS] == ",".join(str(s.snapshot_id) for s in before.metadata.snapshots)
+        assert record[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID] == str(before.current_snapshot().snapshot_id)
+        assert SummaryKeys.COMPACTOR_COMMIT_ID in record and SummaryKeys.COMPACTOR_DURATION_MS in record
+    assert sum(int(r[SummaryKeys.COMPACTOR_FILES_IN]) for r in records) == 8 and sum(int(r[SummaryKeys.COMPACTOR_FILES_OUT]) for r in records) == 2
+    assert sum(int(r[SummaryKeys.COMPACTOR_BYTES_IN]) for r in records) == sum(file_sizes(before).values())
+    assert sum(int(r[SummaryKeys.COMPACTOR_BYTES_OUT]) for r in records) == sum(file_sizes(after).values())
+    assert sum(int(r[SummaryKeys.COMPACTOR_RECORDS]) for r in records) == sum(rows_before.values())
     assert set().union(*(removed_by(after, s) for s in snapshots)) == set(files_before)
     assert set().union(*(added_by(after, s) for s in snapshots)) == set(files_after)
     # The ingest job must still find its position behind the compactor's snapshot.
-    assert not any(k.startswith(OFFSETS_KEY_PREFIX) for r in records for k in r)
+    assert not any(k.startswith(SummaryKeys.KAFKA_OFFSETS_PREFIX) for r in records for k in r)
     assert committed_position(after, TOPIC).offsets == {0: 1200}
 
 
-def test_small_target_gives_files_no_larger_than_the_target(spark, tmp_path) -> None:  # noqa: ANN001
+def test_small_target_gives_files_no_larger_than_the_target(spark, tmp_path) -> None:
     target = 48 * 1024
     # Iceberg's writer rolls files on its size estimate, which counts the open Parquet page
     # uncompressed; small pages keep the estimate close to the real size at this tiny target.
@@ -89,7 +89,7 @@ def test_small_target_gives_files_no_larger_than_the_target(spark, tmp_path) -> 
     assert len(sizes) <= 2 * math.ceil(sum(sizes.values()) / target), sizes  # and they are not tiny
 
 
-def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:  # noqa: ANN001
+def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": "sort", "columns": ["city"]})
     ingest = FakeIngest(config, seed=3)
     for _ in range(2):
@@ -103,10 +103,10 @@ def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:  # noqa:
     assert set(live_files(after)).isdisjoint(optimized)
     assert row_multiset(after) == rows
     last = summary(compactor_snapshots(after)[-1])
-    assert last[R.MODE] == "full" and last[R.STRATEGY] == "hilbert" and R.BATCH_ID not in last
+    assert last[SummaryKeys.COMPACTOR_MODE] == "full" and last[SummaryKeys.COMPACTOR_STRATEGY] == "hilbert" and SummaryKeys.COMPACTOR_BATCH_ID not in last
 
 
-def test_bucket_and_day_partitions_written_by_spark(spark, spark_catalog, tmp_path) -> None:  # noqa: ANN001
+def test_bucket_and_day_partitions_written_by_spark(spark, spark_catalog, tmp_path) -> None:
     """The demo table's spec (day(ts), bucket[4](user_id)), appended by Spark SQL INSERTs."""
     spec = [{"source": "ts", "transform": "day"}, {"source": "user_id", "transform": "bucket[4]"}]
     config, _ = setup_table(tmp_path, partition_spec=spec, compactor={"strategy": "hilbert"})

@@ -23,7 +23,7 @@ from tests.compactor.helpers import TOPIC, CommitterIngest, FakeIngest, live_fil
 pytestmark = pytest.mark.spark
 
 
-def _rewritten_but_not_committed(spark, config):  # noqa: ANN001, ANN202
+def _rewritten_but_not_committed(spark, config):
     """Plan and rewrite every pending file, stopping right before the commit."""
     compactor = Compactor(config, spark, strategy="zorder")
     table = reload(config)
@@ -38,7 +38,7 @@ def _rewritten_but_not_committed(spark, config):  # noqa: ANN001, ANN202
     return plan, results, manager
 
 
-def test_append_between_plan_and_commit_is_kept(spark, spark_catalog, tmp_path) -> None:  # noqa: ANN001
+def test_append_between_plan_and_commit_is_kept(spark, spark_catalog, tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     spark_catalog(config)
     ingest = FakeIngest(config, seed=21)
@@ -62,7 +62,7 @@ def test_append_between_plan_and_commit_is_kept(spark, spark_catalog, tmp_path) 
     assert rebased and rebased[0]["concurrent_snapshots"] == [concurrent.snapshot_id]
 
 
-def test_removed_input_files_make_the_commit_give_up_cleanly(spark, spark_catalog, tmp_path) -> None:  # noqa: ANN001
+def test_removed_input_files_make_the_commit_give_up_cleanly(spark, spark_catalog, tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     spark_catalog(config)
     ingest = FakeIngest(config, seed=22)
@@ -84,7 +84,7 @@ def test_removed_input_files_make_the_commit_give_up_cleanly(spark, spark_catalo
     assert any(e["event"].startswith("commit conflicts with a concurrent change") for e in logs)
 
 
-def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_path) -> None:  # noqa: ANN001
+def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"strategy": "hilbert", "trigger_interval_seconds": 1,
                                                  "max_commits": 3})
     ingest = CommitterIngest(config, seed=23)  # the product's committer retries its own conflicts

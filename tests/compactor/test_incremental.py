@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamberg.compactor import record as R
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from tests.compactor.helpers import (
     DAY,
@@ -22,7 +22,7 @@ from tests.compactor.helpers import (
 pytestmark = pytest.mark.spark
 
 
-def test_next_pass_rewrites_only_files_added_since_the_last(spark, tmp_path) -> None:  # noqa: ANN001
+def test_next_pass_rewrites_only_files_added_since_the_last(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": "zorder"})
     ingest = FakeIngest(config, seed=11)
     for _ in range(3):
@@ -48,13 +48,13 @@ def test_next_pass_rewrites_only_files_added_since_the_last(spark, tmp_path) -> 
     assert optimized <= set(live_files(after))  # earlier optimized files untouched
     assert second["files_in"] == len(added_since)
     assert row_multiset(after) == rows
-    assert all(summary(s)[R.BATCH_ID] == "1" for s in new_commits)  # the checkpoint moved on to batch 1
-    covered = {int(x) for s in new_commits for x in summary(s)[R.COVERED_SNAPSHOTS].split(",")}
+    assert all(summary(s)[SummaryKeys.COMPACTOR_BATCH_ID] == "1" for s in new_commits)  # the checkpoint moved on to batch 1
+    covered = {int(x) for s in new_commits for x in summary(s)[SummaryKeys.COMPACTOR_COVERED_SNAPSHOTS].split(",")}
     assert covered == {s.snapshot_id for s in new_snapshots}
     assert all(added_by(after, s) for s in new_commits)
 
 
-def test_a_pass_with_nothing_new_changes_nothing(spark, tmp_path) -> None:  # noqa: ANN001
+def test_a_pass_with_nothing_new_changes_nothing(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"strategy": "hilbert"})
     FakeIngest(config, seed=12).append(300, days=1)
     run_compact(config, CompactOptions(once=True), spark=spark)
@@ -64,7 +64,7 @@ def test_a_pass_with_nothing_new_changes_nothing(spark, tmp_path) -> None:  # no
     assert reload(config).current_snapshot().snapshot_id == snapshot
 
 
-def test_rules_defer_until_enough_files_then_act(spark, tmp_path) -> None:  # noqa: ANN001
+def test_rules_defer_until_enough_files_then_act(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", "min_files": 3})
     ingest = FakeIngest(config, seed=13)
     for _ in range(2):

@@ -17,7 +17,6 @@ from streamberg.compactor.layouts import (
     rank_boundaries,
     spark_hash_long,
     with_hilbert_transpose,
-    with_index,
     with_scaled_ranks,
     zorder_expression,
     zorder_reference,
@@ -26,7 +25,7 @@ from streamberg.compactor.layouts import (
 pytestmark = pytest.mark.spark
 
 
-def test_zorder_and_hilbert_match_the_reference_on_a_full_grid(spark) -> None:  # noqa: ANN001
+def test_zorder_and_hilbert_match_the_reference_on_a_full_grid(spark) -> None:
     from pyspark.sql import functions as F
 
     bits = 3
@@ -50,7 +49,7 @@ def test_zorder_and_hilbert_match_the_reference_on_a_full_grid(spark) -> None:  
     assert max(sum(abs(x - y) for x, y in zip(a, b)) for a, b in zip(z_order, z_order[1:])) > 1
 
 
-def test_ranks_are_dense_and_order_preserving_for_any_orderable_type(spark) -> None:  # noqa: ANN001
+def test_ranks_are_dense_and_order_preserving_for_any_orderable_type(spark) -> None:
     rng = random.Random(3)
     base = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     rows = [(f"https://shop.example.com/catalogue/item/{rng.randrange(3000):06d}",
@@ -67,7 +66,7 @@ def test_ranks_are_dense_and_order_preserving_for_any_orderable_type(spark) -> N
         pairs = sorted((r[column], r[f"__sb_r{i}"]) for r in ranked)
         ranks = [rank for _, rank in pairs]
         assert ranks == sorted(ranks), f"{column}: rank order differs from value order"
-        assert 0 <= min(ranks) and max(ranks) < (1 << bits)
+        assert min(ranks) >= 0 and max(ranks) < (1 << bits)
     # URLs share a 40-character prefix, yet their ranks spread over the whole range ...
     url_ranks = {r["__sb_r0"] for r in ranked}
     assert len(url_ranks) > (1 << bits) // 2
@@ -76,7 +75,7 @@ def test_ranks_are_dense_and_order_preserving_for_any_orderable_type(spark) -> N
     assert len(region_ranks) == 3 and region_ranks[-1] >= (1 << bits) // 2
 
 
-def test_apply_layout_keeps_rows_and_makes_disjoint_ordered_partitions(spark) -> None:  # noqa: ANN001
+def test_apply_layout_keeps_rows_and_makes_disjoint_ordered_partitions(spark) -> None:
     from pyspark.sql import functions as F
 
     rng = random.Random(5)
@@ -98,7 +97,7 @@ def test_apply_layout_keeps_rows_and_makes_disjoint_ordered_partitions(spark) ->
             assert all(a.hi < b.lo for a, b in zip(ranges, ranges[1:])), ranges
 
 
-def test_rows_are_routed_to_the_partition_spark_hashes_them_to(spark) -> None:  # noqa: ANN001
+def test_rows_are_routed_to_the_partition_spark_hashes_them_to(spark) -> None:
     from pyspark.sql import functions as F
 
     values = [0, 1, -1, 42, 2**31, -(2**40) + 7, 2**62 + 12345]
@@ -111,7 +110,7 @@ def test_rows_are_routed_to_the_partition_spark_hashes_them_to(spark) -> None:  
     assert all(r.id == r.p for r in routed)
 
 
-def test_layout_errors_name_the_problem(spark) -> None:  # noqa: ANN001
+def test_layout_errors_name_the_problem(spark) -> None:
     df = spark.createDataFrame([(1, [1, 2])], "id long, tags array<long>")
     with pytest.raises(LayoutError, match="'missing' is not in the data"):
         apply_layout(df, "zorder", ["missing"], num_files=1)

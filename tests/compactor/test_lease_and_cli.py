@@ -14,15 +14,15 @@ import pytest
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import ConfigError, load_config
 from streamberg.compactor.layouts import CLUSTERING_STRATEGIES
-from streamberg.compactor.service import resolve_layout
 from streamberg.compactor.lease import LeaseHeldError, LeaseLostError, TableLease, leases
+from streamberg.compactor.service import resolve_layout
 from tests.compactor.helpers import DAY, FakeIngest, setup_table, write_config
 from tests.helpers import JvmSentinel
 
 STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 
 
-def _lease(config, ttl: float = 30.0) -> TableLease:  # noqa: ANN001
+def _lease(config, ttl: float = 30.0) -> TableLease:
     return TableLease(load_catalog(config.catalog).engine, config.catalog.name, config.table.identifier, ttl)
 
 
@@ -31,7 +31,7 @@ def _run(*args: str, timeout: float = 120, env: dict | None = None) -> subproces
                           env={**(env or os.environ), "STREAMBERG_LOG_FORMAT": "json"})
 
 
-def test_second_compactor_is_refused_while_the_lease_is_held(tmp_path) -> None:  # noqa: ANN001
+def test_second_compactor_is_refused_while_the_lease_is_held(tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     first, second = _lease(config), _lease(config)
     first.acquire()
@@ -45,7 +45,7 @@ def test_second_compactor_is_refused_while_the_lease_is_held(tmp_path) -> None: 
     second.release()
 
 
-def test_waiting_compactor_gets_the_lease_when_it_expires(tmp_path) -> None:  # noqa: ANN001
+def test_waiting_compactor_gets_the_lease_when_it_expires(tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     first = _lease(config, ttl=5)
     assert first.try_acquire() is None  # acquired without a heartbeat: it will expire
@@ -59,7 +59,7 @@ def test_waiting_compactor_gets_the_lease_when_it_expires(tmp_path) -> None:  # 
     second.release()
 
 
-def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path) -> None:  # noqa: ANN001
+def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
@@ -74,7 +74,7 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path) ->
     fresh.release()
 
 
-def test_cli_second_compactor_exits_1_naming_the_holder(tmp_path) -> None:  # noqa: ANN001
+def test_cli_second_compactor_exits_1_naming_the_holder(tmp_path) -> None:
     config, _ = setup_table(tmp_path)
     FakeIngest(config).append(10)
     holder = _lease(config)
@@ -87,7 +87,7 @@ def test_cli_second_compactor_exits_1_naming_the_holder(tmp_path) -> None:  # no
     assert "is being compacted by" in proc.stderr and holder.owner in proc.stderr
 
 
-def test_invalid_compactor_config_names_the_key(tmp_path) -> None:  # noqa: ANN001
+def test_invalid_compactor_config_names_the_key(tmp_path) -> None:
     path = write_config(tmp_path, compactor={"min_files": 0, "strategy": "spiral"})
     with pytest.raises(ConfigError) as info:
         load_config(path)
@@ -96,13 +96,13 @@ def test_invalid_compactor_config_names_the_key(tmp_path) -> None:  # noqa: ANN0
     assert proc.returncode == 2 and "compactor.min_files" in proc.stderr
 
 
-def test_all_rules_off_is_rejected(tmp_path) -> None:  # noqa: ANN001
+def test_all_rules_off_is_rejected(tmp_path) -> None:
     path = write_config(tmp_path, compactor={"min_files": None})
     with pytest.raises(ConfigError, match="compactor: .*never act"):
         load_config(path)
 
 
-def test_unknown_clustering_column_fails_before_spark_starts(tmp_path) -> None:  # noqa: ANN001
+def test_unknown_clustering_column_fails_before_spark_starts(tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"columns": ["user_id", "no_such_column"]})
     FakeIngest(config).append(10)
     jvm = JvmSentinel(tmp_path)
@@ -112,7 +112,7 @@ def test_unknown_clustering_column_fails_before_spark_starts(tmp_path) -> None: 
     assert jvm.launched() == []  # refused before Spark's JVM started
 
 
-def test_missing_table_is_an_operator_error(tmp_path) -> None:  # noqa: ANN001
+def test_missing_table_is_an_operator_error(tmp_path) -> None:
     path = write_config(tmp_path)
     proc = _run("compact", "--config", str(path), "--once")
     # No catalog at all: said so, and none is created.
@@ -120,13 +120,13 @@ def test_missing_table_is_an_operator_error(tmp_path) -> None:  # noqa: ANN001
     assert not (tmp_path / "catalog.db").exists()
 
 
-def test_env_overrides_a_rule(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_env_overrides_a_rule(tmp_path, monkeypatch) -> None:
     path = write_config(tmp_path)
     monkeypatch.setenv("STREAMBERG_COMPACTOR__MIN_FILES", "7")
     assert load_config(path).compactor.min_files == 7
 
 
-def test_dry_run_prints_the_plan_without_changing_anything(tmp_path) -> None:  # noqa: ANN001
+def test_dry_run_prints_the_plan_without_changing_anything(tmp_path) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"min_files": 3})
     ingest = FakeIngest(config)
     for _ in range(3):
@@ -148,7 +148,7 @@ def test_help_explains_modes_rules_and_layouts() -> None:
         assert word in proc.stdout, word
 
 
-def test_demo_config_is_valid_for_the_compactor(tmp_path) -> None:  # noqa: ANN001
+def test_demo_config_is_valid_for_the_compactor(tmp_path) -> None:
     """The demo's layout resolves against a table made from the demo's own schema: a clustering
     strategy on columns the table has, not the bin-pack fallback."""
     root = Path(__file__).resolve().parents[2]

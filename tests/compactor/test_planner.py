@@ -8,14 +8,14 @@ from tests.compactor.helpers import DAY, FakeIngest, reload, setup_table
 OFF = dict(min_files=None, min_bytes=None, max_delay_seconds=None, every_n_snapshots=None)
 
 
-def _ingested(tmp_path, commits: int, rows: int = 200, **row_kwargs):  # noqa: ANN001, ANN202
+def _ingested(tmp_path, commits: int, rows: int = 200, **row_kwargs):
     config, _ = setup_table(tmp_path, partition_spec=DAY)
     ingest = FakeIngest(config)
     snaps = [ingest.append(rows, **row_kwargs) for _ in range(commits)]
     return config, reload(config), snaps
 
 
-def test_pending_files_grouped_per_partition(tmp_path) -> None:  # noqa: ANN001
+def test_pending_files_grouped_per_partition(tmp_path) -> None:
     _, table, snaps = _ingested(tmp_path, commits=3, days=2)
     plan = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 1}))
     partitions = {g.partition for g in plan.groups}
@@ -27,7 +27,7 @@ def test_pending_files_grouped_per_partition(tmp_path) -> None:  # noqa: ANN001
         assert set(group.snapshot_ids) == {s.snapshot_id for s in snaps}
 
 
-def test_min_files_defers_small_partitions(tmp_path) -> None:  # noqa: ANN001
+def test_min_files_defers_small_partitions(tmp_path) -> None:
     _, table, _ = _ingested(tmp_path, commits=3, days=2)
     deferred = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 4}))
     assert not deferred.groups and len(deferred.deferred) == 2
@@ -36,7 +36,7 @@ def test_min_files_defers_small_partitions(tmp_path) -> None:  # noqa: ANN001
     assert len(acted.groups) == 2 and all("min_files" in g.reasons[0] for g in acted.groups)
 
 
-def test_min_bytes_counts_pending_bytes(tmp_path) -> None:  # noqa: ANN001
+def test_min_bytes_counts_pending_bytes(tmp_path) -> None:
     _, table, _ = _ingested(tmp_path, commits=2, days=1)
     plan_all = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 1}))
     size = plan_all.groups[0].size_bytes
@@ -44,7 +44,7 @@ def test_min_bytes_counts_pending_bytes(tmp_path) -> None:  # noqa: ANN001
     assert plan_rewrite(table, PlanningRules(**{**OFF, "min_bytes": size})).groups
 
 
-def test_max_delay_uses_commit_time_of_oldest_pending_file(tmp_path) -> None:  # noqa: ANN001
+def test_max_delay_uses_commit_time_of_oldest_pending_file(tmp_path) -> None:
     _, table, snaps = _ingested(tmp_path, commits=2, days=1)
     oldest_ms = snaps[0].timestamp_ms
     rules = PlanningRules(**{**OFF, "max_delay_seconds": 60})
@@ -53,7 +53,7 @@ def test_max_delay_uses_commit_time_of_oldest_pending_file(tmp_path) -> None:  #
     assert late.groups and "max_delay_seconds" in late.groups[0].reasons[0]
 
 
-def test_every_n_snapshots_is_table_wide(tmp_path) -> None:  # noqa: ANN001
+def test_every_n_snapshots_is_table_wide(tmp_path) -> None:
     config, _, _ = _ingested(tmp_path, commits=2, days=1)
     ingest = FakeIngest(config, seed=9)
     ingest.next_id = 10_000
@@ -65,14 +65,14 @@ def test_every_n_snapshots_is_table_wide(tmp_path) -> None:  # noqa: ANN001
     assert plan.pending_snapshots == 3 and plan.groups and "every_n_snapshots" in plan.groups[0].reasons[0]
 
 
-def test_up_to_sequence_number_leaves_later_commits_for_the_next_batch(tmp_path) -> None:  # noqa: ANN001
+def test_up_to_sequence_number_leaves_later_commits_for_the_next_batch(tmp_path) -> None:
     _, table, snaps = _ingested(tmp_path, commits=3, days=1)
     bound = snaps[1].sequence_number
     plan = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 1}), up_to_sequence_number=bound)
     assert {s for g in plan.groups for s in g.snapshot_ids} == {snaps[0].snapshot_id, snaps[1].snapshot_id}
 
 
-def test_large_partitions_split_into_groups_oldest_first(tmp_path) -> None:  # noqa: ANN001
+def test_large_partitions_split_into_groups_oldest_first(tmp_path) -> None:
     _, table, snaps = _ingested(tmp_path, commits=4, days=1)
     one = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 1}))
     sizes = sorted(f.size_bytes for f in one.groups[0].files)
@@ -86,13 +86,13 @@ def test_large_partitions_split_into_groups_oldest_first(tmp_path) -> None:  # n
     assert split.groups[0].snapshot_ids[0] == snaps[0].snapshot_id
 
 
-def test_full_mode_takes_every_file_without_rules(tmp_path) -> None:  # noqa: ANN001
+def test_full_mode_takes_every_file_without_rules(tmp_path) -> None:
     _, table, _ = _ingested(tmp_path, commits=2, days=2)
     plan = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 100}), mode="full")
     assert plan.files == plan.live_data_files and all(g.reasons == ("full",) for g in plan.groups)
 
 
-def test_commit_batches_bound_the_number_of_commits(tmp_path) -> None:  # noqa: ANN001
+def test_commit_batches_bound_the_number_of_commits(tmp_path) -> None:
     _, table, _ = _ingested(tmp_path, commits=1, days=5)
     plan = plan_rewrite(table, PlanningRules(**{**OFF, "min_files": 1}))
     assert len(plan.groups) == 5
@@ -101,7 +101,7 @@ def test_commit_batches_bound_the_number_of_commits(tmp_path) -> None:  # noqa: 
     assert len(plan.commit_batches(10)) == 5
 
 
-def test_empty_table_plans_nothing(tmp_path) -> None:  # noqa: ANN001
+def test_empty_table_plans_nothing(tmp_path) -> None:
     _, table = setup_table(tmp_path)
     plan = plan_rewrite(table, PlanningRules())
     assert plan.starting_snapshot_id is None and not plan.groups

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from streamberg.compactor import record as R
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from tests.compactor.helpers import (
     DAY,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.spark
 STREAMBERG = str(Path(sys.executable).parent / "streamberg")
 
 
-def test_kill_mid_batch_then_restart(spark, tmp_path) -> None:  # noqa: ANN001
+def test_kill_mid_batch_then_restart(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={
         "strategy": "zorder", "trigger_interval_seconds": 2, "spark_master": "local[2]",
         "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
@@ -83,7 +83,7 @@ def test_kill_mid_batch_then_restart(spark, tmp_path) -> None:  # noqa: ANN001
     assert not ingest_files & set(live_files(after))
     assert row_multiset(after) == rows
     # Spark's checkpoint made the restart re-run the interrupted batch 0, not start over.
-    assert {summary(s)[R.BATCH_ID] for s in snapshots} == {"0"}
+    assert {summary(s)[SummaryKeys.COMPACTOR_BATCH_ID] for s in snapshots} == {"0"}
     assert out["batches"] == 1 and out["commits"] == len(snapshots) - len(first_run)
     takeover = [e for e in logs if e["event"] == "lease taken over"]
     assert takeover and takeover[0]["reason"] == "holder process is gone"

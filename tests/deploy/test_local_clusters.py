@@ -30,7 +30,7 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
-from streamberg.compactor import record as R
+from streamberg.common.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,
@@ -124,7 +124,7 @@ def job_state(rest: str, job_id: str) -> str:
     return get_json(f"{rest}/jobs/{job_id}")["state"]
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 1.0):  # noqa: ANN001, ANN201
+def wait_for(condition, timeout: float, what: str, interval: float = 1.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -136,7 +136,7 @@ def wait_for(condition, timeout: float, what: str, interval: float = 1.0):  # no
 
 @pytest.mark.flink
 @pytest.mark.timeout(600)
-def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path: Path) -> None:  # noqa: ANN001
+def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path: Path) -> None:
     directory, env = flink_cluster
     rest = env["FLINK_REST_URL"]
     path = write_config(tmp_path / "table", broker, f"cluster-{uuid.uuid4().hex[:8]}",
@@ -154,7 +154,7 @@ def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path:
         ends = end_offsets_by_reading(broker, config.kafka.topic, PARTITIONS)
         table = load_catalog(config.catalog)
 
-        def at_the_end():  # noqa: ANN202
+        def at_the_end():
             position = committed_position(table.load_table(config.table.identifier), config.kafka.topic)
             return {str(p): o for p, o in position.offsets.items()} == ends and position
 
@@ -193,7 +193,7 @@ def spark_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: Path) -> None:  # noqa: ANN001
+def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: Path) -> None:
     directory, env = spark_cluster
     config, _ = setup_table(tmp_path / "table", partition_spec=DAY, compactor={
         "strategy": "zorder", "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}})
@@ -216,8 +216,8 @@ def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: P
     assert snapshots and all(s.summary.operation.value == "replace" for s in snapshots)
     assert set().union(*(removed_by(after, s) for s in snapshots)) == ingest_files
     recorded = [summary(s) for s in snapshots]
-    assert {r[R.STRATEGY] for r in recorded} == {"zorder"}
-    assert sum(int(r[R.FILES_IN]) for r in recorded) == len(ingest_files)
+    assert {r[SummaryKeys.COMPACTOR_STRATEGY] for r in recorded} == {"zorder"}
+    assert sum(int(r[SummaryKeys.COMPACTOR_FILES_IN]) for r in recorded) == len(ingest_files)
     assert out["mode"] == "once" and out["files_in"] == len(ingest_files)
     assert out["files_out"] == out["table_data_files"] == len(files_after)
     # It ran on the cluster: the master saw the application finish with the worker's cores,
@@ -279,7 +279,7 @@ def pyflink_version() -> str:
     return version("apache-flink")
 
 
-def test_the_cluster_config_is_valid_and_the_secret_overrides_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_cluster_config_is_valid_and_the_secret_overrides_it(tmp_path: Path, monkeypatch) -> None:
     from streamberg.common.config import load_config
 
     docs = k8s_documents()

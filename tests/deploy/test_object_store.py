@@ -20,7 +20,13 @@ from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.jars import SPARK_S3_JARS_ENV, MissingJarError
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
-from streamberg.common.spark import S3_FILE_IO_IMPL, SparkCatalogError, jdbc_catalog_properties, register_catalog, spark_jars
+from streamberg.common.spark import (
+    S3_FILE_IO_IMPL,
+    SparkCatalogError,
+    jdbc_catalog_properties,
+    register_catalog,
+    spark_jars,
+)
 from tests.compactor.helpers import DAY, TOPIC, FakeIngest, live_files, reload
 from tests.compactor.helpers import write_config as compactor_config
 from tests.helpers import dead_letters, duplicates, streamberg, table_ids
@@ -44,7 +50,7 @@ def bucket_key(bucket: str, path: str) -> str:
     return path.removeprefix(prefix)
 
 
-def test_pyiceberg_table_lives_in_the_bucket(s3, tmp_path) -> None:  # noqa: ANN001
+def test_pyiceberg_table_lives_in_the_bucket(s3, tmp_path) -> None:
     bucket = s3.create_bucket()
     path = compactor_config(tmp_path, partition_spec=DAY)
     config = on_s3(path, f"s3://{bucket}/warehouse", s3.catalog_properties())
@@ -69,7 +75,7 @@ def test_pyiceberg_table_lives_in_the_bucket(s3, tmp_path) -> None:  # noqa: ANN
     assert facts["records"] == 900 and facts["data_files"] == 6
 
 
-def test_compactor_on_s3_without_the_spark_s3_jars_exits_1_naming_them(s3, tmp_path) -> None:  # noqa: ANN001
+def test_compactor_on_s3_without_the_spark_s3_jars_exits_1_naming_them(s3, tmp_path) -> None:
     bucket = s3.create_bucket()
     path = compactor_config(tmp_path)
     config = on_s3(path, f"s3://{bucket}/warehouse", s3.catalog_properties())
@@ -80,7 +86,7 @@ def test_compactor_on_s3_without_the_spark_s3_jars_exits_1_naming_them(s3, tmp_p
     assert SPARK_S3_JARS_ENV in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_spark_s3_jars_come_from_the_environment_or_fail_naming_it(s3, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_spark_s3_jars_come_from_the_environment_or_fail_naming_it(s3, tmp_path, monkeypatch) -> None:
     config = on_s3(compactor_config(tmp_path), "s3://some-bucket/wh", s3.catalog_properties())
     props = jdbc_catalog_properties(config.catalog)
     assert props["io-impl"] == S3_FILE_IO_IMPL
@@ -97,7 +103,7 @@ def test_spark_s3_jars_come_from_the_environment_or_fail_naming_it(s3, tmp_path,
 
 
 @pytest.mark.spark
-def test_spark_session_without_the_aws_sdk_refuses_an_s3_catalog(s3, spark, tmp_path) -> None:  # noqa: ANN001
+def test_spark_session_without_the_aws_sdk_refuses_an_s3_catalog(s3, spark, tmp_path) -> None:
     config = on_s3(compactor_config(tmp_path), "s3://some-bucket/wh", s3.catalog_properties())
     with pytest.raises(SparkCatalogError, match=SPARK_S3_JARS_ENV):
         register_catalog(spark, config.catalog)
@@ -105,7 +111,7 @@ def test_spark_session_without_the_aws_sdk_refuses_an_s3_catalog(s3, spark, tmp_
 
 
 @pytest.mark.flink
-def test_pyflink_ingest_into_postgres_catalog_and_s3_warehouse(broker, postgres, s3, tmp_path) -> None:  # noqa: ANN001
+def test_pyflink_ingest_into_postgres_catalog_and_s3_warehouse(broker, postgres, s3, tmp_path) -> None:
     """The production-like pairing: the committer's compare-and-swap on PostgreSQL, files on S3."""
     records = 6000
     bucket = s3.create_bucket()

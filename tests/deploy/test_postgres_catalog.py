@@ -22,10 +22,19 @@ from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.lease import LEASE_TABLE, LeaseHeldError, TableLease
-from tests.compactor.helpers import DAY, TOPIC, FakeIngest, compactor_snapshots, live_files, make_rows, reload, write_config
+from tests.compactor.helpers import (
+    DAY,
+    TOPIC,
+    FakeIngest,
+    compactor_snapshots,
+    live_files,
+    make_rows,
+    reload,
+    write_config,
+)
 
 
-def pg_config(directory: Path, uri: str, **kwargs) -> StreambergConfig:  # noqa: ANN003
+def pg_config(directory: Path, uri: str, **kwargs) -> StreambergConfig:
     """The compactor tests' config with its catalog moved to the PostgreSQL database `uri`."""
     path = write_config(directory, **kwargs)
     document = yaml.safe_load(path.read_text())
@@ -57,20 +66,20 @@ def catalog_row(uri: str, config: StreambergConfig) -> tuple[str, str | None]:
     return rows[0]
 
 
-def rows_as_tuples(arrow_table) -> list[tuple]:  # noqa: ANN001
+def rows_as_tuples(arrow_table) -> list[tuple]:
     """Sorted rows with ts as epoch microseconds (time zones cannot blur the comparison)."""
     micros = pc.cast(arrow_table.column("ts"), "int64").to_pylist()
     columns = [arrow_table.column(c).to_pylist() for c in ("id", "user_id", "city", "amount")]
     return sorted(zip(columns[0], micros, *columns[1:]))
 
 
-def spark_rows(spark, config: StreambergConfig, spark_catalog) -> list[tuple]:  # noqa: ANN001
+def spark_rows(spark, config: StreambergConfig, spark_catalog) -> list[tuple]:
     name = f"{spark_catalog(config)}.{config.table.identifier}"
     return sorted(tuple(r) for r in spark.sql(
         f"SELECT id, unix_micros(ts), user_id, city, amount FROM {name}").collect())
 
 
-def test_pyiceberg_commits_are_compare_and_swap_on_postgres(postgres, tmp_path) -> None:  # noqa: ANN001
+def test_pyiceberg_commits_are_compare_and_swap_on_postgres(postgres, tmp_path) -> None:
     uri = postgres.create_database()
     config = pg_config(tmp_path, uri)
     ensure_table(load_catalog(config.catalog), config.table)
@@ -93,7 +102,7 @@ def test_pyiceberg_commits_are_compare_and_swap_on_postgres(postgres, tmp_path) 
     assert reload(config).scan().to_arrow().num_rows == 650
 
 
-def test_compactor_lease_admits_one_holder_on_postgres(postgres, tmp_path) -> None:  # noqa: ANN001
+def test_compactor_lease_admits_one_holder_on_postgres(postgres, tmp_path) -> None:
     uri = postgres.create_database()
     config = pg_config(tmp_path, uri)
     engine = load_catalog(config.catalog).engine
@@ -126,7 +135,7 @@ def test_compactor_lease_admits_one_holder_on_postgres(postgres, tmp_path) -> No
 
 @pytest.mark.spark
 def test_spark_reads_and_compacts_a_pyiceberg_table_through_postgres(postgres, spark, spark_catalog,
-                                                                     tmp_path) -> None:  # noqa: ANN001
+                                                                     tmp_path) -> None:
     uri = postgres.create_database()
     config = pg_config(tmp_path, uri, partition_spec=DAY)
     ensure_table(load_catalog(config.catalog), config.table)

@@ -29,7 +29,7 @@ def config(tmp_path: Path, broker: str):
     return cfg
 
 
-def make_unit(config, writer: int, partition: int, start: int, end: int, epoch: int = 1,  # noqa: ANN001
+def make_unit(config, writer: int, partition: int, start: int, end: int, epoch: int = 1,
               dead: tuple[int, ...] = ()) -> FlushUnit:
     """A unit holding real Parquet files with ids start..end-1 (minus dead-lettered offsets)."""
     table = load_catalog(config.catalog).load_table(config.table.identifier)
@@ -57,7 +57,7 @@ def test_chain_rejects_gaps_and_overlaps() -> None:
         chain_offsets({0: 15}, [unit])
 
 
-def test_commit_waits_for_every_writer_then_makes_one_snapshot(config) -> None:  # noqa: ANN001
+def test_commit_waits_for_every_writer_then_makes_one_snapshot(config) -> None:
     committer = Committer(config, parallelism=2, run_id="r1")
     committer.open()
     assert committer.offer(make_unit(config, writer=0, partition=0, start=0, end=100)) is None
@@ -69,7 +69,7 @@ def test_commit_waits_for_every_writer_then_makes_one_snapshot(config) -> None: 
     committer.close()
 
 
-def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:  # noqa: ANN001
+def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:
     first = Committer(config, parallelism=1, run_id="first")
     second = Committer(config, parallelism=1, run_id="second")
     first.open()
@@ -88,7 +88,7 @@ def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:  
         c.close()
 
 
-def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config) -> None:  # noqa: ANN001
+def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config) -> None:
     from dataclasses import replace
 
     from streamberg.common.offsets import FENCED_MESSAGE, consumed_by_run
@@ -125,13 +125,13 @@ class _RacingCatalog:
     """The real catalog, except that right after the committer reads the table, another
     process (here: a compactor-like append without offsets) commits first."""
 
-    def __init__(self, catalog, config, races: int):  # noqa: ANN001
+    def __init__(self, catalog, config, races: int):
         self._catalog, self._config, self.races = catalog, config, races
 
-    def __getattr__(self, name):  # noqa: ANN001, ANN204
+    def __getattr__(self, name):
         return getattr(self._catalog, name)
 
-    def load_table(self, identifier):  # noqa: ANN001, ANN201
+    def load_table(self, identifier):
         table = self._catalog.load_table(identifier)
         if self.races and identifier == self._config.table.identifier:
             self.races -= 1
@@ -142,7 +142,7 @@ class _RacingCatalog:
         return table
 
 
-def test_commit_conflicts_are_retried_without_losing_files(config, caplog) -> None:  # noqa: ANN001
+def test_commit_conflicts_are_retried_without_losing_files(config, caplog) -> None:
     committer = Committer(config, parallelism=1, run_id="racer")
     committer.open()
     committer.catalog = _RacingCatalog(committer.catalog, config, races=2)
@@ -155,7 +155,7 @@ def test_commit_conflicts_are_retried_without_losing_files(config, caplog) -> No
     committer.close()
 
 
-def test_dead_letters_are_not_duplicated_when_a_commit_is_replayed(config) -> None:  # noqa: ANN001
+def test_dead_letters_are_not_duplicated_when_a_commit_is_replayed(config) -> None:
     committer = Committer(config, parallelism=1, run_id="dlq")
     committer.open()
     unit = make_unit(config, 0, partition=0, start=0, end=50, dead=(3, 17, 42))

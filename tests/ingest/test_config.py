@@ -14,7 +14,7 @@ from streamberg.common.config import ConfigError, load_config
 from tests.helpers import write_config
 
 
-def _mutate(path: Path, change) -> Path:  # noqa: ANN001
+def _mutate(path: Path, change) -> Path:
     document = yaml.safe_load(path.read_text())
     change(document)
     path.write_text(yaml.safe_dump(document))

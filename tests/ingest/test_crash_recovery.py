@@ -24,19 +24,27 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
-from tests.helpers import config_at, dead_letters, duplicates, end_offsets_by_reading, streamberg, table_ids, write_config
+from tests.helpers import (
+    config_at,
+    dead_letters,
+    duplicates,
+    end_offsets_by_reading,
+    streamberg,
+    table_ids,
+    write_config,
+)
 
 pytestmark = pytest.mark.flink
 
 PARTITIONS = 3
 
 
-def _committed(config) -> int:  # noqa: ANN001
+def _committed(config) -> int:
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     return sum(committed_position(table, config.kafka.topic).offsets.values())
 
 
-def _uncommitted_files(config) -> set[str]:  # noqa: ANN001
+def _uncommitted_files(config) -> set[str]:
     """Parquet files on disk that the table does not reference: written, never committed."""
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     live = {t.file.file_path for t in table.scan().plan_files()}

@@ -48,7 +48,7 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, broker: str):
     return config, path, produced, json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
 
 
-def test_table_holds_exactly_the_valid_records(ingested) -> None:  # noqa: ANN001
+def test_table_holds_exactly_the_valid_records(ingested) -> None:
     config, _, produced, outcome, _ = ingested
     assert outcome["consumed"] == RECORDS
     ids = table_ids(config)
@@ -56,7 +56,7 @@ def test_table_holds_exactly_the_valid_records(ingested) -> None:  # noqa: ANN00
     assert ids == sorted(produced.valid_ids)
 
 
-def test_spark_reads_the_same_records(ingested, spark) -> None:  # noqa: ANN001
+def test_spark_reads_the_same_records(ingested, spark) -> None:
     from tests.helpers import spark_table
 
     config, _, produced, _, _ = ingested
@@ -64,7 +64,7 @@ def test_spark_reads_the_same_records(ingested, spark) -> None:  # noqa: ANN001
     assert sorted(r.id for r in rows) == sorted(produced.valid_ids)
 
 
-def test_every_malformed_record_is_dead_lettered_with_raw_bytes_and_reason(ingested) -> None:  # noqa: ANN001
+def test_every_malformed_record_is_dead_lettered_with_raw_bytes_and_reason(ingested) -> None:
     config, _, produced, _, _ = ingested
     dlq = dead_letters(config)
     assert dlq.num_rows == sum(produced.bad.values()) > 0
@@ -81,7 +81,7 @@ def test_every_malformed_record_is_dead_lettered_with_raw_bytes_and_reason(inges
     consumer.close()
 
 
-def test_offsets_end_at_the_topic_end_and_counts_reconcile(ingested) -> None:  # noqa: ANN001
+def test_offsets_end_at_the_topic_end_and_counts_reconcile(ingested) -> None:
     config, path, _, _, _ = ingested
     facts = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
     ends = end_offsets_by_reading(config.kafka.bootstrap_servers, config.kafka.topic, PARTITIONS)
@@ -90,7 +90,7 @@ def test_offsets_end_at_the_topic_end_and_counts_reconcile(ingested) -> None:  #
     assert facts["reconciles"] is True
 
 
-def test_commit_log_lines_carry_table_snapshot_files_records_offsets(ingested) -> None:  # noqa: ANN001
+def test_commit_log_lines_carry_table_snapshot_files_records_offsets(ingested) -> None:
     _, _, _, _, stderr = ingested
     commits = [json.loads(line) for line in stderr.splitlines()
                if line.startswith("{") and '"event": "committed"' in line]
@@ -99,7 +99,7 @@ def test_commit_log_lines_carry_table_snapshot_files_records_offsets(ingested) -
         assert {"table", "snapshot", "files", "records", "offsets", "job", "dead_letters"} <= set(line)
 
 
-def test_files_land_in_their_partitions_and_a_point_query_prunes(ingested) -> None:  # noqa: ANN001
+def test_files_land_in_their_partitions_and_a_point_query_prunes(ingested) -> None:
     config, _, _, _, _ = ingested
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     from pyiceberg_core import transform
@@ -117,7 +117,7 @@ def test_files_land_in_their_partitions_and_a_point_query_prunes(ingested) -> No
     assert all(t.file.partition[1] == transform.bucket(__import__("pyarrow").array([user]), 4)[0].as_py() for t in pruned)
 
 
-def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_path: Path) -> None:  # noqa: ANN001
+def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_path: Path) -> None:
     config, path, _, _, _ = ingested
     import yaml
 
@@ -134,7 +134,7 @@ def test_existing_table_with_another_schema_is_refused_clearly(ingested, tmp_pat
     assert "column 'country' (string) is in the config but not in the table" in proc.stderr
 
 
-def test_duration_bound_drains_records_in_flight_and_a_rerun_adds_nothing(ingested) -> None:  # noqa: ANN001
+def test_duration_bound_drains_records_in_flight_and_a_rerun_adds_nothing(ingested) -> None:
     config, path, produced, _, _ = ingested
     # Records the bounded run reads but cannot commit on its own: the commit interval (600 s) is
     # longer than the run, so whatever it reports consumed was committed by the graceful drain.

@@ -81,8 +81,8 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory, broker: str):
                 bad_positions[len(records)] = reason
                 records.append(value)
 
-    def on_delivery(number: int):  # noqa: ANN202
-        def callback(err, msg) -> None:  # noqa: ANN001
+    def on_delivery(number: int):
+        def callback(err, msg) -> None:
             assert err is None, err
             delivered[number] = (msg.partition(), msg.offset())
         return callback
@@ -96,7 +96,7 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory, broker: str):
     return config, records, bad_positions, delivered, run
 
 
-def test_every_valid_record_lands_once_with_its_values(hostile_run) -> None:  # noqa: ANN001
+def test_every_valid_record_lands_once_with_its_values(hostile_run) -> None:
     from streamberg.common.catalog import load_catalog
 
     config, _, _, _, run = hostile_run
@@ -116,7 +116,7 @@ def test_every_valid_record_lands_once_with_its_values(hostile_run) -> None:  # 
     assert len(rows[1234]["city"]) == BIG
 
 
-def test_every_hostile_record_is_dead_lettered_with_its_reason(hostile_run) -> None:  # noqa: ANN001
+def test_every_hostile_record_is_dead_lettered_with_its_reason(hostile_run) -> None:
     config, records, bad_positions, delivered, _ = hostile_run
     dlq = dead_letters(config).select(["partition", "offset", "value", "reason"]).to_pylist()
     by_position = {(r["partition"], r["offset"]): r for r in dlq}
@@ -127,7 +127,7 @@ def test_every_hostile_record_is_dead_lettered_with_its_reason(hostile_run) -> N
         assert row["value"] == records[number]
 
 
-def test_the_job_never_restarted(hostile_run) -> None:  # noqa: ANN001
+def test_the_job_never_restarted(hostile_run) -> None:
     _, _, _, _, run = hostile_run
     events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
     opened = [e for e in events if e.get("event") == "writer opened"]

@@ -47,7 +47,7 @@ def _python_workers(root: int) -> list[int]:
     return sorted(workers)
 
 
-def _committed(config) -> int:  # noqa: ANN001
+def _committed(config) -> int:
     catalog = load_catalog(config.catalog)
     if not catalog.table_exists(config.table.identifier):
         return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ CONTRACT_KEYS = {"table", "dry_run", "expire_snapshots", "orphan_files", "rewrit
                  "bytes_freed", "duration_seconds"}
 
 
-def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> None:  # noqa: ANN001
+def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {
         "interval_seconds": 1,
         # No compactor runs here, so its pending appends need no protection.
@@ -64,7 +63,7 @@ def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> N
     assert any("org.apache.spark" in line for line in jvm.launched()), jvm.launched()
     runs = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert len(runs) >= 2
-    assert CONTRACT_KEYS <= set(runs[0])
+    assert set(runs[0]) >= CONTRACT_KEYS
     assert runs[0]["rewrite_manifests"]["ran"] and runs[0]["rewrite_manifests"]["manifests_after"] == 1
     assert runs[0]["expire_snapshots"]["ran"]
     assert not runs[1]["rewrite_manifests"]["ran"]  # already compact

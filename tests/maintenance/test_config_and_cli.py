@@ -27,7 +27,7 @@ def _run(*args: str, env: dict | None = None, base_env: dict | None = None) -> s
                           env={**(base_env or os.environ), "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
 
 
-def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  # noqa: ANN001
+def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:
     config = load_config(write_config(tmp_path))
     m = config.maintenance
     assert m.expire.enabled and m.orphan.enabled and m.manifests.enabled
@@ -46,31 +46,31 @@ def test_existing_configs_load_with_maintenance_defaults_on(tmp_path) -> None:  
     ({"expire": {"min_snapshots_to_keep": 0}}, "maintenance.expire.min_snapshots_to_keep", "must be an integer between 1"),
     ({"expire": {"max_age": 5}}, "maintenance.expire.max_age", "Extra inputs"),
 ])
-def test_invalid_maintenance_config_names_the_key(tmp_path, maintenance, key, words) -> None:  # noqa: ANN001
+def test_invalid_maintenance_config_names_the_key(tmp_path, maintenance, key, words) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(write_maintained_config(tmp_path, maintenance))
     assert f"{key}:" in str(err.value) and words in str(err.value)
 
 
-def test_short_orphan_safety_age_needs_the_explicit_override(tmp_path) -> None:  # noqa: ANN001
+def test_short_orphan_safety_age_needs_the_explicit_override(tmp_path) -> None:
     config = load_config(write_maintained_config(tmp_path, {"orphan": {"safety_age_seconds": 60,
                                                                  "allow_short_safety_age": True}}))
     assert config.maintenance.orphan.safety_age_seconds == 60
 
 
-def test_env_overrides_a_nested_maintenance_key(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_env_overrides_a_nested_maintenance_key(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("STREAMBERG_MAINTENANCE__EXPIRE__MIN_SNAPSHOTS_TO_KEEP", "7")
     assert load_config(write_config(tmp_path)).maintenance.expire.min_snapshots_to_keep == 7
 
 
 @pytest.mark.parametrize(("column", "words"), [("nope", "is not in table.schema"), ("city", "is string")])
-def test_retention_column_is_checked_against_the_schema(tmp_path, column, words) -> None:  # noqa: ANN001
+def test_retention_column_is_checked_against_the_schema(tmp_path, column, words) -> None:
     config = load_config(write_maintained_config(tmp_path, {"retention": {"column": column, "days": 3}}))
     with pytest.raises(ConfigError, match=f"maintenance.retention.column: '{column}' {words}"):
         check_config(config)
 
 
-def test_cli_invalid_config_exits_2_naming_the_key(tmp_path) -> None:  # noqa: ANN001
+def test_cli_invalid_config_exits_2_naming_the_key(tmp_path) -> None:
     path = write_maintained_config(tmp_path, {"orphan": {"safety_age_seconds": 60}})
     proc = _run("maintain", "--config", str(path), "--once")
     assert proc.returncode == 2, proc.stderr
@@ -78,7 +78,7 @@ def test_cli_invalid_config_exits_2_naming_the_key(tmp_path) -> None:  # noqa: A
     assert "Traceback" not in proc.stderr
 
 
-def test_cli_retention_column_error_exits_2_before_spark(tmp_path) -> None:  # noqa: ANN001
+def test_cli_retention_column_error_exits_2_before_spark(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {"retention": {"column": "amount", "days": 1}})
     jvm = JvmSentinel(tmp_path)
     proc = _run("maintain", "--config", config.config_path, "--once", base_env=jvm.env)
@@ -86,7 +86,7 @@ def test_cli_retention_column_error_exits_2_before_spark(tmp_path) -> None:  # n
     assert jvm.launched() == []  # refused before Spark's JVM started
 
 
-def test_cli_missing_table_exits_1(tmp_path) -> None:  # noqa: ANN001
+def test_cli_missing_table_exits_1(tmp_path) -> None:
     proc = _run("maintain", "--config", str(write_config(tmp_path)), "--once", "--json")
     assert proc.returncode == 1
     # No catalog at all: said so, and none is created (tests/security covers a missing table
@@ -103,7 +103,7 @@ def test_help_describes_steps_safety_and_keys() -> None:
         assert words in proc.stdout, words
 
 
-def test_last_run_is_the_newest_real_run_of_this_table(tmp_path) -> None:  # noqa: ANN001
+def test_last_run_is_the_newest_real_run_of_this_table(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     assert last_maintenance_run(config) is None  # nothing recorded, nothing created
     engine = load_catalog(config.catalog).engine

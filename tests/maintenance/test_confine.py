@@ -18,7 +18,14 @@ from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.maintenance.commands import render
 from streamberg.maintenance.confine import outside_reason
 from tests.compactor.helpers import FakeIngest, reload, row_multiset
-from tests.maintenance.helpers import ALL_OFF, age_files, files_on_disk, local_path, setup_maintained, write_maintained_config
+from tests.maintenance.helpers import (
+    ALL_OFF,
+    age_files,
+    files_on_disk,
+    local_path,
+    setup_maintained,
+    write_maintained_config,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -26,7 +33,7 @@ TWO_DAYS = 2 * 86400
 ORPHANS_ON = {**ALL_OFF, "orphan": {"safety_age_seconds": 3600}}
 
 
-def _maintain(spark, config) -> dict:  # noqa: ANN001
+def _maintain(spark, config) -> dict:
     summary = run_maintain(config, MaintainOptions(once=True), spark=spark)
     assert summary.runs == 1 and summary.last is not None
     return summary.last
@@ -43,7 +50,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_orphan_removal_never_follows_a_symlink(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_orphan_removal_never_follows_a_symlink(spark, tmp_path: Path) -> None:
     config, _ = setup_maintained(tmp_path / "t", ORPHANS_ON)
     ingest = FakeIngest(config, seed=11)
     ingest.append(100)
@@ -76,13 +83,13 @@ def test_orphan_removal_never_follows_a_symlink(spark, tmp_path: Path) -> None: 
     assert row_multiset(reload(config)) == rows
 
 
-def _create_at(config, identifier: str, location: str):  # noqa: ANN001, ANN202
+def _create_at(config, identifier: str, location: str):
     catalog = load_catalog(config.catalog)
     catalog.create_namespace_if_not_exists(identifier.split(".")[0])
     return catalog.create_table(identifier, schema=schema_from_config(config.table), location=location)
 
 
-def test_location_outside_the_warehouse_is_refused_unless_allowed(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_location_outside_the_warehouse_is_refused_unless_allowed(spark, tmp_path: Path) -> None:
     path = write_maintained_config(tmp_path / "t", ORPHANS_ON)
     config = load_config(path)
     elsewhere = tmp_path / "somebody-elses-folder"
@@ -103,7 +110,7 @@ def test_location_outside_the_warehouse_is_refused_unless_allowed(spark, tmp_pat
     assert _maintain(spark, allowed)["orphan_files"]["removed"] == 1 and not stray.exists()
 
 
-def test_location_containing_another_table_is_refused(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_location_containing_another_table_is_refused(spark, tmp_path: Path) -> None:
     config, _ = setup_maintained(tmp_path / "t", ORPHANS_ON)
     FakeIngest(config, seed=13).append(50)
     outer = reload(config)

@@ -27,19 +27,19 @@ EXPIRE_ALL_OLD = {"expire": {"max_snapshot_age_seconds": 0.001, "min_snapshots_t
 TWO_DAYS = 2 * 86400
 
 
-def _maintain(spark, config, *, dry_run: bool = False, clock=None) -> dict:  # noqa: ANN001
+def _maintain(spark, config, *, dry_run: bool = False, clock=None) -> dict:
     summary = run_maintain(config, MaintainOptions(once=True, dry_run=dry_run), spark=spark, clock=clock)
     assert summary.runs == 1 and summary.last is not None
     return summary.last
 
 
-def _assert_referenced_files_exist(config) -> None:  # noqa: ANN001
+def _assert_referenced_files_exist(config) -> None:
     table = reload(config)
     missing = sorted(p for p in referenced_paths(table) if not os.path.exists(p))
     assert not missing, missing
 
 
-def test_expiry_keeps_ingest_offsets_behind_compactor_replaces(spark, tmp_path) -> None:  # noqa: ANN001
+def test_expiry_keeps_ingest_offsets_behind_compactor_replaces(spark, tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, EXPIRE_ALL_OLD, partition_spec=DAY,
                                  # bin-packing: the layout does not matter here, and it is the quickest
                                  compactor={"max_commits": 4, "columns": []})
@@ -90,7 +90,7 @@ def test_expiry_keeps_ingest_offsets_behind_compactor_replaces(spark, tmp_path) 
     assert last_maintenance_run(config)["run_id"] == result["run_id"]
 
 
-def test_pending_appends_survive_expiry(spark, tmp_path) -> None:  # noqa: ANN001
+def test_pending_appends_survive_expiry(spark, tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, EXPIRE_ALL_OLD)
     ingest = FakeIngest(config, seed=4)
     appends = [ingest.append(100) for _ in range(4)]
@@ -117,7 +117,7 @@ def _stray_parquet(path: Path, rows: int) -> int:
     return path.stat().st_size
 
 
-def test_orphans_older_than_the_safety_age_are_removed_and_nothing_else(spark, tmp_path) -> None:  # noqa: ANN001
+def test_orphans_older_than_the_safety_age_are_removed_and_nothing_else(spark, tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {"orphan": {"safety_age_seconds": 3600}})
     ingest = FakeIngest(config, seed=5)
     for _ in range(3):
@@ -147,7 +147,7 @@ def test_orphans_older_than_the_safety_age_are_removed_and_nothing_else(spark, t
     assert row_multiset(reload(config)) == rows
 
 
-def test_manifests_rewritten_only_past_the_threshold(spark, tmp_path) -> None:  # noqa: ANN001
+def test_manifests_rewritten_only_past_the_threshold(spark, tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {"manifests": {"min_count": 7, "min_total_bytes": None}})
     ingest = FakeIngest(config, seed=6)
     for _ in range(6):
@@ -171,7 +171,7 @@ def test_manifests_rewritten_only_past_the_threshold(spark, tmp_path) -> None:  
 
 
 @pytest.mark.parametrize("partitioned", [True, False], ids=["day-partitioned", "unpartitioned"])
-def test_retention_deletes_only_rows_older_than_the_cutoff(spark, tmp_path, partitioned) -> None:  # noqa: ANN001
+def test_retention_deletes_only_rows_older_than_the_cutoff(spark, tmp_path, partitioned) -> None:
     config, _ = setup_maintained(tmp_path, {"retention": {"column": "ts", "days": 2}},
                                  partition_spec=DAY if partitioned else None)
     ingest = FakeIngest(config, seed=7)
@@ -206,7 +206,7 @@ def test_retention_deletes_only_rows_older_than_the_cutoff(spark, tmp_path, part
         assert result["files_deleted"] == 3 and result["files_rewritten"] >= 1
 
 
-def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:  # noqa: ANN001
+def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {
         **EXPIRE_ALL_OLD, "orphan": {"safety_age_seconds": 3600}, "manifests": {"min_count": 2},
         "retention": {"column": "ts", "days": 2},
@@ -243,7 +243,7 @@ def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:  # noqa: 
     assert last_maintenance_run(config, include_dry_runs=True)["run_id"] == result["run_id"]
 
 
-def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None:  # noqa: ANN001
+def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None:
     # No lease: expiry and the manifest rewrite commit while ingest keeps appending.
     config, _ = setup_maintained(tmp_path, {"manifests": {"min_count": 2}, "expire": {
         "max_snapshot_age_seconds": 0.001, "keep_pending_for_compactor": False}})  # no compactor here

@@ -27,7 +27,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000) + 1000
 
 
-def test_ingest_lineage_is_kept_behind_snapshots_without_offsets(tmp_path) -> None:  # noqa: ANN001
+def test_ingest_lineage_is_kept_behind_snapshots_without_offsets(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, partition_spec=DAY)
     ingest = FakeIngest(config)
     appends = [ingest.append(100, days=1) for _ in range(4)]
@@ -51,7 +51,7 @@ def test_ingest_lineage_is_kept_behind_snapshots_without_offsets(tmp_path) -> No
     assert "ingest position" in plan.protected[-1].reason and plan.refusal is None
 
 
-def test_appends_with_pending_files_are_kept(tmp_path) -> None:  # noqa: ANN001
+def test_appends_with_pending_files_are_kept(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     ingest = FakeIngest(config)
     appends = [ingest.append(100) for _ in range(4)]
@@ -70,7 +70,7 @@ def test_appends_with_pending_files_are_kept(tmp_path) -> None:  # noqa: ANN001
     assert set(off.expired_ids) == {s.snapshot_id for s in appends[:-1]}
 
 
-def test_an_append_whose_files_are_all_gone_is_no_longer_protected(tmp_path) -> None:  # noqa: ANN001
+def test_an_append_whose_files_are_all_gone_is_no_longer_protected(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     ingest = FakeIngest(config)
     appends = [ingest.append(100) for _ in range(3)]
@@ -82,7 +82,7 @@ def test_an_append_whose_files_are_all_gone_is_no_longer_protected(tmp_path) -> 
     assert plan.expired_ids == (appends[0].snapshot_id,)
 
 
-def test_age_and_count_bounds_apply_when_nothing_needs_protection(tmp_path) -> None:  # noqa: ANN001
+def test_age_and_count_bounds_apply_when_nothing_needs_protection(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     ingest = FakeIngest(config)
     appends = [ingest.append(50) for _ in range(5)]
@@ -99,7 +99,7 @@ def test_age_and_count_bounds_apply_when_nothing_needs_protection(tmp_path) -> N
     assert set(at.expired_ids) == {s.snapshot_id for s in appends if s.timestamp_ms < appends[2].timestamp_ms}
 
 
-def test_manifest_thresholds(tmp_path) -> None:  # noqa: ANN001
+def test_manifest_thresholds(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     ingest = FakeIngest(config)
     for _ in range(5):
@@ -116,7 +116,7 @@ def test_manifest_thresholds(tmp_path) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(("spec", "aligned"), [(DAY, "day"), (None, None)])
-def test_retention_cutoff_rounds_down_to_whole_partitions(tmp_path, spec, aligned) -> None:  # noqa: ANN001
+def test_retention_cutoff_rounds_down_to_whole_partitions(tmp_path, spec, aligned) -> None:
     config, table = setup_maintained(tmp_path, partition_spec=spec)
     now = BASE_TS + dt.timedelta(days=3, hours=6)
     plan = plan_retention(table, RetentionConfig(column="ts", days=2), int(now.timestamp() * 1000))
@@ -130,7 +130,7 @@ def test_retention_cutoff_rounds_down_to_whole_partitions(tmp_path, spec, aligne
         plan_retention(table, RetentionConfig(column="city", days=1), 0)
 
 
-def test_a_branch_retention_that_would_expire_protected_snapshots_is_refused(tmp_path) -> None:  # noqa: ANN001
+def test_a_branch_retention_that_would_expire_protected_snapshots_is_refused(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path)
     ingest = FakeIngest(config)
     appends = [ingest.append(50) for _ in range(3)]

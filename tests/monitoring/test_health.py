@@ -27,7 +27,7 @@ def facts(scenario: Scenario) -> Status:
     return collect_status(scenario.config)
 
 
-def checks(health) -> list[tuple[str, str]]:  # noqa: ANN001
+def checks(health) -> list[tuple[str, str]]:
     return [(f["check"], f["severity"]) for f in health.findings]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamberg.common.config import load_config
-from streamberg.compactor import record as R
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.metrics import exposition
@@ -15,7 +15,7 @@ from tests.monitoring.test_metrics import samples
 pytestmark = pytest.mark.spark
 
 
-def test_last_optimize_and_backlog_after_a_pass(spark, tmp_path, broker) -> None:  # noqa: ANN001
+def test_last_optimize_and_backlog_after_a_pass(spark, tmp_path, broker) -> None:
     made, _ = setup_table(tmp_path)  # unpartitioned: one group, one commit
     config = load_config(made.config_path, kafka={"topic": TOPIC, "bootstrap_servers": broker})
     ingest = FakeIngest(config, seed=3)
@@ -34,8 +34,8 @@ def test_last_optimize_and_backlog_after_a_pass(spark, tmp_path, broker) -> None
     opt = after.compactor.last_optimize
     assert opt.snapshot_id == optimize.snapshot_id and out["commits"] == 1
     assert (opt.files_in, opt.files_out) == (out["files_in"], out["files_out"])
-    assert opt.strategy == record[R.STRATEGY] == config.compactor.strategy and opt.mode == "incremental"
-    assert opt.duration_seconds == int(record[R.DURATION_MS]) / 1000 > 0
+    assert opt.strategy == record[SummaryKeys.COMPACTOR_STRATEGY] == config.compactor.strategy and opt.mode == "incremental"
+    assert opt.duration_seconds == int(record[SummaryKeys.COMPACTOR_DURATION_MS]) / 1000 > 0
     assert after.compactor.pending_files == 1 and after.compactor.pending_snapshots == 1
     files = live_files(table)
     assert [snapshot for snapshot in files.values() if snapshot == late.snapshot_id] == [late.snapshot_id]

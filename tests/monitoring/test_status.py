@@ -176,7 +176,7 @@ def test_screen_and_watch_until_ctrl_c(scenario: Scenario) -> None:
     assert proc.returncode == 0 and "Traceback" not in stderr
 
 
-def test_invalid_monitoring_config_names_the_key(tmp_path: Path, broker: str, capsys) -> None:  # noqa: ANN001
+def test_invalid_monitoring_config_names_the_key(tmp_path: Path, broker: str, capsys) -> None:
     path = write_config(tmp_path, broker, extra={"monitoring": {"lag_warn_records": 0, "small_file_fraction": 2}})
     assert main(["status", "--config", str(path)]) == 2
     stderr = capsys.readouterr().err

@@ -139,7 +139,7 @@ class Background:
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
             self.proc.wait(30)
-            raise AssertionError(f"drill step {self.step!r} did not stop within {timeout} s:\n{self.output()[-3000:]}")
+            raise AssertionError(f"drill step {self.step!r} did not stop within {timeout} s:\n{self.output()[-3000:]}") from None
 
 
 class Drill:

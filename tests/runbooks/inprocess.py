@@ -33,7 +33,7 @@ def produce_values(config: StreambergConfig, values: list[bytes], partition: int
     assert producer.flush(30) == 0, "records left undelivered"
 
 
-def event(i: int, **fields) -> bytes:  # noqa: ANN003
+def event(i: int, **fields) -> bytes:
     """A valid sample event (tests.helpers.EVENT_SCHEMA) with id `i`; `fields` override or drop (None)."""
     body = {"id": i, "ts": "2026-11-22T01:00:00+00:00", "user_id": f"u{i % 7}", "city": "c", "amount": 1.5}
     for name, value in fields.items():

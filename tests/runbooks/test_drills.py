@@ -44,16 +44,16 @@ DISK_FULL_MESSAGES = ("streamberg ingest: the Flink job failed and its cluster s
                       "streamberg ingest: ingest job JobStatus.FAILED: OSError: [Errno 28]")
 
 
-def _config(tmp_path: Path, broker: str, **extra) -> Path:  # noqa: ANN003
+def _config(tmp_path: Path, broker: str, **extra) -> Path:
     ingest = {"commit_interval_seconds": 1, "parallelism": 1, **extra.pop("ingest", {})}
     return write_config(tmp_path, broker, ingest=ingest, extra=extra or None)
 
 
-def _position(config):  # noqa: ANN001, ANN202
+def _position(config):
     return committed_position(load_catalog(config.catalog).load_table(config.table.identifier), config.kafka.topic)
 
 
-def _has_ids(config, expected: list[int]):  # noqa: ANN001, ANN202
+def _has_ids(config, expected: list[int]):
     return lambda: table_ids(config) == expected
 
 
@@ -71,14 +71,14 @@ def drills(tmp_path: Path):
         drill.close()
 
 
-def _outcome(running) -> dict:  # noqa: ANN001
+def _outcome(running) -> dict:
     """The JSON line `streamberg ingest` prints when it exits."""
     lines = [line for line in running.output().splitlines() if line.startswith('{"run_id"')]
     assert lines, f"{running.step} printed no outcome line:\n{running.output()[-3000:]}"
     return json.loads(lines[-1])
 
 
-def _stopped_gracefully(running, why: str) -> dict:  # noqa: ANN001
+def _stopped_gracefully(running, why: str) -> dict:
     code = running.stop()
     assert code == 0, f"{running.step} exited {code}:\n{running.output()[-3000:]}"
     outcome = _outcome(running)
@@ -87,7 +87,7 @@ def _stopped_gracefully(running, why: str) -> dict:  # noqa: ANN001
 
 
 # -- pages without a PyFlink run ---------------------------------------------------------------
-def test_replay_topic_range(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+def test_replay_topic_range(tmp_path: Path, broker: str, drills) -> None:
     config_path = _config(tmp_path, broker)
     config = config_at(config_path)
     produce_values(config, [event(i) for i in range(100)], partition=0, partitions=1)
@@ -115,7 +115,7 @@ def test_replay_topic_range(tmp_path: Path, broker: str, drills) -> None:  # noq
 
 
 @pytest.mark.spark
-def test_compactor_behind(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+def test_compactor_behind(tmp_path: Path, broker: str, drills) -> None:
     config_path = _config(tmp_path, broker, compactor={"min_files": 2, "checkpoint_dir": "checkpoint"})
     config = config_at(config_path)
     for batch in range(3):  # three ingest commits: three small pending files
@@ -139,7 +139,7 @@ def test_compactor_behind(tmp_path: Path, broker: str, drills) -> None:  # noqa:
 
 # -- pages whose fix starts the real ingest (PyFlink) -----------------------------------------
 @pytest.mark.flink
-def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None:
     """commit-failures.md then ingest-lag.md: our ingest was fenced by another instance and
     stopped; records pile up. One restart is the fix of both pages."""
     config_path = _config(tmp_path, broker)
@@ -187,7 +187,7 @@ def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None: 
 
 
 @pytest.mark.flink
-def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:  # noqa: ANN001
+def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
     config_path = _config(tmp_path, broker)
     config = config_at(config_path)
     # Producers start sending anonymous events (no user_id, required in the table) and a new
@@ -236,7 +236,7 @@ def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:  
     assert dead_letters(config).column("value").to_pylist() == [b"\x00poison"]
 
 
-def _accept_connections(postgres, database: str, allow: bool) -> None:  # noqa: ANN001
+def _accept_connections(postgres, database: str, allow: bool) -> None:
     """What a database outage looks like to clients: existing sessions cut, new ones refused."""
     import psycopg2
 
@@ -254,7 +254,7 @@ def _accept_connections(postgres, database: str, allow: bool) -> None:  # noqa: 
 
 
 @pytest.mark.flink
-def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres, drills) -> None:  # noqa: ANN001
+def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres, drills) -> None:
     """rolling-upgrade.md, crash-recovery.md and catalog-down.md, in that order, on one table
     with a PostgreSQL catalog while a producer keeps writing: a graceful upgrade, then the new
     job is killed with SIGKILL, then the restarted job loses its catalog database."""
@@ -379,7 +379,7 @@ def _fill_with_orphans(data_dir: Path, age_seconds: float) -> int:
 
 @pytest.mark.flink
 @pytest.mark.spark
-def test_disk_full(tmp_path: Path, broker: str, small_filesystem: Path, drills) -> None:  # noqa: ANN001
+def test_disk_full(tmp_path: Path, broker: str, small_filesystem: Path, drills) -> None:
     config_path = _config(tmp_path, broker, catalog={"name": f"c{tmp_path.name[-8:]}", "uri": "sqlite:///catalog.db",
                                                      "warehouse": str(small_filesystem)})
     config = config_at(config_path)

@@ -13,23 +13,23 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import yaml
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.ingest.replay import dlq_key, range_key
+from streamberg.common.summary_keys import dlq_replayed_key, replay_range_key
 from tests.helpers import config_at, dead_letters, duplicates, streamberg, table_ids, write_config
 from tests.runbooks.inprocess import cli, event, ingest_until, produce_values, schema_change_events
 
 PARTITIONS = 2
 
 
-def _json(proc) -> dict:  # noqa: ANN001
+def _json(proc) -> dict:
     return json.loads(proc.stdout)
 
 
-def _position(config):  # noqa: ANN001, ANN202
+def _position(config):
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     return committed_position(table, config.kafka.topic)
 
@@ -52,7 +52,7 @@ def ingested(tmp_path: Path, broker: str):
     return path, config, valid, bad
 
 
-def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingested) -> None:  # noqa: ANN001
+def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingested) -> None:
     path, config, valid, bad = ingested
     before = _position(config)
     table = load_catalog(config.catalog).load_table(config.table.identifier)
@@ -72,7 +72,7 @@ def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingeste
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     summary = summary_properties(table.current_snapshot())
     assert table.current_snapshot().snapshot_id == out["snapshot_id"]
-    assert json.loads(summary[range_key(config.kafka.topic)]) == {"0": [20, 40]}
+    assert json.loads(summary[replay_range_key(config.kafka.topic)]) == {"0": [20, 40]}
     after = _position(config)
     assert (after.offsets, after.snapshot_id, after.consumed_total) == (before.offsets, before.snapshot_id,
                                                                          before.consumed_total)
@@ -93,7 +93,7 @@ def test_range_replay_adds_the_lost_rows_once_and_never_moves_the_ingest(ingeste
     assert table_ids(config) == valid
 
 
-def test_ranges_the_ingest_has_not_committed_are_refused(ingested) -> None:  # noqa: ANN001
+def test_ranges_the_ingest_has_not_committed_are_refused(ingested) -> None:
     path, config, valid, _ = ingested
     committed = _position(config).offsets[0]
     beyond = cli("replay", "--config", str(path), "--partition", "0", "--from-offset", str(committed - 5),
@@ -108,7 +108,7 @@ def test_ranges_the_ingest_has_not_committed_are_refused(ingested) -> None:  # n
     assert table_ids(config) == valid
 
 
-def _evolved_config(path: Path, **changes: dict) -> Path:  # noqa: ANN003
+def _evolved_config(path: Path, **changes: dict) -> Path:
     """A copy of the config with schema fields changed (name -> field dict, None drops it)."""
     document = yaml.safe_load(path.read_text())
     fields = {f["name"]: f for f in document["table"]["schema"]}
@@ -171,7 +171,7 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     assert ids == sorted(list(range(40)) + [100 + i for i in range(12)] + [200 + i for i in range(5)])
     assert dead_letters(config).column("value").to_pylist() == [b"still not json"]
     landed = json.loads(summary_properties(
-        load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot())[dlq_key(config.kafka.topic)])
+        load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot())[dlq_replayed_key(config.kafka.topic)])
     assert landed == {"0": list(range(46, 52))}
     after = _position(config)
     assert (after.offsets, after.consumed_total) == (before.offsets, before.consumed_total)

@@ -80,6 +80,6 @@ def test_missing_table_in_an_existing_catalog_creates_nothing(tmp_path: Path) ->
     assert _namespaces_and_tables(config) == catalog_rows
 
 
-def _namespaces_and_tables(config) -> tuple[list, list]:  # noqa: ANN001
+def _namespaces_and_tables(config) -> tuple[list, list]:
     catalog = load_catalog(config.catalog)
     return sorted(catalog.list_namespaces()), sorted(catalog.list_tables("db"))

@@ -83,7 +83,7 @@ def _table(tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
-def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = postgres.create_database("sec")
     assert PASSWORD in uri  # the URI really carries the password the grep looks for
     work = _table(tmp_path, uri, monkeypatch)
@@ -95,7 +95,7 @@ def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, mo
         "table --json": _run(work, uri, "table", "--json"),
         "compact --dry-run": _run(work, uri, "compact", "--dry-run"),
     }
-    for name, proc in runs.items():
+    for proc in runs.values():
         _assert_no_secret(proc)
     # The commands did their work (a clean output because nothing ran would prove nothing).
     status = json.loads(runs["status --json"].stdout)
@@ -106,7 +106,7 @@ def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, mo
     assert _assert_no_secret_in_files(work) > 0
 
 
-def test_secret_reaches_no_output_when_the_catalog_refuses_or_is_gone(postgres, tmp_path: Path) -> None:  # noqa: ANN001
+def test_secret_reaches_no_output_when_the_catalog_refuses_or_is_gone(postgres, tmp_path: Path) -> None:
     database = postgres.create_database("secbad").rsplit("/", 1)[1]
     closed = free_port()
     bad = {
@@ -134,7 +134,7 @@ def test_secret_reaches_no_output_when_the_catalog_refuses_or_is_gone(postgres, 
 
 
 @pytest.mark.spark
-def test_secret_reaches_no_output_of_spark_commands(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_secret_reaches_no_output_of_spark_commands(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = postgres.create_database("secspark")
     work = _table(tmp_path, uri, monkeypatch)
     compact = _run(work, uri, "compact", "--once", timeout=600)

@@ -1,0 +1,82 @@
+"""Every `streamberg.*` key written into an Iceberg snapshot summary, in one registry.
+
+Snapshot summaries are how the components talk through the table: the ingest records its
+Kafka position there, the compactor its optimize record, replays their ranges, and
+monitoring and maintenance read all of them back. So the keys are declared once, here, as
+pyiceberg's `TableProperties` declares table property keys. What each key means is said
+beside it; the modules that write them say why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class SummaryKeys:
+    # -- ingest commits (ingest/committer.py) -----------------------------------------------
+    # `<prefix><topic>` = JSON {"<partition>": <next offset>}: where the ingest resumes.
+    KAFKA_OFFSETS_PREFIX = "streamberg.kafka-offsets."
+    JOB_ID = "streamberg.job-id"
+    RUN_ID = "streamberg.run-id"
+    COMMIT_SEQ = "streamberg.commit-seq"
+    # Kafka records (valid + dead-lettered) consumed by all ingest commits up to this one.
+    CONSUMED_TOTAL = "streamberg.consumed-total"
+    # Wall-clock ms when the committer started this commit: the snapshot's timestamp minus
+    # this is the commit latency monitoring reports.
+    COMMIT_STARTED_MS = "streamberg.commit-started-ms"
+    # Dead letters the commit wrote to the dead-letter table.
+    DEAD_LETTERS = "streamberg.dead-letters"
+
+    # -- replays (ingest/replay.py) ---------------------------------------------------------
+    OPERATION = "streamberg.operation"
+    # `<prefix><topic>` = the Kafka ranges a replay appended.
+    REPLAY_RANGE_PREFIX = "streamberg.replay."
+    # `<prefix><topic>` = the dead-letter offsets a dead-letter replay moved into the table.
+    DLQ_REPLAYED_PREFIX = "streamberg.dlq-replayed."
+    REPLAY_RECORDS = "streamberg.replay-records"
+
+    # -- compactor commits (compactor/record.py) --------------------------------------------
+    COMPACTOR_PREFIX = "streamberg.compactor."
+    COMPACTOR_RUN_ID = COMPACTOR_PREFIX + "run-id"  # one compactor process run
+    COMPACTOR_COMMIT_ID = COMPACTOR_PREFIX + "commit-id"  # recognises the commit after an unknown state
+    COMPACTOR_MODE = COMPACTOR_PREFIX + "mode"  # incremental | full
+    COMPACTOR_STRATEGY = COMPACTOR_PREFIX + "strategy"
+    COMPACTOR_COLUMNS = COMPACTOR_PREFIX + "columns"  # comma separated
+    COMPACTOR_GROUPS = COMPACTOR_PREFIX + "groups"  # file groups in this commit
+    COMPACTOR_COMMIT = COMPACTOR_PREFIX + "commit"  # "k/n" of the plan's commits
+    COMPACTOR_FILES_IN = COMPACTOR_PREFIX + "files-in"
+    COMPACTOR_FILES_OUT = COMPACTOR_PREFIX + "files-out"
+    COMPACTOR_BYTES_IN = COMPACTOR_PREFIX + "bytes-in"
+    COMPACTOR_BYTES_OUT = COMPACTOR_PREFIX + "bytes-out"
+    COMPACTOR_RECORDS = COMPACTOR_PREFIX + "records"
+    COMPACTOR_DURATION_MS = COMPACTOR_PREFIX + "duration-ms"
+    COMPACTOR_PLAN_SNAPSHOT_ID = COMPACTOR_PREFIX + "plan-snapshot-id"  # commits are validated against it
+    COMPACTOR_COVERED_SNAPSHOTS = COMPACTOR_PREFIX + "covered-snapshots"  # ingest snapshots rewritten
+    COMPACTOR_BATCH_ID = COMPACTOR_PREFIX + "batch-id"  # the streaming micro-batch (absent for --full)
+
+    # -- benchmarks (bench/) ----------------------------------------------------------------
+    BENCH_LAYOUT = "streamberg.bench.layout"
+
+    # Keys only an ingest commit may carry: the ingest finds its position by walking back to
+    # the nearest snapshot that has them, so no other writer's snapshot may look like one.
+    INGEST_ONLY = (JOB_ID, RUN_ID, COMMIT_SEQ)
+
+
+def kafka_offsets_key(topic: str) -> str:
+    return f"{SummaryKeys.KAFKA_OFFSETS_PREFIX}{topic}"
+
+
+def replay_range_key(topic: str) -> str:
+    return f"{SummaryKeys.REPLAY_RANGE_PREFIX}{topic}"
+
+
+def dlq_replayed_key(topic: str) -> str:
+    return f"{SummaryKeys.DLQ_REPLAYED_PREFIX}{topic}"
+
+
+def is_ingest_key(key: str) -> bool:
+    return key.startswith(SummaryKeys.KAFKA_OFFSETS_PREFIX) or key in SummaryKeys.INGEST_ONLY
+
+
+def is_compactor_summary(summary: Mapping[str, str]) -> bool:
+    return SummaryKeys.COMPACTOR_RUN_ID in summary
