@@ -18,9 +18,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-
-class BrokerError(RuntimeError):
-    pass
+from streamberg.common.errors import BrokerError
 
 
 def tansu_binary() -> Path:

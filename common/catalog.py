@@ -39,6 +39,7 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
+from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 
@@ -53,8 +54,6 @@ _TYPES: dict[str, IcebergType] = {
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 
 
-class SchemaMismatchError(RuntimeError):
-    """The existing table cannot take the records the config describes."""
 
 
 def iceberg_type(name: str) -> IcebergType:
@@ -113,8 +112,6 @@ def _prepare_sqlite(uri: str) -> None:
 CATALOG_CONNECT_TIMEOUT_SECONDS = 10
 
 
-class CatalogUnreachable(RuntimeError):
-    """The catalog database cannot be read; the message says which and why (password removed)."""
 
 
 def first_line(exc: BaseException) -> str:

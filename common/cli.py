@@ -12,7 +12,7 @@ import importlib
 import sys
 import traceback
 
-from streamberg.common.config import ConfigError
+from streamberg.common.errors import ConfigError, StreambergError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 
@@ -44,7 +44,8 @@ overridden by an environment variable STREAMBERG_<SECTION>__<KEY>.
 
 
 class CommandError(RuntimeError):
-    """A command failed in a way the operator can act on; printed without a traceback."""
+    """A command's own refusal (bad flags, a precondition of the command); printed without a
+    traceback, exit 1. Library failures are `StreambergError`s (common/errors.py)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         # One line, so a wrapper or log shipper shows the whole reason.
         print(f"streamberg: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
         return 2
-    except CommandError as exc:
+    except (CommandError, StreambergError) as exc:
         print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

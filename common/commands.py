@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from streamberg.common.broker import BrokerError, EmbeddedBroker, ensure_topic
+from streamberg.common.broker import EmbeddedBroker, ensure_topic
 from streamberg.common.cli import CommandError
 from streamberg.common.config import load_config
+from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
 
 DEFAULT_BROKER_DIR = ".streamberg/broker"
@@ -57,7 +58,8 @@ def _produce(args: argparse.Namespace) -> int:
 def _evolve(args: argparse.Namespace) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from streamberg.common.catalog import CatalogUnreachable, SchemaMismatchError, evolve_table, open_catalog_readonly
+    from streamberg.common.catalog import evolve_table, open_catalog_readonly
+    from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError
 
     config = load_config(args.config)
     try:
@@ -83,7 +85,7 @@ def _evolve(args: argparse.Namespace) -> int:
 
 
 def _table(args: argparse.Namespace) -> int:
-    from streamberg.common.catalog import CatalogUnreachable
+    from streamberg.common.errors import CatalogUnreachable
     from streamberg.common.table_facts import table_facts
 
     if args.dry_run and not args.evolve:

@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from streamberg.common.errors import ConfigError
 from streamberg.common.redact import redact, register_mapping_secrets, register_uri_secrets
 
 ENV_PREFIX = "STREAMBERG_"
@@ -53,8 +54,6 @@ _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
 
 
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message names every offending key."""
 
 
 # -- limits of what a config may say ----------------------------------------------------------

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from streamberg.common.cli import CommandError
+from streamberg.common.errors import MissingJarError
 
 ICEBERG_RUNTIME_JAR = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 ICEBERG_RUNTIME_SHA256 = "c562d482dcd16b666e808b755469fbc4b2604284b41622c9d87e2c02b7cc6c5f"
@@ -27,11 +27,6 @@ SQLITE_JDBC_CANDIDATES = ("/usr/share/java/sqlite-jdbc.jar",)
 POSTGRES_JDBC_CANDIDATES = ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-jdbc4.jar")
 
 
-class MissingJarError(CommandError):
-    """A JVM dependency is not installed; the message says how to get it.
-
-    A CommandError, so any command that meets it exits 1 with the message, not a traceback.
-    """
 
 
 def _sha256(path: Path) -> str:

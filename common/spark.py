@@ -31,11 +31,10 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from streamberg.common.catalog import SQLITE_BUSY_TIMEOUT_SECONDS
-from streamberg.common.cli import CommandError
 from streamberg.common.config import CatalogConfig, StreambergConfig
+from streamberg.common.errors import MissingJarError, SparkCatalogError
 from streamberg.common.jars import (
     SPARK_S3_JARS_ENV,
-    MissingJarError,
     iceberg_spark_runtime_jar,
     postgres_jdbc_jar,
     spark_s3_jars,
@@ -53,11 +52,6 @@ S3_SCHEMES = ("s3", "s3a", "s3n")
 AWS_SDK_S3_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
 
 
-class SparkCatalogError(CommandError):
-    """The Spark side cannot be set up for this catalog (unsupported URI, clash in a session).
-
-    A CommandError: the CLI prints it and exits 1, without a traceback.
-    """
 
 
 def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:

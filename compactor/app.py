@@ -10,18 +10,15 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import CatalogUnreachable, wait_for_catalog, wait_for_table
+from streamberg.common.catalog import wait_for_catalog, wait_for_table
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import CatalogUnreachable, CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import PlanningRules, describe, plan_rewrite
 from streamberg.compactor.service import Compactor, resolve_layout
 from streamberg.compactor.stream import SnapshotWatcher
-
-
-class CompactError(RuntimeError):
-    """An operator-facing failure (missing table, lease held, failed stream)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     log = get_logger("compactor", table=config.table.identifier)
     lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
     try:
-        from streamberg.compactor.lease import LeaseHeldError
+        from streamberg.common.errors import LeaseHeldError
 
         lease.acquire(config.compactor.lease_wait_seconds)
     except LeaseHeldError as exc:
@@ -115,7 +112,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
             report = compactor.run_pass(mode="full")
             summary.update({"mode": "full", "batches": 0, **report.totals()})
         else:
-            from streamberg.compactor.stream import StreamFailed
+            from streamberg.common.errors import StreamFailed
 
             watcher = SnapshotWatcher(compactor, once=options.once)
             try:

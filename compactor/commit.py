@@ -25,15 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamberg.common.jvm import IcebergFailure, iceberg_failure, iterate, java_class_name, java_message, java_set
 from streamberg.common.log import get_logger
 from streamberg.common.summary_keys import SummaryKeys
-from streamberg.compactor import jvm as J
 from streamberg.compactor import record
 from streamberg.compactor.runner import RewriteResult, delete_files
-
-VALIDATION = "org.apache.iceberg.exceptions.ValidationException"
-COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
-STATE_UNKNOWN = "org.apache.iceberg.exceptions.CommitStateUnknownException"
 
 
 @dataclass
@@ -82,14 +78,14 @@ class CommitManager:
             try:
                 self._commit_once(results, props)
             except Exception as exc:  # noqa: BLE001 - classified below
-                kind = J.java_class_name(exc)
-                message = J.java_message(exc)
-                if kind == VALIDATION:
+                kind = iceberg_failure(exc)
+                message = java_message(exc)
+                if kind is IcebergFailure.VALIDATION:
                     delete_files(self.jtable, new_paths)
                     self.log.warning("commit conflicts with a concurrent change; batch given up, its files stay pending",
                                      error=message, attempt=attempt, commit_id=commit_id)
                     return CommitOutcome("conflict", attempts=attempt, error=message)
-                if kind == STATE_UNKNOWN:
+                if kind is IcebergFailure.STATE_UNKNOWN:
                     found = self._find_commit(commit_id)
                     if found is not None:
                         self.log.warning("commit state was unknown; found it committed", snapshot_id=found,
@@ -98,7 +94,7 @@ class CommitManager:
                     self.log.error("commit state unknown and not found; new files kept (not deleted) in case "
                                    "it lands; they are orphans otherwise", error=message, commit_id=commit_id)
                     return CommitOutcome("unknown", attempts=attempt, error=message)
-                if kind == COMMIT_FAILED and attempt <= self.retries:
+                if kind is IcebergFailure.COMMIT_FAILED and attempt <= self.retries:
                     backoff = min(30.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
                     self.log.warning("commit failed after Iceberg's retries; retrying", error=message,
                                      attempt=attempt, of=self.retries + 1, backoff_seconds=round(backoff, 2))
@@ -106,15 +102,15 @@ class CommitManager:
                     continue
                 delete_files(self.jtable, new_paths)
                 self.log.error("commit failed; new files removed, old files stay pending", error=message,
-                               error_class=kind or type(exc).__name__, attempt=attempt)
+                               error_class=java_class_name(exc) or type(exc).__name__, attempt=attempt)
                 return CommitOutcome("failed", attempts=attempt, error=message)
             snapshot_id = int(self.jtable.currentSnapshot().snapshotId())
             return self._committed(snapshot_id, props, attempt)
 
     def _commit_once(self, results: list[RewriteResult], props: Mapping[str, str]) -> None:
         self.jtable.refresh()
-        old = J.java_set(self.spark, (f for r in results for f in r.old_files))
-        new = J.java_set(self.spark, (f for r in results for f in r.new_files))
+        old = java_set(self.spark, (f for r in results for f in r.old_files))
+        new = java_set(self.spark, (f for r in results for f in r.new_files))
         rewrite = (self.jtable.newRewrite()
                    .validateFromSnapshot(self.starting_snapshot_id)
                    .rewriteFiles(old, new, self.starting_sequence_number))
@@ -148,7 +144,7 @@ class CommitManager:
             self.jtable.refresh()
         except Exception:  # noqa: BLE001 - still unknown
             return None
-        for snap in J.iterate(self.jtable.snapshots()):
+        for snap in iterate(self.jtable.snapshots()):
             summary = snap.summary()
             if summary is not None and summary.get(SummaryKeys.COMPACTOR_COMMIT_ID) == commit_id:
                 return int(snap.snapshotId())

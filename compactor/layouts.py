@@ -42,6 +42,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from streamberg.common.errors import LayoutError
+
 if TYPE_CHECKING:  # pyspark is imported lazily: the planner and CLI --help do not need a JVM
     from pyspark.sql import Column, DataFrame
 
@@ -53,8 +55,6 @@ KEY_BITS = 63
 _TMP = "__sb_"
 
 
-class LayoutError(ValueError):
-    """The layout cannot be applied (unknown strategy, missing or unorderable column)."""
 
 
 def effective_bits(num_columns: int, bits: int) -> int:

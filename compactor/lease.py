@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from streamberg.common.errors import LeaseHeldError, LeaseLostError
 from streamberg.common.log import get_logger
 
 LEASE_TABLE = "streamberg_compactor_leases"
@@ -44,12 +45,8 @@ leases = sa.Table(
 )
 
 
-class LeaseHeldError(RuntimeError):
-    """Another compactor holds the table's lease."""
 
 
-class LeaseLostError(RuntimeError):
-    """This compactor no longer holds the lease it had."""
 
 
 @dataclass(frozen=True)

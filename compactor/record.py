@@ -26,14 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from streamberg.common.errors import ForbiddenSummaryKey
 from streamberg.common.summary_keys import is_ingest_key
 
 # A summary value is a string in the table metadata; keep it bounded.
 MAX_COVERED_LISTED = 500
 
 
-class ForbiddenSummaryKey(ValueError):
-    """A compactor summary would carry an ingest key."""
 
 
 def check_summary(summary: Mapping[str, str]) -> dict[str, str]:

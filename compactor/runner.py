@@ -20,14 +20,21 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from streamberg.common.errors import GroupRewriteError
+from streamberg.common.jvm import iterate, java_list, java_message
 from streamberg.common.log import get_logger
-from streamberg.compactor import jvm as J
+from streamberg.compactor.iceberg_scan import (
+    DISTRIBUTION_MODE,
+    FILE_OPEN_COST,
+    OUTPUT_SPEC_ID,
+    REWRITTEN_FILE_SCAN_TASK_SET_ID,
+    SCAN_TASK_SET_ID,
+    SPLIT_SIZE,
+    TARGET_FILE_SIZE_BYTES,
+    USE_TABLE_DISTRIBUTION_AND_ORDERING,
+)
 from streamberg.compactor.layouts import apply_layout
 from streamberg.compactor.planner import FileGroup
-
-
-class GroupRewriteError(RuntimeError):
-    """A group could not be rewritten (its files are left as they are)."""
 
 
 @dataclass
@@ -75,12 +82,12 @@ class GroupRunner:
         coordinator = jvm.org.apache.iceberg.spark.FileRewriteCoordinator.get()
         num_files = group.expected_output_files(self.layout.target_file_size_bytes)
         try:
-            manager.stageTasks(self.jtable, set_id, J.java_list(self.spark, tasks))
-            reader = self.spark.read.format("iceberg").option(J.SCAN_TASK_SET_ID, set_id)
+            manager.stageTasks(self.jtable, set_id, java_list(self.spark, tasks))
+            reader = self.spark.read.format("iceberg").option(SCAN_TASK_SET_ID, set_id)
             if self.layout.strategy == "binpack":
                 # Iceberg's bin-pack: one read split per output file, no shuffle.
                 split = max(1, -(-group.size_bytes // num_files))
-                reader = reader.option(J.SPLIT_SIZE, str(split)).option(J.FILE_OPEN_COST, "0")
+                reader = reader.option(SPLIT_SIZE, str(split)).option(FILE_OPEN_COST, "0")
             rows = reader.load(self.spark_table)
             laid_out = apply_layout(
                 rows, self.layout.strategy, list(self.layout.columns), num_files=num_files,
@@ -88,17 +95,17 @@ class GroupRunner:
                 seed=group.index,
             )
             (laid_out.write.format("iceberg")
-             .option(J.REWRITTEN_FILE_SCAN_TASK_SET_ID, set_id)
-             .option(J.TARGET_FILE_SIZE_BYTES, str(self.layout.target_file_size_bytes))
-             .option(J.USE_TABLE_DISTRIBUTION_AND_ORDERING, "false")
-             .option(J.DISTRIBUTION_MODE, "none")
-             .option(J.OUTPUT_SPEC_ID, str(group.spec_id))
+             .option(REWRITTEN_FILE_SCAN_TASK_SET_ID, set_id)
+             .option(TARGET_FILE_SIZE_BYTES, str(self.layout.target_file_size_bytes))
+             .option(USE_TABLE_DISTRIBUTION_AND_ORDERING, "false")
+             .option(DISTRIBUTION_MODE, "none")
+             .option(OUTPUT_SPEC_ID, str(group.spec_id))
              .mode("append")
              .save(self.spark_table))
-            new_files = J.iterate(coordinator.fetchNewFiles(self.jtable, set_id))
+            new_files = iterate(coordinator.fetchNewFiles(self.jtable, set_id))
         except Exception as exc:
             raise GroupRewriteError(
-                f"group {group.index} ({group.partition_path}, {len(group.files)} files): {J.java_message(exc)}"
+                f"group {group.index} ({group.partition_path}, {len(group.files)} files): {java_message(exc)}"
             ) from exc
         finally:
             manager.removeTasks(self.jtable, set_id)

@@ -17,13 +17,15 @@ from typing import Any
 from pyiceberg.table import Table as PyTable
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import ConfigError, StreambergConfig
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import ConfigError, GroupRewriteError
+from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
 from streamberg.common.spark import activate, spark_table_name
 from streamberg.common.summary_keys import SummaryKeys
-from streamberg.compactor import jvm as J
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
 from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, STRATEGIES
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import (
@@ -36,7 +38,7 @@ from streamberg.compactor.planner import (
     sequence_number_of,
     target_file_size,
 )
-from streamberg.compactor.runner import GroupRewriteError, GroupRunner, LayoutSpec, RewriteResult
+from streamberg.compactor.runner import GroupRunner, LayoutSpec, RewriteResult
 
 
 @dataclass
@@ -144,9 +146,9 @@ class Compactor:
             return report
         log.info("plan", **describe(plan))
         assert plan.starting_snapshot_id is not None and plan.starting_sequence_number is not None
-        jtable = J.load_table(self.spark, self.spark_table)
-        filters = [J.partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
-        tasks_by_path = J.plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
+        jtable = load_table(self.spark, self.spark_table)
+        filters = [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
+        tasks_by_path = plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
         layout = LayoutSpec(self.strategy, self.columns, self.target_file_size(table),
                             self.config.compactor.index_bits, self.config.compactor.sample_rows)
         runner = GroupRunner(self.spark, self.spark_table, jtable, layout)

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamberg.common.errors import StreamFailed
 from streamberg.common.log import get_logger
 from streamberg.common.spark import activate
 from streamberg.compactor.service import Compactor, PassReport
@@ -37,8 +38,6 @@ SKIP_OPTIONS = {
 }
 
 
-class StreamFailed(RuntimeError):
-    """The streaming query stopped with an error."""
 
 
 @dataclass

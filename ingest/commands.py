@@ -13,9 +13,8 @@ def _ingest(args: argparse.Namespace) -> int:
     import sqlalchemy.exc
     from py4j.protocol import Py4JJavaError
 
-    from streamberg.common.catalog import SchemaMismatchError
-    from streamberg.ingest.decode import UnsupportedSchemaError
-    from streamberg.ingest.job import IngestFenced, JobFailed, run_ingest
+    from streamberg.common.errors import IngestFenced, JobFailed, SchemaMismatchError, UnsupportedSchemaError
+    from streamberg.ingest.job import run_ingest
 
     config = load_config(args.config)
     if args.max_records is not None and args.max_records <= 0:

@@ -27,22 +27,11 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import DEAD_LETTER_SCHEMA, ensure_dead_letter_table, load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import FENCED_MESSAGE, PartitionOffsets, committed_position, encode_offsets
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 from streamberg.ingest.units import DeadLetter, FlushUnit
-
-
-class FencedError(RuntimeError):
-    """Another committer moved the table's offsets; committing now would duplicate."""
-
-
-class OffsetChainError(RuntimeError):
-    """Units do not continue the committed offsets (a gap or an overlap)."""
-
-
-class CommitRetriesExhausted(RuntimeError):
-    pass
 
 
 @dataclass

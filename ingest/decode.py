@@ -71,6 +71,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from streamberg.common.errors import UnsupportedSchemaError
+
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
 # Epoch units of integer timestamps: microseconds per unit (ns is divided instead).
@@ -99,8 +101,6 @@ _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|num
 _NONFINITE = re.compile(rb"NaN|Inf")
 
 
-class UnsupportedSchemaError(ValueError):
-    pass
 
 
 @dataclass

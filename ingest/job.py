@@ -35,6 +35,7 @@ from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
+from streamberg.common.errors import IngestFenced, JobFailed, named_in
 from streamberg.common.log import get_logger, renders_json
 from streamberg.ingest.read_progress import ReadProgress, records_read
 from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
@@ -249,16 +250,8 @@ class RunOutcome:
     stopped_because: str
 
 
-class JobFailed(RuntimeError):
-    pass
 
 
-class IngestFenced(JobFailed):
-    """Another ingest instance commits to this table; this run stopped without restarting."""
-
-    def __init__(self, message: str, outcome: RunOutcome):
-        super().__init__(message)
-        self.outcome = outcome
 
 
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
@@ -377,9 +370,9 @@ def _failure_message(client, status: str) -> str:  # noqa: ANN001
         client.get_job_execution_result().result()
     except Exception as exc:  # noqa: BLE001 - we want the root cause text
         text = str(exc)
-        for marker in ("FencedError: ", "OffsetChainError: ", "CommitRetriesExhausted: ", "SchemaMismatchError: "):
-            if marker in text:
-                return marker.rstrip(": ") + ": " + text.split(marker, 1)[1].splitlines()[0]
+        named = named_in(text)  # a streamberg error raised in a Python worker, e.g. FencedError
+        if named is not None:
+            return f"{named[0].__name__}: {named[1]}"
         lines = [line for line in text.splitlines() if "Error" in line or "Exception" in line]
         return f"ingest job {status}: " + (lines[-1].strip() if lines else text[:500])
     return f"ingest job ended unexpectedly ({status})"

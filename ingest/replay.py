@@ -51,6 +51,7 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import DEAD_LETTER_SCHEMA, load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import ReplayRefused
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
@@ -65,8 +66,6 @@ READ_IDLE_TIMEOUT_SECONDS = 15.0
 TOP_REASONS = 20
 
 
-class ReplayRefused(RuntimeError):
-    """The replay would duplicate or move what the ingest owns; nothing was written."""
 
 
 

@@ -42,7 +42,8 @@ def _since(text: str) -> dt.datetime:
 def _replay(args: argparse.Namespace) -> int:
     from pyiceberg.exceptions import CommitFailedException
 
-    from streamberg.ingest.replay import ReplayRefused, replay_dead_letters, replay_range
+    from streamberg.common.errors import ReplayRefused
+    from streamberg.ingest.replay import replay_dead_letters, replay_range
 
     validate(args)
     config = load_config(args.config)

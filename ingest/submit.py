@@ -26,7 +26,8 @@ import argparse
 import json
 import sys
 
-from streamberg.common.config import ConfigError, load_config
+from streamberg.common.config import load_config
+from streamberg.common.errors import ConfigError
 from streamberg.common.redact import redact
 
 PROG = "streamberg-ingest-submit"
@@ -53,10 +54,9 @@ def _attached(env) -> bool:  # noqa: ANN001 - pyflink StreamExecutionEnvironment
 
 
 def submit(config_path: str, parallelism: int | None) -> int:
-    from streamberg.common.catalog import SchemaMismatchError
+    from streamberg.common.errors import SchemaMismatchError, UnsupportedSchemaError
     from streamberg.common.log import get_logger
     from streamberg.common.offsets import committed_position
-    from streamberg.ingest.decode import UnsupportedSchemaError
     from streamberg.ingest.job import build_job, new_run_id, prepare_tables
 
     config = load_config(config_path)

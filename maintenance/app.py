@@ -30,17 +30,16 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import CatalogUnreachable, wait_for_catalog, wait_for_table
-from streamberg.common.config import ConfigError, StreambergConfig
+from streamberg.common.catalog import wait_for_catalog, wait_for_table
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import CatalogUnreachable, ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
-from streamberg.maintenance.planner import RetentionColumnError, column_kind
+from streamberg.maintenance.planner import column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
 
 
-class MaintainError(RuntimeError):
-    """An operator-facing failure (missing table, a --once run with a failed step)."""
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,9 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _maintain(args: argparse.Namespace) -> int:
+    from streamberg.common.errors import MaintainError
     from streamberg.compactor.app import install_stop_handlers
-    from streamberg.maintenance.app import MaintainError, MaintainOptions, run_maintain
+    from streamberg.maintenance.app import MaintainOptions, run_maintain
 
     config = load_config(args.config)
     options = MaintainOptions(once=args.once, dry_run=args.dry_run)

@@ -28,10 +28,7 @@ from urllib.parse import urlsplit
 from pyiceberg.catalog import Catalog
 
 from streamberg.common.config import StreambergConfig
-
-
-class LocationRefused(RuntimeError):
-    """The table's location is not one orphan removal may list and delete under."""
+from streamberg.common.errors import LocationRefused
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import DateType, TimestampType, TimestamptzType
 
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
+from streamberg.common.errors import RetentionColumnError
 from streamberg.common.offsets import ancestry, committed_position
 from streamberg.common.summary_keys import kafka_offsets_key
 from streamberg.compactor.planner import PlanningRules, plan_rewrite
@@ -292,8 +293,6 @@ _KINDS: dict[type, ColumnKind] = {DateType: "date", TimestampType: "timestamp", 
 _ALIGNABLE = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
 
 
-class RetentionColumnError(ValueError):
-    """maintenance.retention.column does not name a usable column of the table."""
 
 
 def column_kind(table: Table, column: str) -> ColumnKind:

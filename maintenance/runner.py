@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.jvm import IcebergFailure, iceberg_failure, iterate, load_table
 from streamberg.common.spark import activate, spark_table_name
-from streamberg.compactor import jvm as J
 from streamberg.maintenance.planner import ExpirePlan, RetentionPlan
 
 
@@ -37,7 +37,7 @@ def _quote(column: str) -> str:
 
 def lost_commit_race(exc: BaseException) -> bool:
     """Iceberg gave up committing because other commits kept winning (CommitFailedException)."""
-    return "CommitFailedException" in J.java_message(exc)
+    return iceberg_failure(exc) is IcebergFailure.COMMIT_FAILED
 
 
 class MaintenanceRunner:
@@ -66,11 +66,11 @@ class MaintenanceRunner:
         metadata file (Iceberg's DeleteOrphanFiles logic); nothing is deleted here."""
         activate(self.spark)
         jvm = self.spark._jvm
-        table = J.load_table(self.spark, self.spark_table)
+        table = load_table(self.spark, self.spark_table)
         collect_only = jvm.java.util.stream.Stream.builder()
         result = (jvm.org.apache.iceberg.spark.actions.SparkActions.get(self.spark._jsparkSession)
                   .deleteOrphanFiles(table).olderThan(older_than_ms).deleteWith(collect_only).execute())
-        return sorted(str(p) for p in J.iterate(result.orphanFileLocations()))
+        return sorted(str(p) for p in iterate(result.orphanFileLocations()))
 
     def delete_files(self, paths: list[str], check: Callable[[str], str | None] | None = None) -> dict[str, str]:
         """Delete through the table's Java FileIO, as Iceberg's own actions do (on a local
@@ -79,7 +79,7 @@ class MaintenanceRunner:
         `check(path)` runs just before each delete; a reason it returns skips the path.
         Returns {skipped path: reason}."""
         activate(self.spark)
-        io = J.load_table(self.spark, self.spark_table).io()
+        io = load_table(self.spark, self.spark_table).io()
         skipped = {}
         for path in paths:
             reason = check(path) if check is not None else None

@@ -27,10 +27,11 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import LocationRefused
+from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
-from streamberg.compactor.jvm import java_message
 from streamberg.maintenance import planner as P
-from streamberg.maintenance.confine import LocationRefused, check_location, confine, outside_reason
+from streamberg.maintenance.confine import check_location, confine, outside_reason
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
 from streamberg.maintenance.record import record_run
 from streamberg.maintenance.runner import MaintenanceRunner, lost_commit_race

@@ -6,6 +6,7 @@ the names monitoring imports.
 
 from __future__ import annotations
 
-from streamberg.common.catalog import CatalogUnreachable, first_line, open_catalog_readonly
+from streamberg.common.catalog import first_line, open_catalog_readonly
+from streamberg.common.errors import CatalogUnreachable
 
 __all__ = ["CatalogUnreachable", "first_line", "open_catalog_readonly"]

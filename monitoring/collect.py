@@ -21,13 +21,14 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import CommittedPosition, committed_position
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.compactor.planner import ManifestCache, live_data_files
 from streamberg.monitoring import table_stats
-from streamberg.monitoring.catalog_probe import CatalogUnreachable, first_line, open_catalog_readonly
-from streamberg.monitoring.lag import BrokerUnreachable, compute_lag, read_watermarks
+from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
+from streamberg.monitoring.lag import compute_lag, read_watermarks
 from streamberg.monitoring.model import DeadLetterFacts, IngestFacts, Reachability, Status
 
 

@@ -19,12 +19,9 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import BrokerUnreachable
 from streamberg.common.offsets import PartitionOffsets
 from streamberg.monitoring.model import Lag, PartitionLag
-
-
-class BrokerUnreachable(RuntimeError):
-    """The broker did not answer within the timeout; the message says what failed."""
 
 
 @dataclass(frozen=True)

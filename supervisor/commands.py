@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from streamberg.common.cli import CommandError
-from streamberg.common.config import ConfigError, StreambergConfig, load_config
+from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.errors import ConfigError
 
 DESCRIPTION = """\
 Runs the whole loop on this machine: the ingest (`streamberg ingest`), the continuous

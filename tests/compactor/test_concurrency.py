@@ -11,10 +11,11 @@ import pytest
 from pyiceberg.expressions import EqualTo
 from structlog.testing import capture_logs
 
+from streamberg.common.jvm import java_message, load_table
 from streamberg.common.offsets import committed_position
-from streamberg.compactor import jvm as J
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
 from streamberg.compactor.planner import PlanningRules, plan_rewrite
 from streamberg.compactor.runner import GroupRunner, LayoutSpec
 from streamberg.compactor.service import Compactor
@@ -28,9 +29,9 @@ def _rewritten_but_not_committed(spark, config):
     compactor = Compactor(config, spark, strategy="zorder")
     table = reload(config)
     plan = plan_rewrite(table, PlanningRules(min_files=1, max_delay_seconds=None, every_n_snapshots=None))
-    jtable = J.load_table(spark, compactor.spark_table)
-    tasks = J.plan_scan_tasks(spark, jtable, plan.starting_snapshot_id,
-                              [J.partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups])
+    jtable = load_table(spark, compactor.spark_table)
+    tasks = plan_scan_tasks(spark, jtable, plan.starting_snapshot_id,
+                              [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups])
     runner = GroupRunner(spark, compactor.spark_table, jtable, LayoutSpec("zorder", ("user_id", "city"), 1 << 27))
     results = [runner.rewrite(g, [tasks[f.path] for f in g.files]) for g in plan.groups]
     manager = CommitManager(spark, jtable, starting_snapshot_id=plan.starting_snapshot_id,
@@ -125,7 +126,7 @@ def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_pa
         compactor.join(timeout=120)
         settle = run_compact(config, CompactOptions(once=True), spark=spark)
 
-    assert not errors, [J.java_message(e) for e in errors]
+    assert not errors, [java_message(e) for e in errors]
     table = reload(config)
     ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
     assert sorted(ids) == list(range(ingest.next_id))  # every appended row exactly once

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from streamberg.common.errors import LayoutError
 from streamberg.compactor.layouts import (
-    LayoutError,
     apply_layout,
     hilbert_reference,
     partition_routing_keys,

@@ -19,9 +19,10 @@ from sqlalchemy.engine import make_url
 
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.errors import LeaseHeldError
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
-from streamberg.compactor.lease import LEASE_TABLE, LeaseHeldError, TableLease
+from streamberg.compactor.lease import LEASE_TABLE, TableLease
 from tests.compactor.helpers import (
     DAY,
     TOPIC,

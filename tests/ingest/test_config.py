@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from streamberg.common.cli import main
-from streamberg.common.config import ConfigError, load_config
+from streamberg.common.config import load_config
+from streamberg.common.errors import ConfigError
 from tests.helpers import write_config
 
 

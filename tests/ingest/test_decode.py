@@ -21,7 +21,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from streamberg.ingest.decode import JsonDecoder, UnsupportedSchemaError
+from streamberg.common.errors import UnsupportedSchemaError
+from streamberg.ingest.decode import JsonDecoder
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import ConfigError, load_config
+from streamberg.common.config import load_config
+from streamberg.common.errors import ConfigError
 from streamberg.maintenance.app import check_config
 from streamberg.maintenance.record import last_maintenance_run, record_run
 from tests.compactor.helpers import write_config

@@ -24,9 +24,10 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
+from streamberg.common.errors import FencedError
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
-from streamberg.ingest.committer import Committer, FencedError
+from streamberg.ingest.committer import Committer
 from streamberg.ingest.units import FlushUnit
 from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
 from tests.runbooks.drill import Drill, wait_for

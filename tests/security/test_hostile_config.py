@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streamberg.common.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from streamberg.common.config import MAX_CONFIG_BYTES, load_config
+from streamberg.common.errors import ConfigError
 from tests.helpers import EVENT_SCHEMA
 
 # Values that must never appear in an error message.

@@ -1,4 +1,4 @@
-"""Thin py4j bridge to Iceberg's Java API inside the Spark driver (what pyspark cannot reach).
+"""The compactor's Iceberg Java calls inside the Spark driver (what pyspark cannot reach).
 
 Only small, metadata-sized calls cross this bridge: loading the Table, planning the scan
 tasks of a plan's partitions, staging them, and committing a RewriteFiles. Row data never
@@ -11,10 +11,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from py4j.protocol import Py4JJavaError
 from pyiceberg.table import Table as PyTable
-
-from streamberg.common.redact import redact
 
 # Iceberg option names (org.apache.iceberg.spark.SparkReadOptions / SparkWriteOptions).
 SCAN_TASK_SET_ID = "scan-task-set-id"
@@ -26,31 +23,6 @@ USE_TABLE_DISTRIBUTION_AND_ORDERING = "use-table-distribution-and-ordering"
 DISTRIBUTION_MODE = "distribution-mode"
 OUTPUT_SPEC_ID = "output-spec-id"
 
-
-def java_class_name(exc: BaseException) -> str | None:
-    """The Java exception class behind a Py4JJavaError (None for Python errors)."""
-    if isinstance(exc, Py4JJavaError):
-        return str(exc.java_exception.getClass().getName())
-    return None
-
-
-def java_message(exc: BaseException) -> str:
-    """The Java exception's message followed by its causes' (the useful part is often a cause)."""
-    # Redacted: driver and JDBC errors quote connection URLs and properties.
-    if not isinstance(exc, Py4JJavaError):
-        return redact(str(exc))
-    parts = []
-    current = exc.java_exception
-    while current is not None and len(parts) < 5:
-        parts.append(f"{current.getClass().getSimpleName()}: {current.getMessage()}")
-        cause = current.getCause()
-        current = None if cause is None or cause.equals(current) else cause
-    return redact(" <- ".join(parts))
-
-
-def load_table(spark: Any, spark_table: str) -> Any:
-    """The Java org.apache.iceberg.Table behind a Spark table name (fresh from the catalog)."""
-    return spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, spark_table)
 
 
 def partition_filter_json(table: PyTable, spec_id: int, partition: Sequence[Any]) -> dict[str, Any] | None:
@@ -114,26 +86,3 @@ def plan_scan_tasks(spark: Any, jtable: Any, snapshot_id: int, filters: Iterable
         task = tasks.get(i)
         by_path[str(task.file().location())] = task
     return by_path
-
-
-def java_list(spark: Any, items: Iterable[Any]) -> Any:
-    out = spark._jvm.java.util.ArrayList()
-    for item in items:
-        out.add(item)
-    return out
-
-
-def java_set(spark: Any, items: Iterable[Any]) -> Any:
-    out = spark._jvm.java.util.HashSet()
-    for item in items:
-        out.add(item)
-    return out
-
-
-def iterate(jcollection: Any) -> list[Any]:
-    """A Java collection's elements as a Python list of Java objects."""
-    out = []
-    it = jcollection.iterator()
-    while it.hasNext():
-        out.append(it.next())
-    return out

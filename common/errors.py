@@ -1,0 +1,150 @@
+"""Every error streamberg raises on purpose, in one tree (as pyiceberg's `exceptions.py`).
+
+All derive from `StreambergError`: the CLI prints any of them as one line and exits 1
+(`ConfigError`: exit 2), without a traceback. Library code raises these; only the CLI
+decides exit codes. Errors that also are a `ValueError` keep that base for callers that
+already catch ValueError for bad input.
+
+Errors that cross a process boundary as text (a Python worker's failure reaches the Flink
+driver as a Java exception's message) are recognised by class name in `named_in`, never by
+ad-hoc message matching.
+"""
+
+from __future__ import annotations
+
+
+class StreambergError(Exception):
+    """Base class of every error streamberg raises on purpose."""
+
+
+# -- configuration and set-up ----------------------------------------------------------------
+class ConfigError(StreambergError, ValueError):
+    """Raised when the configuration cannot be used; the message names every offending key."""
+
+
+class MissingJarError(StreambergError):
+    """Raised when a JVM dependency is not installed; the message says how to get it."""
+
+
+class SparkCatalogError(StreambergError):
+    """Raised when the Spark side cannot be set up for this catalog (unsupported URI, a
+    clashing catalog in a shared session)."""
+
+
+# -- catalog and tables -----------------------------------------------------------------------
+class CatalogUnreachable(StreambergError):
+    """Raised when the catalog database cannot be read; the message says which and why
+    (password removed)."""
+
+
+class SchemaMismatchError(StreambergError):
+    """Raised when the existing table cannot take the records the config describes."""
+
+
+class UnsupportedSchemaError(StreambergError, ValueError):
+    """Raised when the table has a column type the JSON ingest cannot fill."""
+
+
+class ForbiddenSummaryKey(StreambergError, ValueError):
+    """Raised when a non-ingest commit would carry a key only ingest commits may carry."""
+
+
+# -- Kafka --------------------------------------------------------------------------------------
+class BrokerError(StreambergError):
+    """Raised when the embedded broker cannot be started, stopped or asked, or a topic made."""
+
+
+class BrokerUnreachable(StreambergError):
+    """Raised when the broker did not answer within the timeout; the message says what failed."""
+
+
+# -- ingest -------------------------------------------------------------------------------------
+class FencedError(StreambergError):
+    """Raised when another committer moved the table's offsets: committing now would duplicate."""
+
+
+class OffsetChainError(StreambergError):
+    """Raised when flushed units do not continue the committed offsets (a gap or an overlap)."""
+
+
+class CommitRetriesExhausted(StreambergError):
+    """Raised when a commit kept losing races past its configured retries."""
+
+
+class JobFailed(StreambergError):
+    """Raised when the ingest job failed for good (Flink gave up restarting, or it was cancelled)."""
+
+
+class IngestFenced(JobFailed):
+    """Raised when another ingest instance commits to this table; the run stopped without restart."""
+
+    def __init__(self, message: str, outcome: object = None):
+        super().__init__(message)
+        self.outcome = outcome  # the run's RunOutcome: what it committed itself
+
+
+class ReplayRefused(StreambergError):
+    """Raised when a replay would duplicate or move what the ingest owns; nothing was written."""
+
+
+# -- compactor ----------------------------------------------------------------------------------
+class LayoutError(StreambergError, ValueError):
+    """Raised when a layout cannot be applied (unknown strategy, missing or unorderable column)."""
+
+
+class GroupRewriteError(StreambergError):
+    """Raised when a file group could not be rewritten (its files are left as they are)."""
+
+
+class StreamFailed(StreambergError):
+    """Raised when the compactor's streaming query stopped with an error."""
+
+
+class LeaseHeldError(StreambergError):
+    """Raised when another compactor holds the table's lease."""
+
+
+class LeaseLostError(StreambergError):
+    """Raised when this compactor no longer holds the lease it had."""
+
+
+class CompactError(StreambergError):
+    """Raised for an operator-facing compactor failure (missing table, failed stream)."""
+
+
+# -- maintenance --------------------------------------------------------------------------------
+class LocationRefused(StreambergError):
+    """Raised when the table's location is not one orphan removal may list and delete under."""
+
+
+class RetentionColumnError(StreambergError, ValueError):
+    """Raised when maintenance.retention.column does not name a usable column of the table."""
+
+
+class MaintainError(StreambergError):
+    """Raised for an operator-facing maintenance failure (missing table, a failed --once step)."""
+
+
+def _all_classes() -> list[type[StreambergError]]:
+    found, todo = [], [StreambergError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def named_in(text: str) -> tuple[type[StreambergError], str] | None:
+    """The streamberg error a remote traceback's text ends with, and its message.
+
+    A Python worker's exception reaches the Flink driver only as text (`...FencedError: msg`);
+    the last such line names the error that stopped the worker.
+    """
+    names = {cls.__name__: cls for cls in _all_classes() if cls is not StreambergError}
+    found = None
+    for line in text.splitlines():
+        head, sep, message = line.strip().partition(": ")
+        name = head.rsplit(".", 1)[-1]
+        if sep and name in names:
+            found = (names[name], message.strip())
+    return found
