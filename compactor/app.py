@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -14,9 +13,10 @@ from streamberg.common.catalog import wait_for_catalog, wait_for_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CatalogUnreachable, CompactError
 from streamberg.common.log import get_logger
+from streamberg.common.pending import PlanningRules
 from streamberg.common.redact import redact
 from streamberg.compactor.lease import TableLease
-from streamberg.compactor.planner import PlanningRules, describe, plan_rewrite
+from streamberg.compactor.planner import describe, plan_rewrite
 from streamberg.compactor.service import Compactor, resolve_layout
 from streamberg.compactor.stream import SnapshotWatcher
 
@@ -131,14 +131,3 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
         if own_spark and spark is not None:
             spark.stop()
 
-
-def install_stop_handlers(stop: threading.Event) -> None:
-    """SIGINT/SIGTERM end continuous mode after the running pass (a second signal kills)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)

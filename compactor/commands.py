@@ -54,7 +54,8 @@ def _columns(text: str) -> list[str]:
 
 def _compact(args: argparse.Namespace) -> int:
     from streamberg.common.errors import CompactError
-    from streamberg.compactor.app import CompactOptions, install_stop_handlers, run_compact
+    from streamberg.common.stop import install_stop_handlers
+    from streamberg.compactor.app import CompactOptions, run_compact
 
     if args.full and args.once:
         raise CommandError("--full is already a single pass; drop --once")

@@ -21,6 +21,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError, GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
+from streamberg.common.pending import ManifestCache, Mode, PlanningRules, target_file_size
 from streamberg.common.spark import activate, spark_table_name
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import record
@@ -28,16 +29,7 @@ from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
 from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, STRATEGIES
 from streamberg.compactor.lease import TableLease
-from streamberg.compactor.planner import (
-    ManifestCache,
-    Mode,
-    Plan,
-    PlanningRules,
-    describe,
-    plan_rewrite,
-    sequence_number_of,
-    target_file_size,
-)
+from streamberg.compactor.planner import Plan, describe, plan_rewrite, sequence_number_of
 from streamberg.compactor.runner import GroupRunner, LayoutSpec, RewriteResult
 
 

@@ -1,8 +1,4 @@
 """Table maintenance: expire snapshots, remove orphan files, rewrite manifests, retention (TTL).
 
-``last_maintenance_run(config)`` (record.py) is what ``streamberg status`` reads.
+Each run is recorded with common/maintenance_runs.py, which `streamberg status` reads.
 """
-
-from streamberg.maintenance.record import last_maintenance_run
-
-__all__ = ["last_maintenance_run"]

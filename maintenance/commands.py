@@ -45,7 +45,7 @@ Examples:
 
 
 def _size(n: int | None) -> str:
-    from streamberg.monitoring.render import human_bytes
+    from streamberg.common.human import human_bytes
 
     return "?" if n is None else human_bytes(n)
 
@@ -100,7 +100,7 @@ def render(result: dict[str, Any]) -> str:
 
 def _maintain(args: argparse.Namespace) -> int:
     from streamberg.common.errors import MaintainError
-    from streamberg.compactor.app import install_stop_handlers
+    from streamberg.common.stop import install_stop_handlers
     from streamberg.maintenance.app import MaintainOptions, run_maintain
 
     config = load_config(args.config)

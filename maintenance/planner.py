@@ -39,12 +39,8 @@ from pyiceberg.types import DateType, TimestampType, TimestamptzType
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
 from streamberg.common.errors import RetentionColumnError
 from streamberg.common.offsets import ancestry, committed_position
+from streamberg.common.pending import live_data_files, pending_files
 from streamberg.common.summary_keys import kafka_offsets_key
-from streamberg.compactor.planner import PlanningRules, plan_rewrite
-
-# Every rule satisfied: the compactor's planner then puts every pending file into a group.
-_EVERY_PENDING_FILE = PlanningRules(min_files=1, min_bytes=None, max_delay_seconds=None, every_n_snapshots=None,
-                                    max_group_bytes=2**62)
 
 
 @dataclass(frozen=True)
@@ -140,14 +136,13 @@ def ingest_chain(table: Table, topic: str) -> list[Snapshot]:
 def pending_append_snapshots(table: Table) -> dict[int, int]:
     """Append snapshots that added a live file the compactor still has to rewrite: id -> timestamp.
 
-    Uses the compactor's planner itself, so the two can never disagree on what is pending.
+    Uses the compactor's own notion of pending (common/pending.py), so the two can never
+    disagree on what is pending.
     """
-    plan = plan_rewrite(table, _EVERY_PENDING_FILE, mode="incremental")
     pending: dict[int, int] = {}
-    for group in plan.groups:
-        for f in group.files:
-            if f.added_at_ms is not None:
-                pending[f.snapshot_id] = f.added_at_ms
+    for f in pending_files(table, live_data_files(table)[0]):
+        if f.added_at_ms is not None:
+            pending[f.snapshot_id] = f.added_at_ms
     return pending
 
 

@@ -30,10 +30,10 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
+from streamberg.common.maintenance_runs import record_run
 from streamberg.maintenance import planner as P
 from streamberg.maintenance.confine import check_location, confine, outside_reason
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
-from streamberg.maintenance.record import record_run
 from streamberg.maintenance.runner import MaintenanceRunner, lost_commit_race
 
 # Orphan paths listed in the result (all are counted; the log carries the same sample).

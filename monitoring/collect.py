@@ -10,10 +10,7 @@ verdict can name it.
 from __future__ import annotations
 
 import datetime as dt
-import importlib
-import inspect
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -23,9 +20,10 @@ from pyiceberg.table import Table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.log import get_logger
+from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, committed_position
+from streamberg.common.pending import ManifestCache, live_data_files
 from streamberg.common.table_facts import dead_letter_records
-from streamberg.compactor.planner import ManifestCache, live_data_files
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import compute_lag, read_watermarks
@@ -73,17 +71,6 @@ class _Collector:
         return DeadLetterFacts(table=self.config.dead_letter_table, exists=records is not None, records=records or 0)
 
 
-def _maintenance_reader() -> Callable[..., Any] | None:
-    """`last_maintenance_run` from the maintenance package, wherever it lives in this version."""
-    for name in ("streamberg.maintenance", "streamberg.maintenance.record"):
-        try:
-            reader = getattr(importlib.import_module(name), "last_maintenance_run", None)
-        except ImportError:
-            continue
-        if reader is not None:
-            return reader
-    return None
-
 
 def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:
     """The last `streamberg maintain` run, if this installation can tell.
@@ -91,14 +78,10 @@ def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[
     It is read through the status's own read-only catalog connection: left to itself the
     reader would open the catalog the writers' way, which creates a missing SQLite file.
     """
-    reader = _maintenance_reader()
-    if reader is None:
-        return {"available": False, "last_run": None, "error": None}
-    if catalog is None or "engine" not in inspect.signature(reader).parameters:
-        return {"available": True, "last_run": None, "error": "not read: the catalog database is unreachable"
-                if catalog is None else "not read: last_maintenance_run takes no read-only connection"}
+    if catalog is None:
+        return {"available": True, "last_run": None, "error": "not read: the catalog database is unreachable"}
     try:
-        return {"available": True, "last_run": reader(config, engine=catalog.engine), "error": None}
+        return {"available": True, "last_run": last_maintenance_run(config, engine=catalog.engine), "error": None}
     except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
         return {"available": True, "last_run": None, "error": first_line(exc)}
 

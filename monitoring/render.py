@@ -4,30 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamberg.common.human import human_age, human_bytes
 from streamberg.monitoring.model import Status
 
 _WIDTH = 14
-
-
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
-def human_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
 
 
 def _line(label: str, text: str) -> str:
@@ -89,8 +69,6 @@ def _table_lines(status: Status) -> list[str]:
 
 
 def _maintenance_line(maintenance: dict[str, Any]) -> str:
-    if not maintenance.get("available"):
-        return _line("maintenance", "unknown (this installation cannot report maintenance runs)")
     if maintenance.get("error"):
         return _line("maintenance", f"unknown: {maintenance['error']}")
     run = maintenance.get("last_run")

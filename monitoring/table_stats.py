@@ -15,14 +15,14 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
-from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
-from streamberg.compactor.planner import (
+from streamberg.common.pending import (
     DataFileInfo,
     ManifestCache,
     PlanningRules,
-    plan_rewrite,
+    select_partitions,
     target_file_size,
 )
+from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
 from streamberg.monitoring.model import CompactorFacts, FileFacts, LastCommit, LastOptimize, SnapshotFacts
 
 
@@ -86,15 +86,15 @@ def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
 
 
 def compactor_facts(config: StreambergConfig, table: Table, cache: ManifestCache, now_ms: int) -> CompactorFacts:
-    """Pending files exactly as the compactor's planner sees them: the files it selects
-    now (groups) plus those its rules still defer."""
-    plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
-    ages = [(now_ms - f.added_at_ms) / 1000 for g in plan.groups for f in g.files if f.added_at_ms is not None]
-    ages += [d.oldest_age_seconds for d in plan.deferred if d.oldest_age_seconds is not None]
+    """Pending files exactly as the compactor's planner sees them (common/pending.py): the
+    files its rules select now (due) plus those they still defer."""
+    selected = select_partitions(table, PlanningRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
+    ages = [p.oldest_age_seconds for p in selected.partitions if p.oldest_age_seconds is not None]
     return CompactorFacts(
-        pending_files=plan.files + sum(d.files for d in plan.deferred),
-        pending_bytes=plan.size_bytes + sum(d.size_bytes for d in plan.deferred),
-        pending_snapshots=plan.pending_snapshots, due_files=plan.files,
+        pending_files=sum(len(p.files) for p in selected.partitions),
+        pending_bytes=sum(p.size_bytes for p in selected.partitions),
+        pending_snapshots=selected.pending_snapshots,
+        due_files=sum(len(p.files) for p in selected.partitions if p.reasons),
         oldest_pending_age_seconds=round(max(ages), 3) if ages else None,
         last_optimize=_last_optimize(table, now_ms),
     )

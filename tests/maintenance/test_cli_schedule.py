@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.maintenance.record import last_maintenance_run
+from streamberg.common.maintenance_runs import last_maintenance_run
 from tests.compactor.helpers import FakeIngest
 from tests.helpers import JvmSentinel
 from tests.maintenance.helpers import setup_maintained

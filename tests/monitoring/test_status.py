@@ -19,7 +19,7 @@ from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import load_catalog, open_tables
 from streamberg.common.cli import main
 from streamberg.common.config import load_config
-from streamberg.compactor.planner import live_data_files
+from streamberg.common.pending import live_data_files
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
@@ -205,7 +205,7 @@ def test_unreadable_table_files_are_critical_not_a_crash(tmp_path: Path, broker:
 
 
 def test_last_maintenance_run_is_shown_and_a_failed_one_warns(tmp_path: Path, broker: str) -> None:
-    from streamberg.maintenance.record import record_run
+    from streamberg.common.maintenance_runs import record_run
 
     path = write_config(tmp_path, broker)
     config = config_at(path)

@@ -1,5 +1,8 @@
 """The record of each maintenance run: one row in the catalog database.
 
+Written by maintenance (`record_run`), read by monitoring (`last_maintenance_run`): the
+table below is their contract, so it lives here.
+
 Table ``streamberg_maintenance_runs`` (created on first write, next to pyiceberg's
 ``iceberg_tables`` and the compactor's lease table, so every host that shares the catalog
 sees it)::
