@@ -18,8 +18,6 @@ sequence number, as Iceberg's own rewrite does:
 
 from __future__ import annotations
 
-import random
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from typing import Any
 
 from streamberg.common.jvm import IcebergFailure, iceberg_failure, iterate, java_class_name, java_message, java_set
 from streamberg.common.log import get_logger
+from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import record
 from streamberg.compactor.runner import RewriteResult, delete_files
@@ -65,47 +64,44 @@ class CommitManager:
         commit_id = str(uuid.uuid4())
         props = record.check_summary({**summary, SummaryKeys.COMPACTOR_COMMIT_ID: commit_id})
         new_paths = [p for r in results for p in r.new_paths]
-        attempt = 0
-        while True:
-            attempt += 1
-            if self.lease_check is not None:
-                try:
-                    self.lease_check()
-                except Exception as exc:  # noqa: BLE001 - any lease problem means: do not commit
-                    delete_files(self.jtable, new_paths)
-                    self.log.error("lease lost before commit; new files removed, nothing committed", error=str(exc))
-                    return CommitOutcome("lease-lost", attempts=attempt, error=str(exc))
-            try:
-                self._commit_once(results, props)
-            except Exception as exc:  # noqa: BLE001 - classified below
-                kind = iceberg_failure(exc)
-                message = java_message(exc)
-                if kind is IcebergFailure.VALIDATION:
-                    delete_files(self.jtable, new_paths)
-                    self.log.warning("commit conflicts with a concurrent change; batch given up, its files stay pending",
-                                     error=message, attempt=attempt, commit_id=commit_id)
-                    return CommitOutcome("conflict", attempts=attempt, error=message)
-                if kind is IcebergFailure.STATE_UNKNOWN:
-                    found = self._find_commit(commit_id)
-                    if found is not None:
-                        self.log.warning("commit state was unknown; found it committed", snapshot_id=found,
-                                         commit_id=commit_id)
-                        return self._committed(found, props, attempt)
-                    self.log.error("commit state unknown and not found; new files kept (not deleted) in case "
-                                   "it lands; they are orphans otherwise", error=message, commit_id=commit_id)
-                    return CommitOutcome("unknown", attempts=attempt, error=message)
-                if kind is IcebergFailure.COMMIT_FAILED and attempt <= self.retries:
-                    backoff = min(30.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
-                    self.log.warning("commit failed after Iceberg's retries; retrying", error=message,
-                                     attempt=attempt, of=self.retries + 1, backoff_seconds=round(backoff, 2))
-                    time.sleep(backoff)
-                    continue
+        attempts = 0
+        try:
+            for attempt in commit_retrying(self.retries, _lost_race, max_backoff_seconds=BACKGROUND_MAX_BACKOFF_SECONDS,
+                                           log=self.log, event="commit failed after Iceberg's retries; retrying"):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    if self.lease_check is not None:
+                        try:
+                            self.lease_check()
+                        except Exception as exc:  # noqa: BLE001 - any lease problem means: do not commit
+                            delete_files(self.jtable, new_paths)
+                            self.log.error("lease lost before commit; new files removed, nothing committed",
+                                           error=str(exc))
+                            return CommitOutcome("lease-lost", attempts=attempts, error=str(exc))
+                    self._commit_once(results, props)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            kind = iceberg_failure(exc)
+            message = java_message(exc)
+            if kind is IcebergFailure.VALIDATION:
                 delete_files(self.jtable, new_paths)
-                self.log.error("commit failed; new files removed, old files stay pending", error=message,
-                               error_class=java_class_name(exc) or type(exc).__name__, attempt=attempt)
-                return CommitOutcome("failed", attempts=attempt, error=message)
-            snapshot_id = int(self.jtable.currentSnapshot().snapshotId())
-            return self._committed(snapshot_id, props, attempt)
+                self.log.warning("commit conflicts with a concurrent change; batch given up, its files stay pending",
+                                 error=message, attempt=attempts, commit_id=commit_id)
+                return CommitOutcome("conflict", attempts=attempts, error=message)
+            if kind is IcebergFailure.STATE_UNKNOWN:
+                found = self._find_commit(commit_id)
+                if found is not None:
+                    self.log.warning("commit state was unknown; found it committed", snapshot_id=found,
+                                     commit_id=commit_id)
+                    return self._committed(found, props, attempts)
+                self.log.error("commit state unknown and not found; new files kept (not deleted) in case "
+                               "it lands; they are orphans otherwise", error=message, commit_id=commit_id)
+                return CommitOutcome("unknown", attempts=attempts, error=message)
+            delete_files(self.jtable, new_paths)
+            self.log.error("commit failed; new files removed, old files stay pending", error=message,
+                           error_class=java_class_name(exc) or type(exc).__name__, attempt=attempts)
+            return CommitOutcome("failed", attempts=attempts, error=message)
+        snapshot_id = int(self.jtable.currentSnapshot().snapshotId())
+        return self._committed(snapshot_id, props, attempts)
 
     def _commit_once(self, results: list[RewriteResult], props: Mapping[str, str]) -> None:
         self.jtable.refresh()
@@ -149,3 +145,9 @@ class CommitManager:
             if summary is not None and summary.get(SummaryKeys.COMPACTOR_COMMIT_ID) == commit_id:
                 return int(snap.snapshotId())
         return None
+
+
+def _lost_race(exc: BaseException) -> bool:
+    """Iceberg gave up after its own retries because other commits kept winning: worth
+    another try (a conflict or an unknown state is not)."""
+    return iceberg_failure(exc) is IcebergFailure.COMMIT_FAILED

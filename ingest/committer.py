@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import FENCED_MESSAGE, PartitionOffsets, committed_position, encode_offsets
+from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
@@ -184,25 +184,22 @@ class Committer:
             SummaryKeys.DEAD_LETTERS: str(dead_written),
         }
         attempts = 0
-        while True:
-            attempts += 1
-            table = self.catalog.load_table(self.config.table.identifier)
-            self._check_fence(table)
-            try:
-                tx = table.transaction()
-                with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-                    for f in files:
-                        append.append_data_file(f.to_data_file())
-                # The append asserted main was at the snapshot we read, so the new current one is ours.
-                snapshot_id = tx.commit_transaction().current_snapshot().snapshot_id
-                break
-            except CommitFailedException as exc:
-                if attempts > self.config.ingest.commit_retries:
-                    raise CommitRetriesExhausted(
-                        f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
-                backoff = min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random())
-                self.log.warning("commit conflict, retrying", attempt=attempts, backoff_s=round(backoff, 2), error=str(exc))
-                time.sleep(backoff)
+        try:
+            for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException),
+                                           log=self.log, event="commit conflict, retrying"):
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    table = self.catalog.load_table(self.config.table.identifier)
+                    self._check_fence(table)  # re-checked at every attempt: FencedError is never retried
+                    tx = table.transaction()
+                    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                        for f in files:
+                            append.append_data_file(f.to_data_file())
+                    # The append asserted main was at the snapshot we read, so the new current one is ours.
+                    snapshot_id = tx.commit_transaction().current_snapshot().snapshot_id
+        except CommitFailedException as exc:
+            raise CommitRetriesExhausted(
+                f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
         self.expected = new_offsets
         self.consumed_total = consumed_total
         result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=dead_written,
@@ -215,32 +212,28 @@ class Committer:
 
     def _commit_dead_letters(self, dead: list[DeadLetter], new_offsets: PartitionOffsets) -> int:
         """Append dead letters not yet in the DLQ table (by its recorded offsets); return how many."""
-        attempts = 0
-        while True:
-            attempts += 1
-            dlq = self.catalog.load_table(self.config.dead_letter_table)
-            already = committed_position(dlq, self.topic).offsets
-            fresh = [d for d in dead if d.offset >= already.get(d.partition, -1)]
-            if not fresh:
-                return 0
-            now = dt.datetime.now(dt.timezone.utc)
-            rows = pa.Table.from_pylist([
-                {"topic": self.topic, "partition": d.partition, "offset": d.offset,
-                 "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
-                 "key": d.key, "value": d.value, "reason": d.reason, "job_id": self.config.job_id,
-                 "dead_lettered_at": now}
-                for d in fresh
-            ], schema=_dead_letter_arrow_schema())
-            try:
+        for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException),
+                                       log=self.log, event="dead-letter commit conflict, retrying"):
+            with attempt:
+                dlq = self.catalog.load_table(self.config.dead_letter_table)
+                already = committed_position(dlq, self.topic).offsets
+                fresh = [d for d in dead if d.offset >= already.get(d.partition, -1)]
+                if not fresh:
+                    return 0
+                now = dt.datetime.now(dt.timezone.utc)
+                rows = pa.Table.from_pylist([
+                    {"topic": self.topic, "partition": d.partition, "offset": d.offset,
+                     "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
+                     "key": d.key, "value": d.value, "reason": d.reason, "job_id": self.config.job_id,
+                     "dead_lettered_at": now}
+                    for d in fresh
+                ], schema=_dead_letter_arrow_schema())
                 dlq.append(rows, snapshot_properties={
                     kafka_offsets_key(self.topic): encode_offsets({**already, **new_offsets}),
                     SummaryKeys.JOB_ID: self.config.job_id, SummaryKeys.RUN_ID: self.run_id,
                 })
                 return len(fresh)
-            except CommitFailedException:
-                if attempts > self.config.ingest.commit_retries:
-                    raise
-                time.sleep(min(5.0, 0.1 * 2 ** attempts))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _commit_group_offsets(self, offsets: PartitionOffsets) -> None:
         """Best effort: consumer-group offsets for lag dashboards; never used to resume."""

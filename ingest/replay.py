@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import random
 import time
 import uuid
 from collections import Counter
@@ -54,6 +53,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
+from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
@@ -177,22 +177,17 @@ def _commit_append(catalog: Catalog, config: StreambergConfig, files: list[Writt
 
 def _append_with_retries(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
                          properties: dict[str, str], recheck) -> int:  # noqa: ANN001
-    attempts = 0
-    while True:
-        attempts += 1
-        table = catalog.load_table(config.table.identifier)
-        recheck(table)  # another replay may have committed the same records meanwhile
-        try:
+    for attempt in commit_retrying(config.ingest.commit_retries, is_instance(CommitFailedException)):
+        with attempt:
+            table = catalog.load_table(config.table.identifier)
+            recheck(table)  # another replay may have committed the same records meanwhile
             tx = table.transaction()
             with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
                 for f in files:
                     append.append_data_file(f.to_data_file())
             # The append asserted main was at the snapshot we read, so the new current one is ours.
             return tx.commit_transaction().current_snapshot().snapshot_id
-        except CommitFailedException:
-            if attempts > config.ingest.commit_retries:
-                raise
-            time.sleep(min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random()))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 # -- the dead-letter table -----------------------------------------------------------------
@@ -214,23 +209,19 @@ def remove_from_dead_letters(catalog: Catalog, config: StreambergConfig, landed:
     """Delete the dead letters that landed in the table; return how many rows left the DLQ."""
     if not any(landed.values()):
         return 0
-    attempts = 0
-    while True:
-        attempts += 1
-        dlq = _load_dlq(catalog, config)
-        if dlq is None:
-            return 0
-        where = _pairs_filter(config.kafka.topic, landed)
-        present = dlq.scan(row_filter=where, selected_fields=("offset",)).to_arrow().num_rows
-        if not present:
-            return 0
-        try:
+    # A lost race: the ingest appended dead letters meanwhile.
+    for attempt in commit_retrying(config.ingest.commit_retries, is_instance(CommitFailedException)):
+        with attempt:
+            dlq = _load_dlq(catalog, config)
+            if dlq is None:
+                return 0
+            where = _pairs_filter(config.kafka.topic, landed)
+            present = dlq.scan(row_filter=where, selected_fields=("offset",)).to_arrow().num_rows
+            if not present:
+                return 0
             dlq.delete(where, snapshot_properties={SummaryKeys.OPERATION: "replay", SummaryKeys.RUN_ID: run_id})
             return present
-        except CommitFailedException:  # the ingest appended dead letters meanwhile
-            if attempts > config.ingest.commit_retries:
-                raise
-            time.sleep(min(5.0, 0.1 * 2 ** attempts) * (0.5 + random.random()))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _append_dead_letters(catalog: Catalog, config: StreambergConfig, dead: list[DeadLetter], run_id: str) -> int:

@@ -31,6 +31,7 @@ from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import record_run
+from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.maintenance import planner as P
 from streamberg.maintenance.confine import check_location, confine, outside_reason
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
@@ -137,21 +138,15 @@ class Maintainer:
                   log: Any) -> dict[str, Any]:
         """Run a step; when its commit lost to concurrent commits even after Iceberg's own
         retries, plan and run it again (up to maintenance.commit_retries times, backing off)."""
-        for attempt in range(self.settings.commit_retries + 1):
-            try:
+        for attempt in commit_retrying(self.settings.commit_retries, lost_commit_race,
+                                       max_backoff_seconds=BACKGROUND_MAX_BACKOFF_SECONDS, log=log.bind(step=name),
+                                       event="step lost a commit race; retrying"):
+            with attempt:
                 out = step(dry_run, log)
-            except Exception as exc:
-                if attempt == self.settings.commit_retries or not lost_commit_race(exc):
-                    raise
-                delay = min(30.0, 2.0**attempt)
-                log.warning("step lost a commit race; retrying", step=name, attempt=attempt + 1,
-                            retry_in_seconds=delay, error=java_message(exc)[:300])
-                time.sleep(delay)
-                continue
-            if attempt:
-                out["attempts"] = attempt + 1
-            return out
-        raise AssertionError("unreachable")
+                if attempt.retry_state.attempt_number > 1:
+                    out["attempts"] = attempt.retry_state.attempt_number
+                return out
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- steps --------------------------------------------------------------------------------
 
