@@ -44,7 +44,7 @@ clean:
 	-$(SB) broker stop
 	rm -rf .streamberg
 
-# Data-skipping benchmark (compactor/bench_skipping, docs/skipping.md). SF0.1 / 100 files by
+# Data-skipping benchmark (bench/skipping, docs/skipping.md). SF0.1 / 100 files by
 # default (minutes on 2 cores); `make bench-skipping SKIPPING_SCALE=1` for the study's 1000 files.
 SKIPPING_SCALE ?= 0.1
 SKIPPING_ARGS ?=

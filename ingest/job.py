@@ -121,7 +121,7 @@ def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:
 
 
 def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False) -> Configuration:
-    """The job's Flink settings. `cluster`: submitted with `flink run` (ingest/submit.py).
+    """The job's Flink settings. `cluster`: submitted with `flink run` (cli/flink_submit.py).
 
     Settings given here override those of `flink run`, so on a cluster the Python
     interpreter (-pyexec / -pyarch) and the slots (the TaskManagers' own config) are left to

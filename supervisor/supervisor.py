@@ -200,9 +200,9 @@ class Supervisor:
         self.log = get_logger("supervisor", table=config.table.identifier)
         self.status_collector = status_collector if status else None
         names = components or list(self.settings.components)
-        # Not `python -m streamberg.common.cli`: that module would run as __main__, a second copy
+        # Not `python -m streamberg.cli.main`: that module would run as __main__, a second copy
         # whose CommandError the subcommands do not raise (tracebacks instead of messages).
-        base = [sys.executable, "-c", "import sys; from streamberg.common.cli import main; sys.exit(main())"]
+        base = [sys.executable, "-c", "import sys; from streamberg.cli.main import main; sys.exit(main())"]
         self.components = {
             name: Component(name, base + [COMMANDS[name][0], "--config", config_path] + COMMANDS[name][1:])
             for name in STOP_ORDER if name in names

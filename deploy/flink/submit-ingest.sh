@@ -3,9 +3,9 @@
 #
 #   deploy/flink/submit-ingest.sh --config F [--parallelism P]
 #
-# The entry point is the module streamberg.ingest.submit (ingest/submit.py), run by PyFlink's
+# The entry point is the module streamberg.cli.flink_submit (cli/flink_submit.py), run by PyFlink's
 # driver with -pym: it must be importable by the client's Python, as it is in the project's
-# venv; `-py <path of ingest/submit.py>` is equivalent.
+# venv; `-py <path of cli/flink_submit.py>` is equivalent.
 # Prints the entry point's JSON line ({"job_id": ..., "run_id": ..., "start_offsets": ...});
 # stop the job with `flink stop <job_id>` (safe at any moment: offsets live in the table;
 # deploy/README.md says why not `flink cancel` on a session cluster).
@@ -34,4 +34,4 @@ exec "$flink_home/bin/flink" run --detached \
     -pyclientexec "$python" \
     -pyexec "${TASKMANAGER_PYTHON:-$python}" \
     ${FLINK_RUN_OPTS:-} \
-    -pym streamberg.ingest.submit "$@"
+    -pym streamberg.cli.flink_submit "$@"

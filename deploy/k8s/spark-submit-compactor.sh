@@ -8,7 +8,7 @@
 # Needs: the image (deploy/k8s/Dockerfile --target spark), deploy/k8s/streamberg-config.yaml
 # and deploy/k8s/spark-compactor.yaml applied in NAMESPACE, and a local Spark 3.5 to submit
 # with (the repo's .venv has one: pyspark/bin/spark-submit).
-# Arguments after the script's name go to `streamberg compact` (compactor/submit.py, the same
+# Arguments after the script's name go to `streamberg compact` (cli/spark_submit.py, the same
 # entry point deploy/spark/submit-compactor.sh runs on a standalone cluster).
 # The paths are inside the image (local://): the entry point and the jars the Dockerfile
 # links under /opt/streamberg. For a warehouse on S3, add the AWS SDK v2 jars (e.g.

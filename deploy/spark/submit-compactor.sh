@@ -4,7 +4,7 @@
 #
 #   SPARK_MASTER=spark://host:7077 deploy/spark/submit-compactor.sh --config F [--once | --full ...]
 #
-# Arguments are those of `streamberg compact` (compactor/submit.py is the entry point); it
+# Arguments are those of `streamberg compact` (cli/spark_submit.py is the entry point); it
 # prints the same JSON summary line. The jars are the ones `streamberg compact` uses locally
 # (common/jars.py): the Iceberg Spark runtime, plus the JDBC driver of catalog.uri.
 # Environment:
@@ -32,7 +32,7 @@ done
 [ -n "$config" ] || { echo "usage: $0 --config F [streamberg compact options]" >&2; exit 2; }
 
 spark_home=$("$python" -c 'import os, pyspark; print(os.path.dirname(os.path.abspath(pyspark.__file__)))')
-entry=$("$python" -c 'import streamberg.compactor.submit as m; print(m.__file__)')
+entry=$("$python" -c 'import streamberg.cli.spark_submit as m; print(m.__file__)')
 # The jars for this config's catalog; a bad config (naming the key) or a missing jar (naming
 # the fix) fails here, before Spark starts (exit 2).
 jars=$("$python" -c '

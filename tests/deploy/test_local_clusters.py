@@ -2,11 +2,11 @@
 
 - Flink: a standalone session cluster (JobManager + one TaskManager) started from the PyFlink
   wheel's distribution by deploy/flink/local-cluster.sh; the ingest job submitted detached
-  with `flink run -py` (deploy/flink/submit-ingest.sh -> ingest/submit.py, the entry point
+  with `flink run -py` (deploy/flink/submit-ingest.sh -> cli/flink_submit.py, the entry point
   the Kubernetes FlinkDeployment names), stopped with `flink stop`.
 - Spark: a standalone master + worker from the pyspark wheel (deploy/spark/local-cluster.sh);
   the compactor run once with spark-submit (deploy/spark/submit-compactor.sh ->
-  compactor/submit.py), its executors on the worker.
+  cli/spark_submit.py), its executors on the worker.
 
 Every daemon runs under the test's tmp dir; the fixtures stop them, and kill by pid whatever
 survives, even when the test fails.
@@ -304,7 +304,7 @@ def test_spark_submit_example_names_what_the_image_provides() -> None:
     for path in ("/opt/streamberg/compactor_submit.py", "/opt/streamberg/iceberg-spark-runtime.jar",
                  "/opt/streamberg/postgresql.jar"):
         assert f"local://{path}" in script and path in dockerfile
-    assert "streamberg.compactor.submit" in dockerfile and "iceberg_spark_runtime_jar" in dockerfile
+    assert "streamberg.cli.spark_submit" in dockerfile and "iceberg_spark_runtime_jar" in dockerfile
     assert "3.5_2.12" in ICEBERG_RUNTIME_JAR and f"FROM apache/spark:{version('pyspark')}-scala2.12-" in dockerfile
     docs = k8s_documents()
     assert ("ServiceAccount", "spark") in docs and "serviceAccountName=spark" in script
@@ -318,7 +318,7 @@ def test_cluster_entry_points_refuse_an_invalid_config_naming_the_key(tmp_path: 
     bad = tmp_path / "bad.yaml"
     bad.write_text("kafka: {topic: t}\ntable: {identifier: db.e, schema: [{name: id, type: lng}]}\n")
     for cmd, env in (([str(SUBMIT_COMPACTOR), "--config", str(bad), "--once"], {"SPARK_MASTER": "spark://127.0.0.1:9"}),
-                     ([sys.executable, "-m", "streamberg.ingest.submit", "--config", str(bad)], {})):
+                     ([sys.executable, "-m", "streamberg.cli.flink_submit", "--config", str(bad)], {})):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
         assert proc.returncode == 2, proc.stderr
         assert "table.schema.0.type: unknown type 'lng'" in proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.cli import main
+from streamberg.cli.main import main
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
 from tests.helpers import write_config

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from streamberg.cli.maintain import render
 from streamberg.common.catalog import load_catalog, schema_from_config
 from streamberg.common.config import load_config
 from streamberg.maintenance.app import MaintainOptions, run_maintain
-from streamberg.maintenance.commands import render
 from streamberg.maintenance.confine import outside_reason
 from tests.compactor.helpers import FakeIngest, reload, row_multiset
 from tests.maintenance.helpers import (

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from streamberg.cli.maintain import render
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
-from streamberg.maintenance.commands import render
 from streamberg.maintenance.planner import pending_append_snapshots
 from tests.compactor.helpers import BASE_TS, DAY, TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset
 from tests.maintenance.helpers import age_files, files_on_disk, local_path, referenced_paths, setup_maintained

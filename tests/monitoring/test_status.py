@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from streamberg.cli.main import main
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import load_catalog, open_tables
-from streamberg.common.cli import main
 from streamberg.common.config import load_config
 from streamberg.common.pending import live_data_files
 from streamberg.monitoring.collect import collect_status

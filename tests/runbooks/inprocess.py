@@ -79,7 +79,7 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     A subprocess costs ~2.5 s of imports per call; tests that make dozens of calls use this
     and keep a few real subprocess runs for what only a process shows.
     """
-    from streamberg.common.cli import main
+    from streamberg.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 
-from streamberg.common.cli import build_parser
+from streamberg.cli.main import build_parser
 from tests.runbooks.drill import RUNBOOKS, SECTIONS, Page, pages
 
 # A sample value per documented variable, of the type the options take.
@@ -65,7 +65,7 @@ def test_every_streamberg_command_parses(page: Page) -> None:
         except SystemExit:
             pytest.fail(f"{page.path.name}: `{line}` does not parse with the real `streamberg` parser")
         if parsed.command == "replay":  # option combinations argparse cannot express
-            from streamberg.ingest.replay_cli import validate
+            from streamberg.cli.replay import validate
 
             try:
                 validate(parsed)

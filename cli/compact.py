@@ -6,7 +6,7 @@ import argparse
 import json
 import threading
 
-from streamberg.common.cli import CommandError
+from streamberg.cli.main import CommandError
 from streamberg.common.config import load_config
 from streamberg.common.redact import redact
 from streamberg.compactor.layouts import STRATEGIES

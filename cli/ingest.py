@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from streamberg.common.cli import CommandError
+from streamberg.cli.main import CommandError
 from streamberg.common.config import load_config
 
 
@@ -77,7 +77,3 @@ Prints a JSON line on exit: run id, records consumed, seconds, why it stopped.""
     bound.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=_ingest)
-
-    from streamberg.ingest import replay_cli
-
-    replay_cli.register(subparsers)

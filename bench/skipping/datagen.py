@@ -199,7 +199,7 @@ class LineorderGenerator:
             (self._spill_dir / "tpch.duckdb").unlink(missing_ok=True)
             (self._spill_dir / "tpch.duckdb.wal").unlink(missing_ok=True)
 
-    def _require(self):  # noqa: ANN202 - duckdb connection type is private
+    def _require(self):
         if self._conn is None:
             raise RuntimeError("use LineorderGenerator as a context manager")
         return self._conn

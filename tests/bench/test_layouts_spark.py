@@ -8,12 +8,12 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from streamberg.compactor.bench_skipping.datagen import STUDY_COLUMNS
-from streamberg.compactor.bench_skipping.planning import coverage_depth, planned_files
-from streamberg.compactor.bench_skipping.predicates import SamplerSpec
-from streamberg.compactor.bench_skipping.report import write_report
-from streamberg.compactor.bench_skipping.results import BenchResult, format_tables
-from streamberg.compactor.bench_skipping.runner import BenchOptions, BenchRun, catalog_config, run
+from streamberg.bench.skipping.datagen import STUDY_COLUMNS
+from streamberg.bench.skipping.planning import coverage_depth, planned_files
+from streamberg.bench.skipping.predicates import SamplerSpec
+from streamberg.bench.skipping.report import write_report
+from streamberg.bench.skipping.results import BenchResult, format_tables
+from streamberg.bench.skipping.runner import BenchOptions, BenchRun, catalog_config, run
 
 pytestmark = pytest.mark.spark
 

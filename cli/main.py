@@ -1,8 +1,8 @@
-"""The `streamberg` command. Each component adds its own subcommands.
+"""The `streamberg` command: the parser composed from cli/*.py, and exit codes.
 
-Shared subcommands (broker, produce, table) are defined in common/commands.py; ingest/ and
-compactor/ each have a commands.py with a `register(subparsers)` function. Exit codes:
-0 success, 1 runtime failure, 2 bad usage or invalid configuration.
+Each module in COMMAND_MODULES has a `register(subparsers)` function. Exit codes: 0 success,
+1 runtime failure (a library error from common/errors.py or a command's own CommandError,
+printed as one line), 2 bad usage or invalid configuration.
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ from streamberg.common.redact import redact
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
-    "streamberg.common.commands",
-    "streamberg.ingest.commands",
-    "streamberg.compactor.commands",
-    "streamberg.maintenance.commands",
-    "streamberg.monitoring.commands",
-    "streamberg.supervisor.commands",
-    "streamberg.compactor.bench_skipping.commands",
+    "streamberg.cli.local",
+    "streamberg.cli.ingest",
+    "streamberg.cli.replay",
+    "streamberg.cli.compact",
+    "streamberg.cli.maintain",
+    "streamberg.cli.status",
+    "streamberg.cli.run",
+)
+# Subcommands whose code needs an optional extra: module, command, extra.
+OPTIONAL_COMMAND_MODULES = (
+    ("streamberg.bench.skipping.commands", "bench", "bench"),
 )
 
 DESCRIPTION = """\
@@ -54,14 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    for name, command, extra in OPTIONAL_COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # that component has no commands yet
-                continue
-            raise
+            _register_missing(subparsers, command, extra, exc)
+            continue
         module.register(subparsers)
     return parser
+
+
+def _register_missing(subparsers: argparse._SubParsersAction, command: str, extra: str,
+                      exc: ModuleNotFoundError) -> None:
+    """A command whose optional dependencies are not installed says so when run (exit 2)."""
+    message = (f"`streamberg {command}` needs the {extra!r} extra ({exc.name} is not installed): "
+               f"pip install 'streamberg[{extra}]', or run `make setup` in a checkout")
+    parser = subparsers.add_parser(command, help=f"(not installed: needs the {extra!r} extra)",
+                                   description=message)
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def refuse(args: argparse.Namespace) -> int:
+        print(f"streamberg: {message}", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(func=refuse)
 
 
 def main(argv: list[str] | None = None) -> int:

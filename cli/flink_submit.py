@@ -1,6 +1,6 @@
 """`flink run` entry point: the ingest job, submitted to a Flink cluster.
 
-    flink run -d -pyexec /opt/venv/bin/python -pym streamberg.ingest.submit \\
+    flink run -d -pyexec /opt/venv/bin/python -pym streamberg.cli.flink_submit \\
       --config /etc/streamberg/prod.yaml [--parallelism P]
 
 (or `-py <path of this file>`; deploy/flink/submit-ingest.sh wraps the command). It builds

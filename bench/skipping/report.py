@@ -33,7 +33,7 @@ def _colour(layout: str) -> str:
     return COLOURS.get(layout, "#17becf")
 
 
-def _plt():  # noqa: ANN202 - matplotlib's pyplot module
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never a display

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from .datagen import STUDY_COLUMNS
+
+# The `bench` extra. Checked here, cheaply (no import), so that the CLI can say what is
+# missing (cli/main.py, OPTIONAL_COMMAND_MODULES) instead of failing halfway through a run.
+for _module in ("duckdb", "duckdb_extension_tpch", "matplotlib"):
+    if importlib.util.find_spec(_module) is None:
+        raise ModuleNotFoundError(f"No module named {_module!r}", name=_module)
+
 
 DESCRIPTION = """\
 Measure how many files Iceberg's own scan planning (min/max pruning in the manifests)
@@ -52,7 +60,7 @@ def _positive_float(text: str) -> float:
 
 
 def _skipping(args: argparse.Namespace) -> int:
-    from streamberg.common.cli import CommandError
+    from streamberg.cli.main import CommandError
     from streamberg.common.log import get_logger
 
     from .datagen import GeneratorUnavailable

@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from streamberg.bench.skipping.datagen import STUDY_COLUMNS, GenerationSpec, LineorderGenerator
+from streamberg.bench.skipping.planning import column_bounds, coverage_depth, planned_files, total_files
+from streamberg.bench.skipping.predicates import Predicate, SamplerSpec, sample_predicates
+from streamberg.bench.skipping.random_table import recreate_table, write_files
+from streamberg.bench.skipping.results import BenchResult, LayoutResult, format_tables
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig
-from streamberg.compactor.bench_skipping.datagen import STUDY_COLUMNS, GenerationSpec, LineorderGenerator
-from streamberg.compactor.bench_skipping.planning import column_bounds, coverage_depth, planned_files, total_files
-from streamberg.compactor.bench_skipping.predicates import Predicate, SamplerSpec, sample_predicates
-from streamberg.compactor.bench_skipping.random_table import recreate_table, write_files
-from streamberg.compactor.bench_skipping.results import BenchResult, LayoutResult, format_tables
 
 
 def _catalog(tmp_path: Path):
