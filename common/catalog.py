@@ -204,15 +204,6 @@ def describe_schema_differences(expected: Schema, actual: Schema) -> list[str]:
     return problems
 
 
-@dataclass(frozen=True)
-class TableHandle:
-    catalog: Catalog
-    identifier: str
-
-    def load(self) -> Table:
-        return self.catalog.load_table(self.identifier)
-
-
 def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     """Create the table from the config when absent; when present, check it can take our records."""
     log = get_logger("catalog", table=table.identifier)

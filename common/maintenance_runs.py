@@ -22,7 +22,6 @@ snapshot summary could not hold this; a row per run can, including dry runs and 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from typing import Any
@@ -31,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.times import iso_from_epoch
 
 RUNS_TABLE = "streamberg_maintenance_runs"
 _metadata = sa.MetaData()
@@ -62,9 +62,6 @@ def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, sta
         ))
 
 
-def _iso(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).isoformat(timespec="seconds")
-
 
 def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = None,
                          include_dry_runs: bool = False, now: float | None = None) -> dict[str, Any] | None:
@@ -93,8 +90,8 @@ def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = No
     now = now if now is not None else time.time()
     return {
         "run_id": row.run_id,
-        "started_at": _iso(row.started_at),
-        "finished_at": _iso(row.finished_at),
+        "started_at": iso_from_epoch(row.started_at, "seconds"),
+        "finished_at": iso_from_epoch(row.finished_at, "seconds"),
         "age_seconds": round(max(0.0, now - row.finished_at), 1),
         "status": row.status,
         "dry_run": bool(row.dry_run),

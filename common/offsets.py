@@ -11,6 +11,7 @@ nearest snapshot that has the key. Iceberg's Kafka Connect sink does the same.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pyiceberg.table import Table
@@ -58,15 +59,21 @@ class CommittedPosition:
     consumed_total: int = 0
 
 
-def ancestry(table: Table) -> list[Snapshot]:
-    """The current snapshot and its ancestors, newest first."""
-    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
-    current = table.current_snapshot()
+def ancestors(snapshots: Iterable[Snapshot], snapshot_id: int | None) -> list[Snapshot]:
+    """The snapshot `snapshot_id` and its ancestors among `snapshots`, newest first."""
+    by_id = {s.snapshot_id: s for s in snapshots}
+    current = by_id.get(snapshot_id) if snapshot_id is not None else None
     chain = []
     while current is not None:
         chain.append(current)
         current = by_id.get(current.parent_snapshot_id) if current.parent_snapshot_id is not None else None
     return chain
+
+
+def ancestry(table: Table) -> list[Snapshot]:
+    """The current snapshot and its ancestors, newest first."""
+    current = table.current_snapshot()
+    return ancestors(table.metadata.snapshots, current.snapshot_id if current is not None else None)
 
 
 def committed_position(table: Table, topic: str) -> CommittedPosition:

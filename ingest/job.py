@@ -6,9 +6,9 @@
       -> CommitterFunction (map, parallelism 1): one Iceberg snapshot per interval
       -> discarding sink
 
-There is no Flink Kafka or Iceberg connector on our machines (see shared/TOOLCHAIN.md), so
-Kafka is read with confluent-kafka and Iceberg written with pyiceberg inside Python
-operators. The tick stream only drives the writers' poll loop; offsets live in the table,
+No Flink Kafka or Iceberg connector ships with the apache-flink wheel (and no JVM artifact can
+be fetched where streamberg is built and tested), so Kafka is read with confluent-kafka and
+Iceberg written with pyiceberg inside Python operators. The tick stream only drives the writers' poll loop; offsets live in the table,
 not in Flink state, so no checkpointing is needed for exactly-once (see README).
 
 A bounded run (--max-records/--duration, tests, demos) ends gracefully: the driver drops a

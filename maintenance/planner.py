@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
@@ -38,7 +37,7 @@ from pyiceberg.types import DateType, TimestampType, TimestamptzType
 
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
 from streamberg.common.errors import RetentionColumnError
-from streamberg.common.offsets import ancestry, committed_position
+from streamberg.common.offsets import ancestors, ancestry, committed_position
 from streamberg.common.pending import live_data_files, pending_files
 from streamberg.common.summary_keys import kafka_offsets_key
 
@@ -110,9 +109,6 @@ class RetentionPlan:
         return self.cutoff.replace(tzinfo=None).isoformat()
 
 
-def iso_ms(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
-
 
 # -- expire -----------------------------------------------------------------------------------
 
@@ -146,14 +142,6 @@ def pending_append_snapshots(table: Table) -> dict[int, int]:
     return pending
 
 
-def _ancestors(by_id: dict[int, Snapshot], snapshot_id: int) -> list[Snapshot]:
-    chain = []
-    current = by_id.get(snapshot_id)
-    while current is not None:
-        chain.append(current)
-        current = by_id.get(current.parent_snapshot_id) if current.parent_snapshot_id is not None else None
-    return chain
-
 
 def predict_expired(table: Table, older_than_ms: int, retain_last: int, now_ms: int) -> set[int]:
     """Snapshots Iceberg's expire_snapshots(older_than, retain_last) removes (RemoveSnapshots).
@@ -174,7 +162,7 @@ def predict_expired(table: Table, older_than_ms: int, retain_last: int, now_ms: 
             continue
         keep = ref.min_snapshots_to_keep if ref.min_snapshots_to_keep is not None else retain_last
         cutoff = now_ms - ref.max_snapshot_age_ms if ref.max_snapshot_age_ms is not None else older_than_ms
-        chain = _ancestors(by_id, ref.snapshot_id)
+        chain = ancestors(by_id.values(), ref.snapshot_id)
         referenced.update(s.snapshot_id for s in chain)
         kept = 0
         for snapshot in chain:
@@ -267,18 +255,6 @@ def manifest_rewrite_snapshot(table: Table, known_ids: set[int]) -> Snapshot | N
         if snapshot.summary.operation.value == "replace" and "manifests-replaced" in snapshot.summary.additional_properties:
             return snapshot
     return None
-
-
-def manifest_count(table: Table) -> int:
-    snapshot = table.current_snapshot()
-    return len(snapshot.manifests(table.io)) if snapshot is not None else 0
-
-
-def data_manifest_count(table: Table) -> int:
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return 0
-    return sum(1 for m in snapshot.manifests(table.io) if m.content == ManifestContent.DATA)
 
 
 # -- retention --------------------------------------------------------------------------------

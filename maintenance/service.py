@@ -27,15 +27,22 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import LocationRefused
+from streamberg.common.errors import LocationRefused, RetentionColumnError
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import record_run
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
-from streamberg.maintenance import planner as P
+from streamberg.common.times import iso_from_epoch, iso_from_ms
 from streamberg.maintenance.confine import check_location, confine, outside_reason
+from streamberg.maintenance.planner import (
+    RetentionPlan,
+    manifest_rewrite_snapshot,
+    plan_expire,
+    plan_manifests,
+    plan_retention,
+)
+from streamberg.maintenance.procedures import MaintenanceRunner, lost_commit_race
 from streamberg.maintenance.reachability import file_sizes, only_referenced_by, still_present
-from streamberg.maintenance.runner import MaintenanceRunner, lost_commit_race
 
 # Orphan paths listed in the result (all are counted; the log carries the same sample).
 MAX_LISTED_PATHS = 100
@@ -56,9 +63,6 @@ def _by_kind(counts: dict[str, int]) -> dict[str, int]:
             out[name] = out.get(name, 0) + n
     return out
 
-
-def _now_iso(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _off(reason: str, **zeros: Any) -> dict[str, Any]:
@@ -121,7 +125,7 @@ class Maintainer:
         result.update({
             "duration_seconds": round(time.monotonic() - t0, 3),
             "status": status, "run_id": run_id,
-            "started_at": _now_iso(started), "finished_at": _now_iso(finished),
+            "started_at": iso_from_epoch(started), "finished_at": iso_from_epoch(finished),
             "snapshot_id_before": before.snapshot_id if before is not None else None,
             "snapshot_id_after": after.snapshot_id if after is not None else None,
         })
@@ -155,16 +159,16 @@ class Maintainer:
         if not self.settings.expire.enabled:
             return _off("maintenance.expire.enabled is false", **zeros)
         table = self.load()
-        plan = P.plan_expire(table, self.settings.expire, self.config.kafka.topic, self.now_ms())
+        plan = plan_expire(table, self.settings.expire, self.config.kafka.topic, self.now_ms())
         log = log.bind(step="expire_snapshots", snapshot_id=plan.current_snapshot_id)
         out: dict[str, Any] = {
             "ran": False, "expired": len(plan.expired_ids), "kept": len(plan.kept_ids),
             "protected_snapshot_ids": plan.protected_ids,
-            "protected": [{"snapshot_id": p.snapshot_id, "committed_at": P.iso_ms(p.timestamp_ms), "reason": p.reason}
+            "protected": [{"snapshot_id": p.snapshot_id, "committed_at": iso_from_ms(p.timestamp_ms), "reason": p.reason}
                           for p in plan.protected],
             "held_back_snapshot_ids": list(plan.held_back_ids),
-            "older_than": P.iso_ms(plan.older_than_ms), "retain_last": plan.retain_last,
-            "configured_older_than": P.iso_ms(plan.configured_older_than_ms),
+            "older_than": iso_from_ms(plan.older_than_ms), "retain_last": plan.retain_last,
+            "configured_older_than": iso_from_ms(plan.configured_older_than_ms),
             "deleted_files": 0, "bytes_freed": 0,
         }
         log.info("expire plan", expired=out["expired"], kept=out["kept"], older_than=out["older_than"],
@@ -225,7 +229,7 @@ class Maintainer:
         orphans, skipped = confine(listed, location)
         sizes = file_sizes(table, orphans)
         out: dict[str, Any] = {"ran": not dry_run, "removed": len(orphans), "bytes_freed": sum(sizes.values()),
-                               "older_than": P.iso_ms(older_than_ms),
+                               "older_than": iso_from_ms(older_than_ms),
                                "paths": orphans[:MAX_LISTED_PATHS]}
         if skipped:
             out["skipped"] = [{"path": p, "reason": r} for p, r in sorted(skipped.items())[:MAX_LISTED_PATHS]]
@@ -259,7 +263,7 @@ class Maintainer:
         if not settings.enabled:
             return _off("maintenance.manifests.enabled is false", manifests_before=None, manifests_after=None)
         table = self.load()
-        plan = P.plan_manifests(table, settings)
+        plan = plan_manifests(table, settings)
         log = log.bind(step="rewrite_manifests", snapshot_id=plan.snapshot_id)
         out: dict[str, Any] = {"ran": False, "manifests_before": plan.count, "manifests_after": plan.count,
                                "manifest_bytes_before": plan.total_bytes, "reasons": list(plan.reasons)}
@@ -277,7 +281,7 @@ class Maintainer:
         counts = self.runner.rewrite_manifests()
         after = self.load()
         # The rewrite's own snapshot, not the current one: ingest may have appended since.
-        snapshot = P.manifest_rewrite_snapshot(after, known)
+        snapshot = manifest_rewrite_snapshot(after, known)
         manifests = snapshot.manifests(after.io) if snapshot is not None else []
         out.update(ran=True, manifests_after=len(manifests),
                    manifest_bytes_after=sum(m.manifest_length for m in manifests),
@@ -292,9 +296,9 @@ class Maintainer:
         zeros = {"column": settings.column, "records_deleted": 0, "files_deleted": 0}
         table = self.load()
         try:
-            plan = P.plan_retention(table, settings, self.now_ms())
-        except P.RetentionColumnError as exc:
-            raise RuntimeError(f"maintenance.retention.column: {exc}") from None
+            plan = plan_retention(table, settings, self.now_ms())
+        except RetentionColumnError as exc:
+            raise RetentionColumnError(f"maintenance.retention.column: {exc}") from None
         if plan is None:
             return _off("maintenance.retention.days is null (retention off)", **zeros)
         current = table.current_snapshot()
@@ -336,7 +340,7 @@ class Maintainer:
         return out
 
     @staticmethod
-    def _files_older_than(table: Table, plan: P.RetentionPlan) -> tuple[int, int]:
+    def _files_older_than(table: Table, plan: RetentionPlan) -> tuple[int, int]:
         """(files whose rows are all older than the cutoff, files that are only partly)."""
         from pyiceberg.conversions import from_bytes
 

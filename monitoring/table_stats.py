@@ -8,8 +8,6 @@ re-deriving the answer.
 
 from __future__ import annotations
 
-import datetime as dt
-
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -23,11 +21,8 @@ from streamberg.common.pending import (
     target_file_size,
 )
 from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
+from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.model import CompactorFacts, FileFacts, LastCommit, LastOptimize, SnapshotFacts
-
-
-def iso_utc(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _age(now_ms: int, then_ms: int) -> float:
@@ -50,7 +45,7 @@ def last_commit(table: Table, position: CommittedPosition, now_ms: int) -> LastC
     started = props.get(SummaryKeys.COMMIT_STARTED_MS)
     latency = round(max(0.0, (snapshot.timestamp_ms - int(started)) / 1000), 3) if started else None
     return LastCommit(
-        snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
+        snapshot_id=snapshot.snapshot_id, committed_at=iso_from_ms(snapshot.timestamp_ms),
         age_seconds=_age(now_ms, snapshot.timestamp_ms),
         records=_int(props, "added-records"), files=_int(props, "added-data-files"),
         dead_letters=_int(props, SummaryKeys.DEAD_LETTERS), job_id=position.job_id, run_id=position.run_id,
@@ -76,7 +71,7 @@ def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
             continue
         duration = props.get(SummaryKeys.COMPACTOR_DURATION_MS)
         return LastOptimize(
-            snapshot_id=snapshot.snapshot_id, committed_at=iso_utc(snapshot.timestamp_ms),
+            snapshot_id=snapshot.snapshot_id, committed_at=iso_from_ms(snapshot.timestamp_ms),
             age_seconds=_age(now_ms, snapshot.timestamp_ms), strategy=props.get(SummaryKeys.COMPACTOR_STRATEGY), mode=props.get(SummaryKeys.COMPACTOR_MODE),
             files_in=_int(props, SummaryKeys.COMPACTOR_FILES_IN), files_out=_int(props, SummaryKeys.COMPACTOR_FILES_OUT),
             bytes_in=_int(props, SummaryKeys.COMPACTOR_BYTES_IN), bytes_out=_int(props, SummaryKeys.COMPACTOR_BYTES_OUT), records=_int(props, SummaryKeys.COMPACTOR_RECORDS),

@@ -11,5 +11,5 @@ The pipeline, one module per concern:
 - ``planning``: counts the files Iceberg plans to read for each predicate and reads each
   file's min/max bounds from the manifests.
 - ``results`` / ``report``: the printed table, the JSON file and the PNG layout report.
-- ``runner`` ties them together; ``commands`` is the ``streamberg bench skipping`` CLI.
+- ``pipeline`` ties them together; ``commands`` is the ``streamberg bench skipping`` CLI.
 """

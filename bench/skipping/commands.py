@@ -64,10 +64,10 @@ def _skipping(args: argparse.Namespace) -> int:
     from streamberg.common.log import get_logger
 
     from .datagen import GeneratorUnavailable
+    from .pipeline import BenchOptions, run, unknown_layouts
     from .predicates import SamplerSpec
     from .report import write_report
     from .results import format_tables
-    from .runner import BenchOptions, run, unknown_layouts
     from .spark_layouts import LayoutOptions
 
     if args.show:

@@ -9,11 +9,11 @@ import pyarrow.compute as pc
 import pytest
 
 from streamberg.bench.skipping.datagen import STUDY_COLUMNS
+from streamberg.bench.skipping.pipeline import BenchOptions, BenchRun, catalog_config, run
 from streamberg.bench.skipping.planning import coverage_depth, planned_files
 from streamberg.bench.skipping.predicates import SamplerSpec
 from streamberg.bench.skipping.report import write_report
 from streamberg.bench.skipping.results import BenchResult, format_tables
-from streamberg.bench.skipping.runner import BenchOptions, BenchRun, catalog_config, run
 
 pytestmark = pytest.mark.spark
 
