@@ -225,17 +225,12 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("STREAMBERG_LOG_LEVEL", "warning")
 
-    from pyspark.sql import SparkSession
-
-    from streamberg.common.spark import base_spark_conf, quiet_spark_logs, spark_jars
+    from streamberg.common.spark import base_spark_conf, quiet_spark_logs, spark_jars, spark_session
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="streamberg-bench-"))
-    builder = SparkSession.builder
     conf = base_spark_conf(spark_jars(), args.master, "streamberg-bench-compact")
     conf.update({"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "4g", "spark.ui.enabled": "false"})
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = spark_session(conf)
     quiet_spark_logs(spark, "ERROR")
     results: dict[str, Any] = {"master": args.master, "scale": args.scale, "cpus": os.cpu_count(),
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}

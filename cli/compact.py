@@ -7,9 +7,8 @@ import json
 import threading
 
 from streamberg.cli.main import CommandError
-from streamberg.common.config import load_config
+from streamberg.common.config import LAYOUT_STRATEGIES, load_config
 from streamberg.common.redact import redact
-from streamberg.compactor.layouts import STRATEGIES
 
 DESCRIPTION = """\
 Keep an ingest table fast to query: rewrite the small files that streaming ingest makes
@@ -86,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="print the plan (groups, deferred partitions, rules that fired) and exit; no Spark, no changes")
     parser.add_argument("--full", action="store_true",
                         help="one pass over every live file, optimized or not (an explicit re-cluster), then exit")
-    parser.add_argument("--strategy", choices=STRATEGIES, help="layout for this run (default: compactor.strategy)")
+    parser.add_argument("--strategy", choices=LAYOUT_STRATEGIES, help="layout for this run (default: compactor.strategy)")
     parser.add_argument("--columns", type=_columns, metavar="A,B",
                         help="clustering columns for this run (default: compactor.columns)")
     parser.set_defaults(func=_compact)

@@ -335,6 +335,11 @@ class DeadLetterConfig(_Section):
     table: TableIdentifier | None = None
 
 
+# The compactor's row layouts (compactor/layouts.py has one class per name).
+LayoutStrategy = Literal["zorder", "hilbert", "zorder-iceberg", "sort", "binpack"]
+LAYOUT_STRATEGIES: tuple[str, ...] = get_args(LayoutStrategy)
+
+
 class CompactorConfig(_Section):
     """Settings of the incremental optimize loop (compactor/). Owned by the compactor.
 
@@ -343,7 +348,7 @@ class CompactorConfig(_Section):
     enabled rule fires; a rule set to null is off. See docs/compactor.md.
     """
 
-    strategy: Literal["zorder", "hilbert", "zorder-iceberg", "sort", "binpack"] = "zorder"
+    strategy: LayoutStrategy = "zorder"
     # Columns the layout clusters on; empty means the compactor only bin-packs.
     columns: list[Identifier] = Field(default_factory=list, max_length=32)
     # Spark's checkpoint of the streaming query (progress across restarts).

@@ -26,6 +26,7 @@ SQLAlchemy URIs are mapped to JDBC ones: ``sqlite:////abs/x.db`` -> ``jdbc:sqlit
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -201,16 +202,23 @@ def _jvm_has_class(spark: Any, name: str) -> bool:
     return True
 
 
+def spark_session(conf: Mapping[str, str]) -> Any:
+    """getOrCreate with these settings (a context already running keeps its own)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-compactor") -> Any:
     """The compactor's SparkSession: master and extra conf from `compactor:`, plus the catalog.
 
     Under spark-submit the master and jars given there win (getOrCreate keeps an existing
     context's settings); locally the session is built from the config.
     """
-    from pyspark.sql import SparkSession
-
     compactor = config.compactor
-    builder = SparkSession.builder
     conf = base_spark_conf(spark_jars(config.catalog), compactor.spark_master, app_name)
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit: its --master and --jars decide (builder settings would
@@ -225,9 +233,7 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
     conf.update(compactor.spark_conf)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = spark_session(conf)
     register_catalog(spark, config.catalog)
     return spark
 

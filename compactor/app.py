@@ -54,10 +54,10 @@ def _open_table(config: StreambergConfig, wait_seconds: float = 0.0,
 def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]:
     """What a pass would rewrite now, without Spark and without the lease."""
     _, table = _open_table(config)
-    strategy, columns = resolve_layout(config, options.strategy, options.columns, table)
+    layout = resolve_layout(config, options.strategy, options.columns, table)
     plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), mode="full" if options.full else "incremental")
     return {
-        "table": config.table.identifier, "dry_run": True, "strategy": strategy, "columns": list(columns),
+        "table": config.table.identifier, "dry_run": True, "strategy": layout.strategy, "columns": list(layout.columns),
         **describe(plan),
         "groups_detail": [{"partition": g.partition_path, "files": len(g.files), "bytes": g.size_bytes,
                            "reasons": list(g.reasons)} for g in plan.groups],
@@ -83,7 +83,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}
-    resolve_layout(config, options.strategy, options.columns, table)  # bad columns fail before Spark starts
+    layout = resolve_layout(config, options.strategy, options.columns, table)  # bad columns fail before Spark starts
     log = get_logger("compactor", table=config.table.identifier)
     lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
     try:
@@ -105,7 +105,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
 
             activate(spark)
             register_catalog(spark, config.catalog)
-        compactor = Compactor(config, spark, strategy=options.strategy, columns=options.columns, lease=lease)
+        compactor = Compactor(config, spark, lease=lease, catalog=catalog, layout=layout)
         summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,
                                    "columns": list(compactor.columns), "run_id": compactor.run_id}
         if options.full:

@@ -11,7 +11,8 @@ the result with one file per partition (Iceberg does, given a large enough
 ``target-file-size-bytes``) gives ``num_files`` files whose min/max ranges overlap as little
 as the layout allows. It works on any DataFrame (an Iceberg scan or ``spark.range(...)``).
 
-Strategies (``STRATEGIES``):
+Strategies, one ``Layout`` class each in the ``LAYOUTS`` registry (their names are the
+config's ``compactor.strategy`` values, ``LAYOUT_STRATEGIES``):
 
 - ``binpack``: no reordering; only ``coalesce(num_files)``.
 - ``sort``: linear order by ``columns`` (range-partitioned on them, sorted within). Clusters
@@ -39,16 +40,17 @@ functions, used by the tests to check the Spark expressions.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
+from streamberg.common.config import LAYOUT_STRATEGIES
 from streamberg.common.errors import LayoutError
 
 if TYPE_CHECKING:  # pyspark is imported lazily: the planner and CLI --help do not need a JVM
     from pyspark.sql import Column, DataFrame
 
-STRATEGIES = ("zorder", "hilbert", "zorder-iceberg", "sort", "binpack")
-CLUSTERING_STRATEGIES = ("zorder", "hilbert", "zorder-iceberg", "sort")
 # The interleaved key is a signed 64-bit long: 63 usable bits shared by all columns.
 KEY_BITS = 63
 # Prefix of the helper columns added and dropped here (kept out of users' namespaces).
@@ -427,32 +429,118 @@ def iceberg_zorder_column(df: DataFrame, columns: Sequence[str], *, var_length_c
     return Column(interleave.invoke(udf, call))
 
 
-def apply_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
-                 sample_rows: int = 20000, row_count: int | None = None, seed: int = 0,
-                 keep_key: bool = False) -> DataFrame:
-    """``df`` laid out by ``strategy`` on ``columns`` into ``num_files`` partitions (see module doc).
+@dataclass(frozen=True)
+class LayoutOptions:
+    """Knobs of the index layouts; the others ignore them.
 
     ``row_count`` (when known, e.g. from file metadata) saves a count to size the sample.
     ``keep_key`` keeps the ordering key as column ``__sb_key`` (zorder, hilbert,
     zorder-iceberg) for inspection; leave it off when writing the result to a table.
     """
-    from pyspark.sql import functions as F
 
-    if strategy not in STRATEGIES:
-        raise LayoutError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
-    if num_files < 1:
-        raise LayoutError(f"num_files must be >= 1, got {num_files}")
-    if strategy == "binpack":
+    bits: int = 10
+    sample_rows: int = 20000
+    row_count: int | None = None
+    seed: int = 0
+    keep_key: bool = False
+
+
+class Layout(ABC):
+    """One row layout: how rewritten rows are ordered and cut into files."""
+
+    name: ClassVar[str]
+    clusters: ClassVar[bool] = True  # orders by the clustering columns (binpack does not)
+
+    def apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+        if num_files < 1:
+            raise LayoutError(f"num_files must be >= 1, got {num_files}")
+        if self.clusters:
+            _check_columns(df, columns)
+        return self._apply(df, columns, num_files, options)
+
+    @abstractmethod
+    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame: ...
+
+
+class BinPack(Layout):
+    """No reordering; only ``coalesce(num_files)``."""
+
+    name = "binpack"
+    clusters = False
+
+    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
         return df.coalesce(num_files) if df.rdd.getNumPartitions() > num_files else df
-    _check_columns(df, columns)
-    key = f"{_TMP}key"
-    if strategy == "sort":
+
+
+class LinearSort(Layout):
+    """Linear order by the columns: range-partitioned on them, sorted within."""
+
+    name = "sort"
+
+    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+        from pyspark.sql import functions as F
+
         order = [F.col(c).asc_nulls_first() for c in columns]
         return df.repartitionByRange(num_files, *order).sortWithinPartitions(*order)
-    if strategy == "zorder-iceberg":
-        # As Iceberg's action does: range-partition on its z-value, sort within.
+
+
+class IcebergZOrder(Layout):
+    """Iceberg's own z-value; as Iceberg's action does: range-partition on it, sort within."""
+
+    name = "zorder-iceberg"
+
+    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        key = f"{_TMP}key"
         keyed = df.withColumn(key, iceberg_zorder_column(df, columns))
         laid = keyed.repartitionByRange(num_files, F.col(key)).sortWithinPartitions(F.col(key))
-        return laid if keep_key else laid.drop(key)
-    return _index_layout(df, strategy, columns, num_files=num_files, bits=bits, sample_rows=sample_rows,
-                         row_count=row_count, seed=seed, keep_key=keep_key)
+        return laid if options.keep_key else laid.drop(key)
+
+
+class ZOrder(Layout):
+    """Boundary-based Z-order over rank-scaled columns, routed by sampled key cut points."""
+
+    name = "zorder"
+
+    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+        return _index_layout(df, self.name, columns, num_files=num_files, bits=options.bits,
+                             sample_rows=options.sample_rows, row_count=options.row_count, seed=options.seed,
+                             keep_key=options.keep_key)
+
+
+class Hilbert(ZOrder):
+    """The same ranks on an n-dimensional Hilbert curve (Skilling's transpose)."""
+
+    name = "hilbert"
+
+
+LAYOUTS: dict[str, Layout] = {layout.name: layout
+                              for layout in (ZOrder(), Hilbert(), IcebergZOrder(), LinearSort(), BinPack())}
+CLUSTERING_STRATEGIES = tuple(name for name, layout in LAYOUTS.items() if layout.clusters)
+
+
+@dataclass(frozen=True)
+class ResolvedLayout:
+    """The layout a compactor run uses, and its clustering columns (checked against the table)."""
+
+    layout: Layout
+    columns: tuple[str, ...]
+
+    @property
+    def strategy(self) -> str:
+        return self.layout.name
+
+
+def layout_for(strategy: str) -> Layout:
+    try:
+        return LAYOUTS[strategy]
+    except KeyError:
+        raise LayoutError(f"unknown strategy {strategy!r}; use one of {', '.join(LAYOUT_STRATEGIES)}") from None
+
+
+def apply_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
+                 sample_rows: int = 20000, row_count: int | None = None, seed: int = 0,
+                 keep_key: bool = False) -> DataFrame:
+    """``df`` laid out by ``strategy`` on ``columns`` into ``num_files`` partitions (see module doc)."""
+    return layout_for(strategy).apply(df, columns, num_files, LayoutOptions(bits, sample_rows, row_count, seed, keep_key))

@@ -33,7 +33,7 @@ from streamberg.compactor.iceberg_scan import (
     TARGET_FILE_SIZE_BYTES,
     USE_TABLE_DISTRIBUTION_AND_ORDERING,
 )
-from streamberg.compactor.layouts import apply_layout
+from streamberg.compactor.layouts import Layout, LayoutOptions
 from streamberg.compactor.planner import FileGroup
 
 
@@ -59,11 +59,15 @@ class RewriteResult:
 
 @dataclass(frozen=True)
 class LayoutSpec:
-    strategy: str
+    layout: Layout
     columns: tuple[str, ...]
     target_file_size_bytes: int
     index_bits: int = 10
     sample_rows: int = 20000
+
+    @property
+    def strategy(self) -> str:
+        return self.layout.name
 
 
 class GroupRunner:
@@ -84,15 +88,15 @@ class GroupRunner:
         try:
             manager.stageTasks(self.jtable, set_id, java_list(self.spark, tasks))
             reader = self.spark.read.format("iceberg").option(SCAN_TASK_SET_ID, set_id)
-            if self.layout.strategy == "binpack":
+            if not self.layout.layout.clusters:
                 # Iceberg's bin-pack: one read split per output file, no shuffle.
                 split = max(1, -(-group.size_bytes // num_files))
                 reader = reader.option(SPLIT_SIZE, str(split)).option(FILE_OPEN_COST, "0")
             rows = reader.load(self.spark_table)
-            laid_out = apply_layout(
-                rows, self.layout.strategy, list(self.layout.columns), num_files=num_files,
-                bits=self.layout.index_bits, sample_rows=self.layout.sample_rows, row_count=group.record_count,
-                seed=group.index,
+            laid_out = self.layout.layout.apply(
+                rows, list(self.layout.columns), num_files,
+                LayoutOptions(bits=self.layout.index_bits, sample_rows=self.layout.sample_rows,
+                              row_count=group.record_count, seed=group.index),
             )
             (laid_out.write.format("iceberg")
              .option(REWRITTEN_FILE_SCAN_TASK_SET_ID, set_id)

@@ -14,10 +14,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table as PyTable
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import LAYOUT_STRATEGIES, StreambergConfig
 from streamberg.common.errors import ConfigError, GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
@@ -27,7 +28,7 @@ from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
-from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, STRATEGIES
+from streamberg.compactor.layouts import LAYOUTS, BinPack, ResolvedLayout
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import Plan, describe, plan_rewrite, sequence_number_of
 from streamberg.compactor.runner import GroupRunner, LayoutSpec, RewriteResult
@@ -78,34 +79,39 @@ class PassReport:
 
 
 def resolve_layout(config: StreambergConfig, strategy: str | None, columns: list[str] | None,
-                   table: PyTable | None = None) -> tuple[str, tuple[str, ...]]:
+                   table: PyTable | None = None) -> ResolvedLayout:
     """Strategy and columns from CLI overrides or the config, checked against the table."""
     chosen_columns = tuple(columns if columns is not None else config.compactor.columns)
     chosen = strategy or config.compactor.strategy
-    if chosen not in STRATEGIES:
-        raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(STRATEGIES)}")
-    if chosen in CLUSTERING_STRATEGIES and not chosen_columns:
-        chosen = "binpack"  # documented: without columns every strategy bin-packs
+    if chosen not in LAYOUTS:
+        raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(LAYOUT_STRATEGIES)}")
+    if LAYOUTS[chosen].clusters and not chosen_columns:
+        chosen = BinPack.name  # documented: without columns every strategy bin-packs
     if table is not None:
         names = [f.name for f in table.schema().fields]
         missing = [c for c in chosen_columns if c not in names]
         if missing:
             raise ConfigError(f"compactor.columns: {missing} not in table {config.table.identifier} "
                               f"(columns: {', '.join(names)})")
-    return chosen, chosen_columns
+    return ResolvedLayout(LAYOUTS[chosen], chosen_columns)
 
 
 class Compactor:
     """Plans and runs optimize passes on one table with one SparkSession."""
 
     def __init__(self, config: StreambergConfig, spark: Any, *, strategy: str | None = None,
-                 columns: list[str] | None = None, lease: TableLease | None = None) -> None:
+                 columns: list[str] | None = None, lease: TableLease | None = None,
+                 catalog: Catalog | None = None, layout: ResolvedLayout | None = None) -> None:
+        """`catalog` and `layout`: as the caller already opened and resolved them (one
+        `streamberg compact` run does both once); otherwise opened and resolved here, with
+        `strategy`/`columns` overriding the config."""
         self.config = config
         self.spark = spark
-        self.catalog = load_catalog(config.catalog)
+        self.catalog = catalog if catalog is not None else load_catalog(config.catalog)
         self.identifier = config.table.identifier
         self.spark_table = spark_table_name(config)
-        self.strategy, self.columns = resolve_layout(config, strategy, columns, self.load())
+        self.layout = layout if layout is not None else resolve_layout(config, strategy, columns, self.load())
+        self.strategy, self.columns = self.layout.strategy, self.layout.columns
         self.rules = PlanningRules.from_config(config.compactor)
         self.cache = ManifestCache()
         self.lease = lease
@@ -141,7 +147,7 @@ class Compactor:
         jtable = load_table(self.spark, self.spark_table)
         filters = [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
         tasks_by_path = plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
-        layout = LayoutSpec(self.strategy, self.columns, self.target_file_size(table),
+        layout = LayoutSpec(self.layout.layout, self.columns, self.target_file_size(table),
                             self.config.compactor.index_bits, self.config.compactor.sample_rows)
         runner = GroupRunner(self.spark, self.spark_table, jtable, layout)
         commits = CommitManager(

@@ -53,17 +53,12 @@ class LayoutRun:
 
 def bench_spark_session(catalog: CatalogConfig, master: str = "local[2]", driver_memory: str = "4g") -> Any:
     """A SparkSession with the Iceberg runtime and ``catalog`` registered under its own name."""
-    from pyspark.sql import SparkSession
-
-    from streamberg.common.spark import base_spark_conf, spark_jars
+    from streamberg.common.spark import base_spark_conf, spark_jars, spark_session
 
     conf = base_spark_conf(spark_jars(catalog), master, "streamberg-bench-skipping")
     conf["spark.driver.memory"] = driver_memory
     conf.update(BENCH_SPARK_CONF)
-    builder = SparkSession.builder
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = spark_session(conf)
     spark.sparkContext.setLogLevel("ERROR")
     register_bench_catalog(spark, catalog)
     return spark

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from streamberg.common.config import LAYOUT_STRATEGIES
 from streamberg.common.offsets import committed_position
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
-from streamberg.compactor.layouts import STRATEGIES
 from tests.compactor.helpers import (
     DAY,
     TOPIC,
@@ -28,7 +28,7 @@ from tests.compactor.helpers import (
 pytestmark = pytest.mark.spark
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", LAYOUT_STRATEGIES)
 def test_rows_identical_files_fewer_and_record_written(spark, tmp_path, strategy) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"strategy": strategy})
     ingest = FakeIngest(config, seed=1)

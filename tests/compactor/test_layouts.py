@@ -118,3 +118,16 @@ def test_layout_errors_name_the_problem(spark) -> None:
         apply_layout(df, "hilbert", ["tags"], num_files=1)
     with pytest.raises(LayoutError, match="unknown strategy"):
         apply_layout(df, "spiral", ["id"], num_files=1)
+
+
+def test_one_layout_class_per_configurable_strategy() -> None:
+    """The registry and the config's strategy names are the same set: a strategy the config
+    accepts always has a class, and a class is always reachable from the config."""
+    from streamberg.common.config import LAYOUT_STRATEGIES
+    from streamberg.compactor.layouts import LAYOUTS, layout_for
+
+    assert set(LAYOUTS) == set(LAYOUT_STRATEGIES)
+    assert len({type(layout) for layout in LAYOUTS.values()}) == len(LAYOUTS)
+    assert [name for name, layout in LAYOUTS.items() if not layout.clusters] == ["binpack"]
+    with pytest.raises(LayoutError, match="unknown strategy"):
+        layout_for("spiral")
