@@ -366,6 +366,17 @@ class CompactorConfig(_Section):
     # Table-wide: at least this many ingest snapshots have pending files (Tencent's "every 5").
     every_n_snapshots: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 5
 
+    # -- runs (docs/compactor.md, "Runs"): how the incremental layout converges --
+    # A pass lays out a partition's new files as one run; when this many runs of a partition
+    # share a size tier (tier k: about target size x factor^k), they are merged into one,
+    # together with the new files. The main knob: higher rewrites less, reads more files.
+    merge_factor: Annotated[int, _int(2, 64)] = 3
+    # A partition that got no new data for this many ingest commits, or this long, is
+    # finished: its runs and new files are merged into one sealed run, never rewritten again
+    # (null: that rule is off; both null: partitions are never sealed).
+    seal_after_commits: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
+    seal_after_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 3600.0
+
     # -- rewriting --
     # Size of the files the rewrite writes; null: the table's write.target-file-size-bytes.
     target_file_size_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None

@@ -13,16 +13,19 @@ classified and is treated as optimized.)
 
 from __future__ import annotations
 
+import bisect
+import json
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
 from streamberg.common.config import CompactorConfig, StreambergConfig
+from streamberg.common.summary_keys import TablePropertyKeys
 
 Mode = Literal["incremental", "full"]
 APPEND = "append"
@@ -50,8 +53,11 @@ class DataFileInfo:
     spec_id: int
     partition: tuple[Any, ...]
     snapshot_id: int  # the snapshot that added it
-    sequence_number: int
+    sequence_number: int  # its data sequence number (a rewrite's files keep the plan's)
     added_at_ms: int | None  # that snapshot's commit time (None when it has been expired)
+    # Serialized per-column min/max from the manifest (field id -> bytes; absent: unknown).
+    lower_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    upper_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 class ManifestCache:
@@ -75,6 +81,7 @@ class ManifestCache:
                 data_file.file_path, data_file.file_size_in_bytes, data_file.record_count,
                 manifest.partition_spec_id, tuple(data_file.partition[i] for i in range(len(data_file.partition))),
                 entry.snapshot_id, entry.sequence_number,
+                dict(data_file.lower_bounds or {}), dict(data_file.upper_bounds or {}),
             ))
         if len(self._entries) >= self._max:
             self._entries.pop(next(iter(self._entries)))
@@ -97,12 +104,13 @@ def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[l
         chunks = list(pool.map(lambda m: cache.entries(table, m), data_manifests))
     files = []
     for rows in chunks:
-        for path, size, records, spec_id, part, snapshot_id, seq in rows:
+        for path, size, records, spec_id, part, snapshot_id, seq, lower, upper in rows:
             added = by_id.get(snapshot_id)
             files.append(DataFileInfo(
                 path=path, size_bytes=size, record_count=records, spec_id=spec_id, partition=part,
                 snapshot_id=snapshot_id, sequence_number=seq if seq is not None else 0,
                 added_at_ms=added.timestamp_ms if added is not None else None,
+                lower_bounds=lower, upper_bounds=upper,
             ))
     return files, has_deletes
 
@@ -130,18 +138,41 @@ class PlanningRules:
     max_delay_seconds: float | None = 600.0
     every_n_snapshots: int | None = 5
     max_group_bytes: int = 2 * 1024**3
+    # Runs (compactor/planner.py): merged when `merge_factor` runs share a size tier; a
+    # partition without new data for `seal_after_commits` ingest commits or
+    # `seal_after_seconds` is finished into one sealed run (None: that rule is off).
+    merge_factor: int = 3
+    seal_after_commits: int | None = 10
+    seal_after_seconds: float | None = 3600.0
 
     @classmethod
     def from_config(cls, config: CompactorConfig) -> PlanningRules:
         return cls(
             min_files=config.min_files, min_bytes=config.min_bytes, max_delay_seconds=config.max_delay_seconds,
             every_n_snapshots=config.every_n_snapshots, max_group_bytes=config.max_group_bytes,
+            merge_factor=config.merge_factor, seal_after_commits=config.seal_after_commits,
+            seal_after_seconds=config.seal_after_seconds,
         )
 
 
 @dataclass(frozen=True)
+class Run:
+    """Files a rewrite laid out together: one partition's files added by one non-append
+    snapshot. Their ranges are disjoint in the layout's order; different runs overlap."""
+
+    snapshot_id: int
+    files: tuple[DataFileInfo, ...]
+    sealed: bool  # a finished partition's run: never rewritten again
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+@dataclass(frozen=True)
 class CandidatePartition:
-    """One partition's candidate files, and why the rules select it (no reasons: deferred)."""
+    """One partition's candidate files, and why the rules select it (no reasons: deferred);
+    in incremental mode also its runs and how long it has gone without new data."""
 
     spec_id: int
     partition: tuple[Any, ...]
@@ -149,10 +180,36 @@ class CandidatePartition:
     files: tuple[DataFileInfo, ...]
     reasons: tuple[str, ...]
     oldest_age_seconds: float | None
+    runs: tuple[Run, ...] = ()
+    # Ingest (append) commits to the table since this partition's newest data, and the time
+    # since then (None: that snapshot was expired). A partition idle long enough is finished.
+    appends_since: int = 0
+    idle_seconds: float | None = None
+    sealed_sequence_number: int | None = None
 
     @property
     def size_bytes(self) -> int:
         return sum(f.size_bytes for f in self.files)
+
+    @property
+    def key(self) -> str:
+        return sealed_key(self.spec_id, self.path)
+
+
+def sealed_key(spec_id: int, path: str) -> str:
+    return f"{spec_id}|{path}"
+
+
+def sealed_sequence_numbers(table: Table) -> dict[str, int]:
+    """The table's record of sealed runs: partition key -> data sequence number sealed up to."""
+    text = table.properties.get(TablePropertyKeys.COMPACTOR_SEALED)
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+        return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (ValueError, TypeError):
+        return {}  # unreadable: nothing is treated as sealed (more rewriting, never less data)
 
 
 @dataclass(frozen=True)
@@ -181,16 +238,21 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
     if snapshot is None:
         return Candidates(None, None, (), 0, 0, False, now_ms)
     files, has_deletes = live_data_files(table, cache)
+    all_pending = pending_files(table, files)
     if mode == "full":
         candidates = files
     else:
-        candidates = pending_files(table, files)
+        candidates = all_pending
         if up_to_sequence_number is not None:
             candidates = [f for f in candidates if f.sequence_number <= up_to_sequence_number]
 
     by_partition: dict[tuple[int, tuple[Any, ...]], list[DataFileInfo]] = defaultdict(list)
     for f in candidates:
         by_partition[(f.spec_id, f.partition)].append(f)
+    layout = _RunLayout(table, files, all_pending) if mode == "incremental" else None
+    if layout is not None:
+        for key in layout.partitions:
+            by_partition.setdefault(key, [])
     pending_snapshots = len({f.snapshot_id for f in candidates})
     table_wide = []
     if mode == "incremental" and rules.every_n_snapshots is not None and pending_snapshots >= rules.every_n_snapshots:
@@ -211,7 +273,49 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
                 reasons.append(f"min_bytes: {size} >= {rules.min_bytes}")
             if rules.max_delay_seconds is not None and oldest is not None and oldest >= rules.max_delay_seconds:
                 reasons.append(f"max_delay_seconds: {oldest:.0f} >= {rules.max_delay_seconds:g}")
-        partitions.append(CandidatePartition(spec_id, part, partition_path(table, spec_id, part), tuple(part_files),
-                                             tuple(reasons), oldest))
+        path = partition_path(table, spec_id, part)
+        if layout is None:
+            partitions.append(CandidatePartition(spec_id, part, path, tuple(part_files), tuple(reasons), oldest))
+        else:
+            partitions.append(layout.candidate(spec_id, part, path, tuple(part_files) if part_files else (),
+                                               tuple(reasons) if part_files else (), oldest, now_ms))
     return Candidates(snapshot.snapshot_id, snapshot.sequence_number, tuple(partitions), pending_snapshots,
                       len(files), has_deletes, now_ms)
+
+
+class _RunLayout:
+    """The runs of each partition and how long each partition has gone without new data."""
+
+    def __init__(self, table: Table, files: list[DataFileInfo], pending: list[DataFileInfo]):
+        pending_paths = {f.path for f in pending}
+        self.sealed = sealed_sequence_numbers(table)
+        self.table = table
+        runs: dict[tuple[int, tuple[Any, ...]], dict[int, list[DataFileInfo]]] = defaultdict(lambda: defaultdict(list))
+        newest: dict[tuple[int, tuple[Any, ...]], int] = {}
+        for f in files:
+            key = (f.spec_id, f.partition)
+            newest[key] = max(newest.get(key, 0), f.sequence_number)
+            if f.path not in pending_paths:
+                runs[key][f.snapshot_id].append(f)
+        self.runs, self.newest = runs, newest
+        self.partitions = list(runs)
+        snapshots = table.metadata.snapshots
+        self.append_sequences = sorted(s.sequence_number or 0 for s in snapshots
+                                       if s.summary is not None and s.summary.operation.value == APPEND)
+        self.time_of_sequence = {s.sequence_number or 0: s.timestamp_ms for s in snapshots}
+
+    def candidate(self, spec_id: int, part: tuple[Any, ...], path: str, files: tuple[DataFileInfo, ...],
+                  reasons: tuple[str, ...], oldest: float | None, now_ms: int) -> CandidatePartition:
+        key = (spec_id, part)
+        sealed_up_to = self.sealed.get(sealed_key(spec_id, path))
+        runs = tuple(
+            Run(snapshot_id, tuple(run_files),
+                sealed=sealed_up_to is not None and max(f.sequence_number for f in run_files) <= sealed_up_to)
+            for snapshot_id, run_files in sorted(self.runs.get(key, {}).items(),
+                                                 key=lambda kv: min(f.sequence_number for f in kv[1])))
+        newest = self.newest.get(key, 0)
+        appends_since = len(self.append_sequences) - bisect.bisect_right(self.append_sequences, newest)
+        at = self.time_of_sequence.get(newest)
+        idle = (now_ms - at) / 1000 if at is not None else None
+        return CandidatePartition(spec_id, part, path, files, reasons, oldest, runs=runs, appends_since=appends_since,
+                                  idle_seconds=idle, sealed_sequence_number=sealed_up_to)

@@ -1,4 +1,5 @@
-"""Every `streamberg.*` key written into an Iceberg snapshot summary, in one registry.
+"""Every `streamberg.*` key written into Iceberg table metadata (snapshot summaries, table
+properties), in one registry.
 
 Snapshot summaries are how the components talk through the table: the ingest records its
 Kafka position there, the compactor its optimize record, replays their ranges, and
@@ -57,9 +58,25 @@ class SummaryKeys:
     # -- benchmarks (bench/) ----------------------------------------------------------------
     BENCH_LAYOUT = "streamberg.bench.layout"
 
+    # The clustering health of the rewritten partitions before the rewrite, JSON
+    # {column: files per point} (common/clustering.py).
+    COMPACTOR_FILES_PER_POINT = COMPACTOR_PREFIX + "files-per-point"
+    # What the pass did per group kind, e.g. "cluster:3,merge:1,finish:1", and how many runs
+    # the merges consumed.
+    COMPACTOR_GROUP_KINDS = COMPACTOR_PREFIX + "group-kinds"
+    COMPACTOR_RUNS_IN = COMPACTOR_PREFIX + "runs-in"
+
     # Keys only an ingest commit may carry: the ingest finds its position by walking back to
     # the nearest snapshot that has them, so no other writer's snapshot may look like one.
     INGEST_ONLY = (JOB_ID, RUN_ID, COMMIT_SEQ)
+
+
+class TablePropertyKeys:
+    # JSON {"<spec id>|<partition path>": <data sequence number>}: in that partition every live
+    # file with a data sequence number up to the recorded one belongs to a sealed run, which
+    # the compactor never rewrites again (compactor/planner.py). Table metadata, not a snapshot
+    # summary, so snapshot expiry cannot forget it.
+    COMPACTOR_SEALED = "streamberg.compactor.sealed"
 
 
 def kafka_offsets_key(topic: str) -> str:

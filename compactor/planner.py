@@ -1,24 +1,50 @@
 """Planner: which data files are rewritten, in which groups, and why (pure pyiceberg, no Spark).
 
 Which files are pending and which partitions the rules select is common/pending.py (shared
-with maintenance and monitoring). The planner turns the selected partitions into file
-groups: a partition larger than ``max_group_bytes`` is split into several groups, oldest
-files first. A pass that crashed halfway, or a replayed streaming batch, re-plans exactly
-the files that were not rewritten yet: nothing is skipped and nothing is rewritten twice.
-The plan remembers the snapshot it was made from; every commit of its groups is validated
-against that snapshot.
+with maintenance and monitoring). The planner turns each partition into at most one group,
+whose output is one new *run* (files laid out together, disjoint in the layout's order):
+
+- **finish**: a partition that got no new data for ``seal_after_commits`` ingest commits or
+  ``seal_after_seconds`` is merged whole (new files and every unsealed run) into one run,
+  recorded as sealed in the table (``TablePropertyKeys.COMPACTOR_SEALED``) and never
+  rewritten again; a finished partition that already is one unsealed run is only sealed.
+- **merge**: new files selected by the rules, plus the runs of the lowest size tiers when
+  ``merge_factor`` runs (the new one counted) share a tier, cascading upward (size-tiered,
+  as in LSM trees): k runs cost about k^(1/3) more files per point query than one, and
+  each byte is rewritten about once per tier. Runs whose value ranges do not overlap on any
+  clustering column (data arriving in the clustering order) are not merged: it would buy
+  nothing. Runs of ``max_group_bytes`` or more are full and not merged further.
+- **cluster**: the new files alone, when no merge is due.
+
+Full mode (``--full``) ignores runs: every live file, every partition, split by size. A pass
+that crashed halfway, or a replayed streaming batch, re-plans from the table: nothing is
+skipped and nothing is rewritten twice. The plan remembers the snapshot it was made from;
+every commit of its groups is validated against that snapshot.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pyiceberg.table import Table
 
-from streamberg.common.pending import DataFileInfo, ManifestCache, Mode, PlanningRules, select_partitions
+from streamberg.common.clustering import column_intervals, health, overlap_depth
+from streamberg.common.pending import (
+    TARGET_SIZE_PROPERTY,
+    CandidatePartition,
+    DataFileInfo,
+    ManifestCache,
+    Mode,
+    PlanningRules,
+    Run,
+    select_partitions,
+)
+
+GroupKind = Literal["cluster", "merge", "finish", "full"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +57,12 @@ class FileGroup:
     partition_path: str
     files: tuple[DataFileInfo, ...]
     reasons: tuple[str, ...]
+    kind: GroupKind = "cluster"
+    merged_runs: tuple[int, ...] = ()  # snapshot ids of the runs merged in
+    seal: bool = False  # the output run is sealed (finish)
+    sealed_key: str = ""  # the partition's key in the sealed-runs property
+    # Clustering health of the whole partition before the rewrite: column -> files per point.
+    files_per_point_before: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def size_bytes(self) -> int:
@@ -46,8 +78,8 @@ class FileGroup:
 
     @property
     def snapshot_ids(self) -> tuple[int, ...]:
-        """The ingest snapshots whose files this group covers, oldest first."""
-        seen = sorted({(f.sequence_number, f.snapshot_id) for f in self.files})
+        """The ingest snapshots whose new files this group covers, oldest first."""
+        seen = sorted({(f.sequence_number, f.snapshot_id) for f in self.files if f.snapshot_id not in self.merged_runs})
         return tuple(s for _, s in seen)
 
     def expected_output_files(self, target_file_size_bytes: int) -> int:
@@ -77,6 +109,10 @@ class Plan:
     live_data_files: int = 0
     has_delete_files: bool = False
     planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # Finished partitions that already are one unsealed run: sealed without a rewrite.
+    seal_only: tuple[str, ...] = ()
+    # Every partition key with live files (the sealed-runs record keeps only these).
+    live_partition_keys: tuple[str, ...] = ()
 
     @property
     def files(self) -> int:
@@ -107,35 +143,142 @@ def _split(files: list[DataFileInfo], max_bytes: int) -> list[list[DataFileInfo]
 
 
 def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incremental", now_ms: int | None = None,
-                 up_to_sequence_number: int | None = None, cache: ManifestCache | None = None) -> Plan:
-    """Plan a pass over `table` as of its current snapshot.
+                 up_to_sequence_number: int | None = None, cache: ManifestCache | None = None,
+                 columns: Sequence[str] = (), target_file_size_bytes: int | None = None) -> Plan:
+    """Plan a pass over `table` as of its current snapshot (see the module doc).
 
-    incremental: pending files, only partitions a rule selects; `up_to_sequence_number`
-      leaves out files committed after that point (a streaming batch plans the snapshots it
-      covers; later ones belong to the next batch).
-    full: every live data file, every partition, no rules (an explicit re-cluster).
+    `up_to_sequence_number` leaves out new files committed after that point (a streaming
+    batch plans the snapshots it covers; later ones belong to the next batch). `columns`:
+    the clustering columns (run overlap and the health recorded with each group).
+    `target_file_size_bytes`: the size of one output file, the unit of run size tiers.
     """
     selected = select_partitions(table, rules, mode=mode, now_ms=now_ms,
                                  up_to_sequence_number=up_to_sequence_number, cache=cache)
     name = ".".join(table.name())
     if selected.snapshot_id is None:
         return Plan(table=name, mode=mode, starting_snapshot_id=None, starting_sequence_number=None, groups=())
+    base = max(1, target_file_size_bytes or int(table.properties.get(TARGET_SIZE_PROPERTY, 0)) or 128 * 1024**2)
     groups: list[FileGroup] = []
     deferred: list[DeferredPartition] = []
+    seal_only: list[str] = []
+    schema = table.schema()
     for part in selected.partitions:
+        before = {c: h.files_per_point for c, h in
+                  health(list(part.files) + [f for r in part.runs for f in r.files], schema, columns).items()}
+        if mode == "full":
+            for chunk in _split(list(part.files), rules.max_group_bytes):
+                groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
+                                        partition_path=part.path, files=tuple(chunk), reasons=part.reasons,
+                                        kind="full", files_per_point_before=before))
+            continue
+        unsealed = [r for r in part.runs if not r.sealed]
+        if _finished(part, rules):
+            if part.files or len(unsealed) > 1:
+                groups.append(FileGroup(
+                    index=len(groups), spec_id=part.spec_id, partition=part.partition, partition_path=part.path,
+                    files=tuple(part.files) + tuple(f for r in unsealed for f in r.files),
+                    reasons=(_finish_reason(part, rules),), kind="finish",
+                    merged_runs=tuple(r.snapshot_id for r in unsealed), seal=True, sealed_key=part.key,
+                    files_per_point_before=before))
+            elif unsealed:
+                seal_only.append(part.key)
+            continue
+        if not part.files:
+            continue
         if not part.reasons:
             deferred.append(DeferredPartition(part.spec_id, part.path, len(part.files), part.size_bytes,
                                               part.oldest_age_seconds))
             continue
-        for chunk in _split(list(part.files), rules.max_group_bytes):
-            groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
-                                    partition_path=part.path, files=tuple(chunk), reasons=part.reasons))
+        pending_bytes = part.size_bytes
+        if pending_bytes > rules.max_group_bytes:  # more new data than one job takes: several runs
+            for chunk in _split(list(part.files), rules.max_group_bytes):
+                groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
+                                        partition_path=part.path, files=tuple(chunk), reasons=part.reasons,
+                                        files_per_point_before=before))
+            continue
+        runs = tiered_merge(unsealed, pending_bytes, base=base, factor=rules.merge_factor,
+                            max_bytes=rules.max_group_bytes)
+        if runs and not runs_overlap(part.files, runs, schema, columns):
+            runs = []
+        groups.append(FileGroup(
+            index=len(groups), spec_id=part.spec_id, partition=part.partition, partition_path=part.path,
+            files=tuple(part.files) + tuple(f for r in runs for f in r.files),
+            reasons=part.reasons + ((f"merge: {len(runs)} run(s), merge_factor {rules.merge_factor}",) if runs else ()),
+            kind="merge" if runs else "cluster", merged_runs=tuple(r.snapshot_id for r in runs),
+            files_per_point_before=before))
     return Plan(
         table=name, mode=mode, starting_snapshot_id=selected.snapshot_id,
         starting_sequence_number=selected.sequence_number, groups=tuple(groups), deferred=tuple(deferred),
         pending_snapshots=selected.pending_snapshots, live_data_files=selected.live_data_files,
-        has_delete_files=selected.has_delete_files, planned_at_ms=selected.now_ms,
+        has_delete_files=selected.has_delete_files, planned_at_ms=selected.now_ms, seal_only=tuple(seal_only),
+        live_partition_keys=tuple(p.key for p in selected.partitions if p.files or p.runs),
     )
+
+
+def _finished(part: CandidatePartition, rules: PlanningRules) -> bool:
+    """No new data in the partition for seal_after_commits ingest commits or seal_after_seconds."""
+    if not part.files and not any(not r.sealed for r in part.runs):
+        return False  # nothing to finish
+    by_commits = rules.seal_after_commits is not None and part.appends_since >= rules.seal_after_commits
+    by_time = (rules.seal_after_seconds is not None and part.idle_seconds is not None
+               and part.idle_seconds >= rules.seal_after_seconds)
+    return by_commits or by_time
+
+
+def _finish_reason(part: CandidatePartition, rules: PlanningRules) -> str:
+    idle = "unknown" if part.idle_seconds is None else f"{part.idle_seconds:.0f} s"
+    return (f"finished: no new data for {part.appends_since} ingest commits / {idle} "
+            f"(seal_after_commits {rules.seal_after_commits}, seal_after_seconds {rules.seal_after_seconds})")
+
+
+def run_tier(size_bytes: int, base: int, factor: int) -> int:
+    """Size tier of a run: 0 up to `base` x factor, then one more per factor."""
+    return int(math.floor(math.log(max(size_bytes, base) / base, factor) + 1e-9))
+
+
+def tiered_merge(runs: Sequence[Run], new_bytes: int, *, base: int, factor: int, max_bytes: int) -> list[Run]:
+    """The runs to merge with `new_bytes` of new files (size-tiered, cascading).
+
+    The new files count as a run. While some tier holds `factor` runs or more, every run of
+    that tier and below joins the merge, whose result then sits in a higher tier. Runs of
+    `max_bytes` or more are full: never merged.
+    """
+    open_runs = [r for r in runs if r.size_bytes < max_bytes]
+    chosen: list[Run] = []
+    while True:
+        merged = new_bytes + sum(r.size_bytes for r in chosen)
+        rest = [r for r in open_runs if r not in chosen]
+        tiers = [run_tier(merged, base, factor)] + [run_tier(r.size_bytes, base, factor) for r in rest]
+        due = next((t for t in sorted(set(tiers)) if tiers.count(t) >= factor), None)
+        if due is None:
+            return chosen
+        more = [r for r in rest if run_tier(r.size_bytes, base, factor) <= due]
+        if not more or merged + sum(r.size_bytes for r in more) > max_bytes:
+            return chosen
+        chosen += more
+
+
+def runs_overlap(new_files: Sequence[DataFileInfo], runs: Sequence[Run], schema: object,
+                 columns: Sequence[str]) -> bool:
+    """Whether the runs (and the new files, as one more) overlap on some clustering column.
+
+    Each run counts as the one interval its files span; runs whose spans are disjoint on every
+    clustering column (data that arrives in clustering order) gain nothing from a merge.
+    Without clustering columns there is nothing to measure: merge.
+    """
+    if not columns:
+        return True
+    sets = [list(new_files)] + [list(r.files) for r in runs]
+    for column in columns:
+        spans = []
+        for files in sets:
+            intervals = column_intervals(files, schema, column)  # type: ignore[arg-type]
+            if not intervals or any(i is None for i in intervals):
+                return True  # unknown bounds: assume overlap
+            spans.append((min(i[0] for i in intervals), max(i[1] for i in intervals)))  # type: ignore[index]
+        if overlap_depth(spans) > 1:
+            return True
+    return False
 
 
 def sequence_number_of(table: Table, snapshot_id: int | None) -> int | None:
@@ -147,7 +290,13 @@ def sequence_number_of(table: Table, snapshot_id: int | None) -> int | None:
 
 def describe(plan: Plan) -> dict[str, Any]:
     """A compact, loggable summary of a plan."""
+    kinds: dict[str, int] = {}
+    for g in plan.groups:
+        kinds[g.kind] = kinds.get(g.kind, 0) + 1
     return {
+        "group_kinds": kinds,
+        "runs_merged": sum(len(g.merged_runs) for g in plan.groups),
+        "seal_only": len(plan.seal_only),
         "mode": plan.mode,
         "starting_snapshot_id": plan.starting_snapshot_id,
         "groups": len(plan.groups),

@@ -9,6 +9,7 @@ in one structured log line.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -22,9 +23,9 @@ from streamberg.common.config import LAYOUT_STRATEGIES, StreambergConfig
 from streamberg.common.errors import ConfigError, GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
-from streamberg.common.pending import ManifestCache, Mode, PlanningRules, target_file_size
+from streamberg.common.pending import ManifestCache, Mode, PlanningRules, sealed_sequence_numbers, target_file_size
 from streamberg.common.spark import activate, spark_table_name
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
@@ -128,7 +129,8 @@ class Compactor:
     def plan(self, mode: Mode = "incremental", up_to_snapshot_id: int | None = None) -> tuple[PyTable, Plan]:
         table = self.load()
         bound = sequence_number_of(table, up_to_snapshot_id) if mode == "incremental" else None
-        return table, plan_rewrite(table, self.rules, mode=mode, up_to_sequence_number=bound, cache=self.cache)
+        return table, plan_rewrite(table, self.rules, mode=mode, up_to_sequence_number=bound, cache=self.cache,
+                                   columns=self.columns, target_file_size_bytes=self.target_file_size(table))
 
     def run_pass(self, mode: Mode = "incremental", *, batch_id: int | None = None,
                  up_to_snapshot_id: int | None = None) -> PassReport:
@@ -140,6 +142,8 @@ class Compactor:
         if not plan.groups:
             log.info("nothing to rewrite", **describe(plan),
                      deferred=[{"partition": d.partition_path, "files": d.files} for d in plan.deferred[:20]])
+            if plan.seal_only:
+                self._record_sealed(plan, plan.seal_only, log)
             report.seconds = time.monotonic() - started
             return report
         log.info("plan", **describe(plan))
@@ -156,6 +160,7 @@ class Compactor:
             lease_check=self.lease.check if self.lease is not None else None, table=self.identifier,
         )
         batches = plan.commit_batches(self.config.compactor.max_commits)
+        sealed: list[str] = list(plan.seal_only)
         for k, batch in enumerate(batches, start=1):
             results: list[RewriteResult] = []
             for group in batch:
@@ -182,6 +187,7 @@ class Compactor:
             )
             report.commits.append(entry)
             if outcome.committed:
+                sealed += [r.group.sealed_key for r in results if r.group.seal]
                 log.info("optimize committed", snapshot_id=outcome.snapshot_id, commit=f"{k}/{len(batches)}",
                          groups=entry.groups, files_in=entry.files_in, files_out=entry.files_out,
                          bytes_in=entry.bytes_in, bytes_out=entry.bytes_out,
@@ -190,13 +196,32 @@ class Compactor:
                          rebased_over=entry.rebased_over, attempts=entry.attempts)
             elif outcome.status == "lease-lost":
                 break
+        if sealed:
+            self._record_sealed(plan, sealed, log)
         report.seconds = time.monotonic() - started
         log.info("pass done", seconds=round(report.seconds, 3), **report.totals())
         return report
 
+    def _record_sealed(self, plan: Plan, keys: list[str], log: Any) -> None:
+        """Record finished partitions as sealed up to the plan's data sequence number.
+
+        A separate metadata commit after the rewrite: if it never lands (a crash between the
+        two), the partition is one unsealed run, and the next pass seals it without a rewrite.
+        Entries of partitions that no longer have live files are dropped.
+        """
+        assert plan.starting_sequence_number is not None
+        table = self.load()
+        record = {k: v for k, v in sealed_sequence_numbers(table).items() if k in set(plan.live_partition_keys)}
+        record.update({key: plan.starting_sequence_number for key in keys})
+        jtable = load_table(self.spark, self.spark_table)
+        jtable.updateProperties().set(TablePropertyKeys.COMPACTOR_SEALED, json.dumps(record, sort_keys=True)).commit()
+        log.info("partitions sealed", partitions=keys, sealed_up_to_sequence_number=plan.starting_sequence_number)
+
     def _summary(self, plan: Plan, results: list[RewriteResult], k: int, n: int, batch_id: int | None) -> dict[str, str]:
         files = [f for r in results for f in r.group.files]
-        covered = [s for _, s in sorted({(f.sequence_number, f.snapshot_id) for f in files})]
+        covered = [s for _, s in sorted({(seq, sid) for r in results
+                                         for seq, sid in ((f.sequence_number, f.snapshot_id) for f in r.group.files)
+                                         if sid not in r.group.merged_runs})]
         summary = {
             SummaryKeys.COMPACTOR_RUN_ID: self.run_id,
             SummaryKeys.COMPACTOR_MODE: plan.mode,
@@ -215,4 +240,13 @@ class Compactor:
         }
         if batch_id is not None:
             summary[SummaryKeys.COMPACTOR_BATCH_ID] = str(batch_id)
+        kinds: dict[str, int] = {}
+        for r in results:
+            kinds[r.group.kind] = kinds.get(r.group.kind, 0) + 1
+        summary[SummaryKeys.COMPACTOR_GROUP_KINDS] = ",".join(f"{k}:{v}" for k, v in sorted(kinds.items()))
+        summary[SummaryKeys.COMPACTOR_RUNS_IN] = str(sum(len(r.group.merged_runs) for r in results))
+        before = [r.group.files_per_point_before for r in results if r.group.files_per_point_before]
+        if before:  # summed over the rewritten partitions: files a point query reads in them
+            summary[SummaryKeys.COMPACTOR_FILES_PER_POINT] = json.dumps(
+                {c: round(sum(b[c] for b in before), 3) for c in before[0]}, sort_keys=True)
         return summary

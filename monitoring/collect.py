@@ -97,8 +97,8 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     run = _Collector(config, now_ms, cache or ManifestCache())
     identifier = config.table.identifier
     checked_at = dt.datetime.fromtimestamp(now_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
-    empty = {"table": identifier, "checked_at": checked_at, "files": None, "compactor": None, "snapshots": None,
-             "dead_letters": None}
+    empty = {"table": identifier, "checked_at": checked_at, "files": None, "compactor": None, "clustering": None,
+             "snapshots": None, "dead_letters": None}
     try:
         catalog = open_catalog_readonly(config.catalog)
     except CatalogUnreachable as exc:
@@ -123,6 +123,7 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         ingest=run.ingest(position, table),
         files=run.part("file sizes", table_stats.file_facts, config, table, files) if files is not None else None,
         compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
+        clustering=run.part("clustering", table_stats.clustering_facts, config, table, files) if files is not None else None,
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,

@@ -118,6 +118,20 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
             yield from _gauge("streamberg_compactor_last_optimize_files_out", "files written by the last optimize",
                               t, opt.files_out)
 
+    clustering = status.clustering
+    if clustering is not None:
+        for name, key, doc in (
+                ("streamberg_clustering_files_per_point", "files_per_point",
+                 "mean data files a point query on the column plans to read, from manifest bounds"),
+                ("streamberg_clustering_overlap_depth", "overlap_depth",
+                 "most data files whose ranges on the column share one value")):
+            family = GaugeMetricFamily(name, doc, labels=["table", "column"])
+            for column, facts in clustering.columns.items():
+                family.add_metric([t, column], facts[key])
+            yield family
+        yield from _gauge("streamberg_compactor_runs", "runs the compactor wrote that are still live", t, clustering.runs)
+        yield from _gauge("streamberg_compactor_sealed_partitions", "partitions finished into a sealed run", t,
+                          clustering.sealed_partitions)
     snapshots = status.snapshots
     if snapshots is not None:
         yield from _gauge("streamberg_table_snapshots", "snapshots kept in the table metadata", t, snapshots.count)

@@ -103,6 +103,18 @@ class CompactorFacts:
 
 
 @dataclass(frozen=True)
+class ClusteringFacts:
+    """How well the layout skips, from manifest bounds (common/clustering.py)."""
+
+    columns: dict[str, dict[str, Any]]  # table-wide per clustering column: files, files_per_point, overlap_depth
+    partitions: int
+    runs: int  # runs the compactor wrote that are still live
+    sealed_partitions: int
+    # The partitions that read the most files per point on the first clustering column.
+    worst_partitions: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class SnapshotFacts:
     count: int
     metadata_bytes: int  # metadata file + current manifest list + its manifests
@@ -137,6 +149,7 @@ class Status:
     ingest: IngestFacts
     files: FileFacts | None
     compactor: CompactorFacts | None
+    clustering: ClusteringFacts | None
     snapshots: SnapshotFacts | None
     dead_letters: DeadLetterFacts | None
     maintenance: dict[str, Any]

@@ -57,6 +57,12 @@ def _table_lines(status: Status) -> list[str]:
             f"{opt.files_in} -> {opt.files_out} files"
             + (f", {opt.duration_seconds:.1f} s" if opt.duration_seconds is not None else ""))
         lines.append(_line("last optimize", text))
+    clustering = status.clustering
+    if clustering is not None:
+        per_column = ", ".join(f"{c} {h['files_per_point']:.1f} (depth {h['overlap_depth']})"
+                               for c, h in clustering.columns.items())
+        lines.append(_line("clustering", f"files per point query: {per_column}; {clustering.runs:,} runs in "
+                                         f"{clustering.partitions:,} partitions, {clustering.sealed_partitions:,} sealed"))
     snaps = status.snapshots
     if snaps is not None:
         lines.append(_line("snapshots", f"{snaps.count:,} (oldest {human_age(snaps.oldest_age_seconds)}), metadata "

@@ -11,18 +11,29 @@ from __future__ import annotations
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from streamberg.common.clustering import health, health_by_partition
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
 from streamberg.common.pending import (
     DataFileInfo,
     ManifestCache,
     PlanningRules,
+    partition_path,
+    pending_files,
+    sealed_sequence_numbers,
     select_partitions,
     target_file_size,
 )
 from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
 from streamberg.common.times import iso_from_ms
-from streamberg.monitoring.model import CompactorFacts, FileFacts, LastCommit, LastOptimize, SnapshotFacts
+from streamberg.monitoring.model import (
+    ClusteringFacts,
+    CompactorFacts,
+    FileFacts,
+    LastCommit,
+    LastOptimize,
+    SnapshotFacts,
+)
 
 
 def _age(now_ms: int, then_ms: int) -> float:
@@ -116,4 +127,25 @@ def snapshot_facts(table: Table, now_ms: int) -> SnapshotFacts:
         count=len(snapshots), metadata_bytes=metadata_file + manifest_list + manifest_bytes,
         metadata_file_bytes=metadata_file, manifest_list_bytes=manifest_list, manifests=manifests,
         manifest_bytes=manifest_bytes, oldest_age_seconds=_age(now_ms, oldest) if oldest is not None else None,
+    )
+
+
+def clustering_facts(config: StreambergConfig, table: Table, files: list[DataFileInfo]) -> ClusteringFacts | None:
+    """Files per point query and overlap depth per clustering column, table-wide and for the
+    worst partitions; runs and sealed partitions. None without clustering columns."""
+    columns = list(config.compactor.columns)
+    if not columns:
+        return None
+    schema = table.schema()
+    table_wide = health(files, schema, columns)
+    by_partition = health_by_partition(files, schema, columns)
+    pending = {f.path for f in pending_files(table, files)}
+    runs = {(f.snapshot_id, f.spec_id, f.partition) for f in files if f.path not in pending}
+    worst = sorted(by_partition.items(), key=lambda kv: -kv[1][columns[0]].files_per_point)[:5]
+    return ClusteringFacts(
+        columns={c: h.as_dict() for c, h in table_wide.items()}, partitions=len(by_partition), runs=len(runs),
+        sealed_partitions=len(sealed_sequence_numbers(table)),
+        worst_partitions=[{"partition": partition_path(table, spec_id, part),
+                           **{c: round(h.files_per_point, 3) for c, h in cols.items()}}
+                          for (spec_id, part), cols in worst],
     )

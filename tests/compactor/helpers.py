@@ -43,8 +43,11 @@ def write_config(directory: Path, *, partition_spec: list | None = None, compact
         "catalog": {"name": f"c{uuid.uuid4().hex[:10]}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "table": {"identifier": "db.events", "schema": SCHEMA, "partition_spec": partition_spec or [],
                   "properties": table_properties or {}},
+        # Merges and sealing off: the pure incremental pass these tests check (each pass
+        # rewrites exactly the new files). Runs, merges and sealing: test_runs.py.
         "compactor": {"checkpoint_dir": "checkpoint", "min_files": 1, "max_delay_seconds": None,
-                      "every_n_snapshots": None, "columns": ["user_id", "city"], **(compactor or {})},
+                      "every_n_snapshots": None, "columns": ["user_id", "city"], "merge_factor": 64,
+                      "seal_after_commits": None, "seal_after_seconds": None, **(compactor or {})},
     }
     path = directory / "streamberg.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -61,11 +64,12 @@ def reload(config: StreambergConfig) -> Table:
 
 
 def make_rows(table: Table, n: int, start_id: int, *, seed: int, days: int = 2, users: int = 400,
-              cities: int = 12) -> pa.Table:
+              cities: int = 12, day_offset: int = 0) -> pa.Table:
     rng = random.Random(seed)
+    start = BASE_TS + dt.timedelta(days=day_offset)
     return pa.Table.from_pydict({
         "id": list(range(start_id, start_id + n)),
-        "ts": [BASE_TS + dt.timedelta(seconds=rng.randrange(days * 86400)) for _ in range(n)],
+        "ts": [start + dt.timedelta(seconds=rng.randrange(days * 86400)) for _ in range(n)],
         "user_id": [f"user-{rng.randrange(users):05d}" for _ in range(n)],
         "city": [f"city-{rng.randrange(cities):02d}" for _ in range(n)],
         "amount": [round(rng.random() * 100, 2) for _ in range(n)],

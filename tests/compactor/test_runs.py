@@ -1,0 +1,209 @@
+"""Runs that converge: merges by size tier, finished partitions sealed, the health measure.
+
+Real Spark with the Iceberg runtime, a SQLite catalog, real Parquet files; appends made the
+way the ingest makes them (offsets in the summary). See compactor/planner.py and
+docs/compactor.md ("Runs").
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamberg.common.clustering import health
+from streamberg.common.pending import live_data_files, pending_files, sealed_sequence_numbers
+from streamberg.common.summary_keys import SummaryKeys
+from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.service import Compactor
+from tests.compactor.helpers import (
+    DAY,
+    FakeIngest,
+    compactor_snapshots,
+    live_files,
+    reload,
+    removed_by,
+    row_multiset,
+    setup_table,
+    summary,
+)
+
+pytestmark = pytest.mark.spark
+
+SMALL_FILES = {"write.target-file-size-bytes": str(24 * 1024)}  # several files per run
+RUNS_ON = {"merge_factor": 3, "seal_after_commits": None, "seal_after_seconds": None}
+
+
+def _runs(table) -> dict[tuple, set[str]]:
+    """(adding snapshot, partition) -> paths, for the files rewrites added (not pending)."""
+    files, _ = live_data_files(table)
+    pending = {f.path for f in pending_files(table, files)}
+    out: dict[tuple, set[str]] = {}
+    for f in files:
+        if f.path not in pending:
+            out.setdefault((f.snapshot_id, f.partition), set()).add(f.path)
+    return out
+
+
+def _pass(config, spark) -> dict:
+    return run_compact(config, CompactOptions(once=True), spark=spark)
+
+
+def test_runs_merge_by_size_tier_and_keep_every_row(spark, tmp_path) -> None:
+    config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", **RUNS_ON}, table_properties=SMALL_FILES)
+    ingest = FakeIngest(config, seed=21)
+    kinds = []
+    for _round in range(4):
+        for _ in range(2):
+            ingest.append(400, days=1)
+        rows = row_multiset(reload(config))
+        before_runs = _runs(reload(config))
+        _pass(config, spark)
+        after = reload(config)
+        assert row_multiset(after) == rows  # a merge rewrites rows, never loses or doubles one
+        newest = compactor_snapshots(after)[-1]
+        kinds.append(summary(newest)[SummaryKeys.COMPACTOR_GROUP_KINDS])
+        if "merge" in kinds[-1]:
+            merged = int(summary(newest)[SummaryKeys.COMPACTOR_RUNS_IN])
+            # Exactly the merged runs' files were replaced, with the new files; others stay.
+            assert merged >= 2
+            gone = removed_by(after, newest)
+            consumed = [k for k, paths in before_runs.items() if paths <= gone]
+            assert len(consumed) == merged and all(before_runs[k].isdisjoint(live_files(after)) for k in consumed)
+        assert not pending_files(after, live_data_files(after)[0])
+    # Passes 1 and 2 cluster; the third run of tier 0 (counting the new files) merges all three.
+    assert kinds[:3] == ["cluster:1", "cluster:1", "merge:1"], kinds
+    assert len(_runs(reload(config))) == 2  # the merged run and the fourth pass's run
+
+
+def test_a_finished_partition_is_sealed_and_never_rewritten(spark, tmp_path) -> None:
+    config, _ = setup_table(tmp_path, partition_spec=DAY, table_properties=SMALL_FILES,
+                            compactor={"strategy": "hilbert", "merge_factor": 3, "seal_after_commits": 2,
+                                       "seal_after_seconds": None})
+    ingest = FakeIngest(config, seed=22)
+    day1 = {}
+    for _ in range(3):  # day 1: three appends, a pass after each
+        ingest.append(300, days=1)
+        _pass(config, spark)
+    for _ in range(2):  # day 2 only: after two ingest commits day 1 is finished
+        ingest.append(300, days=1, day_offset=1)
+    _pass(config, spark)
+    table = reload(config)
+    sealed = sealed_sequence_numbers(table)
+    assert len(sealed) == 1 and next(iter(sealed)).endswith("ts_day=19783")  # 2024-03-01
+    day1 = {k: paths for k, paths in _runs(table).items() if k[1] == (19783,)}
+    assert len(day1) == 1  # finished into one run
+    sealed_paths = next(iter(day1.values()))
+
+    # Late data for day 1 and more passes: the sealed run is never touched again.
+    ingest.append(200, days=1)
+    for _ in range(3):
+        ingest.append(300, days=1, day_offset=1)
+        _pass(config, spark)
+    after = reload(config)
+    assert sealed_paths <= set(live_files(after))
+    late_runs = [paths for k, paths in _runs(after).items() if k[1] == (19783,) and paths != sealed_paths]
+    assert late_runs  # the late rows became a run of their own, sealed in its turn
+    assert len(sealed_sequence_numbers(after)) == 1
+    assert sealed_sequence_numbers(after)[next(iter(sealed))] > sealed[next(iter(sealed))]
+
+
+def test_a_crash_in_a_merge_leaves_the_table_whole_and_the_next_pass_merges(spark, tmp_path, monkeypatch) -> None:
+    config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", **RUNS_ON}, table_properties=SMALL_FILES)
+    ingest = FakeIngest(config, seed=23)
+    for _ in range(2):
+        ingest.append(400, days=1)
+        _pass(config, spark)
+    ingest.append(400, days=1)  # the next pass merges two runs with these files
+    table = reload(config)
+    rows, files, runs = row_multiset(table), set(live_files(table)), _runs(table)
+    assert len(runs) == 2
+
+    def crash(self, results, props) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(CommitManager, "_commit_once", crash)
+        with pytest.raises(KeyboardInterrupt):
+            Compactor(config, spark).run_pass()
+    table = reload(config)
+    assert set(live_files(table)) == files and row_multiset(table) == rows  # nothing half-done is visible
+
+    _pass(config, spark)
+    after = reload(config)
+    assert row_multiset(after) == rows
+    assert len(_runs(after)) == 1  # the merge happened on the next pass
+    assert "merge" in summary(compactor_snapshots(after)[-1])[SummaryKeys.COMPACTOR_GROUP_KINDS]
+
+
+def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_path) -> None:
+    config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", "merge_factor": 2, "seal_after_commits": None,
+                                                 "seal_after_seconds": None}, table_properties=SMALL_FILES)
+    spark_catalog(config)
+    ingest = FakeIngest(config, seed=24)
+    ingest.append(400, days=1)
+    done = threading.Event()
+    appended = []
+
+    def keep_appending() -> None:
+        while not done.is_set():
+            appended.append(ingest.append(200, days=1).snapshot_id)
+
+    writer = threading.Thread(target=keep_appending)
+    writer.start()
+    try:
+        for _ in range(4):
+            Compactor(config, spark).run_pass()
+    finally:
+        done.set()
+        writer.join()
+    _pass(config, spark)
+    after = reload(config)
+    ids = Counter(after.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+    assert sorted(ids) == list(range(ingest.next_id)) and set(ids.values()) == {1}
+    merges = [s for s in compactor_snapshots(after) if "merge" in summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS]]
+    assert merges and len(appended) >= 2
+    # Some merge was validated over ingest appends that landed while it ran.
+    assert any(str(s.parent_snapshot_id) != summary(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID] for s in merges) \
+        or len(appended) > 4
+
+
+def test_health_measure_equals_a_brute_force_count_from_the_data(spark, tmp_path) -> None:
+    """Files per point and overlap depth from manifest bounds equal a brute-force count over
+    each file's real min/max (read from the Parquet data itself)."""
+    config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", **RUNS_ON}, table_properties=SMALL_FILES)
+    ingest = FakeIngest(config, seed=25)
+    for _ in range(3):
+        ingest.append(300, days=1, users=50, cities=30)
+    _pass(config, spark)
+    ingest.append(300, days=1, users=50, cities=30)  # a pending file beside the run
+    table = reload(config)
+    files, _ = live_data_files(table)
+    measured = health(files, table.schema(), ["user_id", "city", "id"])
+    for column, h in measured.items():
+        spans = []
+        for f in files:
+            values = pq.read_table(f.path.removeprefix("file://"), columns=[column]).column(column).to_pylist()
+            spans.append((min(values), max(values)))
+        contains = [sum(1 for lo, hi in spans if lo <= p <= hi) for p, _ in spans]
+        assert h.files == len(files)
+        assert h.files_per_point == pytest.approx(sum(contains) / len(spans)), column
+        depth = max(sum(1 for lo, hi in spans if lo <= p <= hi) for p in {v for span in spans for v in span})
+        assert h.overlap_depth == depth, column
+    # The status reports the same measure, and the metrics export it.
+    from streamberg.monitoring.collect import collect_status
+    from streamberg.monitoring.metrics import exposition
+
+    status = collect_status(config)
+    assert status.clustering is not None
+    for column in ("user_id", "city"):
+        assert status.clustering.columns[column]["files_per_point"] == round(measured[column].files_per_point, 3)
+    exported = [line for line in exposition(config).splitlines()
+                if line.startswith("streamberg_clustering_files_per_point{") and 'column="user_id"' in line]
+    assert exported and float(exported[0].rsplit(" ", 1)[1]) == pytest.approx(measured["user_id"].files_per_point, abs=1e-3)
+    assert json.loads(summary(compactor_snapshots(table)[-1])[SummaryKeys.COMPACTOR_FILES_PER_POINT]).keys() == {
+        "user_id", "city"}
