@@ -28,7 +28,7 @@ COMMAND_MODULES = (
 )
 # Subcommands whose code needs an optional extra: module, command, extra.
 OPTIONAL_COMMAND_MODULES = (
-    ("streamberg.bench.skipping.commands", "bench", "bench"),
+    ("streamberg.bench.commands", "bench", "bench"),
 )
 
 DESCRIPTION = """\

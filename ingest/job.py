@@ -25,8 +25,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyflink.common import Configuration, Types, WatermarkStrategy
 from pyflink.datastream import StreamExecutionEnvironment
@@ -55,14 +58,15 @@ class WriterFunction(FlatMapFunction):
         if self.log_target is not None:
             self.log_target.configure()
         _log_restart(runtime_context, "writers")
-        config = config_from_dump(self.config_dump)
-        markers = run_dir(config, self.run_id)
-        self.stop_marker = markers / "stop"
         index = runtime_context.get_index_of_this_subtask()
-        self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
-        self.writer.open()
-        self.progress = ReadProgress(markers, index, self.writer.position)
-        self._next_stop_check = 0.0
+        with _failure_logged("writers", subtask=index):
+            config = config_from_dump(self.config_dump)
+            markers = run_dir(config, self.run_id)
+            self.stop_marker = markers / "stop"
+            self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
+            self.writer.open()
+            self.progress = ReadProgress(markers, index, self.writer.position)
+            self._next_stop_check = 0.0
 
     def _stop_requested(self) -> bool:
         """Every STOP_CHECK_SECONDS: report what was read, then look for the stop marker."""
@@ -77,11 +81,12 @@ class WriterFunction(FlatMapFunction):
         if self.writer.finished:
             time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
             return
-        unit = self.writer.poll()
-        if unit is not None:
-            yield unit
-        if self._stop_requested():
-            yield self.writer.finish()
+        with _failure_logged("writers", subtask=self.writer.index):
+            unit = self.writer.poll()
+            if unit is not None:
+                yield unit
+            if self._stop_requested():
+                yield self.writer.finish()
 
     def close(self) -> None:
         if getattr(self, "writer", None) is not None:
@@ -99,16 +104,32 @@ class CommitterFunction(MapFunction):
         if self.log_target is not None:
             self.log_target.configure()
         _log_restart(runtime_context, "committer")
-        self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
-        self.committer.open()
+        with _failure_logged("committer"):
+            self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
+            self.committer.open()
 
     def map(self, unit):  # noqa: ANN001, ANN201
-        result = self.committer.offer(unit)
+        with _failure_logged("committer"):
+            result = self.committer.offer(unit)
         return 0 if result is None else result.records
 
     def close(self) -> None:
         if getattr(self, "committer", None) is not None:
             self.committer.close()
+
+
+@contextmanager
+def _failure_logged(operator: str, **context: Any) -> Iterator[None]:
+    """Log a task's exception before Flink gets it. Local Python workers run in processes of
+    their own, whose output the driver relays from their log only (worker_logs.py), and a job
+    that fails for good shuts its MiniCluster down before the driver can ask why: this line
+    is how the cause reaches the operator."""
+    try:
+        yield
+    except Exception as exc:
+        get_logger("ingest.job").error("task failed; Flink restarts the job (or fails it after its attempts)",
+                                       operator=operator, error=f"{type(exc).__name__}: {exc}", **context)
+        raise
 
 
 def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:

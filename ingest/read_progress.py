@@ -23,6 +23,7 @@ class ReadProgress:
 
     def __init__(self, run_dir: Path, writer: int, position: dict[int, int]):
         self.path = run_dir / f"read-w{writer}.json"
+        self.failed = False
         try:  # a restarted attempt keeps where the run began
             self.started = {int(p): o for p, o in json.loads(self.path.read_text())["started"].items()}
         except (OSError, ValueError, KeyError):
@@ -30,10 +31,21 @@ class ReadProgress:
         self.update(position)
 
     def update(self, position: dict[int, int]) -> None:
+        """Best effort: the file only lets a bounded run stop early. A run folder that cannot be
+        written (a cluster's TaskManager, a full disk) must never fail the writer."""
         started = {p: self.started.get(p, o) for p, o in position.items()}
         temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"started": started, "position": position}))
-        os.replace(temporary, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"started": started, "position": position}))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            if not self.failed:
+                self.failed = True
+                from streamberg.common.log import get_logger
+
+                get_logger("ingest.writer").warning("cannot write the read-progress file (bounded runs then stop "
+                                                    "on committed records only)", path=str(self.path), error=str(exc))
 
 
 def records_read(run_dir: Path) -> int:

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from .datagen import STUDY_COLUMNS
-
-# The `bench` extra. Checked here, cheaply (no import), so that the CLI can say what is
-# missing (cli/main.py, OPTIONAL_COMMAND_MODULES) instead of failing halfway through a run.
-for _module in ("duckdb", "duckdb_extension_tpch", "matplotlib"):
-    if importlib.util.find_spec(_module) is None:
-        raise ModuleNotFoundError(f"No module named {_module!r}", name=_module)
-
 
 DESCRIPTION = """\
 Measure how many files Iceberg's own scan planning (min/max pruning in the manifests)
@@ -107,12 +99,10 @@ def _skipping(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(kinds: argparse._SubParsersAction) -> None:
+    """`streamberg bench skipping` (registered by bench/commands.py)."""
     from .spark_layouts import EXTRA_LAYOUTS, LAYOUTS
 
-    bench = subparsers.add_parser("bench", help="benchmarks (data skipping per layout)",
-                                  description="Benchmarks that measure what the project's components buy.")
-    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     parser = kinds.add_parser(
         "skipping", help="files skipped by Iceberg scan planning: random vs linear vs Z-order vs Hilbert",
         description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
