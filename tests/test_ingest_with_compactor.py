@@ -25,8 +25,8 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.common.sample_events import produce_events
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
-from streamberg.compactor.record import PLAN_SNAPSHOT_ID
 from tests.helpers import (
     config_at,
     duplicates,
@@ -108,7 +108,7 @@ def test_live_ingest_and_compactor_commit_side_by_side(tmp_path: Path, broker: s
     conflicts = sum(1 for line in log.read_text().splitlines() if "commit conflict, retrying" in line)
     # A replace whose parent is not the snapshot it planned from was committed over ingest
     # commits that landed during its pass (read from the table, not from logs).
-    rebased = sum(1 for s in replaces if str(s.parent_snapshot_id) != summary_properties(s)[PLAN_SNAPSHOT_ID])
+    rebased = sum(1 for s in replaces if str(s.parent_snapshot_id) != summary_properties(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID])
     print(json.dumps({"compactor_passes": passes, "ingest_conflict_retries": conflicts,
                       "compactor_rebased_over": rebased}, default=str))
     # The commits really raced: an ingest commit retried after losing to a replace, or a replace
