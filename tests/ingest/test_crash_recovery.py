@@ -96,6 +96,12 @@ def test_kill_9_twice_then_restart_loses_and_duplicates_nothing(tmp_path: Path, 
         else:
             pytest.fail(f"no commit within 180 s:\n{log.read_text()[-3000:]}")
         time.sleep(rng.uniform(0.5, 2.5))  # somewhere in the middle of the next interval
+        # ... at a moment when a writer has a file open that no commit holds yet (most moments
+        # are; waiting for one keeps the precondition below from depending on luck).
+        earlier = left_behind[-1] if left_behind else set()
+        open_by = time.monotonic() + 30
+        while not (_uncommitted_files(config) - earlier) and time.monotonic() < open_by:
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         left_behind.append(_uncommitted_files(config))
