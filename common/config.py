@@ -369,8 +369,9 @@ class CompactorConfig(_Section):
     # -- runs (docs/compactor.md, "Runs"): how the incremental layout converges --
     # A pass lays out a partition's new files as one run; when this many runs of a partition
     # share a size tier (tier k: about target size x factor^k), they are merged into one,
-    # together with the new files. The main knob: higher rewrites less, reads more files.
-    merge_factor: Annotated[int, _int(2, 64)] = 3
+    # together with the new files. The main knob: higher rewrites less, reads more files;
+    # 2 meets the read goals of an unpartitioned stream (docs/compactor.md, the curve).
+    merge_factor: Annotated[int, _int(2, 64)] = 2
     # A partition that got no new data for this many ingest commits, or this long, is
     # finished: its runs and new files are merged into one sealed run, never rewritten again
     # (null: that rule is off; both null: partitions are never sealed).

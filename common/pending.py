@@ -141,7 +141,7 @@ class PlanningRules:
     # Runs (compactor/planner.py): merged when `merge_factor` runs share a size tier; a
     # partition without new data for `seal_after_commits` ingest commits or
     # `seal_after_seconds` is finished into one sealed run (None: that rule is off).
-    merge_factor: int = 3
+    merge_factor: int = 2
     seal_after_commits: int | None = 10
     seal_after_seconds: float | None = 3600.0
 

@@ -96,9 +96,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--commits-per-pass", type=int, default=2, help="a compactor pass every N commits (default 2)")
     parser.add_argument("--scenarios", nargs="+", choices=("day", "flat"), default=["day", "flat"])
     parser.add_argument("--layouts", nargs="+", choices=("zorder", "hilbert"), default=["zorder", "hilbert"])
-    parser.add_argument("--knob", type=int, nargs="*", default=[2, 4, 6],
+    parser.add_argument("--knob", type=int, nargs="*", default=[3, 4, 6],
                         help="merge_factor values for the knob curve on the flat scenario, besides the "
-                             "default run (default: 2 4 6; none: skip)")
+                             "default run (default: 3 4 6; none: skip)")
     parser.add_argument("--report", default=".streamberg/bench-incremental", help="folder for the JSON and PNGs")
     parser.add_argument("--workdir", default=None, help="tables and catalog (default: a temporary folder)")
     parser.add_argument("--spark-master", default="local[2]")

@@ -41,4 +41,4 @@ def test_tiny_stream_measures_against_a_full_optimize(spark, tmp_path, scenario)
     for column in COLUMNS:
         planned = [len(list(inc.scan(row_filter=EqualTo(column, v)).plan_files())) for v in points[column]]
         assert last.files_per_query[column] == pytest.approx(sum(planned) / len(planned))
-    assert "merge_factor 3" in format_table([result], [])
+    assert "merge_factor 2" in format_table([result], [])
