@@ -40,7 +40,8 @@ from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeCo
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import IngestFenced, JobFailed, named_in
 from streamberg.common.log import get_logger, renders_json
-from streamberg.ingest.read_progress import ReadProgress, records_read
+from streamberg.ingest.read_progress import ReadProgress, records_read, stop_due
+from streamberg.ingest.read_progress import request_stop as write_stop_marker
 from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
 
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
@@ -61,8 +62,7 @@ class WriterFunction(FlatMapFunction):
         index = runtime_context.get_index_of_this_subtask()
         with _failure_logged("writers", subtask=index):
             config = config_from_dump(self.config_dump)
-            markers = run_dir(config, self.run_id)
-            self.stop_marker = markers / "stop"
+            self.markers = markers = run_dir(config, self.run_id)
             self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
             self.writer.open()
             self.progress = ReadProgress(markers, index, self.writer.position)
@@ -75,7 +75,7 @@ class WriterFunction(FlatMapFunction):
             return False
         self._next_stop_check = now + STOP_CHECK_SECONDS
         self.progress.update(self.writer.position)
-        return self.stop_marker.exists()
+        return stop_due(self.markers)
 
     def flat_map(self, tick):  # noqa: ANN001, ANN201 - Flink's signature
         if self.writer.finished:
@@ -302,10 +302,10 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
 
     stop_reason: list[str] = []
 
-    def request_stop(reason: str) -> None:
+    def request_stop(reason: str, until_read: int | None = None) -> None:
         if not stop_reason:
             stop_reason.append(reason)
-            (markers / "stop").touch()
+            write_stop_marker(markers, reason, until_read)
             log.info("stopping: writers flush and commit what they have", reason=reason)
 
     def on_signal(signum, _frame) -> None:  # noqa: ANN001
@@ -322,7 +322,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
         while True:
             time.sleep(DRIVER_TICK_SECONDS)
             if max_records is not None and records_read(markers) >= max_records:
-                request_stop(f"max_records {max_records} read")
+                request_stop(f"max_records {max_records} read", until_read=max_records)
             if stop_reason and (markers / "drained").exists():
                 break
             if time.monotonic() < next_table_look:
@@ -342,7 +342,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
                 bar.n = consumed
                 bar.refresh()
             if max_records is not None and consumed >= max_records:
-                request_stop(f"max_records {max_records} reached")
+                request_stop(f"max_records {max_records} reached", until_read=max_records)
             if duration is not None and time.monotonic() - started >= duration:
                 request_stop(f"duration {duration}s elapsed")
             if stop_reason:

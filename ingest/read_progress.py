@@ -1,4 +1,4 @@
-"""How many records this run's writers have read, for a bounded run's stop (`--max-records`).
+"""How many records this run's writers have read, and the stop marker of a bounded run.
 
 Committed counts arrive once per commit interval; a bounded run that waited for them would
 idle up to a whole interval after its last record was read. So every writer keeps a small
@@ -9,6 +9,12 @@ as soon as the bound is read; the writers then flush and the committer commits a
 Restart-safe: after a Flink restart a writer resumes from the table's offsets (which may
 lie behind what it had read) and keeps the `started` offsets of its first attempt, so the
 sum never counts a record twice and never shrinks below what was committed.
+
+The stop marker (`stop` in the run folder) says why the run stops. A stop for a record
+bound holds only while the writers' reads reach it: a restart during the drain rewinds them
+to the committed offsets, and they must read up to the bound again before they finish (else
+the run would end with fewer records committed than asked for). Any other stop (Ctrl-C,
+SIGTERM, a duration) holds as soon as the marker exists.
 """
 
 from __future__ import annotations
@@ -59,3 +65,24 @@ def records_read(run_dir: Path) -> int:
         started = doc.get("started", {})
         total += sum(max(0, o - started.get(p, o)) for p, o in doc.get("position", {}).items())
     return total
+
+
+STOP_MARKER = "stop"
+
+
+def request_stop(run_dir: Path, reason: str, until_read: int | None = None) -> None:
+    """Ask the writers to flush and finish (once `until_read` records are read, if given)."""
+    (run_dir / STOP_MARKER).write_text(json.dumps({"reason": reason, "until_read": until_read}))
+
+
+def stop_due(run_dir: Path) -> bool:
+    """Whether a writer should finish now (see the module doc)."""
+    try:
+        text = (run_dir / STOP_MARKER).read_text()
+    except OSError:
+        return False
+    try:
+        until_read = json.loads(text).get("until_read") if text.strip() else None
+    except (ValueError, AttributeError):
+        until_read = None  # an old or foreign marker: stop
+    return until_read is None or records_read(run_dir) >= until_read
