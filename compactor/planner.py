@@ -45,6 +45,10 @@ from streamberg.common.pending import (
 )
 
 GroupKind = Literal["cluster", "merge", "finish", "full"]
+# Size tiers start at one output file, but at most at this size: with large target files
+# (128 MiB) every run of a partition would otherwise sit in tier 0, and the new files of
+# each pass would be merged into the partition's whole data, pass after pass.
+TIER_BASE_MAX_BYTES = 1024**2
 
 
 @dataclass(frozen=True)
@@ -150,14 +154,16 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
     `up_to_sequence_number` leaves out new files committed after that point (a streaming
     batch plans the snapshots it covers; later ones belong to the next batch). `columns`:
     the clustering columns (run overlap and the health recorded with each group).
-    `target_file_size_bytes`: the size of one output file, the unit of run size tiers.
+    `target_file_size_bytes`: the size of one output file, the unit of run size tiers (at
+    most TIER_BASE_MAX_BYTES).
     """
     selected = select_partitions(table, rules, mode=mode, now_ms=now_ms,
                                  up_to_sequence_number=up_to_sequence_number, cache=cache)
     name = ".".join(table.name())
     if selected.snapshot_id is None:
         return Plan(table=name, mode=mode, starting_snapshot_id=None, starting_sequence_number=None, groups=())
-    base = max(1, target_file_size_bytes or int(table.properties.get(TARGET_SIZE_PROPERTY, 0)) or 128 * 1024**2)
+    target = target_file_size_bytes or int(table.properties.get(TARGET_SIZE_PROPERTY, 0)) or 128 * 1024**2
+    base = max(1, min(target, TIER_BASE_MAX_BYTES))
     groups: list[FileGroup] = []
     deferred: list[DeferredPartition] = []
     seal_only: list[str] = []
