@@ -1,4 +1,4 @@
-"""Keep a local PyFlink run's gRPC servers on loopback: two runtime patches of third-party code.
+"""Keep a local PyFlink run's servers on loopback: three runtime patches of third-party code.
 
 This module is the only place streamberg patches a third-party module, and only for local
 runs (`streamberg ingest` without a cluster). tests/test_listen_loopback.py fails if any
@@ -23,6 +23,15 @@ server of a local run listens off loopback again (e.g. after a PyFlink or Beam u
    links to Flink's own lib jars plus ours, and set FLINK_HOME, without which PyFlink
    resets FLINK_LIB_DIR). If the bytecode is not the expected one (another
    Beam version), nothing is patched and a warning says the servers listen on every interface.
+
+3. **JVM side, at start.** The gateway JVM's `PythonEnvUtils.startGatewayServer` first asks
+   Flink's `NetUtils.getAvailablePort()` for a port number for its py4j callback client.
+   That probe is a `new ServerSocket(0)`: a socket listening on every interface, held while a
+   lock file is taken (milliseconds, longer on a loaded machine; the listen test caught one
+   under CI load). The number is a placeholder: PyFlink resets the callback client to the
+   driver's real callback port as soon as the gateway is up (`resetCallbackClient`). The
+   patch replaces the probe and its `getPort()` with a null reservation and port 0, same
+   length; the class goes in the same jar as patch 2.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from pathlib import Path
 from streamberg.common.log import get_logger
 
 SERVER_FACTORY_CLASS = "org/apache/beam/sdk/fn/server/ServerFactory$InetSocketAddressServerFactory.class"
+GATEWAY_STARTUP_CLASS = "org/apache/flink/client/python/PythonEnvUtils.class"
+# Part of the cache folder's name: a folder made by an earlier set of patches is not reused.
+PATCH_SET_VERSION = 2
 
 
 def _start_on_localhost(self):  # noqa: ANN001, ANN202 - PyFlink's method, one string changed
@@ -151,6 +163,31 @@ def patched_server_factory(original: bytes) -> bytes:
     return cf.bytes(old, new)
 
 
+def patched_gateway_startup(original: bytes) -> bytes:
+    """PythonEnvUtils with `Port port = NetUtils.getAvailablePort(); int p = port.getPort();`
+    turned into `Port port = null; int p = 0;` (patch 3); ValueError when not as expected."""
+    cf = _ClassFile(original)
+    get_available = cf.method("org/apache/flink/util/NetUtils", "getAvailablePort",
+                              "()Lorg/apache/flink/util/NetUtils$Port;")
+    get_port = cf.method("org/apache/flink/util/NetUtils$Port", "getPort", "()I")
+    if get_available is None or get_port is None:
+        raise ValueError("NetUtils.getAvailablePort / NetUtils$Port.getPort not referenced")
+    # invokestatic getAvailablePort; astore_1; aload_1; invokevirtual getPort; istore_2
+    #   ->  aconst_null; astore_1; iconst_0; istore_2; 5 x nop
+    # try-with-resources closes the Port only when it is not null.
+    old = b"\xb8" + struct.pack(">H", get_available) + b"\x4c\x2b\xb6" + struct.pack(">H", get_port) + b"\x3d"
+    new = b"\x01\x4c\x03\x3d" + b"\x00" * 5
+    return cf.bytes(old, new)
+
+
+# (class in flink-python's jar, patch, what stays exposed without it)
+JVM_PATCHES = (
+    (SERVER_FACTORY_CLASS, patched_server_factory, "Beam's gRPC servers will listen on every interface"),
+    (GATEWAY_STARTUP_CLASS, patched_gateway_startup,
+     "the gateway JVM's start-up port probe will listen on every interface for a moment"),
+)
+
+
 def flink_home() -> Path:
     """The Flink distribution PyFlink runs: $FLINK_HOME, else the pyflink package itself."""
     import pyflink
@@ -158,26 +195,36 @@ def flink_home() -> Path:
     return Path(os.environ.get("FLINK_HOME") or Path(pyflink.__file__).parent)
 
 
+def patched_classes(python_jar: Path) -> dict[str, bytes]:
+    """Each JVM patch that applies to this flink-python jar; a warning for each that does not."""
+    log = get_logger("ingest.loopback")
+    patched = {}
+    with zipfile.ZipFile(python_jar) as jar:
+        for name, patch, exposed in JVM_PATCHES:
+            try:
+                patched[name] = patch(jar.read(name))
+            except (KeyError, ValueError) as exc:
+                log.warning("cannot patch a flink-python class (unexpected jar)", java_class=name,
+                            consequence=exposed, reason=str(exc))
+    return patched
+
+
 def loopback_lib_dir(cache: Path) -> Path | None:
-    """A folder for FLINK_LIB_DIR: PyFlink's lib jars (links) and the patched class's jar.
-    None (and a warning) when the patch cannot be made."""
+    """A folder for FLINK_LIB_DIR: PyFlink's lib jars (links) and a jar of the patched classes.
+    None (and a warning) when no patch can be made."""
     home = flink_home()
     python_jars = sorted((home / "opt").glob("flink-python*.jar"))
-    log = get_logger("ingest.loopback")
     if not python_jars:
-        log.warning("flink-python jar not found; Beam's gRPC servers will listen on every interface")
+        get_logger("ingest.loopback").warning(
+            "flink-python jar not found; Beam's gRPC servers will listen on every interface")
         return None
     digest = hashlib.sha256(python_jars[0].read_bytes()).hexdigest()[:16]
-    folder = cache / f"flink-lib-{digest}"
+    folder = cache / f"flink-lib-{digest}-p{PATCH_SET_VERSION}"
     marker = folder / "streamberg-loopback-servers.jar"
     if marker.exists():
         return folder
-    try:
-        with zipfile.ZipFile(python_jars[0]) as jar:
-            patched = patched_server_factory(jar.read(SERVER_FACTORY_CLASS))
-    except (KeyError, ValueError) as exc:
-        log.warning("cannot bind Beam's gRPC servers to loopback (unexpected flink-python jar); they will "
-                    "listen on every interface", reason=str(exc))
+    patched = patched_classes(python_jars[0])
+    if not patched:
         return None
     folder.mkdir(parents=True, exist_ok=True)
     for jar_path in (home / "lib").glob("*.jar"):
@@ -189,13 +236,14 @@ def loopback_lib_dir(cache: Path) -> Path | None:
                 pass  # another run made it meanwhile
     partial = folder / f".{marker.name}.{os.getpid()}"
     with zipfile.ZipFile(partial, "w") as out:
-        out.writestr(SERVER_FACTORY_CLASS, patched)
+        for name, data in patched.items():
+            out.writestr(name, data)
     partial.replace(marker)  # atomic: a concurrent run sees the whole jar or none
     return folder
 
 
 def bind_beam_servers_to_loopback(cache: Path) -> None:
-    """Patch 2, before the gateway JVM starts; a JVM already running keeps its classes."""
+    """Patches 2 and 3, before the gateway JVM starts; a JVM already running keeps its classes."""
     from pyflink import java_gateway
 
     if getattr(java_gateway, "_gateway", None) is not None or "PYFLINK_GATEWAY_PORT" in os.environ:
