@@ -1,4 +1,5 @@
-"""Which TCP sockets a process tree listens on, from /proc (what `ss -ltnp` shows, without iproute2).
+"""Which TCP sockets a process tree listens on, from /proc (what `ss -ltnp` shows, without iproute2);
+and, where strace may run, every address a process tree binds.
 
 /proc/<pid>/net/tcp{,6} list the sockets of the process's network namespace with their inode;
 /proc/<pid>/fd links of the form `socket:[inode]` say which process holds which. The tree is
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import shutil
 import struct
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,4 +123,38 @@ def listeners(root: int) -> set[Listener]:
         for inode in sockets & by_inode.keys():
             address, port = by_inode[inode]
             found.add(Listener(pid, command, address, port))
+    return found
+
+
+# -- every bind, not a sample: strace ------------------------------------------------------------
+
+STRACE_BIND = re.compile(
+    r'^(?P<pid>\d+) +bind\(\d+, \{sa_family=AF_INET6?, (?:sin_port|sin6_port)=htons\((?P<port>\d+)\), '
+    r'(?:sin_addr=inet_addr\("(?P<v4>[^"]+)"\)|sin6_flowinfo=[^,]+, inet_pton\(AF_INET6, "(?P<v6>[^"]+)")')
+
+
+def strace_usable() -> bool:
+    """strace is installed and may trace children here (containers can forbid ptrace)."""
+    if shutil.which("strace") is None:
+        return False
+    try:
+        return subprocess.run(["strace", "-f", "-qq", "-e", "trace=bind", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def traced(command: list[str], trace_file: Path) -> list[str]:
+    """`command` run under strace, writing every bind() of its process tree to `trace_file`."""
+    return ["strace", "-f", "-qq", "-e", "trace=bind", "-o", str(trace_file), *command]
+
+
+def tcp_binds(trace_file: Path) -> list[Listener]:
+    """The IPv4/IPv6 binds in an strace log (UDP and TCP alike: strace does not say which;
+    netlink and Unix sockets are left out). Listener.command is the strace line."""
+    found = []
+    for line in trace_file.read_text().splitlines():
+        match = STRACE_BIND.match(line)
+        if match:
+            found.append(Listener(int(match["pid"]), line[:160], match["v4"] or match["v6"], int(match["port"])))
     return found

@@ -7,7 +7,8 @@ with every listening TCP socket of each process tree sampled from /proc while th
 (tests/listening.py). The test fails naming the process and the address of any socket that
 is not on 127.0.0.0/8 or ::1. The Python workers' mode (loopback in the driver, or separate
 processes under the TaskManager) follows `_python_worker_execution_mode` from the
-environment; the tree walk covers both.
+environment; the tree walk covers both. Sampling misses a socket that lives for
+milliseconds, so a second test, where strace may run, reads every bind() of the same commands.
 """
 
 from __future__ import annotations
@@ -28,27 +29,33 @@ from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
 from tests.helpers import config_at, write_config
-from tests.listening import Listener, listeners
+from tests.listening import Listener, listeners, strace_usable, tcp_binds, traced
 
 pytestmark = [pytest.mark.flink, pytest.mark.spark]
 
 SAMPLE_SECONDS = 0.3
 
 
-def _start(name: str, args: list[str], directory: Path) -> subprocess.Popen:
-    exe = Path(sys.executable).parent / "streamberg"
+def _start(name: str, args: list[str], directory: Path, trace: bool = False) -> subprocess.Popen:
+    command = [str(Path(sys.executable).parent / "streamberg"), *args]
+    if trace:
+        command = traced(command, directory / f"{name}.strace")
     log = (directory / f"{name}.log").open("w")
-    return subprocess.Popen([str(exe), *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
 
 
-def test_local_processes_listen_on_loopback_only(tmp_path: Path, broker: str) -> None:
-    metrics_port = free_port()
-    path = write_config(tmp_path, broker, ingest={"commit_interval_seconds": 2, "parallelism": 2}, extra={
+def _local_config(tmp_path: Path, broker: str, metrics_port: int) -> Path:
+    return write_config(tmp_path, broker, ingest={"commit_interval_seconds": 2, "parallelism": 2}, extra={
         "compactor": {"checkpoint_dir": "checkpoint", "min_files": 1, "columns": ["user_id", "city"],
                       "spark_master": "local[1]", "spark_conf": {"spark.sql.shuffle.partitions": "1"}},
         "monitoring": {"metrics_port": metrics_port},  # the address is left to its default
     })
+
+
+def test_local_processes_listen_on_loopback_only(tmp_path: Path, broker: str) -> None:
+    metrics_port = free_port()
+    path = _local_config(tmp_path, broker, metrics_port)
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, 2)
     produce_events(config, 2_000)
@@ -107,6 +114,32 @@ def test_local_processes_listen_on_loopback_only(tmp_path: Path, broker: str) ->
     exposed = sorted(f"{name}: {s}" for name, found in seen.items() for s in found if not s.loopback)
     assert not exposed, "listening off loopback:\n" + "\n".join(exposed)
     print(json.dumps({name: sorted(f"{s.address}:{s.port}" for s in found) for name, found in seen.items()}))
+
+
+@pytest.mark.skipif(not strace_usable(), reason="needs strace, allowed to trace child processes")
+def test_every_bind_of_a_local_run_is_on_loopback(tmp_path: Path, broker: str) -> None:
+    """Every bind() of `ingest`, `compact --once` and `maintain --once`, from strace: a socket
+    that listens for milliseconds (the gateway JVM's start-up port probe, caught once by the
+    sampling above on a loaded CI machine) is seen every time, not by luck."""
+    path = _local_config(tmp_path, broker, free_port())
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, 2)
+    produce_events(config, 500)
+
+    runs = {"ingest": ["ingest", "--config", str(path), "--max-records", "500", "--quiet"]}
+    ingest = _start("ingest", runs["ingest"], tmp_path, trace=True)
+    assert ingest.wait(300) == 0, (tmp_path / "ingest.log").read_text()[-3000:]
+    runs |= {"compact": ["compact", "--config", str(path), "--once"],
+             "maintain": ["maintain", "--config", str(path), "--once"]}
+    spark = {name: _start(name, runs[name], tmp_path, trace=True) for name in ("compact", "maintain")}
+    for name, proc in spark.items():
+        assert proc.wait(300) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+
+    binds = {name: tcp_binds(tmp_path / f"{name}.strace") for name in runs}
+    # Each command bound its servers (so the trace saw them), and only on loopback.
+    assert all(binds.values()), {name: len(found) for name, found in binds.items()}
+    exposed = sorted(f"{name}: {b.command}" for name, found in binds.items() for b in found if not b.loopback)
+    assert not exposed, "bound off loopback:\n" + "\n".join(exposed)
 
 
 def test_flink_local_settings_bind_loopback_and_stay_overridable(tmp_path: Path) -> None:
