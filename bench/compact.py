@@ -97,7 +97,7 @@ def data_files(spark: Any, table: str) -> tuple[int, int]:
 
 def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
     from streamberg.common.catalog import ensure_table, load_catalog
-    from streamberg.common.spark import register_catalog, spark_table_name
+    from streamberg.common.spark import register_catalog
     from streamberg.compactor.service import Compactor
 
     base_rows = int(300_000 * scale)
@@ -110,7 +110,7 @@ def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> d
         config = make_config(workdir, f"incremental-{factor}x", partitioned=True, target=128 * 1024**2)
         ensure_table(load_catalog(config.catalog), config.table)
         register_catalog(spark, config.catalog)
-        table = spark_table_name(config)
+        table = config.target.spark_name
         rows = base_rows * max(factor, 1) if factor else step * 2
         print(f"  building the {factor}x table ({rows:,} optimized rows) ...", flush=True)
         for i in range(max(factor, 1)):
@@ -122,13 +122,13 @@ def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> d
     config, table = tables.pop(0)
     for i in range(new_commits):
         append(spark, table, 10**9 + i * step, step, seed=7 + i)
-    Compactor(config, spark).run_pass()  # warm-up, not measured
+    Compactor(config.compactor, config.target, spark).run_pass()  # warm-up, not measured
     runs: dict[int, list[float]] = {1: [], 10: []}
     for r in range(rounds):
         for factor, (config, table) in tables.items():  # alternate 1x / 10x so noise hits both
             for i in range(new_commits):  # the same new rows land in both tables
                 append(spark, table, 10**9 + (r * new_commits + i) * step, step, seed=1000 * r + i)
-            seconds, report = timed(lambda config=config: Compactor(config, spark).run_pass())
+            seconds, report = timed(lambda config=config: Compactor(config.compactor, config.target, spark).run_pass())
             totals = report.totals()
             files, size = data_files(spark, table)
             runs[factor].append(seconds)
@@ -152,14 +152,14 @@ def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> d
 
 def bench_speed(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
     from streamberg.common.catalog import ensure_table, load_catalog
-    from streamberg.common.spark import register_catalog, spark_table_name
+    from streamberg.common.spark import register_catalog
     from streamberg.compactor.service import Compactor
 
     rows, files = int(2_000_000 * scale), 40
     config = make_config(workdir, "speed", partitioned=False, target=128 * 1024**2)
     ensure_table(load_catalog(config.catalog), config.table)
     register_catalog(spark, config.catalog)
-    table = spark_table_name(config)
+    table = config.target.spark_name
     print(f"  building {files} small files, {rows:,} rows ...", flush=True)
     for i in range(files):
         append(spark, table, i * (rows // files), rows // files, seed=1000 + i)
@@ -176,7 +176,7 @@ def bench_speed(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[st
 
     def ours(strategy: str) -> Any:
         def run() -> None:
-            report = Compactor(config, spark, strategy=strategy).run_pass(mode="full")
+            report = Compactor(config.compactor, config.target, spark, strategy=strategy).run_pass(mode="full")
             assert report.totals()["files_in"] == in_files, report.totals()
         return run
 
@@ -191,9 +191,9 @@ def bench_speed(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[st
     ensure_table(load_catalog(warm.catalog), warm.table)
     register_catalog(spark, warm.catalog)
     for i in range(5):
-        append(spark, spark_table_name(warm), i * 20_000, 20_000, seed=i)
+        append(spark, warm.target.spark_name, i * 20_000, 20_000, seed=i)
     for strategy in ("zorder", "hilbert"):  # warm-up (JIT, codegen caches) on a small table, not measured
-        Compactor(warm, spark, strategy=strategy).run_pass(mode="full")
+        Compactor(warm.compactor, warm.target, spark, strategy=strategy).run_pass(mode="full")
     spark.sql(f"CALL {warm.catalog.name}.system.rewrite_data_files(table => 'bench.events', strategy => 'sort', "
               f"sort_order => 'zorder({','.join(COLUMNS)})', options => map('rewrite-all', 'true'))").collect()
     for r in range(rounds):

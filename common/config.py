@@ -22,6 +22,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -607,6 +608,28 @@ class RunConfig(_Section):
         return value
 
 
+@dataclass(frozen=True)
+class TableTarget:
+    """The table a component works on: the two sections every component shares.
+
+    Components are given their own section plus this (the compactor `compactor` + target,
+    maintenance `maintenance` + target); only the commands that compose them read the whole
+    configuration.
+    """
+
+    catalog: CatalogConfig
+    table: TableConfig
+
+    @property
+    def identifier(self) -> str:
+        return self.table.identifier
+
+    @property
+    def spark_name(self) -> str:
+        """The table's name in Spark: <catalog>.<namespace>.<table>."""
+        return f"{self.catalog.name}.{self.table.identifier}"
+
+
 class StreambergConfig(BaseSettings):
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -645,6 +668,10 @@ class StreambergConfig(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML document arrives as init kwargs; the environment overrides it.
         return (env_settings, init_settings)
+
+    @property
+    def target(self) -> TableTarget:
+        return TableTarget(self.catalog, self.table)
 
     @property
     def job_id(self) -> str:

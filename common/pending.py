@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
-from streamberg.common.config import CompactorConfig, StreambergConfig
+from streamberg.common.config import CompactorConfig
 from streamberg.common.summary_keys import TablePropertyKeys
 
 Mode = Literal["incremental", "full"]
@@ -32,15 +32,14 @@ APPEND = "append"
 TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
 
 
-def target_file_size(config: StreambergConfig, table: Table) -> int:
-    """Size of the files a rewrite writes: compactor.target_file_size_bytes, else the table's
-    write.target-file-size-bytes, else table.target_file_size_bytes. (Also what
-    `streamberg status` measures small files against.)"""
-    configured = config.compactor.target_file_size_bytes
+def target_file_size(table: Table, configured: int | None, default: int) -> int:
+    """Size of the files a rewrite writes: `configured` (compactor.target_file_size_bytes),
+    else the table's write.target-file-size-bytes, else `default`
+    (table.target_file_size_bytes). (Also what `streamberg status` measures small files against.)"""
     if configured is not None:
         return configured
     prop = table.properties.get(TARGET_SIZE_PROPERTY)
-    return int(prop) if prop else config.table.target_file_size_bytes
+    return int(prop) if prop else default
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from streamberg.common.catalog import SQLITE_BUSY_TIMEOUT_SECONDS
-from streamberg.common.config import CatalogConfig, StreambergConfig
+from streamberg.common.config import CatalogConfig
 from streamberg.common.errors import MissingJarError, SparkCatalogError
 from streamberg.common.jars import (
     SPARK_S3_JARS_ENV,
@@ -212,14 +212,15 @@ def spark_session(conf: Mapping[str, str]) -> Any:
     return builder.getOrCreate()
 
 
-def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-compactor") -> Any:
-    """The compactor's SparkSession: master and extra conf from `compactor:`, plus the catalog.
+def build_spark_session(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, str],
+                        app_name: str = "streamberg-compactor") -> Any:
+    """A SparkSession on `master` with the catalog registered, `spark_conf` applied last
+    (`compactor.spark_master` / `compactor.spark_conf`, which maintenance shares).
 
     Under spark-submit the master and jars given there win (getOrCreate keeps an existing
     context's settings); locally the session is built from the config.
     """
-    compactor = config.compactor
-    conf = base_spark_conf(spark_jars(config.catalog), compactor.spark_master, app_name)
+    conf = base_spark_conf(spark_jars(catalog), master, app_name)
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit: its --master and --jars decide (builder settings would
         # override them), the rest of the settings still apply.
@@ -232,15 +233,10 @@ def build_spark_session(config: StreambergConfig, app_name: str = "streamberg-co
         conf.pop("spark.ui.enabled", None)  # the submit's (and the cluster's) choice
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
-    conf.update(compactor.spark_conf)
+    conf.update(spark_conf)
     spark = spark_session(conf)
-    register_catalog(spark, config.catalog)
+    register_catalog(spark, catalog)
     return spark
-
-
-def spark_table_name(config: StreambergConfig) -> str:
-    """The table's identifier in Spark: <catalog>.<namespace>.<table>."""
-    return f"{config.catalog.name}.{config.table.identifier}"
 
 
 def quiet_spark_logs(spark: Any, level: str = "WARN") -> None:

@@ -54,7 +54,7 @@ def _open_table(config: StreambergConfig, wait_seconds: float = 0.0,
 def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]:
     """What a pass would rewrite now, without Spark and without the lease."""
     _, table = _open_table(config)
-    layout = resolve_layout(config, options.strategy, options.columns, table)
+    layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), mode="full" if options.full else "incremental")
     return {
         "table": config.table.identifier, "dry_run": True, "strategy": layout.strategy, "columns": list(layout.columns),
@@ -83,7 +83,8 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}
-    layout = resolve_layout(config, options.strategy, options.columns, table)  # bad columns fail before Spark starts
+    # Bad columns fail before Spark starts.
+    layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     log = get_logger("compactor", table=config.table.identifier)
     lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
     try:
@@ -98,14 +99,14 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
         if own_spark:
             from streamberg.common.spark import build_spark_session, quiet_spark_logs
 
-            spark = build_spark_session(config)
+            spark = build_spark_session(config.catalog, config.compactor.spark_master, config.compactor.spark_conf)
             quiet_spark_logs(spark)
         else:
             from streamberg.common.spark import activate, register_catalog
 
             activate(spark)
             register_catalog(spark, config.catalog)
-        compactor = Compactor(config, spark, lease=lease, catalog=catalog, layout=layout)
+        compactor = Compactor(config.compactor, config.target, spark, lease=lease, catalog=catalog, layout=layout)
         summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,
                                    "columns": list(compactor.columns), "run_id": compactor.run_id}
         if options.full:

@@ -19,12 +19,12 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table as PyTable
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import LAYOUT_STRATEGIES, StreambergConfig
+from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig, TableTarget
 from streamberg.common.errors import ConfigError, GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
 from streamberg.common.pending import ManifestCache, Mode, PlanningRules, sealed_sequence_numbers, target_file_size
-from streamberg.common.spark import activate, spark_table_name
+from streamberg.common.spark import activate
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
@@ -79,11 +79,12 @@ class PassReport:
                 "seconds": round(self.seconds, 3), "commit_details": [asdict(c) for c in self.commits]}
 
 
-def resolve_layout(config: StreambergConfig, strategy: str | None, columns: list[str] | None,
-                   table: PyTable | None = None) -> ResolvedLayout:
-    """Strategy and columns from CLI overrides or the config, checked against the table."""
-    chosen_columns = tuple(columns if columns is not None else config.compactor.columns)
-    chosen = strategy or config.compactor.strategy
+def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: list[str] | None,
+                   table: PyTable | None = None, identifier: str = "") -> ResolvedLayout:
+    """Strategy and columns from CLI overrides or the settings, checked against the table
+    (named `identifier` in the error)."""
+    chosen_columns = tuple(columns if columns is not None else settings.columns)
+    chosen = strategy or settings.strategy
     if chosen not in LAYOUTS:
         raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(LAYOUT_STRATEGIES)}")
     if LAYOUTS[chosen].clusters and not chosen_columns:
@@ -92,7 +93,7 @@ def resolve_layout(config: StreambergConfig, strategy: str | None, columns: list
         names = [f.name for f in table.schema().fields]
         missing = [c for c in chosen_columns if c not in names]
         if missing:
-            raise ConfigError(f"compactor.columns: {missing} not in table {config.table.identifier} "
+            raise ConfigError(f"compactor.columns: {missing} not in table {identifier} "
                               f"(columns: {', '.join(names)})")
     return ResolvedLayout(LAYOUTS[chosen], chosen_columns)
 
@@ -100,20 +101,23 @@ def resolve_layout(config: StreambergConfig, strategy: str | None, columns: list
 class Compactor:
     """Plans and runs optimize passes on one table with one SparkSession."""
 
-    def __init__(self, config: StreambergConfig, spark: Any, *, strategy: str | None = None,
+    def __init__(self, settings: CompactorConfig, target: TableTarget, spark: Any, *, strategy: str | None = None,
                  columns: list[str] | None = None, lease: TableLease | None = None,
                  catalog: Catalog | None = None, layout: ResolvedLayout | None = None) -> None:
-        """`catalog` and `layout`: as the caller already opened and resolved them (one
+        """`settings`: the `compactor` section; `target`: the catalog and table it optimizes.
+        `catalog` and `layout`: as the caller already opened and resolved them (one
         `streamberg compact` run does both once); otherwise opened and resolved here, with
-        `strategy`/`columns` overriding the config."""
-        self.config = config
+        `strategy`/`columns` overriding the settings."""
+        self.settings = settings
+        self.target = target
         self.spark = spark
-        self.catalog = catalog if catalog is not None else load_catalog(config.catalog)
-        self.identifier = config.table.identifier
-        self.spark_table = spark_table_name(config)
-        self.layout = layout if layout is not None else resolve_layout(config, strategy, columns, self.load())
+        self.catalog = catalog if catalog is not None else load_catalog(target.catalog)
+        self.identifier = target.identifier
+        self.spark_table = target.spark_name
+        self.layout = layout if layout is not None else resolve_layout(settings, strategy, columns, self.load(),
+                                                                        self.identifier)
         self.strategy, self.columns = self.layout.strategy, self.layout.columns
-        self.rules = PlanningRules.from_config(config.compactor)
+        self.rules = PlanningRules.from_config(settings)
         self.cache = ManifestCache()
         self.lease = lease
         self.run_id = str(uuid.uuid4())
@@ -124,7 +128,7 @@ class Compactor:
         return self.catalog.load_table(self.identifier)
 
     def target_file_size(self, table: PyTable) -> int:
-        return target_file_size(self.config, table)
+        return target_file_size(table, self.settings.target_file_size_bytes, self.target.table.target_file_size_bytes)
 
     def plan(self, mode: Mode = "incremental", up_to_snapshot_id: int | None = None) -> tuple[PyTable, Plan]:
         table = self.load()
@@ -152,14 +156,14 @@ class Compactor:
         filters = [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
         tasks_by_path = plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
         layout = LayoutSpec(self.layout.layout, self.columns, self.target_file_size(table),
-                            self.config.compactor.index_bits, self.config.compactor.sample_rows)
+                            self.settings.index_bits, self.settings.sample_rows)
         runner = GroupRunner(self.spark, self.spark_table, jtable, layout)
         commits = CommitManager(
             self.spark, jtable, starting_snapshot_id=plan.starting_snapshot_id,
-            starting_sequence_number=plan.starting_sequence_number, retries=self.config.compactor.commit_retries,
+            starting_sequence_number=plan.starting_sequence_number, retries=self.settings.commit_retries,
             lease_check=self.lease.check if self.lease is not None else None, table=self.identifier,
         )
-        batches = plan.commit_batches(self.config.compactor.max_commits)
+        batches = plan.commit_batches(self.settings.max_commits)
         sealed: list[str] = list(plan.seal_only)
         for k, batch in enumerate(batches, start=1):
             results: list[RewriteResult] = []

@@ -84,7 +84,7 @@ class SnapshotWatcher:
     def __init__(self, compactor: Compactor, *, once: bool) -> None:
         self.compactor = compactor
         self.spark = compactor.spark
-        self.config = compactor.config.compactor
+        self.settings = compactor.settings
         self.once = once
         self.report = WatchReport()
         self._lock = threading.Lock()
@@ -92,13 +92,13 @@ class SnapshotWatcher:
         self._stopping = False
         self._query: Any = None
         self.log = get_logger("compactor.stream", table=compactor.identifier,
-                              checkpoint=self.config.checkpoint_dir)
+                              checkpoint=self.settings.checkpoint_dir)
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         if self._stopping:
             self.log.info("micro-batch skipped: stopping", batch_id=batch_id)
             return
-        end = read_batch_end_snapshot(self.spark, self.config.checkpoint_dir, batch_id)
+        end = read_batch_end_snapshot(self.spark, self.settings.checkpoint_dir, batch_id)
         self.log.info("micro-batch", batch_id=batch_id, end_snapshot_id=end)
         try:
             with self._lock:
@@ -111,7 +111,7 @@ class SnapshotWatcher:
             raise
 
     def _timer_pass(self) -> None:
-        if self.config.max_delay_seconds is None:
+        if self.settings.max_delay_seconds is None:
             return
         with self._lock:
             self.report.passes.append(self.compactor.run_pass())
@@ -121,14 +121,14 @@ class SnapshotWatcher:
         stream = (self.spark.readStream.format("iceberg").options(**SKIP_OPTIONS)
                   .load(self.compactor.spark_table))
         writer = (stream.writeStream.foreachBatch(self._on_batch)
-                  .option("checkpointLocation", self.config.checkpoint_dir)
+                  .option("checkpointLocation", self.settings.checkpoint_dir)
                   .queryName(f"streamberg-compactor-{self.compactor.identifier}"))
         if self.once:
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=f"{self.config.trigger_interval_seconds:g} seconds")
+            writer = writer.trigger(processingTime=f"{self.settings.trigger_interval_seconds:g} seconds")
         self._query = writer.start()
-        self.log.info("watching snapshots", once=self.once, trigger_interval_seconds=self.config.trigger_interval_seconds)
+        self.log.info("watching snapshots", once=self.once, trigger_interval_seconds=self.settings.trigger_interval_seconds)
         return self._query
 
     def run(self, stop: threading.Event | None = None) -> WatchReport:
@@ -143,9 +143,9 @@ class SnapshotWatcher:
             last_timer = time.monotonic()
             while not stop.is_set():
                 # Short waits so a stop request is honoured promptly.
-                if self._await(query, min(1.0, self.config.trigger_interval_seconds)):
+                if self._await(query, min(1.0, self.settings.trigger_interval_seconds)):
                     return self.report  # stopped from elsewhere (query.stop())
-                if time.monotonic() - last_timer >= self.config.trigger_interval_seconds:
+                if time.monotonic() - last_timer >= self.settings.trigger_interval_seconds:
                     self._timer_pass()
                     last_timer = time.monotonic()
             return self.report

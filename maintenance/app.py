@@ -122,7 +122,9 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
         if own_spark:
             from streamberg.common.spark import build_spark_session, quiet_spark_logs
 
-            spark = build_spark_session(config, app_name="streamberg-maintenance")
+            # Maintenance shares the compactor's Spark settings (docs/maintenance.md).
+            spark = build_spark_session(config.catalog, config.compactor.spark_master, config.compactor.spark_conf,
+                                        app_name="streamberg-maintenance")
             quiet_spark_logs(spark)
         else:
             from streamberg.common.spark import activate, register_catalog
@@ -131,7 +133,8 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
             register_catalog(spark, config.catalog)
         from streamberg.maintenance.service import Maintainer
 
-        maintainer = Maintainer(config, spark, **({"clock": clock} if clock is not None else {}))
+        maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark,
+                                **({"clock": clock} if clock is not None else {}))
         while not stop.is_set():
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)

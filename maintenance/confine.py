@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from pyiceberg.catalog import Catalog
 
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import MaintenanceConfig
 from streamberg.common.errors import LocationRefused
 
 
@@ -66,13 +66,15 @@ def _real(p: Place) -> Place:
     return Place("", os.path.realpath(p.path), p.raw_path) if p.local else p
 
 
-def check_location(config: StreambergConfig, catalog: Catalog, identifier: str, location: str) -> None:
-    """Raise LocationRefused when orphan removal must not run on the table at `location`."""
-    table_place, warehouse = place(location), place(config.catalog.warehouse)
-    if not is_within(_real(table_place), _real(warehouse)) and not config.maintenance.allow_location_outside_warehouse:
+def check_location(settings: MaintenanceConfig, warehouse_path: str, catalog: Catalog, identifier: str,
+                   location: str) -> None:
+    """Raise LocationRefused when orphan removal must not run on the table at `location`
+    (in `catalog`, whose warehouse is `warehouse_path`)."""
+    table_place, warehouse = place(location), place(warehouse_path)
+    if not is_within(_real(table_place), _real(warehouse)) and not settings.allow_location_outside_warehouse:
         raise LocationRefused(
             f"table {identifier} is located at {location}, outside the catalog warehouse "
-            f"{config.catalog.warehouse}; orphan removal deletes unreferenced files under the table location, "
+            f"{warehouse_path}; orphan removal deletes unreferenced files under the table location, "
             "so it refuses to run there. Move the table, or set maintenance.allow_location_outside_warehouse: true "
             "if that location holds only this table's files")
     if table_place.path == "/":

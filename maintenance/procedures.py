@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import TableTarget
 from streamberg.common.jvm import IcebergFailure, iceberg_failure, iterate, load_table
-from streamberg.common.spark import activate, spark_table_name
+from streamberg.common.spark import activate
 from streamberg.maintenance.planner import ExpirePlan, RetentionPlan
 
 
@@ -43,11 +43,11 @@ def lost_commit_race(exc: BaseException) -> bool:
 class MaintenanceRunner:
     """Executes planned maintenance operations on one table with one SparkSession."""
 
-    def __init__(self, spark: Any, config: StreambergConfig) -> None:
+    def __init__(self, spark: Any, target: TableTarget) -> None:
         self.spark = spark
-        self.catalog = config.catalog.name
-        self.identifier = config.table.identifier
-        self.spark_table = spark_table_name(config)
+        self.catalog = target.catalog.name
+        self.identifier = target.identifier
+        self.spark_table = target.spark_name
 
     def _call(self, procedure: str, **args: str) -> dict[str, Any]:
         activate(self.spark)

@@ -26,7 +26,7 @@ from pyiceberg.expressions import LessThan
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import MaintenanceConfig, TableTarget
 from streamberg.common.errors import LocationRefused, RetentionColumnError
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
@@ -70,14 +70,18 @@ def _off(reason: str, **zeros: Any) -> dict[str, Any]:
 
 
 class Maintainer:
-    """Runs maintenance passes on the config's table with one SparkSession."""
+    """Runs maintenance passes on one table with one SparkSession."""
 
-    def __init__(self, config: StreambergConfig, spark: Any, *, clock: Callable[[], float] = time.time) -> None:
-        self.config = config
-        self.settings = config.maintenance
-        self.identifier = config.table.identifier
-        self.catalog = load_catalog(config.catalog)
-        self.runner = MaintenanceRunner(spark, config)
+    def __init__(self, settings: MaintenanceConfig, target: TableTarget, topic: str, spark: Any, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`settings`: the `maintenance` section; `target`: the catalog and table; `topic`: the
+        Kafka topic whose committed offsets expiry must keep reachable."""
+        self.settings = settings
+        self.target = target
+        self.topic = topic
+        self.identifier = target.identifier
+        self.catalog = load_catalog(target.catalog)
+        self.runner = MaintenanceRunner(spark, target)
         self.clock = clock
         self.log = get_logger("maintenance", table=self.identifier)
 
@@ -130,7 +134,7 @@ class Maintainer:
             "snapshot_id_after": after.snapshot_id if after is not None else None,
         })
         try:
-            record_run(self.catalog.engine, self.config.catalog.name, result, started_at=started, finished_at=finished)
+            record_run(self.catalog.engine, self.target.catalog.name, result, started_at=started, finished_at=finished)
         except Exception as exc:  # noqa: BLE001 - the work is done; a missing record is reported, not fatal
             log.error("could not record the maintenance run", error=str(exc))
             result["status"] = "failed"
@@ -159,7 +163,7 @@ class Maintainer:
         if not self.settings.expire.enabled:
             return _off("maintenance.expire.enabled is false", **zeros)
         table = self.load()
-        plan = plan_expire(table, self.settings.expire, self.config.kafka.topic, self.now_ms())
+        plan = plan_expire(table, self.settings.expire, self.topic, self.now_ms())
         log = log.bind(step="expire_snapshots", snapshot_id=plan.current_snapshot_id)
         out: dict[str, Any] = {
             "ran": False, "expired": len(plan.expired_ids), "kept": len(plan.kept_ids),
@@ -219,7 +223,7 @@ class Maintainer:
         location = table.location()
         try:
             # Refuses a location outside the warehouse or holding another table (confine.py).
-            check_location(self.config, self.catalog, self.identifier, location)
+            check_location(self.settings, self.target.catalog.warehouse, self.catalog, self.identifier, location)
         except LocationRefused as exc:
             log.error("orphan removal refused", location=location, reason=str(exc))
             raise

@@ -65,7 +65,7 @@ def last_commit(table: Table, position: CommittedPosition, now_ms: int) -> LastC
 
 
 def file_facts(config: StreambergConfig, table: Table, files: list[DataFileInfo]) -> FileFacts:
-    target = target_file_size(config, table)
+    target = target_file_size(table, config.compactor.target_file_size_bytes, config.table.target_file_size_bytes)
     threshold = int(target * config.monitoring.small_file_fraction)
     small = sum(1 for f in files if f.size_bytes < threshold)
     return FileFacts(

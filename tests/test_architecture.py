@@ -45,3 +45,45 @@ def test_folder_imports_only_the_floors_below(folder: str) -> None:
 def test_the_check_sees_imports() -> None:
     """The reader above finds lazy imports too (else the test above proves nothing)."""
     assert _streamberg_imports(ROOT / "cli" / "run.py") >= {"common", "monitoring", "supervisor"}
+
+
+# -- each component reads its own section ---------------------------------------------------------
+
+# Sections of StreambergConfig a component's code may read (`config.<section>`): its own plus
+# the shared ones. Monitoring reports backlog by the compactor's own rules, so it reads them.
+SECTIONS = {
+    "ingest": {"kafka", "catalog", "table", "ingest", "dead_letter"},
+    "compactor": {"catalog", "table", "compactor"},
+    "maintenance": {"catalog", "table", "kafka", "maintenance", "compactor"},  # compactor: its Spark settings
+    "monitoring": {"kafka", "catalog", "table", "ingest", "dead_letter", "compactor", "monitoring"},
+}
+# Where the whole configuration is taken apart: a component's services are given their
+# section and the TableTarget, not the whole StreambergConfig.
+COMPOSERS = {"compactor": {"app.py"}, "maintenance": {"app.py"}}
+
+
+def _sections_read(path: Path) -> set[str]:
+    from streamberg.common.config import StreambergConfig
+
+    sections = set(StreambergConfig.model_fields) - {"config_path"}
+    return {node.attr for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.Attribute) and node.attr in sections
+            and isinstance(node.value, ast.Name) and node.value.id == "config"}
+
+
+@pytest.mark.parametrize("component", sorted(SECTIONS))
+def test_component_reads_only_its_sections(component: str) -> None:
+    wrong = {str(p.relative_to(ROOT)): sorted(_sections_read(p) - SECTIONS[component])
+             for p in sorted((ROOT / component).rglob("*.py"))}
+    assert not {k: v for k, v in wrong.items() if v}
+
+
+@pytest.mark.parametrize("component", sorted(COMPOSERS))
+def test_services_are_given_their_section_not_the_whole_config(component: str) -> None:
+    whole = [str(p.relative_to(ROOT)) for p in sorted((ROOT / component).rglob("*.py"))
+             if p.name not in COMPOSERS[component] and "StreambergConfig" in p.read_text()]
+    assert not whole, f"modules taking the whole StreambergConfig: {whole}"
+
+
+def test_the_section_check_sees_reads() -> None:
+    assert _sections_read(ROOT / "compactor" / "app.py") >= {"compactor", "catalog", "table"}

@@ -173,7 +173,7 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
     cache = ManifestCache()
     ingested = 0
     measures: list[PassMeasure] = []
-    compactor = Compactor(incremental, spark)
+    compactor = Compactor(incremental.compactor, incremental.target, spark)
     total_passes = -(-spec.commits // spec.commits_per_pass)
     for commit in range(spec.commits):
         rows = _rows(spec, commit, arrow_schema)
@@ -195,7 +195,7 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
             files_per_query=files_per_query(table, points, cache), bytes_ingested=ingested,
             bytes_written=_compactor_bytes_written(table), group_kinds=dict(kinds), seconds=round(seconds, 3))
         if number % spec.reference_every_passes == 0 or number == total_passes:
-            Compactor(reference, spark).run_pass(mode="full")
+            Compactor(reference.compactor, reference.target, spark).run_pass(mode="full")
             measure.reference_files_per_query = files_per_query(catalog.load_table("bench.reference"), points, cache)
         measures.append(measure)
         progress(f"  {spec.scenario}/{spec.strategy} pass {number}/{total_passes}: "

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.spark
 
 def _rewritten_but_not_committed(spark, config):
     """Plan and rewrite every pending file, stopping right before the commit."""
-    compactor = Compactor(config, spark, strategy="zorder")
+    compactor = Compactor(config.compactor, config.target, spark, strategy="zorder")
     table = reload(config)
     plan = plan_rewrite(table, PlanningRules(min_files=1, max_delay_seconds=None, every_n_snapshots=None))
     jtable = load_table(spark, compactor.spark_table)

@@ -158,7 +158,7 @@ def test_demo_config_is_valid_for_the_compactor(tmp_path) -> None:
                                               "warehouse": str(tmp_path / "warehouse")})
     config = demo.model_copy(update={"catalog": catalog})
     table = ensure_table(load_catalog(config.catalog), config.table)
-    resolved = resolve_layout(config, None, None, table)
+    resolved = resolve_layout(config.compactor, None, None, table, config.table.identifier)
     strategy, columns = resolved.strategy, resolved.columns
     assert strategy in CLUSTERING_STRATEGIES and strategy == demo.compactor.strategy
     assert columns and set(columns) <= {f.name for f in table.schema().fields}

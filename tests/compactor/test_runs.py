@@ -129,7 +129,7 @@ def test_a_crash_in_a_merge_leaves_the_table_whole_and_the_next_pass_merges(spar
     with monkeypatch.context() as patched:
         patched.setattr(CommitManager, "_commit_once", crash)
         with pytest.raises(KeyboardInterrupt):
-            Compactor(config, spark).run_pass()
+            Compactor(config.compactor, config.target, spark).run_pass()
     table = reload(config)
     assert set(live_files(table)) == files and row_multiset(table) == rows  # nothing half-done is visible
 
@@ -157,7 +157,7 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
     writer.start()
     try:
         for _ in range(4):
-            Compactor(config, spark).run_pass()
+            Compactor(config.compactor, config.target, spark).run_pass()
     finally:
         done.set()
         writer.join()
