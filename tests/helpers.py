@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import yaml
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA
+from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
 
 EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
 
@@ -132,3 +134,53 @@ class JvmSentinel:
         if not self.record.exists():
             return []
         return [line for line in self.record.read_text().splitlines() if line.strip() not in ("-version", "")]
+
+
+def json_events(text: str) -> list[dict]:
+    """The JSON-object lines of a log (`STREAMBERG_LOG_FORMAT=json`); other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+class BackgroundProducer:
+    """Sample events produced from a thread, `batch` records at `rate` per second per batch,
+    until stop() (or `max_batches`). `ids`: the valid ids delivered; `produced`: every record
+    delivered, malformed ones included. Batches get consecutive ids and their own seed."""
+
+    def __init__(self, config: StreambergConfig, batch: int, rate: float, bad_fraction: float = 0.0,
+                 max_batches: int | None = None) -> None:
+        self.config, self.batch, self.rate, self.bad_fraction = config, batch, rate, bad_fraction
+        self.max_batches = max_batches
+        self.ids: list[int] = []
+        self.produced = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-producer", daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set() and (self.max_batches is None or n < self.max_batches):
+            result = produce_events(self.config, self.batch, rate=self.rate, bad_fraction=self.bad_fraction,
+                                    start_id=n * self.batch, seed=n)
+            self.ids.extend(result.valid_ids)
+            self.produced += result.produced
+            n += 1
+
+    def start(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def join(self) -> None:
+        """Wait for the last batch (after stop(), or for `max_batches`)."""
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join()

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,10 +23,10 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.common.sample_events import produce_events
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from tests.helpers import (
+    BackgroundProducer,
     config_at,
     duplicates,
     end_offsets_by_reading,
@@ -50,20 +49,7 @@ def test_live_ingest_and_compactor_commit_side_by_side(tmp_path: Path, broker: s
     )
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, PARTITIONS)
-    produced_ids: list[int] = []
-    produced_total = [0]
-    stop = threading.Event()
-
-    def produce() -> None:
-        batch = 0
-        while not stop.is_set():
-            result = produce_events(config, 1000, rate=1500, bad_fraction=0.01, start_id=batch * 1000, seed=batch)
-            produced_ids.extend(result.valid_ids)
-            produced_total[0] += result.produced
-            batch += 1
-
-    producer = threading.Thread(target=produce)
-    producer.start()
+    producer = BackgroundProducer(config, 1000, rate=1500, bad_fraction=0.01).start()
     log = tmp_path / "ingest.log"
     exe = Path(sys.executable).parent / "streamberg"
     ingest = subprocess.Popen([str(exe), "ingest", "--config", str(path), "--quiet"], stdout=log.open("w"),
@@ -77,22 +63,21 @@ def test_live_ingest_and_compactor_commit_side_by_side(tmp_path: Path, broker: s
         for _ in range(3):  # incremental passes while ingest keeps committing
             time.sleep(3)
             passes.append(run_compact(config, CompactOptions(once=True), spark=spark))
-        stop.set()
-        producer.join()
+        producer.stop()
         table = load_catalog(config.catalog)
         deadline = time.monotonic() + 120
-        while committed_position(table.load_table(config.table.identifier), config.kafka.topic).consumed_total < produced_total[0]:
+        while committed_position(table.load_table(config.table.identifier), config.kafka.topic).consumed_total < producer.produced:
             assert ingest.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
     finally:
-        stop.set()
+        producer.stop()
         ingest.send_signal(signal.SIGINT)  # graceful: writers flush, committer commits
         ingest.wait(120)
     assert ingest.returncode == 0, log.read_text()[-3000:]
 
     ids = table_ids(config)
     assert not duplicates(ids)
-    assert ids == sorted(produced_ids)
+    assert ids == sorted(producer.ids)
     assert sorted(r.id for r in spark_table(spark, config, config.table.identifier).select("id").collect()) == ids
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     offsets = {str(p): o for p, o in committed_position(table, config.kafka.topic).offsets.items()}

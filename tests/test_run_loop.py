@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,28 +23,16 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
-from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
+from tests.helpers import BackgroundProducer, config_at, dead_letters, duplicates, json_events, table_ids, write_config
 
 pytestmark = [pytest.mark.flink, pytest.mark.spark]
 
 PARTITIONS = 2
 
 
-def _events(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
 
 def _supervisor_events(log: Path, event: str, process: str | None = None) -> list[dict]:
-    return [e for e in _events(log) if e.get("component") == "supervisor" and e.get("event") == event
+    return [e for e in json_events(log.read_text()) if e.get("component") == "supervisor" and e.get("event") == event
             and (process is None or e.get("process") == process)]
 
 
@@ -96,18 +83,6 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
     )
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, PARTITIONS)
-    produced_ids: list[int] = []
-    produced_total = [0]
-    stop = threading.Event()
-
-    def produce() -> None:
-        batch = 0
-        while not stop.is_set() and batch < 40:
-            result = produce_events(config, 250, rate=500, bad_fraction=0.02, start_id=batch * 250, seed=batch)
-            produced_ids.extend(result.valid_ids)
-            produced_total[0] += result.produced
-            batch += 1
-
     log = tmp_path / "run.log"
     out = tmp_path / "run.out"
     exe = Path(sys.executable).parent / "streamberg"
@@ -117,12 +92,12 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
     # in tests/test_run_supervisor.py.
     run = subprocess.Popen([str(exe), "run", "--config", str(path)], stdout=out.open("w"), stderr=log.open("w"),
                            env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
-    producer = threading.Thread(target=produce)
+    producer = BackgroundProducer(config, 250, rate=500, bad_fraction=0.02, max_batches=40)
     try:
         _wait(lambda: any(e.get("process") == "compact" and ("waiting for the" in str(e.get("event"))
                                                               or e.get("event") == "watching snapshots")
-                          for e in _events(log)), "the compactor up before the first commit", run, log)
-        assert not any(e.get("event") == "committed" for e in _events(log))  # no commit yet: no records
+                          for e in json_events(log.read_text())), "the compactor up before the first commit", run, log)
+        assert not any(e.get("event") == "committed" for e in json_events(log.read_text()))  # no commit yet: no records
         producer.start()
         catalog = load_catalog(config.catalog)
 
@@ -142,14 +117,12 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
         producer.join()
         replaces_before = replaces()
         _wait(lambda: committed_position(catalog.load_table(config.table.identifier),
-                                         config.kafka.topic).consumed_total >= produced_total[0],
+                                         config.kafka.topic).consumed_total >= producer.produced,
               "every produced record committed", run, log)
         # The restarted compactor keeps working on what the ingest committed since.
         _wait(lambda: replaces() > replaces_before, "a replace by the restarted compactor", run, log)
     finally:
-        stop.set()
-        if producer.is_alive():
-            producer.join()
+        producer.stop()
         run.send_signal(signal.SIGTERM)
         run.wait(240)
     text = log.read_text()
@@ -160,18 +133,18 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
     restarted = _supervisor_events(log, "component exited; restarting", "compact")
     assert restarted and restarted[0]["exit_code"] == -signal.SIGKILL and restarted[0]["restarts"] == 1
     # Every component's lines are relayed with its name.
-    assert {e.get("process") for e in _events(log)} >= {"ingest", "compact", "maintain"}
+    assert {e.get("process") for e in json_events(log.read_text())} >= {"ingest", "compact", "maintain"}
     # Graceful stop: the ingest drained (its last unit committed) and reported how it stopped.
-    ingest_summary = [e for e in _events(log) if e.get("process") == "ingest" and "stopped_because" in e]
+    ingest_summary = [e for e in json_events(log.read_text()) if e.get("process") == "ingest" and "stopped_because" in e]
     assert ingest_summary and ingest_summary[-1]["stopped_because"] == "SIGTERM", text[-3000:]
 
     ids = table_ids(config)
     assert not duplicates(ids)
-    assert ids == sorted(produced_ids)
+    assert ids == sorted(producer.ids)
     bad = dead_letters(config)
-    assert bad.num_rows == produced_total[0] - len(produced_ids) > 0
+    assert bad.num_rows == producer.produced - len(producer.ids) > 0
     table = load_catalog(config.catalog).load_table(config.table.identifier)
-    assert committed_position(table, config.kafka.topic).consumed_total == produced_total[0]
+    assert committed_position(table, config.kafka.topic).consumed_total == producer.produced
     # Nothing of the loop is left: every component process started, and their JVMs.
     started = [e["pid"] for e in _supervisor_events(log, "component started")]
     assert started and not [pid for pid in started if _alive(pid)]

@@ -12,19 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import streamberg, write_config
-
-
-def _events(stderr: str) -> list[dict]:
-    out = []
-    for line in stderr.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+from tests.helpers import json_events, streamberg, write_config
 
 
 def test_a_failing_component_is_restarted_with_growing_backoff(tmp_path: Path) -> None:
@@ -36,14 +24,14 @@ def test_a_failing_component_is_restarted_with_growing_backoff(tmp_path: Path) -
                       timeout=120)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["exit_code"] == 0 and summary["stopped_because"] == "duration 20s elapsed"
-    restarts = [e for e in _events(proc.stderr) if e.get("event") == "component exited; restarting"]
+    restarts = [e for e in json_events(proc.stderr) if e.get("event") == "component exited; restarting"]
     assert restarts and summary["components"]["compact"]["restarts"] == len(restarts)
     assert [e["restarts"] for e in restarts] == list(range(1, len(restarts) + 1))
     assert all(e["exit_code"] == 1 and e["process"] == "compact" for e in restarts)
     backoffs = [e["backoff_seconds"] for e in restarts]
     assert backoffs == [min(1.5, 0.5 * 2 ** i) for i in range(len(backoffs))]
     # The child's own message is relayed with its name, and it is a message, not a traceback.
-    relayed = [e for e in _events(proc.stderr) if e.get("process") == "compact" and e.get("component") != "supervisor"]
+    relayed = [e for e in json_events(proc.stderr) if e.get("process") == "compact" and e.get("component") != "supervisor"]
     assert any("does not exist" in str(e.get("event")) for e in relayed)  # no catalog database yet
     assert "Traceback" not in proc.stderr
 
@@ -83,7 +71,7 @@ def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_p
     for proc in procs.values():
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 1, stderr
-        assert any("waiting for the table" in str(e.get("event")) for e in _events(stderr)), stderr
+        assert any("waiting for the table" in str(e.get("event")) for e in json_events(stderr)), stderr
         assert "does not exist yet" in stderr and "after waiting 2 s" in stderr and "Traceback" not in stderr
 
 
@@ -111,6 +99,6 @@ def test_continuous_compactor_waits_for_a_catalog_database_the_ingest_has_not_cr
     proc = subprocess.run([str(exe), "compact", "--config", str(path)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
     assert proc.returncode == 1, proc.stderr
-    assert any(e.get("event") == "waiting for the catalog database" for e in _events(proc.stderr)), proc.stderr
+    assert any(e.get("event") == "waiting for the catalog database" for e in json_events(proc.stderr)), proc.stderr
     assert "does not exist after waiting 2 s" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "catalog.db").exists()  # waiting never creates the catalog

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,45 +23,20 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import FENCED_MESSAGE, committed_position, consumed_by_run
-from streamberg.common.sample_events import produce_events
-from tests.helpers import config_at, duplicates, table_ids, write_config
+from tests.helpers import BackgroundProducer, config_at, duplicates, json_events, table_ids, write_config
 
 pytestmark = pytest.mark.flink
 
-
-def _events(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: Path, broker: str) -> None:
     path = write_config(tmp_path, broker, ingest={"commit_interval_seconds": 1, "max_poll_records": 500})
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, 2)
-    produced_ids: list[int] = []
-    produced_total = [0]
-    stop = threading.Event()
-
-    def produce() -> None:
-        batch = 0
-        while not stop.is_set():
-            result = produce_events(config, 200, rate=400, bad_fraction=0.0, start_id=batch * 200, seed=batch)
-            produced_ids.extend(result.valid_ids)
-            produced_total[0] += result.produced
-            batch += 1
-
     exe = str(Path(sys.executable).parent / "streamberg")
     env = {**os.environ, "STREAMBERG_LOG_FORMAT": "json"}
     first_log = tmp_path / "first.log"
-    producer = threading.Thread(target=produce)
-    producer.start()
+    producer = BackgroundProducer(config, 200, rate=400).start()
     first = subprocess.Popen([exe, "ingest", "--config", str(path), "--quiet"], stdout=first_log.open("w"),
                              stderr=subprocess.STDOUT, env=env)
     catalog = load_catalog(config.catalog)
@@ -83,15 +57,14 @@ def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: 
         second.stdout, second.stderr = second_out.read_text(), second_log.read_text()
         assert first.poll() is None, first_log.read_text()[-3000:]
         commits_before = committed_position(catalog.load_table(config.table.identifier), config.kafka.topic).commit_seq
-        stop.set()
-        producer.join()
+        producer.stop()
         deadline = time.monotonic() + 120
         while committed_position(catalog.load_table(config.table.identifier),
-                                 config.kafka.topic).consumed_total < produced_total[0]:
+                                 config.kafka.topic).consumed_total < producer.produced:
             assert first.poll() is None and time.monotonic() < deadline, first_log.read_text()[-3000:]
             time.sleep(0.5)
     finally:
-        stop.set()
+        producer.stop()
         first.send_signal(signal.SIGINT)
         first.wait(120)
 
@@ -101,7 +74,7 @@ def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: 
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     assert summary["components"]["ingest"] == {"restarts": 0, "last_exit": 1}
     assert summary["stopped_because"] == "ingest fenced"
-    events = _events(second.stderr)
+    events = json_events(second.stderr)
     # Its own summary line: stopped because fenced, and only what this run committed itself.
     own = [e for e in events if e.get("process") == "ingest" and "stopped_because" in e]
     assert own and own[-1]["stopped_because"] == "fenced", second.stderr[-3000:]
@@ -115,4 +88,4 @@ def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: 
     assert first.returncode == 0, first_log.read_text()[-3000:]
     assert committed_position(table, config.kafka.topic).commit_seq > commits_before
     ids = table_ids(config)
-    assert not duplicates(ids) and ids == sorted(produced_ids)
+    assert not duplicates(ids) and ids == sorted(producer.ids)
