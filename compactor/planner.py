@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.clustering import column_intervals, health, overlap_depth
@@ -146,6 +147,13 @@ def _split(files: list[DataFileInfo], max_bytes: int) -> list[list[DataFileInfo]
     return groups
 
 
+def _files_per_point(part: CandidatePartition, schema: Schema, columns: Sequence[str]) -> dict[str, float]:
+    """Clustering health of a whole partition (new files and runs) before its rewrite; only
+    computed for partitions that get a group (it reads every file's bounds)."""
+    files = list(part.files) + [f for r in part.runs for f in r.files]
+    return {c: h.files_per_point for c, h in health(files, schema, columns).items()}
+
+
 def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incremental", now_ms: int | None = None,
                  up_to_sequence_number: int | None = None, cache: ManifestCache | None = None,
                  columns: Sequence[str] = (), target_file_size_bytes: int | None = None) -> Plan:
@@ -169,9 +177,8 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
     seal_only: list[str] = []
     schema = table.schema()
     for part in selected.partitions:
-        before = {c: h.files_per_point for c, h in
-                  health(list(part.files) + [f for r in part.runs for f in r.files], schema, columns).items()}
         if mode == "full":
+            before = _files_per_point(part, schema, columns)
             for chunk in _split(list(part.files), rules.max_group_bytes):
                 groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
                                         partition_path=part.path, files=tuple(chunk), reasons=part.reasons,
@@ -185,7 +192,7 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
                     files=tuple(part.files) + tuple(f for r in unsealed for f in r.files),
                     reasons=(_finish_reason(part, rules),), kind="finish",
                     merged_runs=tuple(r.snapshot_id for r in unsealed), seal=True, sealed_key=part.key,
-                    files_per_point_before=before))
+                    files_per_point_before=_files_per_point(part, schema, columns)))
             elif unsealed:
                 seal_only.append(part.key)
             continue
@@ -197,6 +204,7 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
             continue
         pending_bytes = part.size_bytes
         if pending_bytes > rules.max_group_bytes:  # more new data than one job takes: several runs
+            before = _files_per_point(part, schema, columns)
             for chunk in _split(list(part.files), rules.max_group_bytes):
                 groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
                                         partition_path=part.path, files=tuple(chunk), reasons=part.reasons,
@@ -211,7 +219,7 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
             files=tuple(part.files) + tuple(f for r in runs for f in r.files),
             reasons=part.reasons + ((f"merge: {len(runs)} run(s), merge_factor {rules.merge_factor}",) if runs else ()),
             kind="merge" if runs else "cluster", merged_runs=tuple(r.snapshot_id for r in runs),
-            files_per_point_before=before))
+            files_per_point_before=_files_per_point(part, schema, columns)))
     return Plan(
         table=name, mode=mode, starting_snapshot_id=selected.snapshot_id,
         starting_sequence_number=selected.sequence_number, groups=tuple(groups), deferred=tuple(deferred),
