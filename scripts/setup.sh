@@ -26,19 +26,21 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 # 2b. PostgreSQL catalog: the JDBC driver (Spark's JdbcCatalog on postgresql:// catalogs) and
-# the server binaries the tests start themselves (tests/fixtures/postgres.py). Optional for
-# SQLite-only use, so without root or sudo this only warns.
-pg_pkgs=()
-[ -f /usr/share/java/postgresql.jar ] || [ -n "${STREAMBERG_POSTGRES_JDBC_JAR:-}" ] || pg_pkgs+=(libpostgresql-jdbc-java)
-compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || pg_pkgs+=(postgresql)
-if [ ${#pg_pkgs[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then PG_SUDO=""; elif command -v sudo >/dev/null; then PG_SUDO="sudo"; else PG_SUDO="none"; fi
-  if [ "$PG_SUDO" = none ]; then
-    echo "setup: warning: ${pg_pkgs[*]} (Debian) missing and not installable as non-root; PostgreSQL catalog tests will skip" >&2
+# the server binaries the tests start themselves (tests/fixtures/postgres.py); and strace for
+# the tests. Optional for SQLite-only use, so without root or sudo this only warns.
+optional_pkgs=()
+[ -f /usr/share/java/postgresql.jar ] || [ -n "${STREAMBERG_POSTGRES_JDBC_JAR:-}" ] || optional_pkgs+=(libpostgresql-jdbc-java)
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || optional_pkgs+=(postgresql)
+# strace: tests/test_listen_loopback.py reads every bind() of a local run with it.
+command -v strace >/dev/null || optional_pkgs+=(strace)
+if [ ${#optional_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then OPT_SUDO=""; elif command -v sudo >/dev/null; then OPT_SUDO="sudo"; else OPT_SUDO="none"; fi
+  if [ "$OPT_SUDO" = none ]; then
+    echo "setup: warning: ${optional_pkgs[*]} (Debian) missing and not installable as non-root; the tests that need them will skip" >&2
   else
-    say "installing ${pg_pkgs[*]}"
-    $PG_SUDO apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $PG_SUDO apt-get install -y -qq "${pg_pkgs[@]}" >/dev/null
+    say "installing ${optional_pkgs[*]}"
+    $OPT_SUDO apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $OPT_SUDO apt-get install -y -qq "${optional_pkgs[@]}" >/dev/null
   fi
 fi
 
