@@ -40,6 +40,7 @@ from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeCo
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import IngestFenced, JobFailed, named_in
 from streamberg.common.log import get_logger, renders_json
+from streamberg.ingest.fork_server import ForkServer
 from streamberg.ingest.read_progress import ReadProgress, records_read, stop_due
 from streamberg.ingest.read_progress import request_stop as write_stop_marker
 from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
@@ -141,8 +142,11 @@ def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:
                                          attempt=attempt)
 
 
-def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False) -> Configuration:
+def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False,
+                        python_workers: str | None = None) -> Configuration:
     """The job's Flink settings. `cluster`: submitted with `flink run` (cli/flink_submit.py).
+    `python_workers`: what starts a local run's Python workers (the fork server's launcher,
+    ingest/fork_server.py), by default this environment's interpreter.
 
     Settings given here override those of `flink run`, so on a cluster the Python
     interpreter (-pyexec / -pyarch) and the slots (the TaskManagers' own config) are left to
@@ -151,7 +155,7 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
     conf = Configuration()
     local = {} if cluster else {
         # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
-        "python.executable": sys.executable,
+        "python.executable": python_workers or sys.executable,
         "python.client.executable": sys.executable,
         "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
         # A local MiniCluster listens on loopback only (docs/security.md): by default its REST
@@ -185,12 +189,14 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
 
 
 def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
-              log_target: WorkerLogTarget | None = None) -> StreamExecutionEnvironment:
+              log_target: WorkerLogTarget | None = None, python_workers: str | None = None
+              ) -> StreamExecutionEnvironment:
     """The job graph. `log_target`: where local worker processes log (None: their stderr,
-    which on a cluster is the TaskManager's log)."""
+    which on a cluster is the TaskManager's log); `python_workers`: see flink_configuration."""
     if not cluster:
         start_local_gateway(config).join()
-    env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, parallelism, cluster))
+    env = StreamExecutionEnvironment.get_execution_environment(
+        flink_configuration(config, parallelism, cluster, python_workers))
     dump = dump_config(config)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
     units = (ticks.flat_map(WriterFunction(dump, run_id, log_target), output_type=Types.PICKLED_BYTE_ARRAY())
@@ -271,10 +277,6 @@ class RunOutcome:
     stopped_because: str
 
 
-
-
-
-
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
@@ -285,97 +287,110 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
     run_id = new_run_id()
     log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
     worker_mode = python_worker_mode()
-    start_local_gateway(config)
-    catalog, table = prepare_tables(config)
-    start = committed_position(table, config.kafka.topic)
-    markers = run_dir(config, run_id)
-    markers.mkdir(parents=True, exist_ok=True)
-    worker_log = (markers / WORKER_LOG_NAME).resolve()
-    log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
-             start_offsets=start.offsets, max_records=max_records, duration_s=duration,
-             python_workers=worker_mode, worker_log=str(worker_log))
-    started = time.monotonic()
-    bar = _progress_bar(max_records, enabled=progress)
-    relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
-    client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json())
-                       ).execute_async(f"streamberg-ingest {config.table.identifier}")
+    with _python_workers(config, worker_mode) as fork_server:
+        start_local_gateway(config)
+        catalog, table = prepare_tables(config)
+        start = committed_position(table, config.kafka.topic)
+        markers = run_dir(config, run_id)
+        markers.mkdir(parents=True, exist_ok=True)
+        worker_log = (markers / WORKER_LOG_NAME).resolve()
+        log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
+                 start_offsets=start.offsets, max_records=max_records, duration_s=duration,
+                 python_workers=worker_mode + (", forked" if fork_server else ""), worker_log=str(worker_log))
+        started = time.monotonic()
+        bar = _progress_bar(max_records, enabled=progress)
+        relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
+        client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
+                           python_workers=fork_server.launcher if fork_server else None,
+                           ).execute_async(f"streamberg-ingest {config.table.identifier}")
 
-    stop_reason: list[str] = []
+        stop_reason: list[str] = []
 
-    def request_stop(reason: str, until_read: int | None = None) -> None:
-        if not stop_reason:
-            stop_reason.append(reason)
-            write_stop_marker(markers, reason, until_read)
-            log.info("stopping: writers flush and commit what they have", reason=reason)
+        def request_stop(reason: str, until_read: int | None = None) -> None:
+            if not stop_reason:
+                stop_reason.append(reason)
+                write_stop_marker(markers, reason, until_read)
+                log.info("stopping: writers flush and commit what they have", reason=reason)
 
-    def on_signal(signum, _frame) -> None:  # noqa: ANN001
-        if stop_reason:  # second signal: stop now (safe: nothing half-visible)
-            raise KeyboardInterrupt
-        request_stop(signal.Signals(signum).name)
+        def on_signal(signum, _frame) -> None:  # noqa: ANN001
+            if stop_reason:  # second signal: stop now (safe: nothing half-visible)
+                raise KeyboardInterrupt
+            request_stop(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    consumed = 0
-    fenced: list[str] = []
-    try:
-        stop_deadline = None
-        next_table_look = 0.0
-        while True:
-            time.sleep(DRIVER_TICK_SECONDS)
-            if max_records is not None and records_read(markers) >= max_records:
-                request_stop(f"max_records {max_records} read", until_read=max_records)
-            if stop_reason and (markers / "drained").exists():
-                break
-            if time.monotonic() < next_table_look:
-                continue
-            next_table_look = time.monotonic() + 1.0  # the catalog and the job status once a second
-            if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
-                fenced.append((markers / "fenced").read_text().strip())
-                log.error("fenced: another ingest instance is writing this table; stopping without restart",
-                          reason=fenced[0])
-                break
-            status = str(client.get_job_status().result())
-            if status.endswith(("FAILED", "CANCELED", "FINISHED")):
-                raise JobFailed(_failure_message(client, status))
-            table = catalog.load_table(config.table.identifier)
-            consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
-            if bar is not None:
-                bar.n = consumed
-                bar.refresh()
-            if max_records is not None and consumed >= max_records:
-                request_stop(f"max_records {max_records} reached", until_read=max_records)
-            if duration is not None and time.monotonic() - started >= duration:
-                request_stop(f"duration {duration}s elapsed")
-            if stop_reason:
-                stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
-                if (markers / "drained").exists():
-                    break
-                if time.monotonic() > stop_deadline:
-                    log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
-                    break
-    except KeyboardInterrupt:
-        stop_reason.append(stop_reason[0] if stop_reason else "interrupted")
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        if bar is not None:
-            bar.close()
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        consumed = 0
+        fenced: list[str] = []
         try:
-            client.cancel().result()
-        except Exception:  # noqa: BLE001 - already terminal
-            pass
-        relay.stop()
-    table = catalog.load_table(config.table.identifier)
-    end = committed_position(table, config.kafka.topic)
-    # Only this run's own commits: after a fence the table's totals include the other instance's.
-    consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
-    outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
-                         stopped_because="fenced" if fenced else stop_reason[0] if stop_reason else "unknown")
-    if fenced:
-        log.error("ingest fenced", consumed=consumed, seconds=round(outcome.seconds, 1))
-        raise IngestFenced(f"FencedError: {fenced[0]}", outcome)
-    log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,
-             end_offsets=end.offsets, snapshot=end.snapshot_id)
-    return outcome
+            stop_deadline = None
+            next_table_look = 0.0
+            while True:
+                time.sleep(DRIVER_TICK_SECONDS)
+                if max_records is not None and records_read(markers) >= max_records:
+                    request_stop(f"max_records {max_records} read", until_read=max_records)
+                if stop_reason and (markers / "drained").exists():
+                    break
+                if time.monotonic() < next_table_look:
+                    continue
+                next_table_look = time.monotonic() + 1.0  # the catalog and the job status once a second
+                if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
+                    fenced.append((markers / "fenced").read_text().strip())
+                    log.error("fenced: another ingest instance is writing this table; stopping without restart",
+                              reason=fenced[0])
+                    break
+                status = str(client.get_job_status().result())
+                if status.endswith(("FAILED", "CANCELED", "FINISHED")):
+                    raise JobFailed(_failure_message(client, status))
+                table = catalog.load_table(config.table.identifier)
+                consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
+                if bar is not None:
+                    bar.n = consumed
+                    bar.refresh()
+                if max_records is not None and consumed >= max_records:
+                    request_stop(f"max_records {max_records} reached", until_read=max_records)
+                if duration is not None and time.monotonic() - started >= duration:
+                    request_stop(f"duration {duration}s elapsed")
+                if stop_reason:
+                    stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
+                    if (markers / "drained").exists():
+                        break
+                    if time.monotonic() > stop_deadline:
+                        log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
+                        break
+        except KeyboardInterrupt:
+            stop_reason.append(stop_reason[0] if stop_reason else "interrupted")
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if bar is not None:
+                bar.close()
+            try:
+                client.cancel().result()
+            except Exception:  # noqa: BLE001 - already terminal
+                pass
+            relay.stop()
+        table = catalog.load_table(config.table.identifier)
+        end = committed_position(table, config.kafka.topic)
+        # Only this run's own commits: after a fence the table's totals include the other instance's.
+        consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
+        outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
+                             stopped_because="fenced" if fenced else stop_reason[0] if stop_reason else "unknown")
+        if fenced:
+            log.error("ingest fenced", consumed=consumed, seconds=round(outcome.seconds, 1))
+            raise IngestFenced(f"FencedError: {fenced[0]}", outcome)
+        log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,
+                 end_offsets=end.offsets, snapshot=end.snapshot_id)
+        return outcome
+
+
+@contextmanager
+def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[ForkServer | None]:
+    """The fork server of a local run in process mode, started before anything else so its
+    imports overlap the JVM's start-up (ingest/fork_server.py); None if not used."""
+    if worker_mode != "process" or not config.ingest.fork_python_workers:
+        yield None
+        return
+    with ForkServer() as server:
+        yield server
 
 
 def _progress_bar(total: int | None, enabled: bool):  # noqa: ANN202

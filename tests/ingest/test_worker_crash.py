@@ -1,10 +1,11 @@
 """A Python worker killed with SIGKILL is a Flink task failure, not the end of the ingest.
 
 A local `streamberg ingest` runs its writers and committer in Python worker processes of
-their own (Flink's process mode), children of the MiniCluster's JVM. While a producer writes,
+their own (Flink's process mode), forked by the run's fork server (ingest/fork_server.py). While a producer writes,
 one worker process is killed with SIGKILL after the job has committed. Flink's restart
 strategy restarts the job's tasks, every writer resumes from the offsets recorded in the
-table, and the same `streamberg ingest` run goes on to drain and exit 0: every valid id
+table, and the same `streamberg ingest` run goes on reading, then drains on SIGTERM and
+exits 0: every valid id
 exactly once, the restart logged by the driver's relay of the workers' log.
 """
 
@@ -15,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,27 +24,50 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
-from tests.helpers import config_at, dead_letters, duplicates, end_offsets_by_reading, table_ids, write_config
+from streamberg.ingest.fork_server import PROCESS_NAME
+from tests.helpers import (
+    BackgroundProducer,
+    config_at,
+    dead_letters,
+    duplicates,
+    end_offsets_by_reading,
+    table_ids,
+    write_config,
+)
 from tests.listening import process_tree
 
 pytestmark = pytest.mark.flink
 
 PARTITIONS = 2
-BATCHES = 12  # 1,000 records a second
+RATE = 1000  # records a second
+AFTER_KILL_SECONDS = 3.0
 
 
 def _python_workers(root: int) -> list[int]:
-    """The Flink Python worker processes (beam_boot) under the ingest process `root`."""
+    """The Flink Python worker processes under the ingest process `root`: the processes the
+    fork server forked (ingest/fork_server.py names them), not their launchers."""
     workers = []
+    for pid in process_tree(root):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_bytes().strip()
+        except OSError:
+            continue
+        if name == PROCESS_NAME:
+            workers.append(pid)
+    return sorted(workers)
+
+
+def _launchers(root: int) -> list[int]:
+    """What Flink started as the Python workers: the fork server's launchers."""
+    launchers = []
     for pid in process_tree(root):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pyflink.fn_execution.beam.beam_boot" in command:
-            workers.append(pid)
-    return sorted(workers)
+        if b"pyflink.fn_execution.beam.beam_boot" in command and any(a.endswith(b"fork_launcher.py") for a in command):
+            launchers.append(pid)
+    return sorted(launchers)
 
 
 def _committed(config) -> int:
@@ -59,39 +82,38 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
                         ingest={"commit_interval_seconds": 1, "max_poll_records": 500, "parallelism": 2})
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, PARTITIONS)
-    produced_ids: list[int] = []
-    produced_bad = [0]
-
-    def produce() -> None:
-        for batch in range(BATCHES):
-            result = produce_events(config, 1000, rate=1000, bad_fraction=0.01, start_id=batch * 1000, seed=batch)
-            produced_ids.extend(result.valid_ids)
-            produced_bad[0] += sum(result.bad.values())
-
-    producer = threading.Thread(target=produce)
-    producer.start()
+    producer = BackgroundProducer(config, 1000, rate=RATE, bad_fraction=0.01).start()
     exe = Path(sys.executable).parent / "streamberg"
     log = tmp_path / "ingest.log"
-    proc = subprocess.Popen([str(exe), "ingest", "--config", str(path), "--max-records", str(BATCHES * 1000),
-                             "--quiet"], stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True,
+    # Unbounded: the run must still be reading when the worker dies, however slow its start.
+    proc = subprocess.Popen([str(exe), "ingest", "--config", str(path), "--quiet"], stdout=subprocess.PIPE,
+                            stderr=log.open("wb"), start_new_session=True,
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
     try:
         deadline = time.monotonic() + 240
-        while _committed(config) == 0 or len(_python_workers(proc.pid)) < 2:
+        while (_committed(config) == 0 or len(_python_workers(proc.pid)) < 2
+               or len(_launchers(proc.pid)) != len(_python_workers(proc.pid))):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the job never committed with its Python workers running"
             time.sleep(0.5)
         workers = _python_workers(proc.pid)
-        # The ingest runs in process mode: its Python operators are not in the driver.
+        # The ingest runs in process mode, its workers forked by the fork server (the loop
+        # waited for one launcher per worker): not in the driver, each a process of its own.
         assert proc.pid not in workers
         os.kill(workers[-1], signal.SIGKILL)
         killed_at_committed = _committed(config)
-        producer.join()
-        stdout, _ = proc.communicate(timeout=600)
+        time.sleep(AFTER_KILL_SECONDS)  # records keep coming while Flink restarts the tasks
+        producer.stop()
+        while _committed(config) < producer.produced:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline + 240, "the restarted job never caught up"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # an operator's stop: drain, commit, exit 0
+        stdout, _ = proc.communicate(timeout=300)
     finally:
+        producer.stop()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        producer.join()
 
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
@@ -101,12 +123,12 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
     assert all(e["attempt"] >= 1 for e in restarts)
     # The driver survived the worker and reported the whole run.
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
-    assert summary["consumed"] == BATCHES * 1000 > killed_at_committed
+    assert summary["consumed"] == producer.produced > killed_at_committed
 
     ids = table_ids(config)
     assert not duplicates(ids)
-    assert sorted(ids) == sorted(produced_ids)
-    assert dead_letters(config).num_rows == produced_bad[0]
+    assert sorted(ids) == sorted(producer.ids)
+    assert dead_letters(config).num_rows == producer.produced - len(producer.ids) > 0
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     offsets = committed_position(table, config.kafka.topic).offsets
     assert {str(p): o for p, o in offsets.items()} == end_offsets_by_reading(broker, config.kafka.topic, PARTITIONS)

@@ -1,0 +1,360 @@
+"""A local run's Python workers forked from one pre-warmed process, as PySpark's worker daemon does.
+
+In Flink's process mode (local runs, see `python_worker_mode` in job.py) every Python
+operator subtask is a process of its own, and each starts an interpreter and imports Beam,
+PyFlink, pyarrow, pyiceberg and streamberg: about 2 s of CPU per writer and committer, paid
+after the job is submitted and again on every restart, and most of a local run's start-up on
+two cores. PySpark meets the same cost with its worker daemon (`pyspark/daemon.py`): one
+process imports once and forks a worker per request. This module does that for PyFlink:
+
+- the driver starts the fork server (`ForkServer.start`) before the gateway JVM, so the
+  imports overlap the JVM and MiniCluster start-up;
+- Flink's `python.executable` becomes a two-line script running `fork_launcher.py`, which
+  hands a worker's arguments, environment, working directory and stdin/stdout/stderr to the
+  server over a Unix socket and exits with the worker's status (anything else Flink runs
+  with the interpreter goes to the real interpreter);
+- the server forks; the child takes the launcher's environment and descriptors and runs
+  PyFlink's own `beam_boot` main module, unchanged: the worker process mode would have
+  started, minus the imports.
+
+The server forks from its main thread, with no gRPC channel, JVM or Kafka client open: only
+libraries' own background threads run (pyarrow's jemalloc and thread pool, which re-create
+their state after a fork through pthread_atfork handlers).
+
+Isolation is that of process mode: every worker is a process of its own (its own GIL; a
+native crash or a SIGKILL fails only its task, which Flink restarts from the table's offsets).
+A killed launcher (Flink destroying a worker) gets its worker killed; when the driver goes,
+the server and its workers go (the server watches a pipe from the driver). The socket lives
+in a fresh 0700 folder: nothing listens on a network port and only the user running the
+ingest can ask for a worker. If the server is not there, workers start the slow way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import selectors
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+BOOT_MODULE = "pyflink.fn_execution.beam.beam_boot"
+# What a writer or committer process imports before its first record (beam_boot and the SDK
+# harness, PyFlink's operations and coders, the streamberg operators and what they use).
+# A module missing here is imported by each worker itself: slower, not wrong.
+PRELOAD = (
+    BOOT_MODULE,
+    "pyflink.fn_execution.beam.beam_sdk_worker_main",
+    "pyflink.fn_execution.beam.beam_operations",
+    "pyflink.fn_execution.beam.beam_coders",
+    "apache_beam.runners.worker.sdk_worker",
+    "streamberg.ingest.job",
+    "streamberg.ingest.writer",
+    "streamberg.ingest.committer",
+)
+SOCKET_NAME = "workers.sock"
+LAUNCHER_NAME = "python-worker"
+PROCESS_NAME = b"pyflink-worker"  # what `ps`/`top` show for a forked worker (/proc/PID/comm)
+REQUEST_TIMEOUT_SECONDS = 10.0
+MAX_REQUEST_BYTES = 16 << 20
+STOP_WAIT_SECONDS = 10.0
+
+
+class ForkServer:
+    """The driver's handle on the fork server: start it, point Flink at its launcher, stop it."""
+
+    def __init__(self, python: str = sys.executable):
+        self.python = python
+        self.folder: Path | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def launcher(self) -> str:
+        """The `python.executable` to give Flink."""
+        assert self.folder is not None, "start() first"
+        return str(self.folder / LAUNCHER_NAME)
+
+    def start(self) -> ForkServer:
+        # A short private path: a Unix socket path must stay under 108 bytes, and a state dir
+        # can be deep. mkdtemp makes the folder 0700.
+        self.folder = Path(tempfile.mkdtemp(prefix="streamberg-workers-"))
+        socket_path = self.folder / SOCKET_NAME
+        self.process = subprocess.Popen(
+            [self.python, "-m", __name__, str(socket_path)], stdin=subprocess.PIPE, close_fds=True)
+        launcher = self.folder / LAUNCHER_NAME
+        script = Path(__file__).with_name("fork_launcher.py")
+        launcher.write_text(
+            "#!/bin/sh\n"
+            f"exec {shlex.quote(self.python)} -I -S {shlex.quote(str(script))} "
+            f"{shlex.quote(str(socket_path))} {self.process.pid} {shlex.quote(self.python)} \"$@\"\n")
+        launcher.chmod(0o700)
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and every worker it forked; remove its folder."""
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # the server's signal to kill its workers and exit
+            try:
+                self.process.wait(timeout=STOP_WAIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+        if self.folder is not None:
+            for name in (SOCKET_NAME, LAUNCHER_NAME):
+                with contextlib.suppress(OSError):
+                    (self.folder / name).unlink()
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
+            self.folder = None
+
+    def __enter__(self) -> ForkServer:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+# -- the server process ------------------------------------------------------------------------
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import what the workers need; the names that failed (each worker will try again)."""
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a worker importing it itself reports the real error
+            failed.append(name)
+    return failed
+
+
+def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """One launcher's request: (argv, env, cwd) and its stdin/stdout/stderr descriptors."""
+    conn.settimeout(REQUEST_TIMEOUT_SECONDS)
+    data, fds, _flags, _address = socket.recv_fds(conn, 1 << 16, 3)
+    try:
+        if len(data) < 4 or len(fds) != 3:
+            raise ValueError("malformed request")
+        size = struct.unpack("!I", data[:4])[0]
+        if size > MAX_REQUEST_BYTES:
+            raise ValueError("request too large")
+        body = bytearray(data[4:])
+        while len(body) < size:
+            chunk = conn.recv(min(1 << 16, size - len(body)))
+            if not chunk:
+                raise ValueError("truncated request")
+            body += chunk
+        request = json.loads(bytes(body))
+        if not (isinstance(request.get("argv"), list) and isinstance(request.get("env"), dict)
+                and isinstance(request.get("cwd"), str)):
+            raise ValueError("malformed request")
+        return request, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _name_process(name: bytes) -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+
+
+def run_worker(request: dict, fds: list[int]) -> int:
+    """In the forked child: become the worker PyFlink's process mode would have started."""
+    import runpy
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # Flink puts PyFlink's and the job's Python files on PYTHONPATH; the interpreter would
+    # have read it at start (PyFlink's loopback worker pool does the same).
+    for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    _name_process(PROCESS_NAME)
+    sys.argv = [BOOT_MODULE, *request["argv"]]
+    # Run as __main__ from its source; its imports are the preloaded ones. (Executing the
+    # module object that is already imported would make runpy warn about it.)
+    sys.modules.pop(BOOT_MODULE, None)
+    try:
+        runpy.run_module(BOOT_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+    except BaseException:  # noqa: BLE001 - reported as a worker failure, as the interpreter would
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _status_line(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}\n"
+    return f"exit {os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1}\n"
+
+
+class _Server:
+    def __init__(self, socket_path: Path):
+        self.socket_path = socket_path
+        self.selector = selectors.DefaultSelector()
+        self.workers: dict[int, socket.socket] = {}  # worker pid -> its launcher's connection
+        self.running = True
+
+    def listen(self) -> None:
+        # Bound and listening under a temporary name, then renamed: the launcher takes the
+        # socket file's existence for "ready".
+        staging = self.socket_path.with_name(self.socket_path.name + ".new")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o077)
+        try:
+            self.listener.bind(str(staging))
+        finally:
+            os.umask(old_umask)
+        self.listener.listen(64)
+        os.replace(staging, self.socket_path)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+
+    def serve(self) -> None:
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: self._stop())
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it drains, then stops us
+        self.selector.register(wake_read, selectors.EVENT_READ, "wake")
+        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "driver")
+        try:
+            while self.running:
+                for key, _events in self.selector.select():
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            os.read(wake_read, 4096)
+                        self._reap()
+                    elif key.data == "driver":
+                        if not os.read(sys.stdin.fileno(), 4096):
+                            self._stop()
+                    else:
+                        self._launcher_event(key.fileobj, key.data)
+        finally:
+            self._kill_all()
+
+    def _stop(self) -> None:
+        self.running = False
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            request, fds = read_request(conn)
+        except Exception as exc:  # noqa: BLE001 - a bad request fails that launcher, not the server
+            with contextlib.suppress(OSError):
+                conn.sendall(f"error {type(exc).__name__}\n".encode())
+            conn.close()
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns into the server's loop
+            code = 1
+            try:
+                self._forget_server_state(conn)
+                code = run_worker(request, fds)
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        conn.setblocking(True)
+        conn.settimeout(None)
+        try:
+            conn.sendall(f"pid {pid}\n".encode())
+        except OSError:
+            _kill(pid)
+        self.workers[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _forget_server_state(self, own: socket.socket) -> None:
+        """In a fresh child: drop the server's signal handlers, sockets and selector."""
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        self.selector.close()
+        self.listener.close()
+        own.close()
+        for conn in self.workers.values():
+            conn.close()
+
+    def _launcher_event(self, conn: socket.socket, pid: int) -> None:
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:  # the launcher is gone: Flink destroyed the worker
+            _kill(pid)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.workers.pop(pid, None)
+            if conn is not None:
+                self.selector.unregister(conn)
+                with contextlib.suppress(OSError):
+                    conn.sendall(_status_line(status).encode())
+                conn.close()
+
+    def _kill_all(self) -> None:
+        for pid in list(self.workers):
+            _kill(pid)
+        for pid in list(self.workers):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(f"usage: python -m {__name__} SOCKET_PATH (started by `streamberg ingest`)", file=sys.stderr)
+        return 2
+    server = _Server(Path(argv[1]))
+    failed = preload()
+    if failed:
+        print(f"streamberg fork server: could not preload {', '.join(failed)}; workers import them themselves",
+              file=sys.stderr, flush=True)
+    server.listen()
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

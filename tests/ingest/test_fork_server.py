@@ -1,0 +1,190 @@
+"""The fork server of a local run (ingest/fork_server.py) with its real launcher.
+
+Flink's side is played by this test: it runs the launcher script exactly as
+pyflink-udf-runner.sh does (`$python -m pyflink.fn_execution.beam.beam_boot ARGS`). The
+forked worker runs PyFlink's real beam_boot; given a provision endpoint that accepts but
+never answers, it stays up like a worker waiting for its job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamberg.ingest.fork_server import LAUNCHER_NAME, PROCESS_NAME, SOCKET_NAME, ForkServer
+from tests.listening import listeners, process_tree
+
+BOOT = ["-m", "pyflink.fn_execution.beam.beam_boot"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    with ForkServer() as running:
+        _wait_ready(running)
+        yield running
+
+
+def _wait_ready(server: ForkServer, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (server.folder / SOCKET_NAME).exists():
+        assert server.process.poll() is None, "the fork server exited"
+        assert time.monotonic() < deadline, "the fork server never became ready"
+        time.sleep(0.05)
+
+
+def _forked_workers(server: ForkServer) -> list[int]:
+    return [pid for pid in process_tree(server.process.pid) - {server.process.pid}
+            if _name(pid) == PROCESS_NAME]
+
+
+def _name(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/comm").read_bytes().strip()
+    except OSError:
+        return b""
+
+
+def _wait(predicate, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture()
+def silent_endpoint() -> Iterator[str]:
+    """A TCP endpoint on loopback that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+def test_the_folder_is_private_and_nothing_listens_on_the_network(server: ForkServer) -> None:
+    assert stat.S_IMODE(server.folder.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK((server.folder / SOCKET_NAME).stat().st_mode)
+    assert not listeners(server.process.pid)
+
+
+def test_other_commands_run_with_the_real_interpreter(server: ForkServer) -> None:
+    # Flink also asks `python.executable` for its version and PyFlink's folder.
+    result = subprocess.run([server.launcher, "-c", "import sys, pyflink; print(sys.executable); sys.exit(3)"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.strip() == sys.executable
+
+
+def test_a_worker_is_forked_runs_beam_boot_and_reports_its_exit_status(server: ForkServer, tmp_path: Path) -> None:
+    # beam_boot refuses to start without a worker id: its message and exit code come back
+    # through the launcher, from a forked process that has the launcher's working directory.
+    result = subprocess.run([server.launcher, *BOOT], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "No id provided" in result.stdout
+    assert "RuntimeWarning" not in result.stderr
+    assert "fork server is not running" not in result.stderr
+
+
+def test_the_worker_gets_the_launchers_environment_and_is_killed_with_it(
+        server: ForkServer, silent_endpoint: str, tmp_path: Path) -> None:
+    log = tmp_path / "worker.out"
+    # beam_boot takes the loopback path when this variable is set (the launcher's environment,
+    # not the server's, decides), and waits there on the silent endpoint.
+    env = {**os.environ, "PYTHON_LOOPBACK_SERVER_ADDRESS": silent_endpoint}
+    with log.open("wb") as out:
+        launcher = subprocess.Popen([server.launcher, *BOOT, "--id=1", f"--provision_endpoint={silent_endpoint}"],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        assert _wait(lambda: len(_forked_workers(server)) == 1), log.read_text()
+        [worker] = _forked_workers(server)
+        assert Path(f"/proc/{worker}/cwd").resolve() == tmp_path.resolve()
+        # Its stdout is the launcher's; what it logs shows it saw the launcher's environment.
+        assert _wait(lambda: "Starting up Python harness in loopback mode" in log.read_text()), log.read_text()
+        launcher.kill()  # what Flink does to a worker it gives up on
+        launcher.wait(timeout=30)
+        assert _wait(lambda: not _forked_workers(server)), "the worker outlived its launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_a_signal_to_the_launcher_reaches_the_worker(server: ForkServer, silent_endpoint: str) -> None:
+    launcher = subprocess.Popen([server.launcher, *BOOT, "--id=2", f"--provision_endpoint={silent_endpoint}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        launcher.send_signal(signal.SIGTERM)
+        # The worker died of the signal; the launcher reports it as a shell would.
+        assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+        assert _wait(lambda: not _forked_workers(server))
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_a_hostile_request_is_refused_and_the_server_goes_on(server: ForkServer) -> None:
+    for payload in (b"", b"\xff" * 3, b"\x00\x00\x00\x05junk!", b"\x7f\xff\xff\xff"):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(server.folder / SOCKET_NAME))
+        if payload:
+            conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(30)
+        assert conn.recv(100).startswith(b"error ")
+        conn.close()
+    for body in (b"junk!", b'{"argv": "x", "env": {}, "cwd": "/"}', b"[]"):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(server.folder / SOCKET_NAME))
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
+        conn.settimeout(30)
+        assert conn.recv(100).startswith(b"error ")
+        conn.close()
+    result = subprocess.run([server.launcher, *BOOT], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "No id provided" in result.stdout
+
+
+def test_stop_kills_the_workers_and_removes_the_folder(silent_endpoint: str) -> None:
+    server = ForkServer().start()
+    _wait_ready(server)
+    launcher = subprocess.Popen([server.launcher, *BOOT, "--id=3", f"--provision_endpoint={silent_endpoint}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        [worker] = _forked_workers(server)
+        folder, process = server.folder, server.process
+        server.stop()
+        assert process.poll() is not None
+        assert not Path(f"/proc/{worker}").exists() or _name(worker) != PROCESS_NAME
+        assert not folder.exists()
+        assert launcher.wait(timeout=30) != 0  # its worker was killed under it
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_without_a_server_the_launcher_starts_the_worker_itself(tmp_path: Path) -> None:
+    server = ForkServer().start()
+    launcher_text = (server.folder / LAUNCHER_NAME).read_text()
+    server.process.kill()
+    server.process.wait()
+    # Same launcher, its server gone before it got ready: the real beam_boot runs instead.
+    script = tmp_path / "python-worker"
+    script.write_text(launcher_text)
+    script.chmod(0o700)
+    server.stop()
+    result = subprocess.run([str(script), *BOOT], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "No id provided" in result.stdout
+    assert "fork server is not running" in result.stderr
