@@ -3,8 +3,8 @@
 Run as `python -I -S fork_launcher.py SOCKET SERVER_PID PYTHON ARGS...` (standard library
 only, so it starts in milliseconds; see fork_server.py for the design). For a Python worker
 (`ARGS` = `-m pyflink.fn_execution.beam.beam_boot ...`) it sends its arguments, environment,
-working directory and stdin/stdout/stderr to the fork server, forwards SIGTERM/SIGINT/SIGHUP
-to the forked worker and exits with the worker's status, so to Flink it is the worker. If
+working directory, stdin/stdout/stderr and ignored signals to the fork server, forwards
+SIGTERM/SIGINT/SIGHUP (unless ignored) to the forked worker and exits with the worker's status, so to Flink it is the worker. If
 it is killed, the fork server kills the worker. Anything else Flink runs with the
 interpreter (its version, PyFlink's folder), or a fork server that is gone or never became
 ready, runs `PYTHON ARGS` itself: slower, never wrong.
@@ -21,6 +21,11 @@ import sys
 import time
 
 WORKER_MODULE = ["-m", "pyflink.fn_execution.beam.beam_boot"]
+# Signals whose disposition the worker takes from the launcher: ignored here (PyFlink starts
+# its JVM with SIGINT ignored, so a terminal's Ctrl-C reaches only the driver, which drains
+# the workers) means ignored there, as for an interpreter Flink had started itself.
+INHERITED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # The fork server becomes ready once its imports are done (a few seconds on a loaded machine);
 # waiting is cheaper than importing everything again here.
 READY_WAIT_SECONDS = 60.0
@@ -79,7 +84,9 @@ def main(argv: list[str]) -> int:
         print("streamberg: the fork server is not running; starting this Python worker with a fresh interpreter",
               file=sys.stderr, flush=True)
         run_with_interpreter(python, args)
-    request = json.dumps({"argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    ignored = [int(signum) for signum in INHERITED_SIGNALS if signal.getsignal(signum) == signal.SIG_IGN]
+    request = json.dumps({"argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd(),
+                          "ignored_signals": ignored}).encode()
     socket.send_fds(conn, [struct.pack("!I", len(request)) + request], [0, 1, 2])
     replies = conn.makefile("r", encoding="ascii", errors="replace")
     word, _, pid = replies.readline().partition(" ")
@@ -96,8 +103,9 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+    for signum in FORWARDED_SIGNALS:
+        if int(signum) not in ignored:
+            signal.signal(signum, forward)
     return exit_code(replies.readline())
 
 

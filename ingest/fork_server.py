@@ -156,7 +156,8 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
             body += chunk
         request = json.loads(bytes(body))
         if not (isinstance(request.get("argv"), list) and isinstance(request.get("env"), dict)
-                and isinstance(request.get("cwd"), str)):
+                and isinstance(request.get("cwd"), str)
+                and all(isinstance(s, int) for s in request.get("ignored_signals", []))):
             raise ValueError("malformed request")
         return request, fds
     except BaseException:
@@ -172,10 +173,23 @@ def _name_process(name: bytes) -> None:
         ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
 
 
+def _inherit_signals(ignored: list[int]) -> None:
+    """The dispositions a fresh interpreter started by the launcher's parent would have: what
+    the launcher ignored stays ignored; otherwise Python's defaults (KeyboardInterrupt on SIGINT)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        if int(signum) in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        elif signum == signal.SIGINT:
+            signal.signal(signum, signal.default_int_handler)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def run_worker(request: dict, fds: list[int]) -> int:
     """In the forked child: become the worker PyFlink's process mode would have started."""
     import runpy
 
+    _inherit_signals(request.get("ignored_signals", []))
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         if fd > 2:
@@ -236,8 +250,10 @@ class _Server:
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, lambda *_: self._stop())
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it drains, then stops us
+        # The server lives exactly as long as the driver's pipe: Ctrl-C or a SIGTERM sent to
+        # the whole process group is the driver's to handle (it drains the workers first).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.selector.register(wake_read, selectors.EVENT_READ, "wake")
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "driver")
         try:
@@ -296,8 +312,7 @@ class _Server:
     def _forget_server_state(self, own: socket.socket) -> None:
         """In a fresh child: drop the server's signal handlers, sockets and selector."""
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.selector.close()
         self.listener.close()
         own.close()

@@ -134,6 +134,34 @@ def test_a_signal_to_the_launcher_reaches_the_worker(server: ForkServer, silent_
             launcher.kill()
 
 
+def _ignores(pid: int, signum: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(mask & (1 << (signum - 1)))
+
+
+def test_signals_the_launcher_ignores_stay_ignored_in_the_worker(server: ForkServer, silent_endpoint: str) -> None:
+    # PyFlink starts its JVM with SIGINT ignored: a terminal's Ctrl-C must reach only the
+    # driver (which drains the workers), not kill forked workers.
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    launcher = subprocess.Popen([server.launcher, *BOOT, "--id=4", f"--provision_endpoint={silent_endpoint}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=ignore_sigint)
+    try:
+        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        [worker] = _forked_workers(server)
+        assert _ignores(worker, signal.SIGINT) and not _ignores(worker, signal.SIGTERM)
+        launcher.send_signal(signal.SIGINT)
+        os.kill(worker, signal.SIGINT)
+        time.sleep(1)
+        assert launcher.poll() is None and _forked_workers(server) == [worker]
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=30)
+    assert _wait(lambda: not _forked_workers(server))
+
+
 def test_a_hostile_request_is_refused_and_the_server_goes_on(server: ForkServer) -> None:
     for payload in (b"", b"\xff" * 3, b"\x00\x00\x00\x05junk!", b"\x7f\xff\xff\xff"):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,7 +172,8 @@ def test_a_hostile_request_is_refused_and_the_server_goes_on(server: ForkServer)
         conn.settimeout(30)
         assert conn.recv(100).startswith(b"error ")
         conn.close()
-    for body in (b"junk!", b'{"argv": "x", "env": {}, "cwd": "/"}', b"[]"):
+    for body in (b"junk!", b'{"argv": "x", "env": {}, "cwd": "/"}', b"[]",
+                 b'{"argv": [], "env": {}, "cwd": "/", "ignored_signals": ["x"]}'):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(str(server.folder / SOCKET_NAME))
         socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
