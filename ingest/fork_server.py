@@ -88,7 +88,9 @@ class ForkServer:
         self.folder = Path(tempfile.mkdtemp(prefix="streamberg-workers-"))
         socket_path = self.folder / SOCKET_NAME
         self.process = subprocess.Popen(
-            [self.python, "-m", __name__, str(socket_path)], stdin=subprocess.PIPE, close_fds=True)
+            # stdout is the driver's result channel (the run's summary line): not the server's.
+            [self.python, "-m", __name__, str(socket_path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            close_fds=True)
         launcher = self.folder / LAUNCHER_NAME
         script = Path(__file__).with_name("fork_launcher.py")
         launcher.write_text(
