@@ -152,12 +152,13 @@ def json_events(text: str) -> list[dict]:
 class BackgroundProducer:
     """Sample events produced from a thread, `batch` records at `rate` per second per batch,
     until stop() (or `max_batches`). `ids`: the valid ids delivered; `produced`: every record
-    delivered, malformed ones included. Batches get consecutive ids and their own seed."""
+    delivered, malformed ones included. Batches get consecutive ids from `first_id` and their
+    own seed."""
 
     def __init__(self, config: StreambergConfig, batch: int, rate: float, bad_fraction: float = 0.0,
-                 max_batches: int | None = None) -> None:
+                 max_batches: int | None = None, first_id: int = 0) -> None:
         self.config, self.batch, self.rate, self.bad_fraction = config, batch, rate, bad_fraction
-        self.max_batches = max_batches
+        self.max_batches, self.first_id = max_batches, first_id
         self.ids: list[int] = []
         self.produced = 0
         self._stop = threading.Event()
@@ -167,7 +168,7 @@ class BackgroundProducer:
         n = 0
         while not self._stop.is_set() and (self.max_batches is None or n < self.max_batches):
             result = produce_events(self.config, self.batch, rate=self.rate, bad_fraction=self.bad_fraction,
-                                    start_id=n * self.batch, seed=n)
+                                    start_id=self.first_id + n * self.batch, seed=n)
             self.ids.extend(result.valid_ids)
             self.produced += result.produced
             n += 1
