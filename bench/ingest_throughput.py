@@ -11,6 +11,9 @@ baseline, same topic, same run.
    per parallelism. Per run: end to end (wall clock of the command, JVM and job start
    included), start-up (command start to the last writer reading), and steady state (records
    committed / time from the writers reading to the last commit).
+   Then the highest parallelism once more with `ingest.fork_python_workers=false` (each
+   Python worker a fresh interpreter instead of a fork of the pre-warmed one): start-up and
+   end to end side by side (`--no-unforked-run` skips it).
 4. Freshness: with the ingest running, events are produced at a fixed rate; for every
    record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
    field) gives p50/p95, set against the commit interval.
@@ -97,13 +100,13 @@ def baseline(bootstrap: str, topic: str, partitions: int, records: int, out_dir:
     return time.perf_counter() - started
 
 
-def run_streamberg(config_path: Path, records: int, parallelism: int) -> dict:
+def run_streamberg(config_path: Path, records: int, parallelism: int, env: dict | None = None) -> dict:
     exe = Path(sys.executable).parent / "streamberg"
     started = time.perf_counter()
     started_wall = time.time()
     proc = subprocess.run([str(exe), "ingest", "--config", str(config_path), "--max-records", str(records),
                            "--parallelism", str(parallelism), "--quiet"], capture_output=True, text=True,
-                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
+                          env={**os.environ, "STREAMBERG_LOG_FORMAT": "json", **(env or {})})
     seconds = time.perf_counter() - started
     if proc.returncode:
         raise SystemExit(f"streamberg ingest failed:\n{proc.stderr[-3000:]}")
@@ -171,6 +174,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="commit interval of the streamberg runs")
     parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run (0: skip)")
     parser.add_argument("--fresh-seconds", type=int, default=30)
+    parser.add_argument("--no-unforked-run", action="store_true",
+                        help="skip the comparison run whose Python workers start fresh interpreters "
+                             "(ingest.fork_python_workers=false)")
     args = parser.parse_args()
     parallelisms = [int(p) for p in args.parallelisms.split(",")]
 
@@ -193,6 +199,16 @@ def main() -> None:
                 config_path = write_config(directory / f"p{parallelism}", info.bootstrap, topic, args.interval,
                                            parallelism)
                 runs.append(run_streamberg(config_path, args.records, parallelism))
+            unforked = None
+            if not args.no_unforked_run:
+                # The same run at the highest parallelism, each Python worker a fresh
+                # interpreter instead of a fork of the pre-warmed one (ingest/fork_server.py).
+                parallelism = max(parallelisms)
+                print(f"streamberg ingest, parallelism {parallelism}, workers not forked ...", file=sys.stderr)
+                config_path = write_config(directory / f"p{parallelism}-unforked", info.bootstrap, topic,
+                                           args.interval, parallelism)
+                unforked = run_streamberg(config_path, args.records, parallelism,
+                                          env={"STREAMBERG_INGEST__FORK_PYTHON_WORKERS": "false"})
             fresh = None
             if args.fresh_rate:
                 print("freshness ...", file=sys.stderr)
@@ -212,6 +228,7 @@ def main() -> None:
         "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
+        "unforked_workers": unforked,
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -230,6 +247,12 @@ def main() -> None:
               f"   commits: {run['commits']}")
     if scaling is not None:
         print(f"p=2 / p=1 end to end: {scaling:.2f}x")
+    if unforked is not None:
+        forked = by_p[unforked["parallelism"]]
+        print(f"p={unforked['parallelism']} start-up, workers forked vs fresh interpreters: "
+              f"{forked['startup_seconds']:.1f}s vs {unforked['startup_seconds']:.1f}s "
+              f"({forked['startup_seconds'] / unforked['startup_seconds']:.2f}x); end to end "
+              f"{forked['seconds']:.1f}s vs {unforked['seconds']:.1f}s")
     if fresh:
         print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
               f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over "

@@ -1,13 +1,14 @@
-"""Flink's `python.executable` in a local run: start a Python worker by asking the fork server.
+"""Flink's `python.executable` in a local run: Python commands forked by the fork server.
 
 Run as `python -I -S fork_launcher.py SOCKET SERVER_PID PYTHON ARGS...` (standard library
-only, so it starts in milliseconds; see fork_server.py for the design). For a Python worker
-(`ARGS` = `-m pyflink.fn_execution.beam.beam_boot ...`) it sends its arguments, environment,
+only, so it starts in milliseconds; see fork_server.py for the design). For `ARGS` =
+`-m MODULE ...` (a worker: `-m pyflink.fn_execution.beam.beam_boot ...`) or `-c CODE ...`
+(Flink asking for PyFlink's folder before each worker) it sends its arguments, environment,
 working directory, stdin/stdout/stderr and ignored signals to the fork server, forwards
-SIGTERM/SIGINT/SIGHUP (unless ignored) to the forked worker and exits with the worker's status, so to Flink it is the worker. If
-it is killed, the fork server kills the worker. Anything else Flink runs with the
-interpreter (its version, PyFlink's folder), or a fork server that is gone or never became
-ready, runs `PYTHON ARGS` itself: slower, never wrong.
+SIGTERM/SIGINT/SIGHUP (unless ignored) to the forked process and exits with its status, so
+to Flink it is that process. If the launcher is killed, the fork server kills the process.
+Anything else, or a fork server that is gone or never became ready, runs `PYTHON ARGS`
+itself: slower, never wrong.
 
 Nothing here may import beyond the standard library: the script runs without site-packages.
 """
@@ -20,7 +21,9 @@ import struct
 import sys
 import time
 
-WORKER_MODULE = ["-m", "pyflink.fn_execution.beam.beam_boot"]
+# `python -m MODULE ...` (a worker: pyflink.fn_execution.beam.beam_boot) and `python -c CODE`
+# (Flink asking for PyFlink's folder before each worker) go to the fork server.
+FORKED_OPTIONS = ("-m", "-c")
 # Signals whose disposition the worker takes from the launcher: ignored here (PyFlink starts
 # its JVM with SIGINT ignored, so a terminal's Ctrl-C reaches only the driver, which drains
 # the workers) means ignored there, as for an interpreter Flink had started itself.
@@ -77,21 +80,21 @@ def exit_code(line: str) -> int:
 
 def main(argv: list[str]) -> int:
     path, server_pid, python, args = argv[1], int(argv[2]), argv[3], argv[4:]
-    if args[:2] != WORKER_MODULE:
+    if len(args) < 2 or args[0] not in FORKED_OPTIONS:
         run_with_interpreter(python, args)
     conn = connect(path, server_pid)
     if conn is None:
-        print("streamberg: the fork server is not running; starting this Python worker with a fresh interpreter",
+        print("streamberg: the fork server is not running; starting this Python command with a fresh interpreter",
               file=sys.stderr, flush=True)
         run_with_interpreter(python, args)
     ignored = [int(signum) for signum in INHERITED_SIGNALS if signal.getsignal(signum) == signal.SIG_IGN]
-    request = json.dumps({"argv": args[2:], "env": dict(os.environ), "cwd": os.getcwd(),
+    request = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(),
                           "ignored_signals": ignored}).encode()
     socket.send_fds(conn, [struct.pack("!I", len(request)) + request], [0, 1, 2])
     replies = conn.makefile("r", encoding="ascii", errors="replace")
     word, _, pid = replies.readline().partition(" ")
     if word != "pid" or not pid.strip().isdigit():
-        print("streamberg: the fork server could not start this Python worker; starting it with a fresh interpreter",
+        print("streamberg: the fork server could not start this Python command; starting it with a fresh interpreter",
               file=sys.stderr, flush=True)
         conn.close()
         run_with_interpreter(python, args)

@@ -60,6 +60,9 @@ PRELOAD = (
     "streamberg.ingest.writer",
     "streamberg.ingest.committer",
 )
+# The commands the launcher hands over: `python -m MODULE ...` (the workers) and `python -c
+# CODE ...` (Flink asking the interpreter for PyFlink's folder before each worker).
+FORKED_OPTIONS = ("-m", "-c")
 SOCKET_NAME = "workers.sock"
 LAUNCHER_NAME = "python-worker"
 PROCESS_NAME = b"pyflink-worker"  # what `ps`/`top` show for a forked worker (/proc/PID/comm)
@@ -157,7 +160,9 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
                 raise ValueError("truncated request")
             body += chunk
         request = json.loads(bytes(body))
-        if not (isinstance(request.get("argv"), list) and isinstance(request.get("env"), dict)
+        argv = request.get("argv") if isinstance(request, dict) else None
+        if not (isinstance(argv, list) and len(argv) >= 2 and argv[0] in FORKED_OPTIONS
+                and all(isinstance(a, str) for a in argv) and isinstance(request.get("env"), dict)
                 and isinstance(request.get("cwd"), str)
                 and all(isinstance(s, int) for s in request.get("ignored_signals", []))):
             raise ValueError("malformed request")
@@ -188,7 +193,9 @@ def _inherit_signals(ignored: list[int]) -> None:
 
 
 def run_worker(request: dict, fds: list[int]) -> int:
-    """In the forked child: become the worker PyFlink's process mode would have started."""
+    """In the forked child: become the process the launcher's command would have started
+    (`python -m MODULE ARGS` or `python -c CODE ARGS`)."""
+    import builtins
     import runpy
 
     _inherit_signals(request.get("ignored_signals", []))
@@ -204,13 +211,20 @@ def run_worker(request: dict, fds: list[int]) -> int:
     for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
-    _name_process(PROCESS_NAME)
-    sys.argv = [BOOT_MODULE, *request["argv"]]
-    # Run as __main__ from its source; its imports are the preloaded ones. (Executing the
-    # module object that is already imported would make runpy warn about it.)
-    sys.modules.pop(BOOT_MODULE, None)
+    mode, target, rest = request["argv"][0], request["argv"][1], request["argv"][2:]
     try:
-        runpy.run_module(BOOT_MODULE, run_name="__main__", alter_sys=True)
+        if mode == "-m":
+            if target == BOOT_MODULE:
+                _name_process(PROCESS_NAME)
+            sys.argv = [target, *rest]
+            # Run as __main__ from its source; its imports are the preloaded ones. (Executing
+            # a module object that is already imported would make runpy warn about it.)
+            if not hasattr(sys.modules.get(target), "__path__"):
+                sys.modules.pop(target, None)
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:  # -c: Flink asks the interpreter for PyFlink's folder and its version
+            sys.argv = ["-c", *rest]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
     except BaseException:  # noqa: BLE001 - reported as a worker failure, as the interpreter would

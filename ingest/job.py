@@ -280,15 +280,17 @@ class RunOutcome:
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
-    from streamberg.common.offsets import committed_position, consumed_by_run
-    from streamberg.ingest.committer import run_dir
-
-    parallelism = parallelism or config.ingest.parallelism
-    run_id = new_run_id()
-    log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
     worker_mode = python_worker_mode()
+    # The slow starts first, before anything else is imported or read: the workers' fork
+    # server and the gateway JVM come up while the driver prepares the tables.
     with _python_workers(config, worker_mode) as fork_server:
         start_local_gateway(config)
+        from streamberg.common.offsets import committed_position, consumed_by_run
+        from streamberg.ingest.committer import run_dir
+
+        parallelism = parallelism or config.ingest.parallelism
+        run_id = new_run_id()
+        log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
         catalog, table = prepare_tables(config)
         start = committed_position(table, config.kafka.topic)
         markers = run_dir(config, run_id)

@@ -79,12 +79,15 @@ def test_the_folder_is_private_and_nothing_listens_on_the_network(server: ForkSe
     assert not listeners(server.process.pid)
 
 
-def test_other_commands_run_with_the_real_interpreter(server: ForkServer) -> None:
-    # Flink also asks `python.executable` for its version and PyFlink's folder.
-    result = subprocess.run([server.launcher, "-c", "import sys, pyflink; print(sys.executable); sys.exit(3)"],
-                            capture_output=True, text=True, timeout=60)
+def test_python_c_is_forked_and_other_commands_run_with_the_real_interpreter(server: ForkServer) -> None:
+    # Flink asks `python.executable` for PyFlink's folder (`-c`) before each worker: forked.
+    code = "import os, sys, pyflink; print(os.getppid(), sys.argv[1:]); sys.exit(3)"
+    result = subprocess.run([server.launcher, "-c", code, "a", "b"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 3, result.stderr
-    assert result.stdout.strip() == sys.executable
+    assert result.stdout.split(" ", 1) == [str(server.process.pid), "['a', 'b']\n"]
+    # Anything else is the real interpreter's.
+    result = subprocess.run([server.launcher, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"Python {sys.version.split()[0]}"
 
 
 def test_a_worker_is_forked_runs_beam_boot_and_reports_its_exit_status(server: ForkServer, tmp_path: Path) -> None:
