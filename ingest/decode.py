@@ -46,12 +46,18 @@ states the same rules with `json.loads`):
   be dead-lettered (`Number too big to be stored in double`), depending on how the number is
   written (`1e400` is refused, a 400-digit integer is not). RFC 8259 section 6 lets a parser
   limit the range of numbers; such numbers are not interoperable anyway.
+- In a schema with decimal fields, a record is refused when some object member's value (any
+  depth, any field) is a number or a string written with an exponent of 10,000 or more
+  (`1e-99999`, `"1e-99999"`, escapes included): pyarrow 16 crashes converting some of them to
+  a decimal (see HUGE_EXPONENT). Records that could hold one and nest deeper than 500
+  brackets are refused unchecked.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,6 +105,16 @@ _ZONED_RE = rf"{_TIME}{_ZONE}$"
 _ROW = re.compile(r" in row (\d+)$")
 _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|number to string)")
 _NONFINITE = re.compile(rb"NaN|Inf")
+# pyarrow 16's JSON reader crashes the process (segfault) converting a number with an
+# exponent between about -10^7 and -2^31 into a decimal column, written bare or as a string,
+# and rounds 1e-1000000 to 0. No decimal holds such a value exactly, so in a schema with
+# decimal fields a record is refused before the parse when the value of some object member
+# (any depth) is a number, or a string, written with an exponent of 10,000 or more. Records
+# holding such an exponent, or an escaped e/E that could spell one, are the suspects; only
+# they are parsed in Python to check.
+HUGE_EXPONENT = re.compile(r"[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}", re.ASCII)
+_HUGE_EXPONENT_SUSPECT = r"[eE][+-]?0*[1-9][0-9]{4}|\\u00[46]5|\\u003[0-9]"
+SUSPECT_MAX_BRACKETS = 500  # deeper suspects are refused rather than parsed recursively
 
 
 
@@ -177,6 +193,29 @@ def _has_nonfinite_token(value: bytes) -> bool:
     delimiters = quotes[run % 2 == 0]
     # An even number of delimiters before a match: it stands outside any string.
     return any(np.searchsorted(delimiters, match.start()) % 2 == 0 for match in _NONFINITE.finditer(value))
+
+
+class _NumberText(str):
+    """A JSON number's literal text (json.loads parse_float/parse_int hook)."""
+
+
+def has_huge_exponent_member(value: bytes) -> bool | None:
+    """Whether some object member's value is a number or a string written with an exponent
+    of 10,000 or more (HUGE_EXPONENT); None if the record is not JSON Python can read."""
+    found = False
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        nonlocal found
+        for _key, member in items:
+            if isinstance(member, str) and HUGE_EXPONENT.fullmatch(member):
+                found = True
+        return {}
+
+    try:
+        json.loads(value, parse_float=_NumberText, parse_int=_NumberText, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return found
 
 
 def _records_containing(text: bytes, token: bytes, offsets: np.ndarray) -> np.ndarray:
@@ -265,6 +304,7 @@ class JsonDecoder:
         self.required = [f.name for f in schema.fields if f.required]
         self.max_record_bytes = max_record_bytes
         self.timestamp_fields = [f.name for f in schema.fields if _is_timestamp(f)]
+        self.has_decimals = any(isinstance(f.field_type, DecimalType) for f in schema.fields)
         self.units = {name: units.get(name, DEFAULT_EPOCH_UNIT) for name in self.timestamp_fields}
         # A timestamp field holds a string or an integer, which one JSON parse cannot read
         # into one column: records are grouped by which timestamp fields carry a number
@@ -533,7 +573,24 @@ class JsonDecoder:
             near = _mask(pc.match_substring_regex(raw.take(pa.array(suspects)), f"[:\\[,]{_WS}*-?(?:NaN|Inf)"))
             bad = [int(i) for i in suspects[near] if _has_nonfinite_token(raw[int(i)].as_py())]
             flag(np.isin(np.arange(n), bad), "not valid JSON: NaN and Infinity are not JSON numbers")
+        if self.has_decimals:
+            self._screen_huge_exponents(raw, reasons, flag)
         return reasons
+
+    def _screen_huge_exponents(self, raw: pa.BinaryArray, reasons: np.ndarray,
+                              flag: Callable[[np.ndarray, object], None]) -> None:
+        """See HUGE_EXPONENT: one regex pass over the batch, Python only for the suspects."""
+        suspects = np.flatnonzero(_mask(pc.match_substring_regex(raw, _HUGE_EXPONENT_SUSPECT)) & (reasons == None))  # noqa: E711
+        huge, deep = [], []
+        for i in suspects:
+            value = raw[int(i)].as_py()
+            if value.count(b"[") + value.count(b"{") > SUSPECT_MAX_BRACKETS:
+                deep.append(int(i))
+            elif has_huge_exponent_member(value):
+                huge.append(int(i))
+        n = len(raw)
+        flag(np.isin(np.arange(n), huge), "a value written with an exponent of 10,000 or more (no decimal holds it)")
+        flag(np.isin(np.arange(n), deep), "nested too deeply to check for values written with huge exponents")
 
     def decode(self, values: list[bytes | None]) -> DecodeResult:
         raw = pa.array(values, pa.binary())

@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 from datetime import date, datetime, timedelta
-from decimal import Context, Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,8 @@ TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(
                 r"(Z|[+-]\d{2}(?::?\d{2})?)?)?", re.ASCII)
 DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
 DECIMAL_STRING = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
-WIDE = Context(prec=200)
+# Any exponent a JSON number can carry (the default context overflows past 1e999999).
+WIDE = Context(prec=200, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
 def _int(text: str) -> int | None:
@@ -63,11 +64,26 @@ class Num:
 
 class Obj(dict):
     dups: set
+    huge: bool  # some member (duplicates included) is written with an exponent of 10,000 or more
+
+
+# The decoder's rule for schemas with decimal fields (ingest/decode.py, HUGE_EXPONENT): a
+# record is refused when some object member's value, at any depth, is a number or a string
+# written with an exponent of 10,000 or more; records that could hold one (SUSPECT) and nest
+# deeper than 500 brackets are refused unchecked.
+HUGE_EXPONENT = re.compile(r"[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}", re.ASCII)
+SUSPECT = re.compile(rb"[eE][+-]?0*[1-9][0-9]{4}|\\u00[46]5|\\u003[0-9]")
+
+
+def _written_huge(v: Any) -> bool:
+    text = v.text if isinstance(v, Num) else v if isinstance(v, str) else None
+    return text is not None and HUGE_EXPONENT.fullmatch(text) is not None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> Obj:
     obj = Obj()
     obj.dups = set()
+    obj.huge = any(_written_huge(v) for _, v in pairs)
     for k, v in pairs:
         if k in obj:
             obj.dups.add(k)
@@ -108,6 +124,19 @@ def _loads_deep(text: str) -> Any:
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def _holds_huge_member(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Obj):
+            if v.huge:
+                return True
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _overflows_double(value: Any) -> bool:
@@ -247,6 +276,9 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
         return "bad", "not an object"
     if _has_lone_surrogate(obj):
         return "bad", "lone surrogate"
+    if any(isinstance(f.field_type, DecimalType) for f in schema.fields) and SUSPECT.search(value) and (
+            deep or _holds_huge_member(obj)):
+        return "bad", "huge exponent"
     names = {f.name for f in schema.fields}
     if obj.dups & names:
         return "bad", f"duplicate {sorted(obj.dups & names)}"
