@@ -65,6 +65,18 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
+def processes_named(root: int, name: bytes) -> list[int]:
+    """The processes of `root`'s tree whose name (/proc/<pid>/comm, what `ps` shows) is `name`."""
+    found = []
+    for pid in process_tree(root):
+        try:
+            if Path(f"/proc/{pid}/comm").read_bytes().strip() == name:
+                found.append(pid)
+        except OSError:
+            continue  # exited meanwhile
+    return sorted(found)
+
+
 def _address(hex_address: str) -> tuple[str, int]:
     host, port = hex_address.split(":")
     # The kernel prints the address as 32-bit words, each the hex of the word's value as the

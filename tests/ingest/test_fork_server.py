@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from streamberg.ingest.fork_server import LAUNCHER_NAME, PROCESS_NAME, SOCKET_NAME, ForkServer
-from tests.listening import listeners, process_tree
+from tests.listening import listeners, processes_named
 
 BOOT = ["-m", "pyflink.fn_execution.beam.beam_boot"]
 
@@ -43,15 +43,7 @@ def _wait_ready(server: ForkServer, timeout: float = 120) -> None:
 
 
 def _forked_workers(server: ForkServer) -> list[int]:
-    return [pid for pid in process_tree(server.process.pid) - {server.process.pid}
-            if _name(pid) == PROCESS_NAME]
-
-
-def _name(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/comm").read_bytes().strip()
-    except OSError:
-        return b""
+    return [pid for pid in processes_named(server.process.pid, PROCESS_NAME) if pid != server.process.pid]
 
 
 def _wait(predicate, timeout: float = 30) -> bool:
@@ -198,7 +190,7 @@ def test_stop_kills_the_workers_and_removes_the_folder(silent_endpoint: str) -> 
         folder, process = server.folder, server.process
         server.stop()
         assert process.poll() is not None
-        assert not Path(f"/proc/{worker}").exists() or _name(worker) != PROCESS_NAME
+        assert not processes_named(worker, PROCESS_NAME)  # gone (or its pid reused by another program)
         assert not folder.exists()
         assert launcher.wait(timeout=30) != 0  # its worker was killed under it
     finally:

@@ -34,7 +34,7 @@ from tests.helpers import (
     table_ids,
     write_config,
 )
-from tests.listening import process_tree
+from tests.listening import process_tree, processes_named
 
 pytestmark = pytest.mark.flink
 
@@ -46,15 +46,7 @@ AFTER_KILL_SECONDS = 3.0
 def _python_workers(root: int) -> list[int]:
     """The Flink Python worker processes under the ingest process `root`: the processes the
     fork server forked (ingest/fork_server.py names them), not their launchers."""
-    workers = []
-    for pid in process_tree(root):
-        try:
-            name = Path(f"/proc/{pid}/comm").read_bytes().strip()
-        except OSError:
-            continue
-        if name == PROCESS_NAME:
-            workers.append(pid)
-    return sorted(workers)
+    return processes_named(root, PROCESS_NAME)
 
 
 def _launchers(root: int) -> list[int]:
