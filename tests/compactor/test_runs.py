@@ -35,6 +35,7 @@ from tests.compactor.helpers import (
 pytestmark = pytest.mark.spark
 
 SMALL_FILES = {"write.target-file-size-bytes": str(24 * 1024)}  # several files per run
+APPEND_INTERVAL_SECONDS = 0.5  # the writer of test_merges_commit_safely_while_ingest_appends
 RUNS_ON = {"merge_factor": 3, "seal_after_commits": None, "seal_after_seconds": None}
 
 
@@ -141,6 +142,16 @@ def test_a_crash_in_a_merge_leaves_the_table_whole_and_the_next_pass_merges(spar
 
 
 def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_path) -> None:
+    """Compactor passes commit run merges while an ingest-like writer commits every half second
+    (a twentieth of the default commit interval): appends that land after a plan are kept and
+    validated against, no row is lost or doubled.
+
+    The writer is paced, not a tight loop: a writer committing faster than one compare-and-swap
+    window of the rewrite (a refresh, the validation and a metadata write: seconds on a loaded
+    2-core machine) makes every rewrite commit lose its race. The compactor then gives up
+    cleanly after its retries (its new files removed, the old ones still pending, nothing
+    lost), which is the right outcome but not the one this test is about. The deterministic
+    append-between-plan-and-commit case is in test_concurrency.py."""
     config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", "merge_factor": 2, "seal_after_commits": None,
                                                  "seal_after_seconds": None}, table_properties=SMALL_FILES)
     spark_catalog(config)
@@ -150,13 +161,13 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
     appended = []
 
     def keep_appending() -> None:
-        while not done.is_set():
+        while not done.wait(APPEND_INTERVAL_SECONDS):
             appended.append(ingest.append(200, days=1).snapshot_id)
 
     writer = threading.Thread(target=keep_appending)
     writer.start()
     try:
-        for _ in range(4):
+        for _ in range(3):
             Compactor(config.compactor, config.target, spark).run_pass()
     finally:
         done.set()
@@ -166,10 +177,10 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
     ids = Counter(after.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
     assert sorted(ids) == list(range(ingest.next_id)) and set(ids.values()) == {1}
     merges = [s for s in compactor_snapshots(after) if "merge" in summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS]]
-    assert merges and len(appended) >= 2
+    assert merges, [summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS] for s in compactor_snapshots(after)]
+    assert len(appended) >= 2
     # Some merge was validated over ingest appends that landed while it ran.
-    assert any(str(s.parent_snapshot_id) != summary(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID] for s in merges) \
-        or len(appended) > 4
+    assert any(str(s.parent_snapshot_id) != summary(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID] for s in merges)
 
 
 def test_health_measure_equals_a_brute_force_count_from_the_data(spark, tmp_path) -> None:
