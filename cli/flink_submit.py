@@ -80,12 +80,12 @@ def submit(config_path: str, parallelism: int | None) -> int:
                       "topic": config.kafka.topic, "parallelism": parallelism,
                       "start_offsets": {str(p): o for p, o in start.offsets.items()}}), flush=True)
     if _attached(env):
-        from streamberg.ingest.job import _failure_message
+        from streamberg.ingest.job import failure_message
 
         try:
             client.get_job_execution_result().result()  # an unbounded job ends only by failing or cancel
         except Exception:  # noqa: BLE001 - reported in one line, like `streamberg ingest`
-            print(f"{PROG}: {redact(_failure_message(client, str(client.get_job_status().result())))}", file=sys.stderr)
+            print(f"{PROG}: {redact(failure_message(client, str(client.get_job_status().result())))}", file=sys.stderr)
             return 1
     return 0
 

@@ -14,7 +14,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from py4j.protocol import Py4JJavaError
 
     from streamberg.common.errors import IngestFenced, JobFailed, SchemaMismatchError, UnsupportedSchemaError
-    from streamberg.ingest.job import run_ingest
+    from streamberg.ingest.driver import run_ingest
 
     config = load_config(args.config)
     if args.max_records is not None and args.max_records <= 0:

@@ -8,26 +8,26 @@
 
 No Flink Kafka or Iceberg connector ships with the apache-flink wheel (and no JVM artifact can
 be fetched where streamberg is built and tested), so Kafka is read with confluent-kafka and
-Iceberg written with pyiceberg inside Python operators. The tick stream only drives the writers' poll loop; offsets live in the table,
-not in Flink state, so no checkpointing is needed for exactly-once (see README).
+Iceberg written with pyiceberg inside Python operators. The tick stream only drives the
+writers' poll loop; offsets live in the table, not in Flink state, so no checkpointing is
+needed for exactly-once (see README).
 
-A bounded run (--max-records/--duration, tests, demos) ends gracefully: the driver drops a
-`stop` marker, each writer flushes a final unit, the committer commits it and drops a
-`drained` marker, and the driver cancels the job. Cancelling at any other moment is also
-safe: uncommitted files are orphans and their records are read again on the next start.
+A bounded run (--max-records/--duration, tests, demos) ends gracefully: the driver
+(ingest/driver.py) drops a `stop` marker, each writer flushes a final unit, the committer
+commits it and drops a `drained` marker, and the driver cancels the job. Cancelling at any
+other moment is also safe: uncommitted files are orphans and their records are read again on
+the next start.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +38,12 @@ from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
-from streamberg.common.errors import IngestFenced, JobFailed, named_in
-from streamberg.common.log import get_logger, renders_json
-from streamberg.ingest.fork_server import ForkServer
-from streamberg.ingest.read_progress import ReadProgress, records_read, stop_due
-from streamberg.ingest.read_progress import request_stop as write_stop_marker
-from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
+from streamberg.common.errors import named_in
+from streamberg.common.log import get_logger
+from streamberg.ingest.read_progress import ReadProgress, stop_due
+from streamberg.ingest.worker_logs import WorkerLogTarget
 
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
-DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 
 
 class WriterFunction(FlatMapFunction):
@@ -269,141 +266,8 @@ def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     return catalog, table
 
 
-@dataclass
-class RunOutcome:
-    run_id: str
-    consumed: int  # records (valid + dead-lettered) committed by this run
-    seconds: float
-    stopped_because: str
-
-
-def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
-               duration: float | None = None, progress: bool = True) -> RunOutcome:
-    """Run the ingest job; return when a bound is reached (or run until interrupted)."""
-    worker_mode = python_worker_mode()
-    # The slow starts first, before anything else is imported or read: the workers' fork
-    # server and the gateway JVM come up while the driver prepares the tables.
-    with _python_workers(config, worker_mode) as fork_server:
-        start_local_gateway(config)
-        from streamberg.common.offsets import committed_position, consumed_by_run
-        from streamberg.ingest.committer import run_dir
-
-        parallelism = parallelism or config.ingest.parallelism
-        run_id = new_run_id()
-        log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
-        catalog, table = prepare_tables(config)
-        start = committed_position(table, config.kafka.topic)
-        markers = run_dir(config, run_id)
-        markers.mkdir(parents=True, exist_ok=True)
-        worker_log = (markers / WORKER_LOG_NAME).resolve()
-        log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
-                 start_offsets=start.offsets, max_records=max_records, duration_s=duration,
-                 python_workers=worker_mode + (", forked" if fork_server else ""), worker_log=str(worker_log))
-        started = time.monotonic()
-        bar = _progress_bar(max_records, enabled=progress)
-        relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
-        client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
-                           python_workers=fork_server.launcher if fork_server else None,
-                           ).execute_async(f"streamberg-ingest {config.table.identifier}")
-
-        stop_reason: list[str] = []
-
-        def request_stop(reason: str, until_read: int | None = None) -> None:
-            if not stop_reason:
-                stop_reason.append(reason)
-                write_stop_marker(markers, reason, until_read)
-                log.info("stopping: writers flush and commit what they have", reason=reason)
-
-        def on_signal(signum, _frame) -> None:  # noqa: ANN001
-            if stop_reason:  # second signal: stop now (safe: nothing half-visible)
-                raise KeyboardInterrupt
-            request_stop(signal.Signals(signum).name)
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        consumed = 0
-        fenced: list[str] = []
-        try:
-            stop_deadline = None
-            next_table_look = 0.0
-            while True:
-                time.sleep(DRIVER_TICK_SECONDS)
-                if max_records is not None and records_read(markers) >= max_records:
-                    request_stop(f"max_records {max_records} read", until_read=max_records)
-                if stop_reason and (markers / "drained").exists():
-                    break
-                if time.monotonic() < next_table_look:
-                    continue
-                next_table_look = time.monotonic() + 1.0  # the catalog and the job status once a second
-                if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
-                    fenced.append((markers / "fenced").read_text().strip())
-                    log.error("fenced: another ingest instance is writing this table; stopping without restart",
-                              reason=fenced[0])
-                    break
-                status = str(client.get_job_status().result())
-                if status.endswith(("FAILED", "CANCELED", "FINISHED")):
-                    raise JobFailed(_failure_message(client, status))
-                table = catalog.load_table(config.table.identifier)
-                consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
-                if bar is not None:
-                    bar.n = consumed
-                    bar.refresh()
-                if max_records is not None and consumed >= max_records:
-                    request_stop(f"max_records {max_records} reached", until_read=max_records)
-                if duration is not None and time.monotonic() - started >= duration:
-                    request_stop(f"duration {duration}s elapsed")
-                if stop_reason:
-                    stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
-                    if (markers / "drained").exists():
-                        break
-                    if time.monotonic() > stop_deadline:
-                        log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
-                        break
-        except KeyboardInterrupt:
-            stop_reason.append(stop_reason[0] if stop_reason else "interrupted")
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            if bar is not None:
-                bar.close()
-            try:
-                client.cancel().result()
-            except Exception:  # noqa: BLE001 - already terminal
-                pass
-            relay.stop()
-        table = catalog.load_table(config.table.identifier)
-        end = committed_position(table, config.kafka.topic)
-        # Only this run's own commits: after a fence the table's totals include the other instance's.
-        consumed = consumed_by_run(table, config.kafka.topic, run_id, start.snapshot_id)
-        outcome = RunOutcome(run_id=run_id, consumed=consumed, seconds=time.monotonic() - started,
-                             stopped_because="fenced" if fenced else stop_reason[0] if stop_reason else "unknown")
-        if fenced:
-            log.error("ingest fenced", consumed=consumed, seconds=round(outcome.seconds, 1))
-            raise IngestFenced(f"FencedError: {fenced[0]}", outcome)
-        log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1), reason=outcome.stopped_because,
-                 end_offsets=end.offsets, snapshot=end.snapshot_id)
-        return outcome
-
-
-@contextmanager
-def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[ForkServer | None]:
-    """The fork server of a local run in process mode, started before anything else so its
-    imports overlap the JVM's start-up (ingest/fork_server.py); None if not used."""
-    if worker_mode != "process" or not config.ingest.fork_python_workers:
-        yield None
-        return
-    with ForkServer() as server:
-        yield server
-
-
-def _progress_bar(total: int | None, enabled: bool):  # noqa: ANN202
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rec", unit_scale=True, desc="committed", file=sys.stderr)
-
-
-def _failure_message(client, status: str) -> str:  # noqa: ANN001
+def failure_message(client, status: str) -> str:  # noqa: ANN001
+    """One line on why the job ended: a streamberg error raised in a worker, or the root cause."""
     try:
         client.get_job_execution_result().result()
     except Exception as exc:  # noqa: BLE001 - we want the root cause text

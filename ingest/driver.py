@@ -1,0 +1,226 @@
+"""The driver of `streamberg ingest`: run the job of ingest/job.py locally and watch it.
+
+Top to bottom: start the slow parts first (the workers' fork server, the gateway JVM),
+prepare the tables, submit the job, then poll until a bound is reached, a signal arrives, the
+run is fenced or the job fails. A stop is graceful: the driver drops a `stop` marker, each
+writer flushes a final unit, the committer commits it and drops a `drained` marker, and the
+job is cancelled. The outcome counts only this run's own commits.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import IngestFenced, JobFailed
+from streamberg.common.log import get_logger, renders_json
+from streamberg.ingest.fork_server import ForkServer
+from streamberg.ingest.job import (
+    build_job,
+    failure_message,
+    new_run_id,
+    prepare_tables,
+    python_worker_mode,
+    start_local_gateway,
+)
+from streamberg.ingest.read_progress import records_read
+from streamberg.ingest.read_progress import request_stop as write_stop_marker
+from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
+
+DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
+TABLE_LOOK_SECONDS = 1.0  # how often it reads the catalog and the job status
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    consumed: int  # records (valid + dead-lettered) committed by this run
+    seconds: float
+    stopped_because: str
+
+
+@dataclass(frozen=True)
+class RunBounds:
+    max_records: int | None = None
+    duration: float | None = None
+
+
+def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
+               duration: float | None = None, progress: bool = True) -> RunOutcome:
+    """Run the ingest job; return when a bound is reached (or run until interrupted)."""
+    worker_mode = python_worker_mode()
+    # The slow starts first, before anything else is imported or read: the workers' fork
+    # server and the gateway JVM come up while the driver prepares the tables.
+    with _python_workers(config, worker_mode) as fork_server:
+        start_local_gateway(config)
+        return _run(config, parallelism or config.ingest.parallelism, worker_mode, fork_server,
+                    RunBounds(max_records, duration), progress)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of the job, as the driver knows it."""
+    config: StreambergConfig
+    run_id: str
+    markers: Path  # the run's folder: stop/drained/fenced markers, read progress, workers.log
+    start_snapshot_id: int | None
+    bounds: RunBounds
+    started: float  # time.monotonic()
+    log: Any
+
+
+class _StopRequest:
+    """Why the run stops (the first reason wins); requesting it drops the writers' stop marker."""
+
+    def __init__(self, markers: Path, log: Any) -> None:
+        self.markers, self.log = markers, log
+        self.reason: str | None = None
+
+    def __call__(self, reason: str, until_read: int | None = None) -> None:
+        if self.reason is None:
+            self.reason = reason
+            write_stop_marker(self.markers, reason, until_read)
+            self.log.info("stopping: writers flush and commit what they have", reason=reason)
+
+
+def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_server: ForkServer | None,
+         bounds: RunBounds, progress: bool) -> RunOutcome:
+    from streamberg.common.offsets import committed_position
+    from streamberg.ingest.committer import run_dir
+
+    run_id = new_run_id()
+    log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
+    catalog, table = prepare_tables(config)
+    start = committed_position(table, config.kafka.topic)
+    markers = run_dir(config, run_id)
+    markers.mkdir(parents=True, exist_ok=True)
+    worker_log = (markers / WORKER_LOG_NAME).resolve()
+    log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
+             start_offsets=start.offsets, max_records=bounds.max_records, duration_s=bounds.duration,
+             python_workers=worker_mode + (", forked" if fork_server else ""), worker_log=str(worker_log))
+    run = _Run(config, run_id, markers, start.snapshot_id, bounds, time.monotonic(), log)
+    bar = _progress_bar(bounds.max_records, enabled=progress)
+    relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
+    client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
+                       python_workers=fork_server.launcher if fork_server else None,
+                       ).execute_async(f"streamberg-ingest {config.table.identifier}")
+    stop = _StopRequest(markers, log)
+    fenced = None
+    try:
+        with _signals_stop(stop):
+            fenced = _watch(run, client, catalog, stop, bar)
+    except KeyboardInterrupt:  # a second signal: stop now (safe: nothing is half-visible)
+        stop.reason = stop.reason or "interrupted"
+    finally:
+        if bar is not None:
+            bar.close()
+        try:
+            client.cancel().result()
+        except Exception:  # noqa: BLE001 - already terminal
+            pass
+        relay.stop()
+    return _outcome(run, catalog, stop, fenced)
+
+
+@contextmanager
+def _signals_stop(stop: _StopRequest) -> Iterator[None]:
+    """SIGINT and SIGTERM request a graceful stop; a second one raises KeyboardInterrupt."""
+
+    def on_signal(signum, _frame) -> None:  # noqa: ANN001
+        if stop.reason is not None:
+            raise KeyboardInterrupt
+        stop(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -> str | None:
+    """Poll until the writers drained after a stop (or did not in time); return the fence
+    reason if another instance fenced this run. Raises JobFailed if Flink gave the job up."""
+    from streamberg.common.offsets import consumed_by_run
+
+    config, markers, bounds = run.config, run.markers, run.bounds
+    stop_deadline = None
+    next_table_look = 0.0
+    while True:
+        time.sleep(DRIVER_TICK_SECONDS)
+        if bounds.max_records is not None and records_read(markers) >= bounds.max_records:
+            stop(f"max_records {bounds.max_records} read", until_read=bounds.max_records)
+        if stop.reason and (markers / "drained").exists():
+            return None
+        if time.monotonic() < next_table_look:
+            continue
+        next_table_look = time.monotonic() + TABLE_LOOK_SECONDS
+        if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
+            reason = (markers / "fenced").read_text().strip()
+            run.log.error("fenced: another ingest instance is writing this table; stopping without restart",
+                          reason=reason)
+            return reason
+        status = str(client.get_job_status().result())
+        if status.endswith(("FAILED", "CANCELED", "FINISHED")):
+            raise JobFailed(failure_message(client, status))
+        table = catalog.load_table(config.table.identifier)
+        consumed = consumed_by_run(table, config.kafka.topic, run.run_id, run.start_snapshot_id)
+        if bar is not None:
+            bar.n = consumed
+            bar.refresh()
+        if bounds.max_records is not None and consumed >= bounds.max_records:
+            stop(f"max_records {bounds.max_records} reached", until_read=bounds.max_records)
+        if bounds.duration is not None and time.monotonic() - run.started >= bounds.duration:
+            stop(f"duration {bounds.duration}s elapsed")
+        if stop.reason:
+            stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
+            if (markers / "drained").exists():
+                return None
+            if time.monotonic() > stop_deadline:
+                run.log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
+                return None
+
+
+def _outcome(run: _Run, catalog: Any, stop: _StopRequest, fenced: str | None) -> RunOutcome:
+    from streamberg.common.offsets import committed_position, consumed_by_run
+
+    config = run.config
+    table = catalog.load_table(config.table.identifier)
+    end = committed_position(table, config.kafka.topic)
+    # Only this run's own commits: after a fence the table's totals include the other instance's.
+    consumed = consumed_by_run(table, config.kafka.topic, run.run_id, run.start_snapshot_id)
+    outcome = RunOutcome(run_id=run.run_id, consumed=consumed, seconds=time.monotonic() - run.started,
+                         stopped_because="fenced" if fenced else stop.reason or "unknown")
+    if fenced:
+        run.log.error("ingest fenced", consumed=consumed, seconds=round(outcome.seconds, 1))
+        raise IngestFenced(f"FencedError: {fenced}", outcome)
+    run.log.info("ingest stopped", consumed=consumed, seconds=round(outcome.seconds, 1),
+                 reason=outcome.stopped_because, end_offsets=end.offsets, snapshot=end.snapshot_id)
+    return outcome
+
+
+@contextmanager
+def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[ForkServer | None]:
+    """The fork server of a local run in process mode, started before anything else so its
+    imports overlap the JVM's start-up (ingest/fork_server.py); None if not used."""
+    if worker_mode != "process" or not config.ingest.fork_python_workers:
+        yield None
+        return
+    with ForkServer() as server:
+        yield server
+
+
+def _progress_bar(total: int | None, enabled: bool):  # noqa: ANN202
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", unit_scale=True, desc="committed", file=sys.stderr)
