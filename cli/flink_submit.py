@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
@@ -45,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _attached(env) -> bool:  # noqa: ANN001 - pyflink StreamExecutionEnvironment
-    """Whether `flink run` was called without -d (it then waits for the job, and so do we)."""
+def _attached(env: Any) -> bool:
+    """Whether `flink run` was called without -d (it then waits for the job, and so do we).
+
+    `env`: pyflink's StreamExecutionEnvironment (its Java object is read through py4j)."""
     from pyflink.java_gateway import get_gateway
 
     options = get_gateway().jvm.org.apache.flink.configuration.DeploymentOptions

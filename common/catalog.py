@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg2.errors
 import sqlalchemy
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -39,9 +40,10 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
-from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError
+from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError, StreambergError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
+from streamberg.common.retry import commit_retrying
 
 _TYPES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -155,27 +157,39 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
     return catalog
 
 
+# Retries of opening a catalog whose tables another process was creating at the same moment.
+CATALOG_TABLES_RETRIES = 4
+# PostgreSQL (psycopg2) names each way of losing that race by class: the table exists by then
+# (DuplicateTable), both CREATE TABLEs passed the existence check together and the second hit
+# pg_type's unique index (UniqueViolation), or the same for a constraint's name (DuplicateObject).
+_PG_LOST_CREATE_RACE = (psycopg2.errors.DuplicateTable, psycopg2.errors.UniqueViolation,
+                        psycopg2.errors.DuplicateObject)
+
+
+def _lost_catalog_tables_race(exc: BaseException) -> bool:
+    """Whether `exc` is another process creating the catalog's tables at the same moment:
+    one side sees "no such table", the other "already exists". Anything else is a real error."""
+    if not isinstance(exc, sqlalchemy.exc.DatabaseError):
+        return False
+    if isinstance(exc.orig, psycopg2.Error):
+        return isinstance(exc.orig, _PG_LOST_CREATE_RACE)
+    # No class to match: sqlite3 raises OperationalError, with the generic code SQLITE_ERROR,
+    # for "no such table" and "table ... already exists" alike, and for real failures too
+    # (locked, unreadable, full); only the message tells them apart. Other drivers alike.
+    text = str(exc.orig if exc.orig is not None else exc).lower()
+    return "no such table" in text or "already exists" in text
+
+
 def load_catalog(config: CatalogConfig) -> Catalog:
     if config.uri.startswith("sqlite:"):
         _prepare_sqlite(config.uri)
     if config.warehouse.startswith("file://"):
         Path(config.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
-    for attempt in range(5):
-        try:
-            return SqlCatalog(config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse,
-                              **config.properties)
-        except sqlalchemy.exc.DatabaseError as exc:
-            # Processes opening a new catalog database together (`streamberg run` starts the
-            # ingest, compactor and maintenance at once) race in pyiceberg's create-if-missing
-            # of its own tables: one sees "no such table", another "already exists". The
-            # database is fine a moment later; anything else is a real error.
-            text = str(exc.orig if exc.orig is not None else exc).lower()
-            if attempt == 4 or not ("no such table" in text or "already exists" in text):
-                raise
-            import time
-
-            time.sleep(0.2 * (attempt + 1))
-    raise AssertionError("unreachable")
+    # Processes opening a new catalog database together (`streamberg run` starts the ingest,
+    # compactor and maintenance at once) race in pyiceberg's create-if-missing of its own
+    # tables; the database is fine a moment later.
+    return commit_retrying(CATALOG_TABLES_RETRIES, _lost_catalog_tables_race)(
+        SqlCatalog, config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse, **config.properties)
 
 
 def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
@@ -384,3 +398,28 @@ def wait_for_table(catalog: Catalog, identifier: str, timeout_seconds: float, co
     log = get_logger(component, table=identifier)
     return _poll_until(lambda: catalog.load_table(identifier), (NoSuchTableError,), timeout_seconds, log,
                        "waiting for the table to be created by the ingest", stop)
+
+
+def open_existing_table(config: StreambergConfig, component: str, error: type[StreambergError],
+                        wait_seconds: float = 0.0,
+                        stop: threading.Event | None = None) -> tuple[Catalog | None, Table | None]:
+    """Catalog and table, opened without creating anything (a mistyped catalog.uri must not
+    leave an empty catalog behind); waits up to `wait_seconds` for the ingest to create the
+    catalog database and then the table. The table is None (and the catalog too, if it was
+    not open yet) when `stop` was set while waiting.
+
+    `component` ("compactor", "maintenance") names the logger and the config section whose
+    `wait_for_table_seconds` the messages cite; a missing catalog or table raises `error`.
+    """
+    waited = f" after waiting {wait_seconds:g} s ({component}.wait_for_table_seconds)" if wait_seconds else ""
+    try:
+        catalog = wait_for_catalog(config.catalog, wait_seconds, component, stop)
+    except CatalogUnreachable as exc:
+        raise error(f"{exc}{waited}") from None
+    if catalog is None:
+        return None, None
+    try:
+        return catalog, wait_for_table(catalog, config.table.identifier, wait_seconds, component, stop)
+    except NoSuchTableError:
+        raise error(f"table {config.table.identifier} does not exist yet in {redact(config.catalog.uri)}{waited} "
+                    "(it is created by `streamberg ingest`)") from None

@@ -427,11 +427,6 @@ class CompactorConfig(_Section):
                              "the incremental compactor would never act (use --full for one-off rewrites)")
         return self
 
-    @property
-    def effective_strategy(self) -> str:
-        """Without clustering columns every strategy degenerates to bin-packing."""
-        return self.strategy if self.columns else "binpack"
-
 
 class MonitoringConfig(_Section):
     """Thresholds of the health verdict of `streamberg status` and the metrics exporter

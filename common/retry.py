@@ -3,7 +3,8 @@
 Iceberg commits are optimistic: a commit that finds the table moved under it fails, and the
 writer re-reads the table, re-checks what it must (fencing, what a replay may add) and tries
 again. Every such loop in streamberg (ingest commits, dead letters, replays, the compactor's
-rewrite, maintenance steps) uses this policy: `retries` retries after the first attempt,
+rewrite, maintenance steps, and `load_catalog` when processes started together race to create
+the catalog's own tables) uses this policy: `retries` retries after the first attempt,
 exponential backoff with full jitter (so writers that collided do not collide again in
 step), capped per caller: short where records wait on the commit (ingest), longer for
 background work (compactor, maintenance).

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from streamberg.common.config import FieldConfig, StreambergConfig
 
@@ -117,7 +117,7 @@ def produce_events(
     })
     errors: list[str] = []
 
-    def on_delivery(err, _msg) -> None:  # noqa: ANN001 - confluent-kafka callback
+    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
         if err is not None:
             errors.append(str(err))
 

@@ -7,14 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.exceptions import NoSuchTableError
-
-from streamberg.common.catalog import wait_for_catalog, wait_for_table
+from streamberg.common.catalog import open_existing_table
 from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import CatalogUnreachable, CompactError
+from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.pending import PlanningRules
-from streamberg.common.redact import redact
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import describe, plan_rewrite
 from streamberg.compactor.service import Compactor, resolve_layout
@@ -30,30 +27,9 @@ class CompactOptions:
     columns: list[str] | None = None
 
 
-def _open_table(config: StreambergConfig, wait_seconds: float = 0.0,
-                stop: threading.Event | None = None) -> tuple[Any, Any]:
-    """Catalog and table, opened without creating anything (a mistyped catalog.uri must not
-    leave an empty catalog behind); waits up to `wait_seconds` for the ingest to create the
-    catalog database and then the table. Returns (None, None) when `stop` was set while waiting.
-    """
-    try:
-        catalog = wait_for_catalog(config.catalog, wait_seconds, "compactor", stop)
-    except CatalogUnreachable as exc:
-        waited = f" after waiting {wait_seconds:g} s (compactor.wait_for_table_seconds)" if wait_seconds else ""
-        raise CompactError(f"{exc}{waited}") from None
-    if catalog is None:
-        return None, None
-    try:
-        return catalog, wait_for_table(catalog, config.table.identifier, wait_seconds, "compactor", stop)
-    except NoSuchTableError:
-        waited = f" after waiting {wait_seconds:g} s (compactor.wait_for_table_seconds)" if wait_seconds else ""
-        raise CompactError(f"table {config.table.identifier} does not exist yet in {redact(config.catalog.uri)}{waited} "
-                           "(it is created by `streamberg ingest`)") from None
-
-
 def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]:
     """What a pass would rewrite now, without Spark and without the lease."""
-    _, table = _open_table(config)
+    _, table = open_existing_table(config, "compactor", CompactError)
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), mode="full" if options.full else "incremental")
     return {
@@ -79,7 +55,8 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     continuous = not (options.once or options.full)
     # Only the continuous service waits for the table: a one-off run (cron, tests) on a
     # missing table is an operator error to report at once.
-    catalog, table = _open_table(config, config.compactor.wait_for_table_seconds if continuous else 0.0, stop)
+    catalog, table = open_existing_table(config, "compactor", CompactError,
+                                         config.compactor.wait_for_table_seconds if continuous else 0.0, stop)
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}

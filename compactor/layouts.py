@@ -161,9 +161,9 @@ def boundaries_from_sample(sample: DataFrame, columns: Sequence[str], bits: int)
         # the j-th of max_bounds evenly spaced quantiles of the sorted sample (1-based position)
         quantiles = F.array_distinct(F.transform(
             F.sequence(F.lit(1), F.lit(max_bounds)),
-            # F.transform builds the expression now, inside this iteration (and counts the
-            # lambda's parameters, so arr and n cannot be bound as defaults).
-            lambda j: F.element_at(arr, (F.floor(j * n / (max_bounds + 1)) + 1).cast("int")),  # noqa: B023
+            # F.transform calls the lambda now, inside this iteration, so it sees this
+            # iteration's arr and n (it counts the lambda's parameters: they cannot be defaults).
+            lambda j: F.element_at(arr, (F.floor(j * n / (max_bounds + 1)) + 1).cast("int")),  # noqa: B023 - called now
         ))
         chosen = F.when(F.size(distinct) <= max_bounds, distinct).otherwise(quantiles)
         picks.append(chosen.alias(f"{_TMP}b{i}"))

@@ -33,7 +33,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import reduce
 from typing import Any
@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan, Or
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThan, Or
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
@@ -156,7 +156,7 @@ class _Batcher:
 
 
 def _commit_append(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
-                   properties: dict[str, str], recheck) -> int:  # noqa: ANN001 - recheck(Table) -> None
+                   properties: dict[str, str], recheck: Callable[[Table], None]) -> int:
     """One fast append of `files`; on a lost race, re-read, re-check and retry.
 
     When it gives up or the re-check refuses, the files it wrote are deleted: they were
@@ -176,7 +176,7 @@ def _commit_append(catalog: Catalog, config: StreambergConfig, files: list[Writt
 
 
 def _append_with_retries(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
-                         properties: dict[str, str], recheck) -> int:  # noqa: ANN001
+                         properties: dict[str, str], recheck: Callable[[Table], None]) -> int:
     for attempt in commit_retrying(config.ingest.commit_retries, is_instance(CommitFailedException)):
         with attempt:
             table = catalog.load_table(config.table.identifier)
@@ -198,7 +198,7 @@ def _load_dlq(catalog: Catalog, config: StreambergConfig) -> Table | None:
         return None
 
 
-def _pairs_filter(topic: str, offsets: dict[int, set[int]]):  # noqa: ANN202 - a pyiceberg expression
+def _pairs_filter(topic: str, offsets: dict[int, set[int]]) -> BooleanExpression:
     per_partition = [And(EqualTo("partition", p), In("offset", {int(o) for o in offs}))
                      for p, offs in sorted(offsets.items()) if offs]
     return And(EqualTo("topic", topic), reduce(Or, per_partition))

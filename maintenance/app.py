@@ -28,13 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.exceptions import NoSuchTableError
-
-from streamberg.common.catalog import wait_for_catalog, wait_for_table
+from streamberg.common.catalog import open_existing_table
 from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import CatalogUnreachable, ConfigError, MaintainError, RetentionColumnError
+from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
-from streamberg.common.redact import redact
 from streamberg.maintenance.planner import column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
@@ -78,25 +75,6 @@ def check_config(config: StreambergConfig, table: Any | None = None) -> None:
             raise _config_error(config, f"maintenance.retention.column: {exc}") from None
 
 
-def open_table(config: StreambergConfig, wait_seconds: float = 0.0, stop: threading.Event | None = None) -> Any:
-    """The table, opened without creating anything (a mistyped catalog.uri must not leave an
-    empty catalog behind); waits up to `wait_seconds` for the ingest to create the catalog
-    database and then the table (None: stopped while waiting)."""
-    try:
-        catalog = wait_for_catalog(config.catalog, wait_seconds, "maintenance", stop)
-    except CatalogUnreachable as exc:
-        waited = f" after waiting {wait_seconds:g} s (maintenance.wait_for_table_seconds)" if wait_seconds else ""
-        raise MaintainError(f"{exc}{waited}") from None
-    if catalog is None:
-        return None
-    try:
-        return wait_for_table(catalog, config.table.identifier, wait_seconds, "maintenance", stop)
-    except NoSuchTableError:
-        waited = f" after waiting {wait_seconds:g} s (maintenance.wait_for_table_seconds)" if wait_seconds else ""
-        raise MaintainError(f"table {config.table.identifier} does not exist yet in {redact(config.catalog.uri)}{waited} "
-                            "(it is created by `streamberg ingest`)") from None
-
-
 def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: Any = None,
                  stop: threading.Event | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] | None = None) -> MaintainSummary:
@@ -112,7 +90,8 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
     log = get_logger("maintenance", table=config.table.identifier)
     single = options.once or options.dry_run
     # Only the scheduled service waits for the table; a one-off run reports it missing at once.
-    table = open_table(config, 0.0 if single else config.maintenance.wait_for_table_seconds, stop)
+    _, table = open_existing_table(config, "maintenance", MaintainError,
+                                   0.0 if single else config.maintenance.wait_for_table_seconds, stop)
     if table is None:  # stopped while waiting
         return MaintainSummary()
     check_config(config, table)  # bad settings fail before Spark starts

@@ -9,8 +9,8 @@ verdict can name it.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -24,6 +24,7 @@ from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, committed_position
 from streamberg.common.pending import ManifestCache, live_data_files
 from streamberg.common.table_facts import dead_letter_records
+from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import compute_lag, read_watermarks
@@ -38,7 +39,7 @@ class _Collector:
         self.errors: list[str] = []
         self.log = get_logger("monitoring.status", table=config.table.identifier)
 
-    def part(self, what: str, read, *args: Any):  # noqa: ANN001, ANN202
+    def part(self, what: str, read: Callable[..., Any], *args: Any) -> Any:
         """Run one read; on failure record which part could not be read, and go on."""
         try:
             return read(*args)
@@ -96,7 +97,7 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     run = _Collector(config, now_ms, cache or ManifestCache())
     identifier = config.table.identifier
-    checked_at = dt.datetime.fromtimestamp(now_ms / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+    checked_at = iso_from_ms(now_ms, timespec="seconds")
     empty = {"table": identifier, "checked_at": checked_at, "files": None, "compactor": None, "clustering": None,
              "snapshots": None, "dead_letters": None}
     try:
