@@ -212,8 +212,19 @@ class Compactor:
         A separate metadata commit after the rewrite: if it never lands (a crash between the
         two), the partition is one unsealed run, and the next pass seals it without a rewrite.
         Entries of partitions that no longer have live files are dropped.
+
+        Checked against the one-compactor lease like every rewrite commit: a compactor that
+        lost its lease writes nothing, not even this property (the new holder may be
+        rewriting these partitions; its next pass finds them finished and seals them).
         """
         assert plan.starting_sequence_number is not None
+        if self.lease is not None:
+            try:
+                self.lease.check()
+            except Exception as exc:  # noqa: BLE001 - any lease problem means: do not commit
+                log.error("lease lost; finished partitions not recorded as sealed", partitions=keys,
+                          error=str(exc))
+                return
         table = self.load()
         record = {k: v for k, v in sealed_sequence_numbers(table).items() if k in set(plan.live_partition_keys)}
         record.update({key: plan.starting_sequence_number for key in keys})

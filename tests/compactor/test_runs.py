@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
+from structlog.testing import capture_logs
 
+from streamberg.common.catalog import load_catalog
 from streamberg.common.clustering import health
 from streamberg.common.pending import live_data_files, pending_files, sealed_sequence_numbers
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.lease import TableLease
 from streamberg.compactor.service import Compactor
 from tests.compactor.helpers import (
     DAY,
@@ -37,6 +41,10 @@ pytestmark = pytest.mark.spark
 SMALL_FILES = {"write.target-file-size-bytes": str(24 * 1024)}  # several files per run
 APPEND_INTERVAL_SECONDS = 0.5  # the writer of test_merges_commit_safely_while_ingest_appends
 RUNS_ON = {"merge_factor": 3, "seal_after_commits": None, "seal_after_seconds": None}
+DAY1 = (19783,)  # 2024-03-01, the day FakeIngest writes without a day_offset
+# Sealing by time: long enough that the two passes after day 1's last append (~2 s each when
+# warm) plan well inside it on a loaded 2-core machine, short enough to wait out in a test.
+SEAL_AFTER_SECONDS = 8.0
 
 
 def _runs(table) -> dict[tuple, set[str]]:
@@ -113,6 +121,81 @@ def test_a_finished_partition_is_sealed_and_never_rewritten(spark, tmp_path) -> 
     assert sealed_sequence_numbers(after)[next(iter(sealed))] > sealed[next(iter(sealed))]
 
 
+def test_a_partition_without_new_data_for_seal_after_seconds_is_sealed_and_never_rewritten(spark, tmp_path) -> None:
+    """Sealing by time alone (seal_after_commits off): while day 2 keeps getting appends, day 1
+    is not finished before seal_after_seconds without new data, and is finished (its runs
+    merged into one sealed run) by the first pass after that; later passes leave it alone."""
+    config, _ = setup_table(tmp_path, partition_spec=DAY, table_properties=SMALL_FILES,
+                            compactor={"strategy": "hilbert", "merge_factor": 3, "seal_after_commits": None,
+                                       "seal_after_seconds": SEAL_AFTER_SECONDS})
+    ingest = FakeIngest(config, seed=26)
+    ingest.append(300, days=1)
+    _pass(config, spark)
+    last_day1 = ingest.append(300, days=1).timestamp_ms / 1000
+    _pass(config, spark)
+    ingest.append(300, days=1, day_offset=1)  # new data for day 2 only: a pass, day 1 idle
+    _pass(config, spark)
+    assert time.time() - last_day1 < SEAL_AFTER_SECONDS, "the passes were too slow to plan before the time was up"
+    table = reload(config)
+    assert sealed_sequence_numbers(table) == {}
+    assert len([k for k in _runs(table) if k[1] == DAY1]) == 2  # two unsealed runs, not finished
+
+    time.sleep(max(0.0, last_day1 + SEAL_AFTER_SECONDS + 0.5 - time.time()))
+    ingest.append(300, days=1, day_offset=1)  # the next ingest commit triggers the next pass
+    _pass(config, spark)
+    table = reload(config)
+    sealed = sealed_sequence_numbers(table)
+    assert len(sealed) == 1 and next(iter(sealed)).endswith("ts_day=19783")
+    day1 = [paths for k, paths in _runs(table).items() if k[1] == DAY1]
+    assert len(day1) == 1  # both runs finished into one
+    finishes = [s for s in compactor_snapshots(table) if "finish" in summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS]]
+    assert len(finishes) == 1 and int(summary(finishes[0])[SummaryKeys.COMPACTOR_RUNS_IN]) == 2
+
+    for _ in range(2):
+        ingest.append(300, days=1, day_offset=1)
+        _pass(config, spark)
+    after = reload(config)
+    assert day1[0] <= set(live_files(after))  # the sealed run is never rewritten
+    assert sealed_sequence_numbers(after)[next(iter(sealed))] == sealed[next(iter(sealed))]
+
+
+def test_a_compactor_that_lost_its_lease_does_not_record_sealed_partitions(spark, tmp_path) -> None:
+    """The sealed-partitions property is a commit like a rewrite: a compactor whose lease another
+    holder took writes neither; the holder's own pass records the seal."""
+    config, _ = setup_table(tmp_path, partition_spec=DAY, table_properties=SMALL_FILES,
+                            compactor={"strategy": "hilbert", "merge_factor": 3, "seal_after_commits": 1,
+                                       "seal_after_seconds": None})
+    ingest = FakeIngest(config, seed=27)
+    ingest.append(300, days=1)
+    _pass(config, spark)  # day 1: one run, not finished yet
+    ingest.append(300, days=1, day_offset=1)  # day 1 finished: one run, to seal without a rewrite
+
+    def lease(ttl: float) -> TableLease:
+        return TableLease(load_catalog(config.catalog).engine, config.catalog.name, config.table.identifier, ttl)
+
+    lost = lease(ttl=1)
+    assert lost.try_acquire() is None  # no heartbeat: it expires
+    time.sleep(1.5)
+    holder = lease(ttl=120)
+    assert holder.try_acquire() is None  # another compactor takes the expired lease over
+    try:
+        before = reload(config)
+        with capture_logs() as logs:
+            report = Compactor(config.compactor, config.target, spark, lease=lost).run_pass()
+        assert report.plan["seal_only"] == 1  # it would have sealed day 1
+        assert [c.status for c in report.commits] == ["lease-lost"]
+        after = reload(config)
+        assert TablePropertyKeys.COMPACTOR_SEALED not in after.properties and sealed_sequence_numbers(after) == {}
+        assert after.metadata.last_updated_ms == before.metadata.last_updated_ms  # no metadata commit at all
+        skipped = [e for e in logs if e["event"] == "lease lost; finished partitions not recorded as sealed"]
+        assert skipped and skipped[0]["log_level"] == "error" and skipped[0]["partitions"][0].endswith("ts_day=19783")
+
+        Compactor(config.compactor, config.target, spark, lease=holder).run_pass()
+        assert next(iter(sealed_sequence_numbers(reload(config)))).endswith("ts_day=19783")
+    finally:
+        holder.release()
+
+
 def test_a_crash_in_a_merge_leaves_the_table_whole_and_the_next_pass_merges(spark, tmp_path, monkeypatch) -> None:
     config, _ = setup_table(tmp_path, compactor={"strategy": "zorder", **RUNS_ON}, table_properties=SMALL_FILES)
     ingest = FakeIngest(config, seed=23)
@@ -168,6 +251,13 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
     writer.start()
     try:
         for _ in range(3):
+            # Each pass has new appends to cluster: on an idle machine three passes can end
+            # within one append interval, leaving nothing to merge.
+            seen = len(appended)
+            deadline = time.monotonic() + 30
+            while len(appended) == seen and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(appended) > seen, "the writer appended nothing for 30 s"
             Compactor(config.compactor, config.target, spark).run_pass()
     finally:
         done.set()
