@@ -3,9 +3,9 @@
 A producer writes while `streamberg run` supervises the PyFlink ingest, the Spark compactor
 and maintenance. The compactor is started before the ingest's first commit (it must wait for
 the table, not crash), then killed with SIGKILL mid-run: the supervisor restarts it and counts
-the restart. A SIGTERM to the supervisor then stops everything gracefully: exit 0, every
-valid id exactly once, dead letters present, compactor replace snapshots on the table, and no
-process of the loop left running.
+the restart. A SIGTERM to the supervisor then stops everything gracefully: exit 0, each
+component exiting 0 within its stop timeout, every valid id exactly once, dead letters
+present, compactor replace snapshots on the table, and no process of the loop left running.
 """
 
 from __future__ import annotations
@@ -142,6 +142,12 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
     # Graceful stop: the ingest drained (its last unit committed) and reported how it stopped.
     ingest_summary = [e for e in json_events(log.read_text()) if e.get("process") == "ingest" and "stopped_because" in e]
     assert ingest_summary and ingest_summary[-1]["stopped_because"] == "SIGTERM", text[-3000:]
+    # ... and so did the compactor and maintenance: every component exited 0 on its SIGTERM within
+    # run.stop_timeout_seconds (a SIGKILL after the timeout would show as exit -9 and a warning).
+    assert not _supervisor_events(log, "component did not stop in time; killing it"), text[-4000:]
+    stopped = {e["process"]: e["exit_code"] for e in _supervisor_events(log, "component stopped")}
+    assert stopped == {"ingest": 0, "compact": 0, "maintain": 0}, text[-4000:]
+    assert {name: c["last_exit"] for name, c in summary["components"].items()} == stopped, summary
 
     ids = table_ids(config)
     assert not duplicates(ids)

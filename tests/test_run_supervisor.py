@@ -1,17 +1,20 @@
 """`streamberg run` supervision rules and the components' wait for the table, without a JVM.
 
 The children are the real `streamberg compact` / `streamberg maintain` processes, failing
-for real reasons (no table yet, a bad clustering column) before they would start Spark.
+for real reasons (no table yet, a bad clustering column) before they would start Spark. The
+live status line is drawn on a stand-in terminal.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from streamberg.supervisor.supervisor import Output, status_text
 from tests.helpers import json_events, streamberg, write_config
 
 
@@ -102,3 +105,62 @@ def test_continuous_compactor_waits_for_a_catalog_database_the_ingest_has_not_cr
     assert any(e.get("event") == "waiting for the catalog database" for e in json_events(proc.stderr)), proc.stderr
     assert "does not exist after waiting 2 s" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "catalog.db").exists()  # waiting never creates the catalog
+
+
+# -- the live status line on a terminal (no children, no JVM) -----------------------------------
+
+# What the supervisor's status loop passes to status_text: the keys cli/run.py's
+# status_collector returns, plus the rate and restarts the loop adds.
+FACTS = {"records": 1_234_567, "data_files": 42, "consumed_total": 1_250_000, "lag": 15_320, "pending_files": 7,
+         "last_optimize_age_seconds": 12.4, "dead_letters": 12_500, "health": "warn",
+         "health_reasons": ["lag 15320 >= 10000"], "rate": 987.6, "restarts": {"ingest": 0, "compact": 1, "maintain": 0}}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _screen(text: str) -> list[str]:
+    """The lines a terminal shows after `text`: "\\r" returns to column 0, later characters overwrite."""
+    lines, column = [[]], 0
+    for char in text:
+        if char == "\r":
+            column = 0
+        elif char == "\n":
+            lines.append([])
+            column = 0
+        else:
+            row = lines[-1]
+            row[column:column + 1] = [char]
+            column += 1
+    return ["".join(row).rstrip() for row in lines]
+
+
+def test_status_text_shows_records_rate_lag_pending_files_last_optimize_and_health() -> None:
+    assert status_text(FACTS) == ("committed 1,234,567 rec (988/s) | lag 15,320 | pending files 7 | "
+                                  "last optimize 12s ago | dead letters 12,500 | restarts 1 | health warn")
+    # Before the first commit and the first optimize (the loop just started, nothing restarted).
+    start = {**FACTS, "records": None, "rate": None, "lag": None, "pending_files": None,
+             "last_optimize_age_seconds": None, "dead_letters": None, "health": "ok", "restarts": {"ingest": 0}}
+    assert status_text(start) == "no commit yet | last optimize never | health ok"
+    assert status_text({"error": "catalog database locked"}) == "status unavailable: catalog database locked"
+
+
+def test_status_line_stays_below_the_component_lines_on_a_terminal() -> None:
+    terminal = _Terminal()
+    output = Output(terminal, json_lines=False, status_line=True)
+    assert output.bar is not None  # a terminal gets the live line
+    first = status_text(FACTS)
+    output.status(first)
+    output.line("ingest", "committed interval 3: 5000 records\n")
+    output.line("compact", "optimize committed")
+    second = status_text({**FACTS, "records": 1_240_000, "pending_files": 0})
+    output.status(second)
+    output.line("maintain", "expired 3 snapshots")
+    screen = _screen(terminal.getvalue())
+    # Every component line whole, on a line of its own, in order; the status line last, current.
+    assert screen == ["ingest  | committed interval 3: 5000 records", "compact | optimize committed",
+                      "maintain| expired 3 snapshots", second]
+    output.close()
+    assert _screen(terminal.getvalue())[:-1] == screen[:-1] and _screen(terminal.getvalue())[-1] == ""  # line gone
