@@ -100,6 +100,10 @@ conf = {
     "rest.address": "127.0.0.1",
     "rest.bind-address": "127.0.0.1",
     "rest.port": $rest_port,
+    # No jar upload through the web UI: `flink run` submits through the REST job endpoint,
+    # which this does not touch. Cancel stays on (an operator's last resort; `flink stop` is
+    # the way to end the ingest job, see deploy/README.md).
+    "web.submit.enable": "false",
     "parallelism.default": 1,
 }
 with open(sys.argv[2], "w") as out:
