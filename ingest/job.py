@@ -43,6 +43,8 @@ from streamberg.common.log import get_logger
 from streamberg.ingest.read_progress import ReadProgress, stop_due
 from streamberg.ingest.worker_logs import WorkerLogTarget
 
+# PyFlink reads a local job's Python worker mode (loopback or process) from this variable.
+WORKER_MODE_ENV = "_python_worker_execution_mode"
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
 
 
@@ -149,8 +151,29 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
     interpreter (-pyexec / -pyarch) and the slots (the TaskManagers' own config) are left to
     the cluster; locally the MiniCluster gets this environment's interpreter and enough slots.
     """
+    local = {} if cluster else local_settings(parallelism, python_workers)
+    settings = {
+        **local,
+        # Hand every unit downstream at once; the committer's timing depends on it.
+        "python.fn-execution.bundle.size": "1",
+        "python.fn-execution.bundle.time": "100",
+        "parallelism.default": str(parallelism),
+        # A failure restarts the whole job; every task re-reads its position from the table.
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "3",
+        "restart-strategy.fixed-delay.delay": "5 s",
+        "pipeline.name": f"streamberg-ingest {config.table.identifier}",
+        **config.ingest.flink,
+    }
     conf = Configuration()
-    local = {} if cluster else {
+    for key, value in settings.items():
+        conf.set_string(key, value)
+    return conf
+
+
+def local_settings(parallelism: int, python_workers: str | None = None) -> dict[str, str]:
+    """What a local run (a MiniCluster in the gateway JVM) needs on top of the job's settings."""
+    return {
         # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
         "python.executable": python_workers or sys.executable,
         "python.client.executable": sys.executable,
@@ -167,22 +190,6 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
         "web.submit.enable": "false",
         "web.cancel.enable": "false",
     }
-    settings = {
-        **local,
-        # Hand every unit downstream at once; the committer's timing depends on it.
-        "python.fn-execution.bundle.size": "1",
-        "python.fn-execution.bundle.time": "100",
-        "parallelism.default": str(parallelism),
-        # A failure restarts the whole job; every task re-reads its position from the table.
-        "restart-strategy.type": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": "3",
-        "restart-strategy.fixed-delay.delay": "5 s",
-        "pipeline.name": f"streamberg-ingest {config.table.identifier}",
-        **config.ingest.flink,
-    }
-    for key, value in settings.items():
-        conf.set_string(key, value)
-    return conf
 
 
 def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
@@ -222,10 +229,12 @@ def start_local_gateway(config: StreambergConfig) -> threading.Thread:
     if _local_gateway is None:
         from pyflink.java_gateway import get_gateway
 
+        from streamberg.ingest.class_archive import jvm_cache_dir, use_archive
         from streamberg.ingest.loopback import bind_beam_servers_to_loopback, bind_loopback_worker_pool
 
-        bind_beam_servers_to_loopback(Path(config.ingest.state_dir))
-        bind_loopback_worker_pool()
+        lib_dir = bind_beam_servers_to_loopback(jvm_cache_dir(fallback=Path(config.ingest.state_dir)))
+        if lib_dir is not None:
+            use_archive(lib_dir)  # the classes of an earlier JVM, mapped instead of loaded (class_archive.py)
 
         def launch() -> None:
             try:
@@ -235,6 +244,10 @@ def start_local_gateway(config: StreambergConfig) -> threading.Thread:
 
         _local_gateway = threading.Thread(target=launch, name="flink-gateway", daemon=True)
         _local_gateway.start()
+        # Patch 1 only matters where the driver itself serves the Python workers (loopback
+        # mode); it imports Beam's gRPC modules (~1 s), so never before the JVM is on its way.
+        if os.environ.get(WORKER_MODE_ENV) != "process":
+            bind_loopback_worker_pool()
     return _local_gateway
 
 
@@ -249,7 +262,7 @@ def python_worker_mode() -> str:
     from this environment variable when the job starts; `loopback` stays available for
     debugging a worker in the driver's process.
     """
-    return os.environ.setdefault("_python_worker_execution_mode", "process")
+    return os.environ.setdefault(WORKER_MODE_ENV, "process")
 
 
 def new_run_id() -> str:

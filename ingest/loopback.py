@@ -43,6 +43,7 @@ import os
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from streamberg.common.log import get_logger
 
@@ -52,7 +53,8 @@ GATEWAY_STARTUP_CLASS = "org/apache/flink/client/python/PythonEnvUtils.class"
 PATCH_SET_VERSION = 2
 
 
-def _start_on_localhost(self):  # noqa: ANN001, ANN202 - PyFlink's method, one string changed
+# `self`: PyFlink's BeamFnLoopbackWorkerPoolServicer; this is its `start`, one string changed.
+def _start_on_localhost(self: Any) -> str:
     import grpc
     from apache_beam.portability.api import beam_fn_api_pb2_grpc
     from apache_beam.utils import thread_pool_executor
@@ -242,17 +244,19 @@ def loopback_lib_dir(cache: Path) -> Path | None:
     return folder
 
 
-def bind_beam_servers_to_loopback(cache: Path) -> None:
-    """Patches 2 and 3, before the gateway JVM starts; a JVM already running keeps its classes."""
+def bind_beam_servers_to_loopback(cache: Path) -> Path | None:
+    """Patches 2 and 3, before the gateway JVM starts; a JVM already running keeps its classes.
+    Returns the lib folder the gateway JVM will load (None: Flink's own, unpatched)."""
     from pyflink import java_gateway
 
     if getattr(java_gateway, "_gateway", None) is not None or "PYFLINK_GATEWAY_PORT" in os.environ:
         get_logger("ingest.loopback").warning(
             "the Flink gateway JVM is already running; Beam's gRPC servers keep listening on every interface")
-        return
+        return None
     folder = loopback_lib_dir(cache)
     if folder is not None:
         # PyFlink overwrites FLINK_LIB_DIR with its own lib folder unless FLINK_HOME is set
         # (pyflink/find_flink_home.py); FLINK_HOME is what it would have found anyway.
         os.environ["FLINK_HOME"] = str(flink_home())
         os.environ["FLINK_LIB_DIR"] = str(folder)
+    return folder

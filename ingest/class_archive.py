@@ -1,0 +1,163 @@
+"""A class-data-sharing archive for the gateway JVM of local runs: a faster start-up.
+
+A local `streamberg ingest` starts a JVM that loads ~14,000 classes before its writers read
+a record (the py4j gateway, then the MiniCluster, the TaskManager and Beam's runner for the
+Python operators). Java 17 can keep the parsed and verified classes of one run in an
+archive that later JVMs map instead of loading them again (JEP 350, dynamic CDS): the
+archive is written when a JVM started with `-XX:ArchiveClassesAtExit` exits, and used with
+`-XX:SharedArchiveFile`.
+
+The archive is only valid for the classpath it was made with, so it lives in the same
+installation-wide folder as the patched Flink lib jars (ingest/loopback.py), not in a run's
+state folder: `<venv>/share/streamberg/jvm` (or $STREAMBERG_JVM_CACHE), shared by every
+config. `make setup` builds it (`python -m streamberg.ingest.class_archive`) by running a
+small local job of the ingest's shape (bounded tick source, Python flat_map, Python map,
+discarding sink) with no Kafka and no catalog. A JVM that cannot use the archive (another
+Java build, a changed classpath, a damaged file) starts without it, as before (`-Xshare:auto`);
+nothing depends on it but the start-up time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ARCHIVE_NAME = "flink-classes.jsa"
+CACHE_ENV = "STREAMBERG_JVM_CACHE"
+# Silence the JVM's CDS warnings (an unusable archive is not an error; the gateway's stderr
+# is a pipe nobody reads until it fails, and a full pipe would block the JVM).
+QUIET = "-Xlog:cds*=off"
+
+
+def jvm_cache_dir(fallback: Path) -> Path:
+    """The installation-wide folder for the patched lib jars and the archive: $STREAMBERG_JVM_CACHE,
+    else `<sys.prefix>/share/streamberg/jvm` when it can be written, else `fallback` (a run's
+    state folder: still patched, but no archive is built there)."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured)
+    folder = Path(sys.prefix) / "share" / "streamberg" / "jvm"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return fallback
+    return folder if os.access(folder, os.W_OK | os.X_OK) else fallback
+
+
+def archive_path(lib_dir: Path) -> Path:
+    return lib_dir / ARCHIVE_NAME
+
+
+def use_archive(lib_dir: Path) -> bool:
+    """Before the gateway JVM starts: map the archive of this lib folder if there is one.
+    PyFlink puts $JVM_ARGS first on the gateway's command line; an operator's own JVM_ARGS stay."""
+    archive = archive_path(lib_dir)
+    if not archive.is_file():
+        return False
+    _add_jvm_args(f"-XX:SharedArchiveFile={archive}", QUIET)
+    return True
+
+
+def _add_jvm_args(*args: str) -> None:
+    os.environ["JVM_ARGS"] = " ".join([*args, os.environ.get("JVM_ARGS", "")]).strip()
+
+
+def build(cache: Path, force: bool = False) -> Path | None:
+    """Run a small local job in a JVM that writes the archive when it exits; return its path
+    (None if the Flink lib jars could not be patched, so there is no stable classpath)."""
+    from streamberg.ingest.loopback import bind_beam_servers_to_loopback
+
+    lib_dir = bind_beam_servers_to_loopback(cache)
+    if lib_dir is None:
+        return None
+    archive = archive_path(lib_dir)
+    if archive.is_file() and not force:
+        return archive
+    partial = lib_dir / f".{ARCHIVE_NAME}.{os.getpid()}"
+    partial.unlink(missing_ok=True)
+    _add_jvm_args(f"-XX:ArchiveClassesAtExit={partial}", QUIET)
+    _run_warm_up_job()
+    _stop_gateway_jvm()
+    if not partial.is_file() or partial.stat().st_size == 0:
+        raise RuntimeError(f"the JVM wrote no class archive at {partial}")
+    partial.replace(archive)  # atomic: a run sees the whole archive or none
+    return archive
+
+
+def _run_warm_up_job() -> None:
+    """The ingest's job shape on a bounded source, in Flink's process mode, as a local run."""
+    from streamberg.ingest.job import WORKER_MODE_ENV, local_settings
+
+    os.environ[WORKER_MODE_ENV] = "process"
+    from pyflink.common import Configuration, Types, WatermarkStrategy
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.datastream.connectors import Sink
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+    from pyflink.java_gateway import get_gateway
+
+    conf = Configuration()
+    for key, value in {**local_settings(parallelism=2), "python.fn-execution.bundle.size": "1"}.items():
+        conf.set_string(key, value)
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    ticks = env.from_source(NumberSequenceSource(0, 999), WatermarkStrategy.no_watermarks(), "ticks")
+    units = ticks.flat_map(lambda tick: [tick] * 2, output_type=Types.LONG()).set_parallelism(2)
+    counts = units.map(lambda unit: unit + 1, output_type=Types.LONG()).set_parallelism(1)
+    discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
+    counts.sink_to(Sink(discard)).set_parallelism(1)
+    env.execute("streamberg class archive warm-up")
+
+
+def _stop_gateway_jvm(timeout: float = 120.0) -> None:
+    """Make the gateway JVM exit (it writes the archive on the way out) and wait for it: it is
+    this process's child, started by PyFlink."""
+    import logging
+
+    from py4j.protocol import Py4JError
+    from pyflink.java_gateway import get_gateway
+
+    # py4j logs a traceback for every call that finds the JVM gone (its own clean-up included):
+    # the JVM going away is the point here.
+    logging.disable(logging.CRITICAL)
+    try:
+        get_gateway().jvm.java.lang.System.exit(0)
+    except Py4JError:
+        pass  # the connection dies with the JVM
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left: the JVM has exited
+        if pid == 0:
+            time.sleep(0.2)
+    raise RuntimeError(f"the gateway JVM did not exit within {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m streamberg.ingest.class_archive",
+        description="Build the class-data-sharing archive that makes a local `streamberg ingest` "
+                    "start faster (make setup runs this; safe to re-run).")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help=f"folder for the patched Flink jars and the archive (default: ${CACHE_ENV}, "
+                             "else <venv>/share/streamberg/jvm)")
+    parser.add_argument("--force", action="store_true", help="build again even if an archive exists")
+    args = parser.parse_args(argv)
+    cache = args.cache or jvm_cache_dir(Path(".streamberg/state"))
+    started = time.monotonic()
+    archive = build(cache, force=args.force)
+    if archive is None:
+        print("class archive: not built (the Flink lib jars could not be patched); local runs start without it",
+              file=sys.stderr)
+        return 0
+    print(f"class archive: {archive} ({archive.stat().st_size / 2**20:.0f} MiB, {time.monotonic() - started:.0f} s)",
+          flush=True)
+    # Skip the interpreter's exit hooks: PyFlink's would talk to the JVM that is gone.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
