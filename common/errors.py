@@ -114,7 +114,9 @@ class CompactError(StreambergError):
 
 # -- maintenance --------------------------------------------------------------------------------
 class LocationRefused(StreambergError):
-    """Raised when the table's location is not one orphan removal may list and delete under."""
+    """Raised when a maintenance step would delete outside the table's location: orphan removal
+    on a location outside the warehouse or holding another table, or an expiry whose expired
+    snapshots alone reference files outside the location."""
 
 
 class RetentionColumnError(StreambergError, ValueError):

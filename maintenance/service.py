@@ -31,6 +31,7 @@ from streamberg.common.errors import LocationRefused, RetentionColumnError
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import record_run
+from streamberg.common.redact import redact
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.times import iso_from_epoch, iso_from_ms
 from streamberg.maintenance.confine import check_location, confine, outside_reason
@@ -184,6 +185,17 @@ class Maintainer:
             out["reason"] = "no snapshot is past the age/count bounds"
             return out
         doomed = only_referenced_by(table, plan.expired_ids, plan.kept_ids)
+        # Iceberg's procedure deletes every file the expired snapshots alone reference, wherever
+        # it is (a file added from elsewhere with add_files included): deletes never leave the
+        # table's location, so such an expiry is refused and left to the operator.
+        outside = {path: reason for path in doomed if (reason := outside_reason(path, table.location()))}
+        if outside:
+            example = next(iter(outside))
+            reason = (f"expiry would delete {len(outside)} file(s) not safely inside the table location "
+                      f"{redact(table.location())}, e.g. {redact(example)} ({outside[example]}); streamberg deletes only "
+                      "inside the table's location: check those files and expire these snapshots by hand")
+            log.error("expiry refused", reason=reason, outside_files=len(outside))
+            raise LocationRefused(reason)
         if dry_run:
             kinds = [ref.kind for ref in doomed.values()]
             out.update(deleted_files=len(doomed), deleted_by_kind=_by_kind({k: kinds.count(k) for k in set(kinds)}),

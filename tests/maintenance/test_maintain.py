@@ -18,7 +18,17 @@ from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.maintenance.planner import pending_append_snapshots
-from tests.compactor.helpers import BASE_TS, DAY, TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset
+from tests.compactor.helpers import (
+    BASE_TS,
+    DAY,
+    TOPIC,
+    CommitterIngest,
+    FakeIngest,
+    live_files,
+    make_rows,
+    reload,
+    row_multiset,
+)
 from tests.maintenance.helpers import age_files, files_on_disk, local_path, referenced_paths, setup_maintained
 
 pytestmark = pytest.mark.spark
@@ -280,3 +290,33 @@ def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None:
     assert result["expire_snapshots"]["ran"] and result["rewrite_manifests"]["ran"]
     # Manifests appended meanwhile are carried over as they are by Iceberg's retry.
     assert result["rewrite_manifests"]["rewritten"] >= 2 and result["rewrite_manifests"]["added"] >= 1
+
+
+def test_expiry_that_would_delete_outside_the_table_location_is_refused(spark, tmp_path) -> None:
+    """A file added from elsewhere (add_files), later deleted from the table, is referenced only by
+    expirable snapshots: Iceberg's procedure would delete it where it lies. The step refuses,
+    names the file, and nothing is expired or deleted; the other steps still run."""
+    config, _ = setup_maintained(tmp_path, EXPIRE_ALL_OLD)
+    table = reload(config)
+    outside = tmp_path / "elsewhere" / "imported.parquet"
+    outside.parent.mkdir()
+    rows = make_rows(table, 50, 10_000, seed=9)
+    # add_files takes files without field ids: the same columns, nullability kept, metadata dropped.
+    plain = pa.schema([pa.field(f.name, f.type, f.nullable) for f in rows.schema])
+    pq.write_table(pa.Table.from_arrays(rows.columns, schema=plain), outside)
+    table.add_files([str(outside)])
+    reload(config).delete("id >= 10000")  # the imported file leaves the table: its snapshots can expire
+    FakeIngest(config, seed=5).append(100)  # the ingest position, above both
+    before = reload(config)
+    assert outside.exists() and str(outside) not in {local_path(p).as_posix() for p in live_files(before)}
+
+    result = _maintain(spark, config)
+
+    after = reload(config)
+    expire = result["expire_snapshots"]
+    assert result["status"] == "failed" and expire.get("reason") == "failed"
+    assert "not safely inside the table location" in expire["error"] and "imported.parquet" in expire["error"]
+    assert outside.exists()
+    assert {s.snapshot_id for s in after.metadata.snapshots} == {s.snapshot_id for s in before.metadata.snapshots}
+    assert row_multiset(after) == row_multiset(before)
+    assert result["orphan_files"].get("reason") != "failed"  # one refused step does not stop the others
