@@ -133,7 +133,7 @@ def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_serv
 def _signals_stop(stop: _StopRequest) -> Iterator[None]:
     """SIGINT and SIGTERM request a graceful stop; a second one raises KeyboardInterrupt."""
 
-    def on_signal(signum, _frame) -> None:  # noqa: ANN001
+    def on_signal(signum: int, _frame: Any) -> None:
         if stop.reason is not None:
             raise KeyboardInterrupt
         stop(signal.Signals(signum).name)
@@ -218,7 +218,7 @@ def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[Fork
         yield server
 
 
-def _progress_bar(total: int | None, enabled: bool):  # noqa: ANN202
+def _progress_bar(total: int | None, enabled: bool) -> Any:  # a tqdm bar, or None off a terminal
     if not enabled or not sys.stderr.isatty():
         return None
     from tqdm import tqdm

@@ -108,7 +108,7 @@ class CommitterFunction(MapFunction):
             self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
             self.committer.open()
 
-    def map(self, unit):  # noqa: ANN001, ANN201
+    def map(self, unit: Any) -> int:
         with _failure_logged("committer"):
             result = self.committer.offer(unit)
         return 0 if result is None else result.records
@@ -279,7 +279,7 @@ def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     return catalog, table
 
 
-def failure_message(client, status: str) -> str:  # noqa: ANN001
+def failure_message(client: Any, status: str) -> str:
     """One line on why the job ended: a streamberg error raised in a worker, or the root cause."""
     try:
         client.get_job_execution_result().result()
