@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg2.errors
 import sqlalchemy
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -159,11 +158,6 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
 
 # Retries of opening a catalog whose tables another process was creating at the same moment.
 CATALOG_TABLES_RETRIES = 4
-# PostgreSQL (psycopg2) names each way of losing that race by class: the table exists by then
-# (DuplicateTable), both CREATE TABLEs passed the existence check together and the second hit
-# pg_type's unique index (UniqueViolation), or the same for a constraint's name (DuplicateObject).
-_PG_LOST_CREATE_RACE = (psycopg2.errors.DuplicateTable, psycopg2.errors.UniqueViolation,
-                        psycopg2.errors.DuplicateObject)
 
 
 def _lost_catalog_tables_race(exc: BaseException) -> bool:
@@ -171,8 +165,17 @@ def _lost_catalog_tables_race(exc: BaseException) -> bool:
     one side sees "no such table", the other "already exists". Anything else is a real error."""
     if not isinstance(exc, sqlalchemy.exc.DatabaseError):
         return False
+    # Imported here, on the error path: a SQLite catalog never loads psycopg2 otherwise (~30 ms
+    # on every command's start).
+    import psycopg2.errors
+
     if isinstance(exc.orig, psycopg2.Error):
-        return isinstance(exc.orig, _PG_LOST_CREATE_RACE)
+        # PostgreSQL names each way of losing the race by class: the table exists by then
+        # (DuplicateTable), both CREATE TABLEs passed the existence check together and the
+        # second hit pg_type's unique index (UniqueViolation), or the same for a constraint's
+        # name (DuplicateObject).
+        return isinstance(exc.orig, (psycopg2.errors.DuplicateTable, psycopg2.errors.UniqueViolation,
+                                     psycopg2.errors.DuplicateObject))
     # No class to match: sqlite3 raises OperationalError, with the generic code SQLITE_ERROR,
     # for "no such table" and "table ... already exists" alike, and for real failures too
     # (locked, unreadable, full); only the message tells them apart. Other drivers alike.

@@ -89,18 +89,16 @@ def build(cache: Path, force: bool = False) -> Path | None:
 
 def _run_warm_up_job() -> None:
     """The ingest's job shape on a bounded source, in Flink's process mode, as a local run."""
-    from streamberg.ingest.job import WORKER_MODE_ENV, local_settings
+    from streamberg.ingest.job import WORKER_MODE_ENV, configuration, local_settings
 
     os.environ[WORKER_MODE_ENV] = "process"
-    from pyflink.common import Configuration, Types, WatermarkStrategy
+    from pyflink.common import Types, WatermarkStrategy
     from pyflink.datastream import StreamExecutionEnvironment
     from pyflink.datastream.connectors import Sink
     from pyflink.datastream.connectors.number_seq import NumberSequenceSource
     from pyflink.java_gateway import get_gateway
 
-    conf = Configuration()
-    for key, value in {**local_settings(parallelism=2), "python.fn-execution.bundle.size": "1"}.items():
-        conf.set_string(key, value)
+    conf = configuration({**local_settings(parallelism=2), "python.fn-execution.bundle.size": "1"})
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     ticks = env.from_source(NumberSequenceSource(0, 999), WatermarkStrategy.no_watermarks(), "ticks")
     units = ticks.flat_map(lambda tick: [tick] * 2, output_type=Types.LONG()).set_parallelism(2)

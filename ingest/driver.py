@@ -180,10 +180,8 @@ def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -
             stop(f"max_records {bounds.max_records} reached", until_read=bounds.max_records)
         if bounds.duration is not None and time.monotonic() - run.started >= bounds.duration:
             stop(f"duration {bounds.duration}s elapsed")
-        if stop.reason:
+        if stop.reason:  # the drained marker is looked for at every tick, above
             stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
-            if (markers / "drained").exists():
-                return None
             if time.monotonic() > stop_deadline:
                 run.log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
                 return None

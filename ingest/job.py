@@ -165,6 +165,10 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
         "pipeline.name": f"streamberg-ingest {config.table.identifier}",
         **config.ingest.flink,
     }
+    return configuration(settings)
+
+
+def configuration(settings: dict[str, str]) -> Configuration:
     conf = Configuration()
     for key, value in settings.items():
         conf.set_string(key, value)

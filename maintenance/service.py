@@ -188,11 +188,12 @@ class Maintainer:
         # Iceberg's procedure deletes every file the expired snapshots alone reference, wherever
         # it is (a file added from elsewhere with add_files included): deletes never leave the
         # table's location, so such an expiry is refused and left to the operator.
-        outside = {path: reason for path in doomed if (reason := outside_reason(path, table.location()))}
+        location = table.location()
+        outside = {path: reason for path in doomed if (reason := outside_reason(path, location))}
         if outside:
             example = next(iter(outside))
             reason = (f"expiry would delete {len(outside)} file(s) not safely inside the table location "
-                      f"{redact(table.location())}, e.g. {redact(example)} ({outside[example]}); streamberg deletes only "
+                      f"{redact(location)}, e.g. {redact(example)} ({outside[example]}); streamberg deletes only "
                       "inside the table's location: check those files and expire these snapshots by hand")
             log.error("expiry refused", reason=reason, outside_files=len(outside))
             raise LocationRefused(reason)
