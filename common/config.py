@@ -325,6 +325,13 @@ class IngestConfig(_Section):
     job_id: Annotated[str | None, _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True)] = None
     # Local working files of the job (run markers); not part of the table.
     state_dir: Text = ".streamberg/state"
+    # What happens when a position the table recorded is no longer on the broker: records
+    # deleted by retention before they were ingested, or offsets that went back (a recreated
+    # topic, a failover). `fail` stops with exit 1 naming the partition, the committed offset
+    # and the watermarks; `skip-and-record` goes on from the low watermark and records the
+    # jump in the table, where status, metrics and `streamberg table` show it
+    # (docs/runbooks/lost-offsets.md).
+    on_lost_offsets: Literal["fail", "skip-and-record"] = "fail"
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
     commit_retries: Annotated[int, _int(0, 1000)] = 10
     # Local runs: fork the Python workers from one process that imported Beam, PyFlink and

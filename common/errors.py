@@ -67,6 +67,13 @@ class OffsetChainError(StreambergError):
     """Raised when flushed units do not continue the committed offsets (a gap or an overlap)."""
 
 
+class LostOffsetsError(StreambergError):
+    """Raised when a position the table recorded is no longer on the broker (records deleted
+    before they were ingested, or the partition's offsets went back) and
+    `ingest.on_lost_offsets` is `fail`; the message names the partition, the committed offset
+    and the watermarks."""
+
+
 class CommitRetriesExhausted(StreambergError):
     """Raised when a commit kept losing races past its configured retries."""
 

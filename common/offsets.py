@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
 
 # What a fenced ingest says (committer, CLI) and what `streamberg run` looks for in a
 # component's output to know that restarting it is pointless.
@@ -36,6 +36,56 @@ def decode_offsets(text: str) -> PartitionOffsets:
     if not isinstance(data, dict):
         raise ValueError(f"offsets property is not a JSON object: {text[:80]!r}")
     return {int(p): int(o) for p, o in data.items()}
+
+
+# How many skips a commit carries forward (the total of lost offsets is kept whole beside them).
+MAX_RECORDED_SKIPS = 100
+
+
+@dataclass(frozen=True)
+class OffsetSkip:
+    """A jump of the ingest's position that Kafka forced, recorded in the table.
+
+    `from_offset` is where the ingest stood (the next offset it had to read), `to_offset`
+    where it went on. Forward (`lost`): the records in between were deleted by the broker
+    (retention, DeleteRecords) before they were ingested. Backward (`rewound`): the
+    partition's offsets went back (a recreated topic, a failover to a cluster with lower
+    offsets, an unclean leader election), so offsets below `from_offset` are read again.
+    """
+
+    partition: int
+    from_offset: int
+    to_offset: int
+    at_ms: int = 0  # when the ingest saw it
+
+    @property
+    def kind(self) -> str:
+        return "lost" if self.to_offset > self.from_offset else "rewound"
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.to_offset - self.from_offset)
+
+    def describe(self) -> str:
+        if self.kind == "lost":
+            return (f"partition {self.partition}: offsets [{self.from_offset}, {self.to_offset}) were deleted by "
+                    f"Kafka before they were ingested ({self.lost} offsets)")
+        return (f"partition {self.partition}: the offsets went back from {self.from_offset} to {self.to_offset} "
+                f"(recreated topic or failover); read again from {self.to_offset}")
+
+    def to_json(self) -> list[int]:
+        return [self.partition, self.from_offset, self.to_offset, self.at_ms]
+
+
+def encode_skips(skips: Iterable[OffsetSkip]) -> str:
+    return json.dumps([s.to_json() for s in skips][-MAX_RECORDED_SKIPS:], separators=(",", ":"))
+
+
+def decode_skips(text: str) -> tuple[OffsetSkip, ...]:
+    data = json.loads(text)
+    if not isinstance(data, list):
+        raise ValueError(f"skips property is not a JSON list: {text[:80]!r}")
+    return tuple(OffsetSkip(int(p), int(f), int(t), int(at)) for p, f, t, at in data)
 
 
 def summary_properties(snapshot: Snapshot) -> dict[str, str]:
@@ -57,6 +107,10 @@ class CommittedPosition:
     commit_seq: int | None = None
     timestamp_ms: int | None = None
     consumed_total: int = 0
+    # Every position jump Kafka forced (newest last; at most MAX_RECORDED_SKIPS) and the
+    # offsets they passed over, all commits together.
+    skips: tuple[OffsetSkip, ...] = ()
+    lost_total: int = 0
 
 
 def ancestors(snapshots: Iterable[Snapshot], snapshot_id: int | None) -> list[Snapshot]:
@@ -92,6 +146,8 @@ def committed_position(table: Table, topic: str) -> CommittedPosition:
                 commit_seq=int(seq) if seq is not None else None,
                 timestamp_ms=snapshot.timestamp_ms,
                 consumed_total=int(props.get(SummaryKeys.CONSUMED_TOTAL, 0)),
+                skips=decode_skips(props[kafka_skips_key(topic)]) if kafka_skips_key(topic) in props else (),
+                lost_total=int(props.get(SummaryKeys.LOST_OFFSETS_TOTAL, 0)),
             )
     return CommittedPosition(topic=topic)
 

@@ -25,8 +25,19 @@ class SummaryKeys:
     # Wall-clock ms when the committer started this commit: the snapshot's timestamp minus
     # this is the commit latency monitoring reports.
     COMMIT_STARTED_MS = "streamberg.commit-started-ms"
-    # Dead letters the commit wrote to the dead-letter table.
+    # Dead letters the commit carries (its dead-letter file's rows).
     DEAD_LETTERS = "streamberg.dead-letters"
+    # The Parquet file, in the dead-letter table's location, holding this commit's dead
+    # letters. It joins the dead-letter table only after this snapshot committed (an outbox:
+    # the main commit decides for both tables, ingest/dead_letters.py).
+    DEAD_LETTER_FILE = "streamberg.dead-letter-file"
+    # `<prefix><topic>` = JSON [[partition, from, to, at_ms], ...]: every jump of the ingest's
+    # position that Kafka forced (records deleted before they were read, offsets that went
+    # back), with ingest.on_lost_offsets=skip-and-record; carried forward by every commit.
+    KAFKA_SKIPS_PREFIX = "streamberg.kafka-skips."
+    # Offsets passed over because Kafka no longer had them, by all ingest commits up to this one.
+    LOST_OFFSETS_TOTAL = "streamberg.lost-offsets-total"
+
 
     # -- replays (ingest/replay.py) ---------------------------------------------------------
     OPERATION = "streamberg.operation"
@@ -68,7 +79,7 @@ class SummaryKeys:
 
     # Keys only an ingest commit may carry: the ingest finds its position by walking back to
     # the nearest snapshot that has them, so no other writer's snapshot may look like one.
-    INGEST_ONLY = (JOB_ID, RUN_ID, COMMIT_SEQ)
+    INGEST_ONLY = (JOB_ID, RUN_ID, COMMIT_SEQ, DEAD_LETTER_FILE)
 
 
 class TablePropertyKeys:
@@ -77,10 +88,19 @@ class TablePropertyKeys:
     # the compactor never rewrites again (compactor/planner.py). Table metadata, not a snapshot
     # summary, so snapshot expiry cannot forget it.
     COMPACTOR_SEALED = "streamberg.compactor.sealed"
+    # On the dead-letter table, `<prefix><main table>` = the order (sequence number) of the
+    # newest main-table snapshot whose dead-letter file the dead-letter table holds; files of
+    # newer ingest snapshots are still to be added (ingest/dead_letters.py). A table property,
+    # set in the same commit as the files, so no snapshot expiry can forget it.
+    DLQ_APPLIED_PREFIX = "streamberg.dlq-applied."
 
 
 def kafka_offsets_key(topic: str) -> str:
     return f"{SummaryKeys.KAFKA_OFFSETS_PREFIX}{topic}"
+
+
+def kafka_skips_key(topic: str) -> str:
+    return f"{SummaryKeys.KAFKA_SKIPS_PREFIX}{topic}"
 
 
 def replay_range_key(topic: str) -> str:
@@ -92,7 +112,8 @@ def dlq_replayed_key(topic: str) -> str:
 
 
 def is_ingest_key(key: str) -> bool:
-    return key.startswith(SummaryKeys.KAFKA_OFFSETS_PREFIX) or key in SummaryKeys.INGEST_ONLY
+    return key.startswith((SummaryKeys.KAFKA_OFFSETS_PREFIX, SummaryKeys.KAFKA_SKIPS_PREFIX)) \
+        or key in SummaryKeys.INGEST_ONLY
 
 
 def is_compactor_summary(summary: Mapping[str, str]) -> bool:

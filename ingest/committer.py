@@ -8,29 +8,38 @@ Exactly-once rests on what it checks before every commit:
 - Optimistic concurrency: the append is validated against the snapshot it read (Iceberg's
   AssertRefSnapshotId); on a conflict (e.g. the compactor committed) it re-reads, re-checks
   the fence and retries with the same files.
-Dead letters go to their own Iceberg table first, filtered by the offsets recorded there,
-so a crash between the two commits cannot duplicate them either.
+- Fence first: the fence is checked before anything is written, and a commit's dead
+  letters join their table only after its main commit (ingest/dead_letters.py, an outbox),
+  so neither a fenced instance nor a crash leaves a dead-letter row the table does not own.
+- Kafka's own jumps: a unit may carry position skips (ingest.on_lost_offsets:
+  skip-and-record); they are chained like ranges and recorded in the snapshot summary.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import DEAD_LETTER_SCHEMA, ensure_dead_letter_table, load_catalog
+from streamberg.common.catalog import ensure_dead_letter_table, load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import FENCED_MESSAGE, PartitionOffsets, committed_position, encode_offsets
+from streamberg.common.offsets import (
+    FENCED_MESSAGE,
+    OffsetSkip,
+    PartitionOffsets,
+    committed_position,
+    encode_offsets,
+    encode_skips,
+)
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
+from streamberg.ingest.dead_letters import apply_dead_letter_files, dead_letter_rows, write_dead_letter_file
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
 
@@ -57,19 +66,33 @@ class _Pending:
 
 
 def chain_offsets(expected: PartitionOffsets, units: list[FlushUnit]) -> PartitionOffsets:
-    """The offsets after committing `units` on top of `expected`; raise if they don't chain."""
+    """The offsets after committing `units` on top of `expected`; raise if they don't chain.
+
+    Per partition, units come in the order their writer emitted them (one writer owns a
+    partition). Within a unit reading goes forward from its start, except where Kafka forced
+    a jump (a declared skip, which may go back); the range ends no earlier than it reached.
+    """
     result = dict(expected)
-    by_partition: dict[int, list[tuple[int, int]]] = {}
-    for unit in units:
+    by_partition: dict[int, list[tuple[tuple[int, int], list[OffsetSkip]]]] = {}
+    for unit in sorted(units, key=lambda u: u.epoch):
         for p, rng in unit.ranges.items():
-            by_partition.setdefault(p, []).append(rng)
-    for p, ranges in by_partition.items():
-        for start, end in sorted(ranges):
+            by_partition.setdefault(p, []).append((rng, unit.skips.get(p, [])))
+    for p, items in by_partition.items():
+        for (start, end), skips in items:
             if p in result and start != result[p]:
                 kind = "gap" if start > result[p] else "overlap"
                 raise OffsetChainError(
                     f"partition {p}: a unit starts at offset {start} but the committed offset is {result[p]} ({kind})"
                 )
+            reached = start
+            for skip in skips:
+                if skip.from_offset < reached:
+                    raise OffsetChainError(f"partition {p}: a skip from offset {skip.from_offset} lies before "
+                                           f"offset {reached}, which the unit had already read")
+                reached = skip.to_offset
+            if end < reached:
+                raise OffsetChainError(f"partition {p}: a unit's range ends at offset {end}, before offset "
+                                       f"{reached} where it {'started' if not skips else 'went on after a skip'}")
             result[p] = end
     return result
 
@@ -84,6 +107,9 @@ class Committer:
         self.commit_seq = 0
         self.expected: PartitionOffsets = {}
         self.consumed_total = 0
+        self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
+        self.lost_total = 0
+        self._dead_letters_behind = False  # an add to the dead-letter table failed; retried at the next commit
         self.drained = False
         self._group_consumer = None
 
@@ -94,10 +120,13 @@ class Committer:
         position = committed_position(table, self.topic)
         self.expected = dict(position.offsets)
         self.consumed_total = position.consumed_total
+        self.skips, self.lost_total = position.skips, position.lost_total
         self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.job_id else 0
         ensure_dead_letter_table(self.catalog, self.config.dead_letter_table)
         self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
                       recorded_by=position.job_id)
+        # Dead letters of a main commit whose committer stopped before adding them.
+        self._apply_dead_letters()
 
     def close(self) -> None:
         if self._group_consumer is not None:
@@ -170,10 +199,12 @@ class Committer:
         new_offsets = chain_offsets(self.expected, units)
         files = [f for u in units for f in u.files]
         dead = [d for u in units for d in u.dead_letters]
+        new_skips = [skip for u in units for p in sorted(u.skips) for skip in u.skips[p]]
         records = sum(f.record_count for f in files)
         consumed_total = self.consumed_total + sum(u.messages for u in units)
+        lost_total = self.lost_total + sum(skip.lost for skip in new_skips)
+        skips = self.skips + tuple(new_skips)
         self.commit_seq += 1
-        dead_written = self._commit_dead_letters(dead, new_offsets) if dead else 0
         properties = {
             kafka_offsets_key(self.topic): encode_offsets(new_offsets),
             SummaryKeys.JOB_ID: self.config.job_id,
@@ -181,8 +212,40 @@ class Committer:
             SummaryKeys.COMMIT_SEQ: str(self.commit_seq),
             SummaryKeys.CONSUMED_TOTAL: str(consumed_total),
             SummaryKeys.COMMIT_STARTED_MS: str(started_ms),
-            SummaryKeys.DEAD_LETTERS: str(dead_written),
+            SummaryKeys.DEAD_LETTERS: str(len(dead)),
         }
+        if skips:
+            properties[kafka_skips_key(self.topic)] = encode_skips(skips)
+            properties[SummaryKeys.LOST_OFFSETS_TOTAL] = str(lost_total)
+        try:
+            snapshot_id, attempts = self._append(files, properties, dead)
+        except (FencedError, CommitRetriesExhausted):
+            # Certainly not committed: the dead-letter file belongs to no table. (Not after any
+            # other error: a catalog that failed while answering may have taken the commit.)
+            if SummaryKeys.DEAD_LETTER_FILE in properties:
+                self._delete_quietly(properties[SummaryKeys.DEAD_LETTER_FILE])
+            raise
+        dead_file = properties.get(SummaryKeys.DEAD_LETTER_FILE)
+        self.expected, self.consumed_total = new_offsets, consumed_total
+        self.skips, self.lost_total = skips, lost_total
+        for skip in new_skips:
+            self.log.warning("recorded a position jump Kafka forced", partition=skip.partition,
+                             skip_from=skip.from_offset, skip_to=skip.to_offset, kind=skip.kind, lost=skip.lost,
+                             snapshot=snapshot_id)
+        result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=len(dead),
+                              offsets=new_offsets, seconds=time.monotonic() - started, attempts=attempts)
+        self.log.info("committed", snapshot=snapshot_id, files=result.files, records=records,
+                      dead_letters=len(dead), offsets=new_offsets, commit_seq=self.commit_seq,
+                      attempts=attempts, seconds=round(result.seconds, 3))
+        if dead_file is not None or self._dead_letters_behind:
+            self._apply_dead_letters()
+        self._commit_group_offsets(new_offsets)
+        return result
+
+    def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter]) -> tuple[int, int]:
+        """One fast append with `properties`, re-read, re-fenced and retried on a lost race;
+        returns (snapshot id, attempts). The dead letters' file is written after the first
+        fence check (a fenced instance writes nothing) and named in `properties`."""
         attempts = 0
         try:
             for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException),
@@ -191,49 +254,42 @@ class Committer:
                     attempts = attempt.retry_state.attempt_number
                     table = self.catalog.load_table(self.config.table.identifier)
                     self._check_fence(table)  # re-checked at every attempt: FencedError is never retried
+                    if dead and SummaryKeys.DEAD_LETTER_FILE not in properties:
+                        properties[SummaryKeys.DEAD_LETTER_FILE] = self._write_dead_letters(dead)
                     tx = table.transaction()
                     with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
                         for f in files:
                             append.append_data_file(f.to_data_file())
                     # The append asserted main was at the snapshot we read, so the new current one is ours.
-                    snapshot_id = tx.commit_transaction().current_snapshot().snapshot_id
+                    return tx.commit_transaction().current_snapshot().snapshot_id, attempts
         except CommitFailedException as exc:
             raise CommitRetriesExhausted(
                 f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
-        self.expected = new_offsets
-        self.consumed_total = consumed_total
-        result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=dead_written,
-                              offsets=new_offsets, seconds=time.monotonic() - started, attempts=attempts)
-        self.log.info("committed", snapshot=snapshot_id, files=result.files, records=records,
-                      dead_letters=dead_written, offsets=new_offsets, commit_seq=self.commit_seq,
-                      attempts=attempts, seconds=round(result.seconds, 3))
-        self._commit_group_offsets(new_offsets)
-        return result
-
-    def _commit_dead_letters(self, dead: list[DeadLetter], new_offsets: PartitionOffsets) -> int:
-        """Append dead letters not yet in the DLQ table (by its recorded offsets); return how many."""
-        for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException),
-                                       log=self.log, event="dead-letter commit conflict, retrying"):
-            with attempt:
-                dlq = self.catalog.load_table(self.config.dead_letter_table)
-                already = committed_position(dlq, self.topic).offsets
-                fresh = [d for d in dead if d.offset >= already.get(d.partition, -1)]
-                if not fresh:
-                    return 0
-                now = dt.datetime.now(dt.timezone.utc)
-                rows = pa.Table.from_pylist([
-                    {"topic": self.topic, "partition": d.partition, "offset": d.offset,
-                     "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
-                     "key": d.key, "value": d.value, "reason": d.reason, "job_id": self.config.job_id,
-                     "dead_lettered_at": now}
-                    for d in fresh
-                ], schema=_dead_letter_arrow_schema())
-                dlq.append(rows, snapshot_properties={
-                    kafka_offsets_key(self.topic): encode_offsets({**already, **new_offsets}),
-                    SummaryKeys.JOB_ID: self.config.job_id, SummaryKeys.RUN_ID: self.run_id,
-                })
-                return len(fresh)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _write_dead_letters(self, dead: list[DeadLetter]) -> str:
+        dlq = self.catalog.load_table(self.config.dead_letter_table)
+        rows = dead_letter_rows(dead, self.topic, self.config.job_id)
+        return write_dead_letter_file(dlq, rows, name_prefix=f"dlq-{self.run_id}-{self.commit_seq:06d}")
+
+    def _delete_quietly(self, path: str) -> None:
+        try:
+            self.catalog.load_table(self.config.dead_letter_table).io.delete(path)
+        except Exception as exc:  # noqa: BLE001 - an orphan then; maintenance removes it after its safety age
+            self.log.warning("could not delete an uncommitted dead-letter file", path=path, error=str(exc))
+
+    def _apply_dead_letters(self) -> None:
+        """Add the committed dead-letter files to their table. A failure here loses nothing
+        (the main table names the files): it is logged and retried at the next commit and at
+        the next open."""
+        try:
+            apply_dead_letter_files(self.catalog, self.config.table.identifier, self.config.dead_letter_table,
+                                    self.config.ingest.commit_retries, self.run_id, self.log)
+            self._dead_letters_behind = False
+        except Exception as exc:  # noqa: BLE001 - see above; the next commit retries
+            self._dead_letters_behind = True
+            self.log.warning("dead letters not yet added to the dead-letter table; retrying at the next commit",
+                             error=f"{type(exc).__name__}: {exc}")
 
     def _commit_group_offsets(self, offsets: PartitionOffsets) -> None:
         """Best effort: consumer-group offsets for lag dashboards; never used to resume."""
@@ -261,15 +317,3 @@ class Committer:
 
 def run_dir(config: StreambergConfig, run_id: str) -> Path:
     return Path(config.ingest.state_dir) / "runs" / run_id
-
-
-_DLQ_ARROW = None
-
-
-def _dead_letter_arrow_schema() -> pa.Schema:
-    global _DLQ_ARROW
-    if _DLQ_ARROW is None:
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-        _DLQ_ARROW = schema_to_pyarrow(DEAD_LETTER_SCHEMA)
-    return _DLQ_ARROW

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import IngestFenced, JobFailed
+from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
 from streamberg.ingest.fork_server import ForkServer
 from streamberg.ingest.job import (
+    LOST_OFFSETS_MARKER,
     build_job,
     failure_message,
     new_run_id,
@@ -168,6 +169,10 @@ def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -
             run.log.error("fenced: another ingest instance is writing this table; stopping without restart",
                           reason=reason)
             return reason
+        if (markers / LOST_OFFSETS_MARKER).exists():  # on_lost_offsets=fail: a restart finds the same
+            reason = (markers / LOST_OFFSETS_MARKER).read_text().strip()
+            run.log.error("a Kafka position was lost; stopping without restart", reason=reason)
+            raise LostOffsetsError(reason)
         status = str(client.get_job_status().result())
         if status.endswith(("FAILED", "CANCELED", "FINISHED")):
             raise JobFailed(failure_message(client, status))

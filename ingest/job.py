@@ -45,7 +45,8 @@ from streamberg.ingest.worker_logs import WorkerLogTarget
 
 # PyFlink reads a local job's Python worker mode (loopback or process) from this variable.
 WORKER_MODE_ENV = "_python_worker_execution_mode"
-STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
+STOP_CHECK_SECONDS = 0.5
+LOST_OFFSETS_MARKER = "lost-offsets"  # in the run's folder: why the writers refused to read on  # how often a writer reports what it read and looks for the stop marker
 
 
 class WriterFunction(FlatMapFunction):
@@ -64,7 +65,8 @@ class WriterFunction(FlatMapFunction):
             config = config_from_dump(self.config_dump)
             self.markers = markers = run_dir(config, self.run_id)
             self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
-            self.writer.open()
+            with _lost_offsets_marked(markers):
+                self.writer.open()
             self.progress = ReadProgress(markers, index, self.writer.position)
             self._next_stop_check = 0.0
 
@@ -81,7 +83,7 @@ class WriterFunction(FlatMapFunction):
         if self.writer.finished:
             time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
             return
-        with _failure_logged("writers", subtask=self.writer.index):
+        with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.markers):
             unit = self.writer.poll()
             if unit is not None:
                 yield unit
@@ -129,6 +131,20 @@ def _failure_logged(operator: str, **context: Any) -> Iterator[None]:
     except Exception as exc:
         get_logger("ingest.job").error("task failed; Flink restarts the job (or fails it after its attempts)",
                                        operator=operator, error=f"{type(exc).__name__}: {exc}", **context)
+        raise
+
+
+@contextmanager
+def _lost_offsets_marked(markers: Path) -> Iterator[None]:
+    """A lost Kafka position under ingest.on_lost_offsets=fail: tell the driver, which stops
+    the run at once (a Flink restart would only find the same position lost again)."""
+    from streamberg.common.errors import LostOffsetsError
+
+    try:
+        yield
+    except LostOffsetsError as exc:
+        markers.mkdir(parents=True, exist_ok=True)
+        (markers / LOST_OFFSETS_MARKER).write_text(str(exc))
         raise
 
 

@@ -45,16 +45,16 @@ from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThan, Or
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import DEAD_LETTER_SCHEMA, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
+from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
@@ -64,9 +64,6 @@ from streamberg.ingest.writer import consumer_settings
 # the ingest already read them, so silence means they were deleted or compacted away).
 READ_IDLE_TIMEOUT_SECONDS = 15.0
 TOP_REASONS = 20
-
-
-
 
 
 @dataclass
@@ -85,6 +82,7 @@ class ReplayOutcome:
     candidates_by_reason: dict[str, int] = field(default_factory=dict)  # dead-letters mode: reasons on file
     dead_letters_added: int = 0  # range mode: still-bad records the DLQ did not hold yet
     removed_from_dlq: int = 0  # dead letters that landed in the table and left the DLQ
+    beyond_committed: int = 0  # dead-letters mode: rows at or beyond the ingest's offsets, left out
     snapshot_id: int | None = None
     files: int = 0
     seconds: float = 0.0
@@ -231,14 +229,7 @@ def _append_dead_letters(catalog: Catalog, config: StreambergConfig, dead: list[
     dlq = _load_dlq(catalog, config)
     if dlq is None:
         return 0
-    now = dt.datetime.now(dt.timezone.utc)
-    rows = pa.Table.from_pylist([
-        {"topic": config.kafka.topic, "partition": d.partition, "offset": d.offset,
-         "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
-         "key": d.key, "value": d.value, "reason": d.reason, "job_id": f"replay:{config.table.identifier}",
-         "dead_lettered_at": now}
-        for d in dead
-    ], schema=schema_to_pyarrow(DEAD_LETTER_SCHEMA))
+    rows = dead_letter_rows(dead, config.kafka.topic, job_id=f"replay:{config.table.identifier}")
     dlq.append(rows, snapshot_properties={SummaryKeys.OPERATION: "replay", SummaryKeys.RUN_ID: run_id})
     return len(dead)
 
@@ -331,11 +322,7 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
             outcome.read += len(messages)
             kept, rejected = batcher.decode([m.value() for m in messages])
             landed_from_dlq.update(messages[int(i)].offset() for i in kept if messages[int(i)].offset() in in_dlq)
-            for i, reason in rejected:
-                m = messages[i]
-                kind, ts = m.timestamp()
-                dead.append(DeadLetter(partition=m.partition(), offset=m.offset(), timestamp_ms=ts if kind else None,
-                                       key=m.key(), value=m.value(), reason=reason))
+            dead.extend(dead_letter_from_message(messages[i], reason) for i, reason in rejected)
         files = batcher.finish()
     except BaseException:
         batcher.abort()
@@ -367,14 +354,24 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
 
 # -- dead-letter replay ---------------------------------------------------------------------
 def _select_dead_letters(dlq: Table, topic: str, reason_like: str | None, since: dt.datetime | None,
-                         skip: dict[int, set[int]]) -> pa.Table:
+                         skip: dict[int, set[int]], committed: dict[int, int]) -> tuple[pa.Table, int]:
+    """The dead letters to replay, and how many were left out for lying at or beyond the main
+    table's committed offsets (the ingest has not committed that range: its records are the
+    ingest's to read, and replaying them would duplicate them)."""
     rows = dlq.scan(row_filter=EqualTo("topic", topic)).to_arrow()
+    if rows.num_rows:
+        ends = np.array([committed.get(int(p), -1) for p in rows.column("partition").to_pylist()], dtype=np.int64)
+        below = rows.column("offset").to_numpy() < ends
+        beyond = int((~below).sum())
+        rows = rows.filter(pa.array(below))
+    else:
+        beyond = 0
     if reason_like is not None:
         rows = rows.filter(pc.match_like(rows.column("reason"), reason_like))
     if since is not None:
         rows = rows.filter(pc.greater_equal(rows.column("dead_lettered_at"), pa.scalar(since, rows.schema.field("dead_lettered_at").type)))
     if rows.num_rows == 0:
-        return rows
+        return rows, beyond
     # One row per (partition, offset): the committer never writes two, but a DLQ edited by
     # hand might, and replaying both would duplicate the record.
     rows = rows.sort_by([("partition", "ascending"), ("offset", "ascending")])
@@ -382,7 +379,7 @@ def _select_dead_letters(dlq: Table, topic: str, reason_like: str | None, since:
     first = np.ones(len(offs), dtype=bool)
     first[1:] = (parts[1:] != parts[:-1]) | (offs[1:] != offs[:-1])
     done = np.array([int(o) in skip.get(int(p), ()) for p, o in zip(parts, offs)], dtype=bool)
-    return rows.filter(pa.array(first & ~done))
+    return rows.filter(pa.array(first & ~done)), beyond
 
 
 def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = None,
@@ -406,7 +403,11 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
     if dlq is None:
         outcome.seconds = round(time.monotonic() - started, 3)
         return outcome
-    rows = _select_dead_letters(dlq, topic, reason_like, since, landed_before)
+    rows, outcome.beyond_committed = _select_dead_letters(dlq, topic, reason_like, since, landed_before,
+                                                          committed_position(table, topic).offsets)
+    if outcome.beyond_committed:
+        log.warning("dead letters at or beyond the ingest's committed offsets left out (the ingest's to read)",
+                    count=outcome.beyond_committed)
     outcome.read = rows.num_rows
     outcome.candidates_by_reason = _reasons(rows.column("reason").to_pylist()) if rows.num_rows else {}
     batcher = _Batcher(config, table, run_id, dry_run)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamberg.common.offsets import OffsetSkip
 from streamberg.ingest.files import WrittenFile
 
 
@@ -34,6 +35,9 @@ class FlushUnit:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     final: bool = False  # the writer stops after this unit
     messages: int = 0  # Kafka records read into this unit (valid + dead-lettered)
+    # partition -> the position jumps Kafka forced inside the range, in order
+    # (ingest.on_lost_offsets: skip-and-record; ingest/positions.py)
+    skips: dict[int, list[OffsetSkip]] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -41,4 +45,4 @@ class FlushUnit:
 
     @property
     def empty(self) -> bool:
-        return not self.ranges and not self.files and not self.dead_letters
+        return not self.ranges and not self.files and not self.dead_letters and not self.skips

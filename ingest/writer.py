@@ -7,6 +7,9 @@ rules here:
   crash is simply read and written again.
 - Every unit it emits covers, per partition, exactly the offsets from where the previous
   unit ended to the next offset to read; the committer checks the chain.
+- A position Kafka lost (deleted by retention, or offsets that went back) is never passed
+  over in silence: ingest/positions.py checks it at open, on an out-of-range fetch and on
+  the first offset delivered, and applies `ingest.on_lost_offsets`.
 
 Partition ownership is `partition % parallelism == writer index`: disjoint, and stable
 across restarts with the same parallelism.
@@ -15,16 +18,23 @@ across restarts with the same parallelism.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import LostOffsetsError
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import committed_position
+from streamberg.common.offsets import OffsetSkip, committed_position
+from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter
+from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
 from streamberg.ingest.units import DeadLetter, FlushUnit
+
+# librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
+_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 
 
 def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
@@ -38,7 +48,11 @@ def consumer_settings(config: StreambergConfig) -> dict:
         "group.id": config.consumer_group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
-        "auto.offset.reset": config.kafka.start_offset,
+        # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
+        # latest without telling consume() (librdkafka#4224); with "error" it reports it, and
+        # the writer applies ingest.on_lost_offsets. kafka.start_offset is resolved to a number
+        # by the writer itself, for partitions the table has never recorded.
+        "auto.offset.reset": "error",
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
         "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
@@ -67,6 +81,10 @@ class IngestWriter:
         self.consumer: Consumer | None = None
         self.position: dict[int, int] = {}  # partition -> next offset to read
         self.unit_start: dict[int, int] = {}  # partition -> offset where the open unit began
+        # partition -> the offset asked for at the last positioning, until a record arrives
+        self.expect_first: dict[int, int] = {}
+        self.skips: dict[int, list[OffsetSkip]] = {}  # jumps Kafka forced in the open unit
+        self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
         self.dead_letters: list[DeadLetter] = []
         self.messages = 0  # records read into the open unit
         self.epoch = self._epoch_now()
@@ -80,14 +98,15 @@ class IngestWriter:
         committed = committed_position(table, self.topic)
         self.consumer = Consumer(consumer_settings(self.config))
         mine = owned_partitions(topic_partitions(self.consumer, self.topic), self.index, self.parallelism)
+        recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
+        marks = broker_positions(self.config, mine, recorded)
         for p in mine:
-            if p in committed.offsets:
-                self.position[p] = committed.offsets[p]
-            else:  # never committed: resolve "earliest"/"latest" to a number now
-                low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
-                self.position[p] = low if self.config.kafka.start_offset == "earliest" else high
+            self.position[p] = recorded[p] if p in recorded else self._start_of_new_partition(p, marks)
         self.unit_start = dict(self.position)
+        for problem in position_problems(self.topic, recorded, marks):
+            self._position_lost(problem)
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
+        self.expect_first = dict(self.position)
         self.decoder = JsonDecoder(table.schema(), self.config.ingest.max_record_bytes,
                                    epoch_units(self.config.table.schema_))
         self.files = PartitionedFileWriter(
@@ -99,6 +118,54 @@ class IngestWriter:
         )
         self.log.info("writer opened", partitions=mine, start_offsets=self.position,
                       committed_snapshot=committed.snapshot_id)
+
+    # -- positions -----------------------------------------------------------------------
+    def _start_of_new_partition(self, partition: int, marks: Any) -> int:
+        """kafka.start_offset resolved to a number now, for a partition the table never
+        recorded; the next unit records it even if nothing is read, so a restart starts there
+        too, not at a later "latest"."""
+        self.unrecorded.add(partition)
+        low, high = marks.partitions.get(partition, (0, 0))
+        return low if self.config.kafka.start_offset == "earliest" else high
+
+    def _position_lost(self, problem: PositionProblem) -> None:
+        """Apply ingest.on_lost_offsets: raise (fail), or read on from the low watermark and
+        record the jump in the open unit (skip-and-record)."""
+        if self.config.ingest.on_lost_offsets == "fail":
+            self.log.error("kafka position lost; stopping (ingest.on_lost_offsets: fail)",
+                           partition=problem.partition, committed=problem.committed, low=problem.low, end=problem.end)
+            raise refusal([problem], self.config.table.identifier)
+        skip = problem.skip()
+        self.skips.setdefault(problem.partition, []).append(skip)
+        self.position[problem.partition] = problem.low
+        self.log.warning("kafka position lost; reading on from the low watermark and recording the skip",
+                         partition=problem.partition, skip_from=skip.from_offset, skip_to=skip.to_offset,
+                         kind=skip.kind, lost=skip.lost, end=problem.end)
+
+    def _out_of_range(self, partition: int) -> None:
+        """The broker refused the position while running (retention overtook the writer)."""
+        asked = self.position[partition]
+        marks = broker_positions(self.config, [partition], {partition: asked})
+        problems = position_problems(self.topic, {partition: asked}, marks) or [
+            PositionProblem(self.topic, partition, asked, marks.low(partition), marks.end(partition))]
+        self._position_lost(problems[0])
+        self.consumer.seek(TopicPartition(self.topic, partition, self.position[partition]))
+        self.expect_first[partition] = self.position[partition]
+
+    def _check_first_offsets(self, partitions: list[int], offsets: list[int]) -> None:
+        """The first record after a positioning must be the one asked for. Beyond it is normal
+        after compaction or transaction markers, but not when the low watermark passed it."""
+        firsts = dict(zip(reversed(partitions), reversed(offsets)))
+        for p in [p for p in self.expect_first if p in firsts]:
+            asked, first = self.expect_first.pop(p), firsts[p]
+            if first < asked:
+                raise LostOffsetsError(
+                    f"{self.topic}[{p}]: the broker delivered offset {first} when offset {asked} was asked for; "
+                    f"the partition's offsets went back. Nothing was committed past the table's offsets")
+            if first > asked:
+                marks = broker_positions(self.config, [p], {p: asked})
+                if marks.low(p) > asked:
+                    self._position_lost(PositionProblem(self.topic, p, asked, marks.low(p), marks.end(p)))
 
     # -- reading ----------------------------------------------------------------------
     def poll(self) -> FlushUnit | None:
@@ -131,16 +198,12 @@ class IngestWriter:
         values = [m.value() for m in messages]
         partitions = [m.partition() for m in messages]
         offsets = [m.offset() for m in messages]
+        if self.expect_first:
+            self._check_first_offsets(partitions, offsets)
         result = self.decoder.decode(values)
         if result.table.num_rows:
             self.files.write(result.table)
-        for i, reason in result.rejected:
-            m = messages[i]
-            kind, ts = m.timestamp()
-            self.dead_letters.append(DeadLetter(
-                partition=m.partition(), offset=m.offset(), timestamp_ms=ts if kind else None,
-                key=m.key(), value=m.value(), reason=reason,
-            ))
+        self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in result.rejected)
         # Within a partition messages arrive in offset order: the last one seen is the highest.
         for p, last in dict(zip(partitions, offsets)).items():
             self.position[p] = last + 1
@@ -150,6 +213,8 @@ class IngestWriter:
         for m, error in zip(messages, errors):
             if error is None:
                 kept.append(m)
+            elif error.code() in _OUT_OF_RANGE:
+                self._out_of_range(m.partition())
             elif error.code() != KafkaError._PARTITION_EOF:
                 if error.fatal():
                     raise KafkaException(error)
@@ -159,11 +224,15 @@ class IngestWriter:
     # -- flushing ---------------------------------------------------------------------
     def _flush(self, final: bool) -> FlushUnit:
         files = self.files.flush()
-        ranges = {p: (self.unit_start[p], end) for p, end in self.position.items() if end != self.unit_start[p]}
+        # Partitions that moved, jumped, or whose start the table does not hold yet.
+        covered = {p for p, end in self.position.items() if end != self.unit_start[p]} | set(self.skips) \
+            | self.unrecorded
+        ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
-                         messages=self.messages)
+                         messages=self.messages, skips=self.skips)
         self.unit_start = dict(self.position)
+        self.skips, self.unrecorded = {}, set()
         self.dead_letters = []
         self.messages = 0
         if not unit.empty:

@@ -58,6 +58,32 @@ def test_chain_rejects_gaps_and_overlaps() -> None:
         chain_offsets({0: 15}, [unit])
 
 
+def test_chain_rejects_a_range_that_ends_before_it_starts() -> None:
+    from streamberg.common.offsets import OffsetSkip
+
+    backwards = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (1000, 51)})
+    with pytest.raises(OffsetChainError, match="ends at offset 51, before offset 1000"):
+        chain_offsets({0: 1000}, [backwards])
+    # A declared jump (skip-and-record) may go forward or back; the range then ends past it.
+    lost = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (100, 900)},
+                     skips={0: [OffsetSkip(0, 100, 800)]})
+    assert chain_offsets({0: 100}, [lost]) == {0: 900}
+    rewound = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (1000, 30)},
+                        skips={0: [OffsetSkip(0, 1000, 0)]})
+    assert chain_offsets({0: 1000}, [rewound]) == {0: 30}
+    short = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (100, 700)},
+                      skips={0: [OffsetSkip(0, 100, 800)]})
+    with pytest.raises(OffsetChainError, match="after a skip"):
+        chain_offsets({0: 100}, [short])
+    early = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (100, 900)},
+                      skips={0: [OffsetSkip(0, 50, 800)]})
+    with pytest.raises(OffsetChainError, match="skip from offset 50"):
+        chain_offsets({0: 100}, [early])
+    # Units of one writer chain in the order it emitted them, also across a rewind.
+    after = FlushUnit(run_id="r", writer=0, epoch=2, topic="t", ranges={0: (30, 60)})
+    assert chain_offsets({0: 1000}, [after, rewound]) == {0: 60}
+
+
 def test_commit_waits_for_every_writer_then_makes_one_snapshot(config) -> None:
     committer = Committer(config, parallelism=2, run_id="r1")
     committer.open()
@@ -156,20 +182,135 @@ def test_commit_conflicts_are_retried_without_losing_files(config, caplog) -> No
     committer.close()
 
 
-def test_dead_letters_are_not_duplicated_when_a_commit_is_replayed(config) -> None:
-    committer = Committer(config, parallelism=1, run_id="dlq")
+def _dlq_rows(config) -> list[tuple[int, int, str]]:
+    rows = load_catalog(config.catalog).load_table(config.dead_letter_table).scan().to_arrow()
+    return sorted(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(),
+                      rows.column("reason").to_pylist()))
+
+
+def _files_under(path: str) -> set[str]:
+    root = Path(path.removeprefix("file://"))
+    return {str(p) for p in root.rglob("*.parquet")} if root.exists() else set()
+
+
+class _CrashBeforeMainAppend(Committer):
+    """Dies (as kill -9 would) right after writing its dead letters, before the main append."""
+
+    def _write_dead_letters(self, dead):
+        path = super()._write_dead_letters(dead)
+        raise SystemExit(f"killed after writing {path}")
+
+
+class _CrashAfterMainCommit(Committer):
+    """Dies right after its main commit, before its dead letters join their table."""
+
+    def _apply_dead_letters(self) -> None:
+        if getattr(self, "opened", False):
+            raise SystemExit("killed after the main commit")
+        self.opened = True
+        super()._apply_dead_letters()
+
+
+def test_a_crash_before_the_main_append_leaves_no_dead_letter_row(config) -> None:
+    # The runbook path that used to duplicate: crash between the two appends, raise the limit
+    # (here: the record is valid on the re-read), restart, replay the dead letters.
+    crashed = _CrashBeforeMainAppend(config, parallelism=1, run_id="crashed")
+    crashed.open()
+    with pytest.raises(SystemExit):
+        crashed.offer(make_unit(config, 0, partition=0, start=0, end=50, dead=(3, 17, 42)))
+    assert _dlq_rows(config) == []
+    restarted = Committer(config, parallelism=1, run_id="restarted")
+    restarted.open()
+    restarted.offer(make_unit(config, 0, partition=0, start=0, end=20, dead=(17,)))  # 3 is valid now
+    restarted.offer(make_unit(config, 0, partition=0, start=20, end=60, dead=(42, 55)))
+    assert _dlq_rows(config) == [(0, 17, "test reason"), (0, 42, "test reason"), (0, 55, "test reason")]
+    assert table_ids(config) == [i for i in range(60) if i not in (17, 42, 55)]
+    from streamberg.ingest.replay import replay_dead_letters
+
+    outcome = replay_dead_letters(config)  # the rows still do not decode (b"bad"): nothing lands twice
+    assert outcome.records_added == 0 and not duplicates(table_ids(config))
+    restarted.close()
+
+
+def test_a_crash_after_the_main_commit_is_repaired_by_the_next_open(config, spark) -> None:
+    crashed = _CrashAfterMainCommit(config, parallelism=1, run_id="crashed")
+    crashed.open()
+    with pytest.raises(SystemExit):
+        crashed.offer(make_unit(config, 0, partition=0, start=0, end=50, dead=(3, 17)))
+    assert table_ids(config) == [i for i in range(50) if i not in (3, 17)]
+    assert _dlq_rows(config) == []  # named by the main commit, not yet in its table
+    for run in ("next", "and-next"):  # the first open adds them; the second adds nothing again
+        committer = Committer(config, parallelism=1, run_id=run)
+        committer.open()
+        committer.close()
+        assert _dlq_rows(config) == [(0, 3, "test reason"), (0, 17, "test reason")]
+    from tests.helpers import spark_table
+
+    # An independent reader (Spark's own Iceberg catalog) sees the same rows.
+    rows = spark_table(spark, config, config.dead_letter_table).select("offset").collect()
+    assert sorted(r["offset"] for r in rows) == [3, 17]
+
+
+def test_a_fenced_committer_writes_no_dead_letter_and_no_file(config) -> None:
+    live, fenced = Committer(config, 1, "live"), Committer(config, 1, "fenced")
+    live.open()
+    fenced.open()  # both saw the same (empty) table
+    dlq_location = load_catalog(config.catalog).load_table(config.dead_letter_table).location()
+    # The live instance commits [0, 100) first; its decoder finds 5 and 7 bad.
+    live.offer(make_unit(config, 0, partition=0, start=0, end=100, dead=(5, 7)))
+    files_before = _files_under(dlq_location)
+    # The fenced one judged the same range differently (another config): nothing of it may land.
+    with pytest.raises(FencedError):
+        fenced.offer(make_unit(config, 0, partition=0, start=0, end=100, dead=(5, 6, 7, 8)))
+    assert _dlq_rows(config) == [(0, 5, "test reason"), (0, 7, "test reason")]
+    assert _files_under(dlq_location) == files_before  # not even an orphan file
+    # The live instance goes on: a later bad record is in the dead-letter table, once.
+    live.offer(make_unit(config, 0, partition=0, start=100, end=150, dead=(120,)))
+    assert [o for _, o, _ in _dlq_rows(config)] == [5, 7, 120]
+    assert table_ids(config) == [i for i in range(150) if i not in (5, 7, 120)]
+    live.close()
+    fenced.close()
+
+
+def test_a_committer_fenced_between_its_check_and_its_append_leaves_no_dead_letter(config) -> None:
+    """The race the first fence check cannot see: another instance commits after it."""
+    live = Committer(config, 1, "live")
+    slow = Committer(config, 1, "slow")
+    live.open()
+    slow.open()
+    dlq_location = load_catalog(config.catalog).load_table(config.dead_letter_table).location()
+    write = slow._write_dead_letters
+
+    def write_then_lose_the_race(dead):
+        path = write(dead)
+        live.offer(make_unit(config, 0, partition=0, start=0, end=40, dead=(1,)))
+        return path
+
+    slow._write_dead_letters = write_then_lose_the_race
+    files_before = _files_under(dlq_location)
+    with pytest.raises(FencedError):
+        slow.offer(make_unit(config, 0, partition=0, start=0, end=40, dead=(1, 2, 3)))
+    assert _dlq_rows(config) == [(0, 1, "test reason")]
+    # Only the live instance's own file is left: the slow one deleted what it wrote.
+    assert len(_files_under(dlq_location) - files_before) == 1
+    live.close()
+    slow.close()
+
+
+def test_replay_of_dead_letters_takes_only_rows_below_the_committed_offsets(config) -> None:
+    """A dead-letter row beyond the main table's offsets (a DLQ edited by hand, or written by an
+    older version before the outbox) is the ingest's to read, not the replay's."""
+    from streamberg.ingest.dead_letters import dead_letter_rows
+    from streamberg.ingest.replay import replay_dead_letters
+
+    committer = Committer(config, 1, "one")
     committer.open()
-    unit = make_unit(config, 0, partition=0, start=0, end=50, dead=(3, 17, 42))
-    # Crash after the dead-letter commit but before the table commit...
-    committer._commit_dead_letters(unit.dead_letters, {0: 50})
-    # ...then the restarted job replays the same offsets, with differently cut units.
-    replay = Committer(config, parallelism=1, run_id="dlq-replay")
-    replay.open()
-    replay.offer(make_unit(config, 0, partition=0, start=0, end=20, dead=(3, 17)))
-    replay.offer(make_unit(config, 0, partition=0, start=20, end=60, dead=(42, 55)))
-    dlq = load_catalog(config.catalog).load_table(config.dead_letter_table).scan().to_arrow()
-    assert sorted(dlq.column("offset").to_pylist()) == [3, 17, 42, 55]
-    assert set(dlq.column("reason").to_pylist()) == {"test reason"}
-    assert table_ids(config) == [i for i in range(60) if i not in (3, 17, 42, 55)]
+    committer.offer(make_unit(config, 0, partition=0, start=0, end=10, dead=(4,)))
+    valid = b'{"id": 10, "ts": "2026-11-21T00:00:00Z", "user_id": "u1", "amount": 2.5}'
+    dlq = load_catalog(config.catalog).load_table(config.dead_letter_table)
+    dlq.append(dead_letter_rows([DeadLetter(0, 10, None, None, valid, "old version"),
+                                 DeadLetter(1, 0, None, None, valid, "old version")], config.kafka.topic, "old"))
+    outcome = replay_dead_letters(config)
+    assert outcome.beyond_committed == 2 and outcome.records_added == 0
+    assert table_ids(config) == [i for i in range(10) if i != 4]
     committer.close()
-    replay.close()

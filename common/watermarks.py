@@ -1,0 +1,131 @@
+"""A topic's positions on the broker: every partition's low and high watermark, and its true end.
+
+Shared by the ingest (its committed offsets are checked against them before it reads, so a
+position Kafka lost is never passed over in silence) and by monitoring (lag).
+
+The embedded tansu broker reports as high watermark the base offset of the partition's last
+record batch + 1, short of the true end by the rest of that batch (README, Known limits). So
+where the true end matters, the last batch is also read: the partition is assigned one record
+before its watermark and polled until end-of-partition, and the end is one past the last
+offset seen. On Kafka that costs one small fetch per partition and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from streamberg.common.errors import BrokerUnreachable
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """A topic's (low, high) watermark per partition, `ends` the true end where read;
+    `exists` False when the broker lacks the topic."""
+
+    exists: bool
+    partitions: dict[int, tuple[int, int]]
+    ends: dict[int, int] = field(default_factory=dict)
+
+    def low(self, partition: int) -> int:
+        return self.partitions.get(partition, (0, 0))[0]
+
+    def end(self, partition: int) -> int:
+        high = self.partitions.get(partition, (0, 0))[1]
+        return max(high, self.ends.get(partition, high))
+
+
+def kafka_error_text(exc: KafkaException) -> str:
+    error: Any = exc.args[0] if exc.args else None
+    return str(error.str()) if hasattr(error, "str") else str(exc)
+
+
+def marks_consumer(settings: Mapping[str, Any], timeout_seconds: float) -> Consumer:
+    """A consumer that only asks for positions: it never joins its group or commits, reports
+    end-of-partition, and never jumps elsewhere on a bad offset. `settings` carry the
+    bootstrap servers, a group id and the security settings."""
+    return Consumer({
+        **settings,
+        "enable.auto.commit": False,
+        # librdkafka would print connection failures itself; callers report them once.
+        "log_level": 0,
+        "socket.connection.setup.timeout.ms": max(1000, int(timeout_seconds * 1000)),
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        "fetch.wait.max.ms": 100,
+    })
+
+
+def topic_partitions_of(consumer: Consumer, topic: str, timeout_seconds: float, bootstrap: str) -> list[int] | None:
+    """The topic's partitions; None when the broker lacks the topic."""
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_seconds)
+    except KafkaException as exc:
+        raise BrokerUnreachable(f"broker {bootstrap}: {kafka_error_text(exc)}") from exc
+    found = meta.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        return None
+    return sorted(found.partitions)
+
+
+def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[int], timeout_seconds: float,
+                         bootstrap: str, read_ends: Collection[int] = ()) -> Watermarks:
+    """Watermarks of `partitions`, all within `timeout_seconds`; the true end is read for the
+    partitions in `read_ends` (the consumer must come from `marks_consumer`)."""
+    deadline = time.monotonic() + timeout_seconds
+    marks = {}
+    for partition in sorted(partitions):
+        left = max(0.5, deadline - time.monotonic())
+        try:
+            marks[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=left,
+                                                              cached=False)
+        except KafkaException as exc:
+            raise BrokerUnreachable(
+                f"broker {bootstrap}: end offset of {topic}[{partition}]: {kafka_error_text(exc)}") from exc
+    wanted = {p: marks[p] for p in read_ends if p in marks}
+    ends = read_true_ends(consumer, topic, wanted, deadline) if wanted else {}
+    return Watermarks(exists=True, partitions=marks, ends=ends)
+
+
+def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]],
+                       deadline: float) -> dict[int, int]:
+    """One past the last offset readable in each partition, reading from the watermark's
+    batch on (all partitions fetched together). A partition not done by the deadline keeps
+    what was seen, which is still no less than its watermark."""
+    waiting = {p for p, (low, high) in marks.items() if high > low}
+    if not waiting:
+        return {}
+    consumer.assign([TopicPartition(topic, p, marks[p][1] - 1) for p in sorted(waiting)])
+    ends: dict[int, int] = {}
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        message = consumer.poll(min(left, 0.5))
+        if message is None:
+            continue
+        partition, offset = message.partition(), message.offset()
+        if message.error() is not None or partition is None or offset is None:
+            waiting.discard(partition)  # end of partition (or an offset error): done with it
+            continue
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends
+
+
+def read_topic_watermarks(settings: Mapping[str, Any], topic: str, timeout_seconds: float,
+                          partitions: Collection[int] | None = None,
+                          read_ends: Collection[int] | bool = ()) -> Watermarks:
+    """Watermarks of the topic's partitions (all of them, or those given), with a consumer of
+    its own; `read_ends` True reads every partition's true end. Raises BrokerUnreachable."""
+    bootstrap = str(settings.get("bootstrap.servers", "?"))
+    consumer = marks_consumer(settings, timeout_seconds)
+    try:
+        present = topic_partitions_of(consumer, topic, timeout_seconds, bootstrap)
+        if present is None:
+            return Watermarks(exists=False, partitions={})
+        wanted = [p for p in present if partitions is None or p in partitions]
+        ends = wanted if read_ends is True else ([] if read_ends is False else read_ends)
+        return partition_watermarks(consumer, topic, wanted, timeout_seconds, bootstrap, read_ends=ends)
+    finally:
+        consumer.close()

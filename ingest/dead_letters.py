@@ -1,0 +1,159 @@
+"""Dead letters: their rows, and how they join the dead-letter table exactly once.
+
+The dead-letter table and the main table cannot commit together (Iceberg has no
+multi-table transaction in pyiceberg or a SQL catalog), so the main commit decides for both,
+as an outbox:
+
+1. The committer checks the fence, then writes the interval's dead letters into a Parquet
+   file in the dead-letter table's location. No table references it yet.
+2. The main table's append names that file in its snapshot summary
+   (`streamberg.dead-letter-file`), beside the offsets it covers.
+3. Only then is the file appended to the dead-letter table, with a table property recording
+   the newest main snapshot whose file it now holds (`streamberg.dlq-applied.<table>`). A
+   crash between 2 and 3 is repaired by the next committer's open, which appends every file
+   the main lineage names beyond that mark.
+
+So a fenced instance, or one that crashed before its main commit, leaves no dead-letter row
+(its file is deleted, or an orphan that maintenance removes), and a record re-read after a
+crash is judged again from scratch: raising `max_record_bytes` and restarting lands it in the
+table, never in both.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+    schema_to_pyarrow,
+)
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from streamberg.common.catalog import DEAD_LETTER_SCHEMA
+from streamberg.common.offsets import ancestry, summary_properties
+from streamberg.common.retry import commit_retrying, is_instance
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
+from streamberg.ingest.units import DeadLetter
+
+
+def dead_letter_rows(dead: Sequence[DeadLetter], topic: str, job_id: str) -> pa.Table:
+    """The dead-letter table's rows for `dead`, all stamped now."""
+    now = dt.datetime.now(dt.timezone.utc)
+    return pa.Table.from_pylist([
+        {"topic": topic, "partition": d.partition, "offset": d.offset,
+         "kafka_timestamp": dt.datetime.fromtimestamp(d.timestamp_ms / 1000, dt.timezone.utc) if d.timestamp_ms else None,
+         "key": d.key, "value": d.value, "reason": d.reason, "job_id": job_id, "dead_lettered_at": now}
+        for d in dead
+    ], schema=schema_to_pyarrow(DEAD_LETTER_SCHEMA))
+
+
+def dead_letter_from_message(message: Any, reason: str) -> DeadLetter:
+    """A DeadLetter from a confluent-kafka Message."""
+    kind, ts = message.timestamp()
+    return DeadLetter(partition=message.partition(), offset=message.offset(), timestamp_ms=ts if kind else None,
+                      key=message.key(), value=message.value(), reason=reason)
+
+
+def write_dead_letter_file(dlq: Table, rows: pa.Table, name_prefix: str) -> str:
+    """Write `rows` as one Parquet data file in the dead-letter table's location; no table
+    references it yet. Returns its path."""
+    if not dlq.spec().is_unpartitioned():
+        raise ValueError(f"dead-letter table {dlq.name()} is partitioned; streamberg writes it unpartitioned")
+    writer = PartitionedFileWriter(io=dlq.io, location=dlq.location(), schema=dlq.schema(), spec=dlq.spec(),
+                                   properties=dlq.properties, target_file_size=1 << 62,
+                                   row_group_rows=max(1, rows.num_rows), name_prefix=f"{name_prefix}-{uuid.uuid4().hex[:8]}")
+    writer.write(rows)
+    (written,) = writer.flush()
+    return written.path
+
+
+def _file_at(dlq: Table, path: str) -> WrittenFile:
+    """A dead-letter file described from its own footer (the committer that wrote it may be gone)."""
+    schema = dlq.schema()
+    with dlq.io.new_input(path).open() as stream:
+        metadata = pq.read_metadata(stream)
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=metadata, stats_columns=compute_statistics_plan(schema, dlq.properties),
+        parquet_column_mapping=parquet_path_to_id_mapping(schema))
+    return WrittenFile(path=path, record_count=metadata.num_rows, size_bytes=len(dlq.io.new_input(path)),
+                       spec_id=dlq.spec().spec_id, partition=(), stats=statistics.to_serialized_dict())
+
+
+def _order(table: Table, snapshot: Snapshot) -> int:
+    # Sequence numbers grow along a v2 lineage; a v1 table has none, and its single
+    # committer's timestamps grow too.
+    return snapshot.sequence_number if table.format_version >= 2 and snapshot.sequence_number else snapshot.timestamp_ms
+
+
+@dataclass(frozen=True)
+class PendingFile:
+    order: int  # of the main snapshot that named it
+    snapshot_id: int
+    path: str
+    records: int
+
+
+def applied_key(main_identifier: str) -> str:
+    return f"{TablePropertyKeys.DLQ_APPLIED_PREFIX}{main_identifier}"
+
+
+def pending_files(main: Table, dlq: Table, main_identifier: str) -> list[PendingFile]:
+    """Dead-letter files the main lineage committed and the dead-letter table lacks, oldest first."""
+    applied = int(dlq.properties.get(applied_key(main_identifier), -1))
+    pending = []
+    for snapshot in ancestry(main):
+        order = _order(main, snapshot)
+        if order <= applied:
+            break
+        props = summary_properties(snapshot)
+        path = props.get(SummaryKeys.DEAD_LETTER_FILE)
+        if path:
+            pending.append(PendingFile(order, snapshot.snapshot_id, path, int(props.get(SummaryKeys.DEAD_LETTERS, 0))))
+    return pending[::-1]
+
+
+def apply_dead_letter_files(catalog: Catalog, main_identifier: str, dlq_identifier: str, retries: int,
+                            run_id: str, log: Any) -> int:
+    """Append to the dead-letter table every file the main lineage committed and it lacks;
+    return the rows added. A lost race (another committer applying, a replay deleting) is
+    re-read and retried; the property written with the files makes it idempotent."""
+    for attempt in commit_retrying(retries, is_instance(CommitFailedException), log=log,
+                                   event="dead-letter commit conflict, retrying"):
+        with attempt:
+            main, dlq = catalog.load_table(main_identifier), catalog.load_table(dlq_identifier)
+            pending = pending_files(main, dlq, main_identifier)
+            if not pending:
+                return 0
+            files = []
+            for item in pending:
+                if not dlq.io.new_input(item.path).exists():
+                    # Never silent: the records stay counted in the main table's consumed total.
+                    log.error("a committed dead-letter file is missing; its dead letters are lost",
+                              path=item.path, snapshot=item.snapshot_id, dead_letters=item.records)
+                    continue
+                files.append(_file_at(dlq, item.path))
+            tx = dlq.transaction()
+            tx.set_properties({applied_key(main_identifier): str(pending[-1].order)})
+            if files:
+                with tx.update_snapshot(snapshot_properties={
+                        SummaryKeys.RUN_ID: run_id, SummaryKeys.OPERATION: "dead-letters"}).fast_append() as append:
+                    for f in files:
+                        append.append_data_file(f.to_data_file())
+            tx.commit_transaction()
+            added = sum(f.record_count for f in files)
+            log.info("dead letters added to the dead-letter table", rows=added, files=len(files),
+                     main_snapshots=[p.snapshot_id for p in pending])
+            return added
+    raise AssertionError("unreachable: the last attempt returns or raises")

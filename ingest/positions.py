@@ -1,0 +1,109 @@
+"""Where a writer reads, checked against the broker: a position Kafka lost never passes in silence.
+
+The table records, per partition, the next offset to read. Kafka can lose that position:
+retention (or DeleteRecords) deletes records before they were ingested, so the committed
+offset falls below the partition's low watermark; or the partition's offsets go back (a
+recreated topic, a failover to a cluster with lower offsets, an unclean leader election), so
+it lies beyond the partition's end. librdkafka would answer either with a silent reset to
+`auto.offset.reset`, and a consumer assigned beyond the end gets nothing and no error; the
+ingest would then commit the gap, or a lower offset, as if all were well.
+
+So the writers check their committed offsets against the watermarks before they read, their
+consumer has `auto.offset.reset=error` (an out-of-range fetch while running is reported, not
+reset), and the first offset delivered after each positioning is compared with the one asked
+for. What a lost position leads to is the operator's choice, `ingest.on_lost_offsets`:
+`fail` stops the run with the partition, the committed offset and the watermarks; and
+`skip-and-record` reads on from the low watermark and records the jump (an `OffsetSkip`) in
+the table's snapshot summary, which status, metrics and `streamberg table` report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import LostOffsetsError
+from streamberg.common.offsets import OffsetSkip
+from streamberg.common.watermarks import (
+    Watermarks,
+    marks_consumer,
+    partition_watermarks,
+    read_true_ends,
+    topic_partitions_of,
+)
+
+BROKER_TIMEOUT_SECONDS = 30.0
+RUNBOOK = "docs/runbooks/lost-offsets.md"
+
+
+@dataclass(frozen=True)
+class PositionProblem:
+    """A partition whose committed offset the broker no longer has."""
+
+    topic: str
+    partition: int
+    committed: int
+    low: int
+    end: int
+
+    @property
+    def kind(self) -> str:
+        return "lost" if self.committed < self.low else "rewound"
+
+    def describe(self) -> str:
+        where = f"{self.topic}[{self.partition}]: the table's committed offset {self.committed}"
+        marks = f"(watermarks: low {self.low}, end {self.end})"
+        if self.kind == "lost":
+            return (f"{where} is below the low watermark {marks}: offsets [{self.committed}, {self.low}) were "
+                    f"deleted by Kafka (retention, DeleteRecords) before they were ingested")
+        return (f"{where} is beyond the partition's end {marks}: its offsets went back (a recreated topic, a "
+                f"failover to another cluster, an unclean leader election)")
+
+    def skip(self) -> OffsetSkip:
+        """The jump skip-and-record makes: on from the low watermark."""
+        return OffsetSkip(self.partition, self.committed, self.low, int(time.time() * 1000))
+
+
+def position_problems(topic: str, committed: Mapping[int, int], marks: Watermarks) -> list[PositionProblem]:
+    """The partitions whose committed offset lies outside [low watermark, end] (pure)."""
+    problems = []
+    for partition, offset in sorted(committed.items()):
+        low, end = marks.low(partition), marks.end(partition)
+        if offset < low or offset > end:
+            problems.append(PositionProblem(topic, partition, offset, low, end))
+    return problems
+
+
+def refusal(problems: Iterable[PositionProblem], table: str) -> LostOffsetsError:
+    """The error of on_lost_offsets=fail: every problem, and what the operator can do."""
+    described = "; ".join(p.describe() for p in problems)
+    return LostOffsetsError(
+        f"table {table}: {described}. Nothing was committed past the table's offsets. To read on from the low "
+        f"watermark and record the loss in the table, set ingest.on_lost_offsets: skip-and-record ({RUNBOOK})")
+
+
+def broker_positions(config: StreambergConfig, partitions: Iterable[int], committed: Mapping[int, int],
+                     timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Watermarks:
+    """The watermarks of `partitions`; for those whose committed offset is past the high
+    watermark, the true end too (tansu's watermark can lag by a batch: a committed offset
+    just past it is normal there, common/watermarks.py)."""
+    kafka = config.kafka
+    settings = {**kafka.consumer, "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": f"{config.consumer_group}-positions"}
+    consumer = marks_consumer(settings, timeout_seconds)
+    try:
+        present = topic_partitions_of(consumer, kafka.topic, timeout_seconds, kafka.bootstrap_servers)
+        if present is None:
+            return Watermarks(exists=False, partitions={})
+        wanted = set(partitions)
+        marks = partition_watermarks(consumer, kafka.topic, [p for p in present if p in wanted], timeout_seconds,
+                                     kafka.bootstrap_servers)
+        past_high = {p: marks.partitions[p] for p, offset in committed.items()
+                     if p in marks.partitions and offset > marks.partitions[p][1]}
+        ends = read_true_ends(consumer, kafka.topic, past_high, time.monotonic() + timeout_seconds) \
+            if past_high else {}
+        return Watermarks(exists=True, partitions=marks.partitions, ends=ends)
+    finally:
+        consumer.close()
