@@ -12,6 +12,7 @@ from streamberg.common.broker import EmbeddedBroker, ensure_topic
 from streamberg.common.config import load_config
 from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
+from streamberg.common.times import iso_from_ms
 
 DEFAULT_BROKER_DIR = ".streamberg/broker"
 
@@ -110,12 +111,33 @@ def _table(args: argparse.Namespace) -> int:
     print(f"data files       {facts['data_files']}  ({facts['total_size_bytes']:,} bytes)")
     print(f"records          {facts['records']:,}")
     print(f"dead letters     {facts['dead_letters']:,}  in {facts['dead_letter_table']}")
-    verdict = "yes" if facts["reconciles"] else "NO: records + dead letters != records consumed"
-    print(f"reconciles       {verdict}")
+    print(f"reconciles       {_reconciliation(facts)}")
+    for skip in facts["offset_skips"]:
+        print(f"  {_skip_line(skip)}")
     print(f"committed        topic {offsets['topic']} by {offsets['job_id']} in snapshot {offsets['snapshot_id']}")
     for partition, offset in offsets["partitions"].items():
         print(f"  partition {partition:>3}  next offset {offset:,}")
     return 0
+
+
+def _reconciliation(facts: dict) -> str:
+    """The verdict: yes, or what does not add up and where records were lost."""
+    if not facts["counts_match"]:
+        return "NO: records + dead letters != records consumed"
+    if facts["offset_skips"]:
+        lost = facts["lost_offsets"]
+        return (f"NO: records + dead letters = records consumed, but Kafka lost positions before they were "
+                f"ingested ({lost:,} offsets skipped; docs/runbooks/lost-offsets.md):")
+    return "yes"
+
+
+def _skip_line(skip: dict) -> str:
+    when = iso_from_ms(skip["at_ms"], timespec="seconds") if skip["at_ms"] else "?"
+    if skip["kind"] == "lost":
+        return (f"partition {skip['partition']:>3}  offsets [{skip['from']:,}, {skip['to']:,}) lost "
+                f"({skip['lost']:,}), skipped at {when}")
+    return (f"partition {skip['partition']:>3}  offsets went back from {skip['from']:,} to {skip['to']:,} "
+            f"(recreated topic or failover), read again at {when}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -151,7 +173,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "table", help="facts about the table: snapshots, files, records, committed offsets, dead letters",
         description="Reads the catalog and prints the table's snapshots, data files, records, the Kafka offsets "
                     "recorded by the last ingest commit, and the dead-letter count. `reconciles` is true when "
-                    "records + dead letters equal the records consumed. Read-only: a missing catalog database or "
+                    "records + dead letters equal the records consumed and Kafka lost no position before the "
+                    "ingest read it; otherwise it says where records were lost. Read-only: a missing catalog database or "
                     "table exits 1 and creates nothing.",
     )
     table.add_argument("--config", required=True, help="the streamberg YAML config")

@@ -66,5 +66,11 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
         "dead_letter_table": config.dead_letter_table,
         "dead_letters": dlq_records,
         "consumed": consumed,
-        "reconciles": records + dlq_records == consumed,
+        # Offsets Kafka no longer had when the ingest came to them (on_lost_offsets:
+        # skip-and-record), and every such jump: the table then holds less than the topic did.
+        "lost_offsets": position.lost_total,
+        "offset_skips": [{"partition": s.partition, "from": s.from_offset, "to": s.to_offset, "kind": s.kind,
+                          "lost": s.lost, "at_ms": s.at_ms} for s in position.skips],
+        "counts_match": records + dlq_records == consumed,
+        "reconciles": records + dlq_records == consumed and not position.skips,
     }

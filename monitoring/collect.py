@@ -28,7 +28,7 @@ from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import compute_lag, read_watermarks
-from streamberg.monitoring.model import DeadLetterFacts, IngestFacts, Reachability, Status
+from streamberg.monitoring.model import DeadLetterFacts, IngestFacts, OffsetSkipFact, Reachability, Status
 
 
 class _Collector:
@@ -53,6 +53,10 @@ class _Collector:
         config = self.config
         last = self.part("last ingest commit", table_stats.last_commit, table, position, self.now_ms) \
             if table is not None and position is not None else None
+        skips = [OffsetSkipFact(s.partition, s.from_offset, s.to_offset, s.kind, s.lost,
+                                iso_from_ms(s.at_ms, timespec="seconds") if s.at_ms else None)
+                 for s in (position.skips if position is not None else ())]
+        recorded = {"offset_skips": skips, "lost_offsets": position.lost_total if position is not None else 0}
         try:
             marks = read_watermarks(config, config.monitoring.broker_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - e.g. a client setting librdkafka refuses: unreachable too
@@ -60,12 +64,12 @@ class _Collector:
                 f"broker {config.kafka.bootstrap_servers}: {first_line(exc)}"
             self.log.warning("broker unreachable", bootstrap=config.kafka.bootstrap_servers, error=error)
             return IngestFacts(last_commit=last, broker=Reachability(False, error), topic=config.kafka.topic,
-                               topic_exists=None, lag=None)
+                               topic_exists=None, lag=None, **recorded)
         # Lag needs the recorded offsets, i.e. a readable table.
         lag = compute_lag(position.offsets, marks, config.kafka.start_offset) \
             if position is not None and marks.exists else None
         return IngestFacts(last_commit=last, broker=Reachability(True), topic=config.kafka.topic,
-                           topic_exists=marks.exists, lag=lag)
+                           topic_exists=marks.exists, lag=lag, **recorded)
 
     def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
         records = dead_letter_records(catalog, self.config.dead_letter_table)

@@ -56,9 +56,18 @@ def _reachability(status: Status, config: StreambergConfig, out: _Findings) -> N
 
 def _ingest(status: Status, config: StreambergConfig, out: _Findings) -> None:
     thresholds, ingest = config.monitoring, status.ingest
+    if ingest.offset_skips:
+        parts = sorted({str(s.partition) for s in ingest.offset_skips})
+        out.add("lost_offsets", "warn", f"Kafka lost positions before the ingest read them: {ingest.lost_offsets:,} "
+                f"offsets skipped, {len(ingest.offset_skips)} jump(s) on partition(s) {', '.join(parts)} "
+                f"(ingest.on_lost_offsets: skip-and-record; docs/runbooks/lost-offsets.md)")
     lag = ingest.lag
     if lag is None:
         return
+    if lag.behind_low_partitions:
+        out.add("lost_offsets", "critical", f"the table's recorded offsets are below the broker's low watermark on "
+                f"partition(s) {', '.join(lag.behind_low_partitions)}: retention deleted records before they were "
+                f"ingested (docs/runbooks/lost-offsets.md)")
     severity = _grade(lag.total, thresholds.lag_warn_records, thresholds.lag_critical_records)
     if severity:
         out.add("lag", severity, f"ingest lag is {lag.total:,} records behind the broker "

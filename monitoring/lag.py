@@ -34,7 +34,7 @@ def compute_lag(recorded: PartitionOffsets, watermarks: Watermarks, start_offset
     kafka.start_offset=earliest (all of it is lag) and at its end with latest (no lag).
     """
     partitions: dict[str, PartitionLag] = {}
-    ahead = []
+    ahead, behind_low = [], []
     for p in sorted(set(watermarks.partitions) | set(recorded)):
         low = watermarks.partitions.get(p, (0, 0))[0]
         high = watermarks.end(p)
@@ -45,6 +45,9 @@ def compute_lag(recorded: PartitionOffsets, watermarks: Watermarks, start_offset
             lag = max(0, high - committed)
             if committed > high:
                 ahead.append(str(p))
+            elif committed < low:
+                behind_low.append(str(p))
         partitions[str(p)] = PartitionLag(committed=committed, end=high, lag=lag,
                                           watermark=watermarks.partitions.get(p, (0, 0))[1])
-    return Lag(total=sum(p.lag for p in partitions.values()), partitions=partitions, ahead_partitions=ahead)
+    return Lag(total=sum(p.lag for p in partitions.values()), partitions=partitions, ahead_partitions=ahead,
+               behind_low_partitions=behind_low)

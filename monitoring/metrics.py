@@ -72,6 +72,21 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
         yield from _gauge("streamberg_ingest_last_commit_dead_letters",
                           "records dead-lettered by the last ingest commit", t, last.dead_letters)
 
+    if status.table_exists:
+        yield from _counter("streamberg_ingest_lost_offsets",
+                            "Kafka offsets the ingest skipped because the broker no longer had them "
+                            "(ingest.on_lost_offsets: skip-and-record)", t, status.ingest.lost_offsets)
+        skips = GaugeMetricFamily("streamberg_ingest_offset_skips",
+                                  "position jumps Kafka forced, recorded in the table, per partition and kind",
+                                  labels=["table", "topic", "partition", "kind"])
+        counted: dict[tuple[str, str], int] = {}
+        for skip in status.ingest.offset_skips:
+            key = (str(skip.partition), skip.kind)
+            counted[key] = counted.get(key, 0) + 1
+        for (partition, kind), n in sorted(counted.items()):
+            skips.add_metric([t, status.ingest.topic, partition, kind], float(n))
+        yield skips
+
     lag = status.ingest.lag
     if lag is not None:
         labels = ["table", "topic", "partition"]

@@ -55,6 +55,21 @@ class Lag:
     # Partitions whose recorded offset is past the broker's end: a broker that lost data,
     # a recreated topic (or, with read_last_batch off, tansu's watermark lagging by a batch).
     ahead_partitions: list[str] = field(default_factory=list)
+    # Partitions whose recorded offset is below the broker's low watermark: retention deleted
+    # records the ingest has not read (it stops or skips them: ingest.on_lost_offsets).
+    behind_low_partitions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OffsetSkipFact:
+    """A position jump Kafka forced, recorded by an ingest commit (skip-and-record)."""
+
+    partition: int
+    from_offset: int
+    to_offset: int
+    kind: str  # lost | rewound
+    lost: int  # offsets passed over (0 for a rewind)
+    at: str | None  # ISO-8601 UTC, when the ingest saw it
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,10 @@ class IngestFacts:
     topic: str
     topic_exists: bool | None  # None: the broker could not be asked
     lag: Lag | None
+    # What the table records of positions Kafka lost (never read from the broker): every jump
+    # and the offsets they passed over, all ingest commits together.
+    offset_skips: list[OffsetSkipFact] = field(default_factory=list)
+    lost_offsets: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,7 +180,8 @@ class Status:
         data = asdict(self)
         if data["ingest"]["lag"] is None:
             # Same shape whether known or not, so `["lag"]["total"]` never breaks a script.
-            data["ingest"]["lag"] = {"total": None, "partitions": {}, "ahead_partitions": []}
+            data["ingest"]["lag"] = {"total": None, "partitions": {}, "ahead_partitions": [],
+                                     "behind_low_partitions": []}
         # Health first after the identity: it is what a reader looks for.
         ordered = {"table": data.pop("table"), "checked_at": data.pop("checked_at"), "health": data.pop("health")}
         return {**ordered, **data}

@@ -36,6 +36,13 @@ def _ingest_lines(status: Status) -> list[str]:
         for p, part in ingest.lag.partitions.items():
             committed = f"{part.committed:,}" if part.committed is not None else "-"
             lines.append(f"{'':<{_WIDTH}}{p:>9} {committed:>14} {part.end:>14,} {part.lag:>12,} {part.watermark:>14,}")
+    if ingest.offset_skips:
+        lines.append(_line("lost offsets", f"{ingest.lost_offsets:,} skipped in {len(ingest.offset_skips)} jump(s) "
+                                           f"Kafka forced (skip-and-record)"))
+        for skip in ingest.offset_skips:
+            what = (f"[{skip.from_offset:,}, {skip.to_offset:,}) lost" if skip.kind == "lost"
+                    else f"went back from {skip.from_offset:,} to {skip.to_offset:,}")
+            lines.append(f"{'':<{_WIDTH}}partition {skip.partition}: {what} at {skip.at or '?'}")
     return lines
 
 

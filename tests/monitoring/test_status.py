@@ -130,7 +130,8 @@ def test_broker_down_is_critical_and_table_facts_still_shown(scenario: Scenario)
     assert code == 1 and status["health"]["verdict"] == "critical"
     assert status["ingest"]["broker"]["reachable"] is False and closed in status["ingest"]["broker"]["error"]
     assert any(r.startswith("broker unreachable") and closed in r for r in status["health"]["reasons"])
-    assert status["ingest"]["lag"] == {"total": None, "partitions": {}, "ahead_partitions": []}  # unknown, not 0
+    assert status["ingest"]["lag"] == {"total": None, "partitions": {}, "ahead_partitions": [],
+                                     "behind_low_partitions": []}  # unknown, not 0
     assert status["ingest"]["last_commit"]["snapshot_id"] == scenario.results[-1].snapshot_id
     assert status["files"]["data_files"] == sum(r.files for r in scenario.results)
 
