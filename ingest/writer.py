@@ -149,8 +149,14 @@ class IngestWriter:
         problems = position_problems(self.topic, {partition: asked}, marks) or [
             PositionProblem(self.topic, partition, asked, marks.low(partition), marks.end(partition))]
         self._position_lost(problems[0])
-        self.consumer.seek(TopicPartition(self.topic, partition, self.position[partition]))
         self.expect_first[partition] = self.position[partition]
+
+    def _reposition(self) -> None:
+        """Assign every partition again at its position (the next offset to read): a
+        partition the broker refused cannot be sought (librdkafka's erroneous state), and
+        records fetched ahead for the others are simply fetched again."""
+        assert self.consumer is not None
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
 
     def _check_first_offsets(self, partitions: list[int], offsets: list[int]) -> None:
         """The first record after a positioning must be the one asked for. Beyond it is normal
@@ -190,10 +196,21 @@ class IngestWriter:
         # The only per-record Python on the hot path: plain list comprehensions over the
         # messages (measured ~2.5M messages/s here; tuples or numpy.fromiter are 3-8x slower).
         errors = [m.error() for m in messages]
-        if errors.count(None) != len(errors):
-            messages = self._drop_errors(messages, errors)
-            if not messages:
-                return
+        # Not `errors.count(None)`: confluent-kafka's KafkaError compared with None sets a
+        # TypeError without raising it, and the next C call fails with a SystemError.
+        if any([e is not None for e in errors]):
+            messages, refused = self._drop_errors(messages, errors)
+            if messages:
+                self._take(messages)
+            # After the records before it: the jump starts where they left the position.
+            for partition in refused:
+                self._out_of_range(partition)
+            if refused:
+                self._reposition()
+            return
+        self._take(messages)
+
+    def _take(self, messages: list) -> None:
         self.messages += len(messages)
         values = [m.value() for m in messages]
         partitions = [m.partition() for m in messages]
@@ -208,18 +225,19 @@ class IngestWriter:
         for p, last in dict(zip(partitions, offsets)).items():
             self.position[p] = last + 1
 
-    def _drop_errors(self, messages: list, errors: list) -> list:
-        kept = []
+    def _drop_errors(self, messages: list, errors: list) -> tuple[list, list[int]]:
+        """The records, and the partitions whose position the broker refused."""
+        kept, refused = [], []
         for m, error in zip(messages, errors):
             if error is None:
                 kept.append(m)
             elif error.code() in _OUT_OF_RANGE:
-                self._out_of_range(m.partition())
+                refused.append(m.partition())
             elif error.code() != KafkaError._PARTITION_EOF:
                 if error.fatal():
                     raise KafkaException(error)
                 self.log.warning("kafka error", error=str(error))
-        return kept
+        return kept, refused
 
     # -- flushing ---------------------------------------------------------------------
     def _flush(self, final: bool) -> FlushUnit:

@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.postgres",
     "tests.fixtures.s3",
+    "tests.fixtures.mock_kafka",
 ]
 
 EXPECTED_SKIPS: frozenset[str] = frozenset()
