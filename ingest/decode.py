@@ -50,7 +50,7 @@ states the same rules with `json.loads`):
   depth, any field) is a number or a string written with an exponent of 10,000 or more
   (`1e-99999`, `"1e-99999"`, escapes included): pyarrow 16 crashes converting some of them to
   a decimal (see HUGE_EXPONENT). Records that could hold one and nest deeper than 500
-  brackets are refused unchecked.
+  levels are refused unchecked.
 """
 
 from __future__ import annotations
@@ -113,8 +113,13 @@ _NONFINITE = re.compile(rb"NaN|Inf")
 # holding such an exponent, or an escaped e/E that could spell one, are the suspects; only
 # they are parsed in Python to check.
 HUGE_EXPONENT = re.compile(r"[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}", re.ASCII)
-_HUGE_EXPONENT_SUSPECT = r"[eE][+-]?0*[1-9][0-9]{4}|\\u00[46]5|\\u003[0-9]"
-SUSPECT_MAX_BRACKETS = 500  # deeper suspects are refused rather than parsed recursively
+# A suspect holds such a token as a whole member value: after `"` or a `:`/`[`/`,`, and
+# before `"` or a `,`/`]`/`}` (so a hex id like "9fe12345ab" is not one), or an escaped e/E
+# or digit inside a string (which could spell one).
+_HUGE_EXPONENT_SUSPECT = (r'(?:"|[:\[,][ \t\r\n]*)[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}(?:"|[ \t\r\n]*[,\]}])'
+                          r"|\\u00[46]5|\\u003[0-9]")
+SUSPECT_MAX_DEPTH = 500  # suspects nested deeper are refused rather than parsed recursively
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 
@@ -216,6 +221,13 @@ def has_huge_exponent_member(value: bytes) -> bool | None:
     except (ValueError, RecursionError):
         return None
     return found
+
+
+def nesting_depth(value: bytes) -> int:
+    """How deep the record's arrays and objects nest, brackets inside strings not counted."""
+    skeleton = np.frombuffer(_JSON_STRING.sub(b"", value), dtype=np.uint8)
+    steps = np.isin(skeleton, (0x5B, 0x7B)).astype(np.int64) - np.isin(skeleton, (0x5D, 0x7D))
+    return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
 def _records_containing(text: bytes, token: bytes, offsets: np.ndarray) -> np.ndarray:
@@ -584,7 +596,7 @@ class JsonDecoder:
         huge, deep = [], []
         for i in suspects:
             value = raw[int(i)].as_py()
-            if value.count(b"[") + value.count(b"{") > SUSPECT_MAX_BRACKETS:
+            if nesting_depth(value) > SUSPECT_MAX_DEPTH:
                 deep.append(int(i))
             elif has_huge_exponent_member(value):
                 huge.append(int(i))

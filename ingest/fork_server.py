@@ -92,8 +92,10 @@ class ForkServer:
         socket_path = self.folder / SOCKET_NAME
         self.process = subprocess.Popen(
             # stdout is the driver's result channel (the run's summary line): not the server's.
-            [self.python, "-m", __name__, str(socket_path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            close_fds=True)
+            # -I and its own folder as working directory: nothing is imported from where the
+            # operator happens to stand (a planted shlex.py would run in every worker).
+            [self.python, "-I", "-m", __name__, str(socket_path)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, close_fds=True, cwd=self.folder)
         launcher = self.folder / LAUNCHER_NAME
         script = Path(__file__).with_name("fork_launcher.py")
         launcher.write_text(

@@ -18,7 +18,6 @@ across restarts with the same parallelism.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -27,6 +26,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position
+from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter
@@ -103,7 +103,12 @@ class IngestWriter:
         for p in mine:
             self.position[p] = recorded[p] if p in recorded else self._start_of_new_partition(p, marks)
         self.unit_start = dict(self.position)
-        for problem in position_problems(self.topic, recorded, marks):
+        problems = position_problems(self.topic, recorded, marks)
+        if problems and self.config.ingest.on_lost_offsets == "fail":
+            self.log.error("kafka positions lost; stopping (ingest.on_lost_offsets: fail)",
+                           partitions=[p.partition for p in problems])
+            raise refusal(problems, self.config.table.identifier)  # every partition, not the first only
+        for problem in problems:
             self._position_lost(problem)
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
         self.expect_first = dict(self.position)
@@ -120,7 +125,7 @@ class IngestWriter:
                       committed_snapshot=committed.snapshot_id)
 
     # -- positions -----------------------------------------------------------------------
-    def _start_of_new_partition(self, partition: int, marks: Any) -> int:
+    def _start_of_new_partition(self, partition: int, marks: Watermarks) -> int:
         """kafka.start_offset resolved to a number now, for a partition the table never
         recorded; the next unit records it even if nothing is read, so a restart starts there
         too, not at a later "latest"."""

@@ -64,15 +64,32 @@ class Num:
 
 class Obj(dict):
     dups: set
+    members: list
     huge: bool  # some member (duplicates included) is written with an exponent of 10,000 or more
 
 
 # The decoder's rule for schemas with decimal fields (ingest/decode.py, HUGE_EXPONENT): a
 # record is refused when some object member's value, at any depth, is a number or a string
-# written with an exponent of 10,000 or more; records that could hold one (SUSPECT) and nest
-# deeper than 500 brackets are refused unchecked.
+# written with an exponent of 10,000 or more; records that could hold one (SUSPECT: such a
+# token standing as a whole member value, or an escaped e/E or digit) and nest deeper than
+# 500 levels are refused unchecked.
 HUGE_EXPONENT = re.compile(r"[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}", re.ASCII)
-SUSPECT = re.compile(rb"[eE][+-]?0*[1-9][0-9]{4}|\\u00[46]5|\\u003[0-9]")
+SUSPECT = re.compile(rb'(?:"|[:\[,][ \t\r\n]*)[+-]?[0-9.]*[eE][+-]?0*[1-9][0-9]{4,}(?:"|[ \t\r\n]*[,\]}])'
+                     rb"|\\u00[46]5|\\u003[0-9]")
+
+
+def _depth(value: Any) -> int:
+    """Levels of arrays and objects, counted on the parsed value (iteratively: no recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in getattr(item, "members", item.values()))
+        elif isinstance(item, list):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in item)
+    return deepest
 
 
 def _written_huge(v: Any) -> bool:
@@ -83,6 +100,7 @@ def _written_huge(v: Any) -> bool:
 def _pairs(pairs: list[tuple[str, Any]]) -> Obj:
     obj = Obj()
     obj.dups = set()
+    obj.members = [v for _, v in pairs]  # duplicates' values too (they nest like the rest)
     obj.huge = any(_written_huge(v) for _, v in pairs)
     for k, v in pairs:
         if k in obj:
@@ -268,8 +286,8 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
     if text.startswith("\ufeff"):
         return "bad", "bom"
     try:
-        deep = value.count(b"[") + value.count(b"{") > 500
-        obj = _loads_deep(text) if deep else _loads(text)
+        bracketed = value.count(b"[") + value.count(b"{") > 500
+        obj = _loads_deep(text) if bracketed else _loads(text)
     except (ValueError, RecursionError) as exc:
         return "bad", f"json: {exc}"
     if not isinstance(obj, dict):
@@ -277,7 +295,7 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
     if _has_lone_surrogate(obj):
         return "bad", "lone surrogate"
     if any(isinstance(f.field_type, DecimalType) for f in schema.fields) and SUSPECT.search(value) and (
-            deep or _holds_huge_member(obj)):
+            _depth(obj) > 500 or _holds_huge_member(obj)):
         return "bad", "huge exponent"
     names = {f.name for f in schema.fields}
     if obj.dups & names:

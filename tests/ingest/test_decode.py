@@ -234,3 +234,33 @@ def test_rows_stay_in_input_order_when_records_are_retried_with_the_other_timest
     result = JsonDecoder(EPOCH_SCHEMA, 4096).decode(batch)
     assert result.rejected == []
     assert result.table.column("id").to_pylist() == [0, 1, 2, 3] and list(result.kept) == [0, 1, 2, 3]
+
+
+def test_valid_records_that_only_look_like_huge_exponents_are_taken() -> None:
+    """Hex ids ("9fe12345ab"), escaped characters and many line items (600 brackets in all,
+    3 levels deep) in a schema with a decimal field: all valid, all kept. Each used to be a
+    "huge exponent" suspect, and suspects with over 500 brackets in total were refused."""
+    decoder = JsonDecoder(SCHEMA, max_record_bytes=1 << 22)
+    items = [{"sku": f"sku-{i:x}e12345", "qty": i, "note": "[{"} for i in range(600)]
+    batch = [
+        json.dumps({"id": 1, "ts": TS, "amount": 1.25, "name": "9fe12345ab"}).encode(),
+        json.dumps({"id": 2, "ts": TS, "amount": 2.5, "name": "caf\u00e9 \\u0065"}, ensure_ascii=True).encode(),
+        json.dumps({"id": 3, "ts": TS, "amount": 3.75, "order": {"items": items}, "name": "x"}).encode(),
+        json.dumps({"id": 4, "ts": TS, "amount": 4, "order": {"items": items}, "ref": "\\u0065"}).encode(),
+    ]
+    result = decoder.decode(batch)
+    assert result.rejected == [] and result.table.column("id").to_pylist() == [1, 2, 3, 4]
+
+
+def test_a_huge_exponent_is_still_refused_at_any_depth_and_deep_suspects_unchecked() -> None:
+    decoder = JsonDecoder(SCHEMA, max_record_bytes=1 << 22)
+    deep = b'{"id": 3, "ts": "' + TS.encode() + b'", "x": ' + b"[" * 600 + b'"1e99999"' + b"]" * 600 + b"}"
+    brackets_in_strings = json.dumps({"id": 4, "ts": TS, "name": "[" * 600, "ref": "1e99999"}).encode()
+    batch = [json.dumps({"id": 1, "ts": TS, "a": {"b": [{"c": 1e-5, "d": "-1.5E+100000"}]}}).encode(),
+             b'{"id": 2, "ts": "' + TS.encode() + b'", "a": [{"b" : 2e-100000 }]}', deep, brackets_in_strings]
+    result = decoder.decode(batch)
+    reasons = dict(result.rejected)
+    assert sorted(reasons) == [0, 1, 2, 3]
+    assert "exponent of 10,000 or more" in reasons[0] and "exponent of 10,000 or more" in reasons[1]
+    assert "nested too deeply" in reasons[2] or "nest" in reasons[2]
+    assert "exponent of 10,000 or more" in reasons[3]  # checked (3 levels), not refused as deep

@@ -212,3 +212,19 @@ def test_without_a_server_the_launcher_starts_the_worker_itself(tmp_path: Path) 
     assert result.returncode == 1
     assert "No id provided" in result.stdout
     assert "fork server is not running" in result.stderr
+
+
+def test_nothing_is_imported_from_the_operators_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """A module planted where the operator starts `streamberg ingest` must not run in the
+    server or in any worker it forks."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "imported"
+    for name in ("shlex", "json", "socket", "runpy"):
+        (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(planted)
+    with ForkServer() as running:
+        _wait_ready(running)
+        result = subprocess.run([running.launcher, *BOOT], capture_output=True, text=True, timeout=60, cwd=planted)
+        assert result.returncode == 1 and "No id provided" in result.stdout
+    assert not marker.exists(), marker.read_text()

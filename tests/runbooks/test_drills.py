@@ -410,3 +410,31 @@ def test_disk_full(tmp_path: Path, broker: str, small_filesystem: Path, drills) 
     facts = drill.run("check").expect(0).json()
     assert facts["reconciles"] is True
     _stopped_gracefully(running, "SIGINT")
+
+
+@pytest.mark.flink
+def test_lost_offsets(tmp_path: Path, mock_kafka, drills) -> None:
+    """Retention ran ahead of a stopped ingest (librdkafka's mock cluster deletes old segments;
+    tansu keeps everything)."""
+    from tests.ingest.test_lost_offsets import _commit_first_ten, _events
+
+    config_path = _config(tmp_path, mock_kafka.bootstrap, monitoring={"broker_timeout_seconds": 10})
+    config = config_at(config_path)
+    from streamberg.common.catalog import open_tables
+
+    open_tables(config)
+    _commit_first_ten(config)
+    low = mock_kafka.produce_until_low_passes(config.kafka.topic, 10)
+    _events(config, 0, range(1000, 1020))
+    drill = drills("lost-offsets.md", CONFIG=str(config_path))
+
+    status = drill.run("confirm").expect(1).json()
+    assert status["health"]["verdict"] == "critical" and status["ingest"]["lag"]["behind_low_partitions"] == ["0"]
+    outcome = json.loads(drill.run("fix", timeout=400).expect(0).stdout.strip().splitlines()[-1])
+    assert outcome["consumed"] > 0, outcome
+    facts = drill.run("check").expect(0).json()
+    skip = facts["offset_skips"][0]
+    assert (skip["partition"], skip["from"], skip["to"], skip["kind"]) == (0, 10, low, "lost")
+    assert facts["lost_offsets"] == low - 10 and facts["counts_match"] and facts["reconciles"] is False
+    assert facts["committed_offsets"]["partitions"]["0"] >= low
+    assert set(range(1000, 1020)) <= set(table_ids(config))
