@@ -83,6 +83,9 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]{1,19}")  # an environment override of an int
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,20}(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
 
 
+MAX_RECORD_BYTES = 500_000_000
+
+
 def _int(lo: int, hi: int, optional: bool = False) -> PlainValidator:
     """An integer in [lo, hi]. Booleans and fractional numbers are refused (pydantic's lax
     mode takes `true` as 1); a string of digits is taken, as environment overrides are strings."""
@@ -222,7 +225,7 @@ class CatalogConfig(_Section):
 class FieldConfig(_Section):
     name: Identifier
     type: str
-    required: bool = False
+    required: Bool = False
     doc: str | None = None
     # Unit of integer epochs in a timestamp/timestamptz field (ISO-8601 strings are always
     # accepted too); unset means ms, the common choice of JSON events on Kafka.
@@ -317,8 +320,10 @@ class IngestConfig(_Section):
     # Upper bound of records fetched by one poll (one decode batch).
     max_poll_records: Annotated[int, _int(1, 1_000_000)] = 5000
     poll_timeout_seconds: Annotated[float, _float(0, 3600)] = 0.2
-    # A record larger than this is dead-lettered as oversized.
-    max_record_bytes: Annotated[int, _int(1, 2**31 - 1)] = 1024 * 1024
+    # A record larger than this is dead-lettered as oversized. At most what the writers'
+    # consumer can be set to fetch (MAX_RECORD_BYTES: librdkafka caps max.partition.fetch.bytes,
+    # which the writer sets to twice this, at 10^9).
+    max_record_bytes: Annotated[int, _int(1, MAX_RECORD_BYTES)] = 1024 * 1024
     # Rows buffered per open file before a Parquet row group is written.
     row_group_rows: Annotated[int, _int(1, MAX_COUNT)] = 131072
     # Identifies this ingest job in snapshot summaries; defaults to "ingest:<table>".
@@ -337,7 +342,7 @@ class IngestConfig(_Section):
     # Local runs: fork the Python workers from one process that imported Beam, PyFlink and
     # streamberg once (ingest/fork_server.py) instead of starting a fresh interpreter for
     # each; false starts each worker anew (slower start-up and restarts, same isolation).
-    fork_python_workers: bool = True
+    fork_python_workers: Bool = True
     # Extra Flink configuration (key: value), e.g. {"taskmanager.memory.process.size": "2g"}.
     flink: Properties = Field(default_factory=dict)
 
@@ -581,7 +586,7 @@ class MaintenanceConfig(_Section):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # Orphan removal deletes unreferenced files under the table location: it refuses a table
     # located outside catalog.warehouse unless this is true (maintenance/confine.py).
-    allow_location_outside_warehouse: bool = False
+    allow_location_outside_warehouse: Bool = False
 
 
 Component = Literal["ingest", "compact", "maintain"]
@@ -938,8 +943,31 @@ def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
         raise ConfigError(_format_errors(str(path), exc)) from None
     except SettingsError as exc:
         raise _env_error(exc) from None
+    config = _absolute_overrides(config)
     _register_secrets(config)
     return config
+
+
+def _absolute_overrides(config: StreambergConfig) -> StreambergConfig:
+    """Paths from the file were made absolute against its folder before validation; a path
+    still relative came from an environment override: absolute against the working directory
+    the operator gave it in, so every process of the run (Flink workers, the supervisor's
+    children, Spark) means the same folder."""
+    cwd = Path.cwd()
+    updates: dict[str, Any] = {}
+    catalog = config.catalog
+    if catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") and _is_path(catalog.uri):
+        catalog = catalog.model_copy(update={"uri": "sqlite:///" + str(cwd / catalog.uri.removeprefix("sqlite:///"))})
+    if "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
+        catalog = catalog.model_copy(update={"warehouse": "file://" + str(cwd / catalog.warehouse)})
+    if catalog is not config.catalog:
+        updates["catalog"] = catalog
+    if not Path(config.ingest.state_dir).is_absolute():
+        updates["ingest"] = config.ingest.model_copy(update={"state_dir": str(cwd / config.ingest.state_dir)})
+    checkpoint = config.compactor.checkpoint_dir
+    if checkpoint and "://" not in checkpoint and not Path(checkpoint).is_absolute():
+        updates["compactor"] = config.compactor.model_copy(update={"checkpoint_dir": str(cwd / checkpoint)})
+    return config.model_copy(update=updates) if updates else config
 
 
 def dump_config(config: StreambergConfig) -> dict[str, Any]:

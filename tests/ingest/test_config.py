@@ -49,6 +49,13 @@ BAD = {
     "epoch unit on a string": (lambda d: d["table"]["schema"][2].update(unit="ms"),
                                "table.schema.2.unit: an epoch unit only applies to timestamp/timestamptz fields, this one is string"),
     "duplicate field": (lambda d: d["table"]["schema"].append({"name": "id", "type": "long"}), "duplicate field names ['id']"),
+    # Beyond what librdkafka takes for the writers' fetch sizes: it used to validate, then
+    # crash-loop every writer.
+    "ingest.max_record_bytes": (lambda d: d["ingest"].update(max_record_bytes=600_000_000),
+                                "ingest.max_record_bytes: must be an integer between 1 and 500000000"),
+    "yes is no boolean": (lambda d: d.update(maintenance={"allow_location_outside_warehouse": "yes"}),
+                          "maintenance.allow_location_outside_warehouse: must be true or false"),
+    "on_lost_offsets": (lambda d: d["ingest"].update(on_lost_offsets="skip"), "ingest.on_lost_offsets"),
 }
 
 
@@ -107,3 +114,33 @@ def test_cli_exit_code_and_message_in_a_real_process(good_config: Path) -> None:
     assert proc.returncode == 2
     assert "ingest.commit_interval_seconds" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_largest_max_record_bytes_makes_a_consumer_librdkafka_accepts(good_config: Path) -> None:
+    from confluent_kafka import Consumer
+
+    from streamberg.common.config import MAX_RECORD_BYTES
+    from streamberg.ingest.writer import consumer_settings
+
+    config = load_config(_mutate(good_config, lambda d: d["ingest"].update(max_record_bytes=MAX_RECORD_BYTES)))
+    Consumer(consumer_settings(config)).close()  # raises KafkaException on a setting out of range
+
+
+def test_relative_paths_from_the_environment_are_made_absolute(good_config: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of a run (Flink workers, the supervisor's children) must mean the same
+    folder: relative paths given by environment overrides are taken from the working directory."""
+    elsewhere = tmp_path / "operator"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("STREAMBERG_INGEST__STATE_DIR", "state-here")
+    monkeypatch.setenv("STREAMBERG_CATALOG__URI", "sqlite:///cat.db")
+    monkeypatch.setenv("STREAMBERG_CATALOG__WAREHOUSE", "wh")
+    monkeypatch.setenv("STREAMBERG_COMPACTOR__CHECKPOINT_DIR", "ckpt")
+    config = load_config(good_config)
+    assert config.ingest.state_dir == str(elsewhere / "state-here")
+    assert config.catalog.uri == f"sqlite:///{elsewhere / 'cat.db'}"
+    assert config.catalog.warehouse == f"file://{elsewhere / 'wh'}"
+    assert config.compactor.checkpoint_dir == str(elsewhere / "ckpt")
+    monkeypatch.delenv("STREAMBERG_INGEST__STATE_DIR")
+    assert load_config(good_config).ingest.state_dir == str(good_config.parent / "state")  # the file's: its folder
