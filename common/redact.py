@@ -34,13 +34,21 @@ MASK = "***"
 _SECRET_KEY_WORDS = (
     r"password|passwd|passphrase|pwd|secret|token|credential|"
     r"access[-_.]?key|account[-_.]?key|api[-_.]?key|private[-_.]?key|sas[-_.]?key|sse[-_.]?key|"
-    r"signature|bearer"
+    r"signature|bearer|authorization|key[-_.]?pem"
 )
 _SECRET_KEY = re.compile(rf"(?:{_SECRET_KEY_WORDS})", re.IGNORECASE)
 
 # scheme://user:PASSWORD@host -- the password runs to the last "@" of the token (SQLAlchemy
 # parses it that way), so a password containing "@" is masked whole.
-_USERINFO = re.compile(r"(?P<head>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"<>]*:)(?P<secret>[^\s'\"<>]*)(?=@)")
+# A password may hold spaces (psycopg2 and SQLAlchemy take them, percent-encoded or not):
+# it runs to the last "@" on the line, which may mask more than the password, never less.
+_USERINFO = re.compile(r"(?P<head>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"<>]*:)(?P<secret>[^\n'\"<>]*)(?=@)")
+# An HTTP credential: `Authorization: Basic dXNlcjpwYXNz`, `Bearer eyJ...` (the scheme kept).
+_AUTH_HEADER = re.compile(r"(?i)(?P<head>(?:proxy-)?authorization['\"]?[ \t]*[:=][ \t]*['\"]?"
+                          r"(?:(?:basic|bearer|digest|negotiate|ntlm|aws4-hmac-sha256)[ \t]+)?)(?P<secret>[^\s'\"]+)")
+# A private key in PEM form (ssl.key.pem, a key file quoted in an error), masked whole.
+_PEM_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+                      re.DOTALL)
 
 # key=value, key: value, "key": "value", 'key': 'value', key -> value (Scala maps), where
 # the key name looks secret. The key starts only where a key token can start (the
@@ -49,7 +57,8 @@ _USERINFO = re.compile(r"(?P<head>(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*:/
 # is decided after the match (_secret_values), for the same reason and so that a key that
 # is not secret consumes no value ("sqlite:///x.db?password=..." still finds the password).
 _KEY_SEP = re.compile(r"(?<![A-Za-z0-9_.\-])(?P<key>[A-Za-z0-9_.\-]+)(?P<sep>['\"]?[ \t]*(?:=|:|->)[ \t]*)")
-_QUOTED = re.compile(r"(['\"])([^'\"\n]*)\1")
+# A quoted value, backslash escapes included (`"pass\"word"` is one value).
+_QUOTED = re.compile(r"(['\"])((?:[^'\"\\\n]|\\.)*)\1")
 _BARE = re.compile(r"[^\s&;,'\"}\])]+")
 
 
@@ -138,7 +147,9 @@ def redact(text: str) -> str:
     pattern = _literal_re
     if pattern is not None:
         text = pattern.sub(MASK, text)
+    text = _PEM_KEY.sub(MASK, text)
     text = _USERINFO.sub(lambda m: m.group("head") + MASK, text)
+    text = _AUTH_HEADER.sub(lambda m: m.group("head") + MASK, text)
     return _mask_key_values(text)
 
 
@@ -164,6 +175,22 @@ def redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
     return out
 
 
+_PLAIN = (str, int, float, bool, type(None), Mapping, list, tuple)
+
+
+def _loggable(value: Any) -> Any:
+    """A log value the renderer would turn into text by itself (an exception, a path, any
+    object), turned into text here, so that it is redacted too."""
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}: {value}"
+    if isinstance(value, Mapping):
+        return {k: _loggable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_loggable(v) for v in value)
+    return value if isinstance(value, _PLAIN) else str(value)
+
+
 def redact_log_event(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    """structlog processor: every string value of a log line redacted, secret-named keys masked."""
-    return redact_mapping(event_dict)
+    """structlog processor: every value of a log line redacted (objects as their text),
+    secret-named keys masked."""
+    return redact_mapping({k: v if k == "exc_info" else _loggable(v) for k, v in event_dict.items()})

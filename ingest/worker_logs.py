@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from streamberg.common.redact import redact
+
 WORKER_LOG_NAME = "workers.log"
 
 
@@ -79,7 +81,9 @@ class WorkerLogRelay:
             self._emit(complete + b"\n")
 
     def _emit(self, data: bytes) -> None:
-        self.write(data.decode("utf-8", errors="replace"))
+        # Worker lines include what structlog did not write (a forked worker's traceback,
+        # Beam's own lines): redacted here, with the driver's registered secrets.
+        self.write(redact(data.decode("utf-8", errors="replace")))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

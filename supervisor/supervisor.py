@@ -46,6 +46,7 @@ from typing import IO, Any
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import FENCED_MESSAGE
+from streamberg.common.redact import redact
 
 # Component name -> the `streamberg` subcommand arguments that run it continuously.
 COMMANDS = {
@@ -231,7 +232,10 @@ class Supervisor:
 
     def _relay(self, comp: Component, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
-        for text in proc.stdout:
+        for raw in proc.stdout:
+            # A child's lines are its own (structlog redacts them), but JVM and librdkafka
+            # lines and tracebacks are not: every relayed line is redacted here.
+            text = redact(raw)
             comp.tail.append(text)
             self.output.line(comp.name, text)
 

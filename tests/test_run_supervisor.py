@@ -164,3 +164,28 @@ def test_status_line_stays_below_the_component_lines_on_a_terminal() -> None:
                       "maintain| expired 3 snapshots", second]
     output.close()
     assert _screen(terminal.getvalue())[:-1] == screen[:-1] and _screen(terminal.getvalue())[-1] == ""  # line gone
+
+
+def test_relayed_child_lines_are_redacted(tmp_path: Path) -> None:
+    """What a child prints outside structlog (a JVM line, a traceback) passes the supervisor's
+    redaction: here a child that fails printing the catalog URI with its password."""
+    from streamberg.common.redact import register_secret
+    from streamberg.supervisor.supervisor import Supervisor
+
+    register_secret("child-secret-42")
+    lines: list[tuple[str, str]] = []
+
+    class _Output:
+        def line(self, name: str, text: str) -> None:
+            lines.append((name, text))
+
+    supervisor = Supervisor.__new__(Supervisor)
+    supervisor.output = _Output()
+    comp = type("Comp", (), {"tail": [], "name": "ingest"})()
+    proc = subprocess.Popen([sys.executable, "-c", "print('jdbc url postgresql://u:child-secret-42@db/c'); "
+                                                   "print('Authorization: Basic dXNlcjpwYXNz')"],
+                            stdout=subprocess.PIPE, text=True)
+    supervisor._relay(comp, proc)
+    proc.wait(10)
+    text = "".join(t for _, t in lines)
+    assert "child-secret-42" not in text and "dXNlcjpwYXNz" not in text and "u:***@db" in text

@@ -55,3 +55,18 @@ def test_lines_of_two_worker_processes_arrive_whole(tmp_path: Path) -> None:
     assert len(lines) == 4000
     for writer in (0, 1):
         assert [e["i"] for e in lines if e["writer"] == writer] == list(range(2000))
+
+
+def test_relayed_lines_are_redacted(tmp_path: Path) -> None:
+    """A forked worker's traceback or Beam's own line is not structlog's: the relay redacts it."""
+    from streamberg.common.redact import register_secret
+
+    register_secret("relay-secret-77")
+    path = tmp_path / "workers.log"
+    out: list[str] = []
+    relay = WorkerLogRelay(path, write=out.append)
+    path.write_bytes(b"Traceback (most recent call last):\n  psycopg2: postgresql://u:relay-secret-77@db/c\n"
+                     b"sasl.password=other-secret-88\n")
+    relay.stop()
+    text = "".join(out)
+    assert "relay-secret-77" not in text and "other-secret-88" not in text and text.count("***") == 2

@@ -27,6 +27,13 @@ MASKED = [
     ("AWS_SECRET_ACCESS_KEY=abcdEFGH1234", "abcdEFGH1234"),
     ("client.session-token=FQoGZXIvYXdzE", "FQoGZXIvYXdzE"),
     ("adls.account-key=bWFkZS11cA==", "bWFkZS11cA=="),
+    # Each of these reached output before (issue 18, part 4).
+    ('{"sasl.password": "ab\\"cd-efgh-secret"}', 'cd-efgh-secret'),  # an escaped quote in the value
+    ("postgresql://ingest:pass word here@db/catalog", "word here"),  # spaces in a URI password
+    ("GET /v1/config Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+    ("headers={'Authorization': 'Bearer eyJhbGciOi.secret'}", "eyJhbGciOi.secret"),
+    ("ssl.key.pem=-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkq\n-----END PRIVATE KEY-----", "MIIEvQIBADANBgkq"),
+    ("could not load -----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHzBJBgkq", "MIIFHzBJBgkq"),
 ]
 
 KEPT = [
@@ -60,6 +67,17 @@ def test_registered_secret_is_masked_in_any_surrounding() -> None:
     # Short values are not registered: they would mask ordinary words.
     register_secret("abc")
     assert redact("abc def") == "abc def"
+
+
+def test_log_values_that_are_objects_are_redacted_as_their_text() -> None:
+    from pathlib import Path
+
+    error = RuntimeError("connect to postgresql://ingest:obj-secret-9@db/c failed")
+    event = redact_log_event(None, "error", {"event": "x", "error": error, "where": Path("/tmp/x"),
+                                             "nested": {"errors": [ValueError("password=zzz-secret-1")]}})
+    text = json.dumps(event)
+    assert "obj-secret-9" not in text and "zzz-secret-1" not in text
+    assert event["error"].startswith("RuntimeError: connect to postgresql://ingest:***@db/c") and event["where"] == "/tmp/x"
 
 
 def test_mapping_masks_secret_keys_and_redacts_the_rest() -> None:
