@@ -7,8 +7,10 @@ Production runs point `kafka.bootstrap_servers` at a real Kafka cluster instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -156,15 +158,44 @@ class EmbeddedBroker:
             self.info_file.unlink(missing_ok=True)
             raise BrokerError(f"not stopping pid {info.pid}: {why}; removed the stale state file {self.info_file}")
         try:
-            os.kill(info.pid, signal.SIGTERM)
-            for _ in range(50):
-                os.kill(info.pid, 0)
-                time.sleep(0.1)
-            os.kill(info.pid, signal.SIGKILL)
+            # A pidfd names this process, not its number: once it is open (and the process
+            # checked again through it), no signal can reach another process that got the pid
+            # after the broker exited.
+            pidfd = os.pidfd_open(info.pid)
         except ProcessLookupError:
-            pass
+            pidfd = None
+        if pidfd is not None:
+            try:
+                why = info.not_ours()
+                if why is not None:
+                    self.info_file.unlink(missing_ok=True)
+                    raise BrokerError(f"not stopping pid {info.pid}: {why}; removed the stale state file "
+                                      f"{self.info_file}")
+                _terminate(pidfd, STOP_GRACE_SECONDS)
+            finally:
+                os.close(pidfd)
+            # Exited; its new parent (init or a subreaper) reaps it in a moment, and a caller
+            # that looks right after should not see it (the start time tells it from a reuse).
+            deadline = time.monotonic() + 2.0
+            while process_start_time(info.pid) == info.start_time and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.info_file.unlink(missing_ok=True)
         return True
+
+
+STOP_GRACE_SECONDS = 5.0
+
+
+def _terminate(pidfd: int, grace_seconds: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within the grace period (all
+    through the pidfd: a pidfd becomes readable when its process exits)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        if not poller.poll(int(grace_seconds * 1000)):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            poller.poll(int(grace_seconds * 1000))
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 15.0) -> None:

@@ -44,13 +44,19 @@ class Place:
         return self.filesystem == ""
 
 
+# Schemes that name the same store (Hadoop's connectors and their TLS variants): one bucket
+# reached as s3:// and s3a:// is one file system, and a table inside it is inside it.
+_SAME_STORE = {"s3a": "s3", "s3n": "s3", "abfss": "abfs", "wasbs": "wasb", "gcs": "gs"}
+
+
 def place(location: str) -> Place:
     parts = urlsplit(location)
     if parts.scheme in ("", "file"):
         raw = parts.path if parts.scheme else location
         return Place("", posixpath.normpath(raw) if raw else "/", raw)
     raw = parts.path or "/"
-    return Place(f"{parts.scheme.lower()}://{parts.netloc}", posixpath.normpath(raw), raw)
+    scheme = parts.scheme.lower()
+    return Place(f"{_SAME_STORE.get(scheme, scheme)}://{parts.netloc.lower()}", posixpath.normpath(raw), raw)
 
 
 def is_within(child: Place, parent: Place) -> bool:
@@ -90,7 +96,9 @@ def check_location(settings: MaintenanceConfig, warehouse_path: str, catalog: Ca
                 raise LocationRefused(
                     f"cannot read the location of table {name} ({type(exc).__name__}: {str(exc)[:200]}); orphan "
                     f"removal on {identifier} needs every table's location to be sure none lies inside it") from None
-            if is_within(place(other_location), table_place):
+            # Where the folders really are: another table's location may be a symlink into this one.
+            if is_within(place(other_location), table_place) or \
+                    is_within(_real(place(other_location)), _real(table_place)):
                 raise LocationRefused(
                     f"table {identifier} at {location} contains table {name} (at {other_location}); orphan removal "
                     f"would delete {name}'s files as unreferenced, so it refuses to run. Give each table a "

@@ -52,3 +52,26 @@ def test_stop_stops_the_broker_it_started(tmp_path: Path) -> None:
     assert run.returncode == 0 and json.loads(run.stdout) == {"status": "stopped"}
     assert process_start_time(pid) is None and not port_open("127.0.0.1", port)
     assert _stop(tmp_path).stdout.strip() == json.dumps({"status": "not running"})
+
+
+def test_stop_signals_through_a_pidfd_and_kills_after_the_grace(tmp_path: Path) -> None:
+    """The signals go through a pidfd, which names the process, not its number: a process that
+    ignores SIGTERM is killed after the grace period, and once the process is gone the pidfd
+    signals nothing (where the old code sent SIGKILL to whatever held the pid by then)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from streamberg.common.broker import _terminate
+
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline().strip() == "ready"
+    pidfd = os.pidfd_open(stubborn.pid)
+    started = time.monotonic()
+    _terminate(pidfd, grace_seconds=1.0)
+    assert stubborn.wait(5) == -9 and 0.9 < time.monotonic() - started < 5
+    _terminate(pidfd, grace_seconds=1.0)  # the process is gone and reaped: nothing to signal, no error
+    os.close(pidfd)

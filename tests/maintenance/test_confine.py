@@ -128,6 +128,30 @@ def test_location_containing_another_table_is_refused(spark, tmp_path: Path) -> 
     load_catalog(config.catalog).load_table("db.inner")  # still loads
 
 
+def test_a_table_whose_location_is_a_symlink_into_this_one_is_found(spark, tmp_path: Path) -> None:
+    """Another table's location outside this one by name, inside it by its real path."""
+    config, _ = setup_maintained(tmp_path / "t", ORPHANS_ON)
+    FakeIngest(config, seed=17).append(50)
+    outer = reload(config)
+    hidden = Path(local_path(outer.location())) / "hidden"
+    hidden.mkdir()
+    link = tmp_path / "t" / "elsewhere"
+    link.symlink_to(hidden)
+    inner = _create_at(config, "db.linked", f"file://{link}")
+    age_files(files_on_disk(outer), TWO_DAYS)
+    inner_files = _tree(hidden)
+    assert inner_files
+
+    result = _maintain(spark, config)
+
+    step = result["orphan_files"]
+    assert result["status"] == "failed" and step["ran"] is False
+    assert "contains table db.linked" in step["error"], step
+    assert _tree(hidden) == inner_files
+    load_catalog(config.catalog).load_table("db.linked")  # still loads
+    assert inner.location().endswith("elsewhere")
+
+
 @pytest.mark.parametrize(("path", "reason"), [
     ("file:///w/t/data/../../other/x.parquet", "the path contains '..'"),
     ("file:///w/other/x.parquet", "outside the table location"),
@@ -137,6 +161,15 @@ def test_location_containing_another_table_is_refused(spark, tmp_path: Path) -> 
 ])
 def test_candidate_paths_outside_the_location(path: str, reason: str | None) -> None:
     assert outside_reason(path, "file:///w/t") == reason
+
+
+def test_one_bucket_under_two_schemes_is_one_store() -> None:
+    from streamberg.maintenance.confine import is_within, place
+
+    assert outside_reason("s3a://bucket/w/t/data/x.parquet", "s3://bucket/w/t") is None
+    assert is_within(place("s3a://Bucket/w/t/inner"), place("s3://bucket/w/t"))
+    assert is_within(place("abfss://c@acct.dfs.core.windows.net/w/t/i"), place("abfs://c@acct.dfs.core.windows.net/w/t"))
+    assert not is_within(place("s3a://other/w/t/inner"), place("s3://bucket/w/t"))
 
 
 def test_object_store_prefixes_need_a_path_boundary() -> None:
