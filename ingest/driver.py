@@ -21,7 +21,7 @@ from typing import Any
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
-from streamberg.ingest.fork_server import ForkServer
+from streamberg.ingest.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.job import (
     LOST_OFFSETS_MARKER,
     build_job,
@@ -217,8 +217,17 @@ def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[Fork
     if worker_mode != "process" or not config.ingest.fork_python_workers:
         yield None
         return
-    with ForkServer() as server:
+    try:
+        server = ForkServer().start()
+    except ForkServerUnavailable as exc:
+        get_logger("ingest.driver").warning("Python workers start without the fork server (slower start-up)",
+                                            reason=str(exc))
+        yield None
+        return
+    try:
         yield server
+    finally:
+        server.stop()
 
 
 def _progress_bar(total: int | None, enabled: bool) -> Any:  # a tqdm bar, or None off a terminal

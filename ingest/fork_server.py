@@ -43,6 +43,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -63,6 +64,8 @@ PRELOAD = (
 # The commands the launcher hands over: `python -m MODULE ...` (the workers) and `python -c
 # CODE ...` (Flink asking the interpreter for PyFlink's folder before each worker).
 FORKED_OPTIONS = ("-m", "-c")
+FOLDER_PREFIX = "streamberg-workers-"
+OWNER_NAME = "server"  # "<pid> <start time>" of the server that owns the folder
 SOCKET_NAME = "workers.sock"
 LAUNCHER_NAME = "python-worker"
 PROCESS_NAME = b"pyflink-worker"  # what `ps`/`top` show for a forked worker (/proc/PID/comm)
@@ -86,9 +89,16 @@ class ForkServer:
         return str(self.folder / LAUNCHER_NAME)
 
     def start(self) -> ForkServer:
+        remove_stale_folders()
         # A short private path: a Unix socket path must stay under 108 bytes, and a state dir
         # can be deep. mkdtemp makes the folder 0700.
-        self.folder = Path(tempfile.mkdtemp(prefix="streamberg-workers-"))
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        if os.statvfs(self.folder).f_flag & os.ST_NOEXEC:
+            # Flink executes the launcher script: on a noexec temp folder it could not.
+            self.folder.rmdir()
+            self.folder = None
+            raise ForkServerUnavailable(f"the temp folder {tempfile.gettempdir()} is mounted noexec; set TMPDIR to "
+                                        f"an executable folder to fork the Python workers")
         socket_path = self.folder / SOCKET_NAME
         self.process = subprocess.Popen(
             # stdout is the driver's result channel (the run's summary line): not the server's.
@@ -103,6 +113,9 @@ class ForkServer:
             f"exec {shlex.quote(self.python)} -I -S {shlex.quote(str(script))} "
             f"{shlex.quote(str(socket_path))} {self.process.pid} {shlex.quote(self.python)} \"$@\"\n")
         launcher.chmod(0o700)
+        # Who owns the folder: the next start removes it if this server was killed (kill -9
+        # leaves no one to clean up).
+        (self.folder / OWNER_NAME).write_text(f"{self.process.pid} {_start_time(self.process.pid)}\n")
         return self
 
     def stop(self) -> None:
@@ -117,7 +130,7 @@ class ForkServer:
                 self.process.wait()
             self.process = None
         if self.folder is not None:
-            for name in (SOCKET_NAME, LAUNCHER_NAME):
+            for name in (SOCKET_NAME, LAUNCHER_NAME, OWNER_NAME):
                 with contextlib.suppress(OSError):
                     (self.folder / name).unlink()
             with contextlib.suppress(OSError):
@@ -129,6 +142,56 @@ class ForkServer:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+class ForkServerUnavailable(RuntimeError):
+    """The fork server cannot run here; the workers start with a fresh interpreter each."""
+
+
+def _start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat: with the pid, it names one process for good."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def remove_stale_folders(root: str | None = None) -> list[Path]:
+    """Remove this user's fork-server folders whose server is gone (kill -9 leaves no one to
+    clean up); return them."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
+        try:
+            info = folder.lstat()
+        except OSError:
+            continue
+        if not stat_is_private_dir(info) or _owner_alive(folder, info):
+            continue
+        for entry in folder.iterdir():
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+            removed.append(folder)
+    return removed
+
+
+def _owner_alive(folder: Path, info: os.stat_result) -> bool:
+    try:
+        pid, started = (folder / OWNER_NAME).read_text().split()
+        return str(_start_time(int(pid))) == started
+    except (OSError, ValueError):
+        # No owner file: a server still starting (it writes the file last), or an older
+        # streamberg's folder, removed once it is a day old.
+        return time.time() - info.st_mtime < 86400
+
+
+def stat_is_private_dir(info: os.stat_result) -> bool:
+    """A real folder (no symlink) of this user, 0700: the only kind a server of ours makes."""
+    import stat
+
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
 # -- the server process ------------------------------------------------------------------------
@@ -246,6 +309,8 @@ class _Server:
         self.socket_path = socket_path
         self.selector = selectors.DefaultSelector()
         self.workers: dict[int, socket.socket] = {}  # worker pid -> its launcher's connection
+        self.pending: dict[socket.socket, float] = {}  # connected launchers -> deadline of their request
+        self.server_pid = os.getpid()
         self.running = True
 
     def listen(self) -> None:
@@ -276,9 +341,11 @@ class _Server:
         self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "driver")
         try:
             while self.running:
-                for key, _events in self.selector.select():
+                for key, _events in self.selector.select(timeout=1.0 if self.pending else None):
                     if key.data == "accept":
                         self._accept()
+                    elif key.data == "request":
+                        self._request(key.fileobj)
                     elif key.data == "wake":
                         with contextlib.suppress(OSError):
                             os.read(wake_read, 4096)
@@ -288,6 +355,7 @@ class _Server:
                             self._stop()
                     else:
                         self._launcher_event(key.fileobj, key.data)
+                self._expire_pending()
         finally:
             self._kill_all()
 
@@ -295,7 +363,26 @@ class _Server:
         self.running = False
 
     def _accept(self) -> None:
+        """A launcher connected: its request is read once it arrives, so a launcher that
+        connects and stalls delays no other (it is dropped after REQUEST_TIMEOUT_SECONDS)."""
         conn, _ = self.listener.accept()
+        self.pending[conn] = time.monotonic() + REQUEST_TIMEOUT_SECONDS
+        self.selector.register(conn, selectors.EVENT_READ, "request")
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c, deadline in self.pending.items() if deadline < now]:
+            self._drop_pending(conn)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"error timeout\n")
+            conn.close()
+
+    def _drop_pending(self, conn: socket.socket) -> None:
+        self.selector.unregister(conn)
+        del self.pending[conn]
+
+    def _request(self, conn: socket.socket) -> None:
+        self._drop_pending(conn)
         try:
             request, fds = read_request(conn)
         except Exception as exc:  # noqa: BLE001 - a bad request fails that launcher, not the server
@@ -305,10 +392,21 @@ class _Server:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN, ENOMEM: this launcher starts a fresh interpreter instead
+            for fd in fds:
+                os.close(fd)
+            print(f"streamberg fork server: fork failed ({exc}); the worker starts with a fresh interpreter",
+                  file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                conn.sendall(f"error {type(exc).__name__}\n".encode())
+            conn.close()
+            return
         if pid == 0:  # the worker: never returns into the server's loop
             code = 1
             try:
+                _die_with(self.server_pid)
                 self._forget_server_state(conn)
                 code = run_worker(request, fds)
             finally:
@@ -334,7 +432,7 @@ class _Server:
         self.selector.close()
         self.listener.close()
         own.close()
-        for conn in self.workers.values():
+        for conn in [*self.workers.values(), *self.pending]:
             conn.close()
 
     def _launcher_event(self, conn: socket.socket, pid: int) -> None:
@@ -368,6 +466,17 @@ class _Server:
                 os.waitpid(pid, 0)
         with contextlib.suppress(OSError):
             self.socket_path.unlink()
+
+
+def _die_with(parent: int) -> None:
+    """In a forked worker: be killed when the server dies, even by SIGKILL (which leaves it no
+    time to kill its workers); a server already gone by now means exit at once."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _kill(pid: int) -> None:

@@ -15,13 +15,22 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from streamberg.ingest.fork_server import LAUNCHER_NAME, PROCESS_NAME, SOCKET_NAME, ForkServer
+import streamberg.ingest.fork_server as fork_server_module
+from streamberg.ingest.fork_server import (
+    LAUNCHER_NAME,
+    PROCESS_NAME,
+    REQUEST_TIMEOUT_SECONDS,
+    SOCKET_NAME,
+    ForkServer,
+    ForkServerUnavailable,
+)
 from tests.listening import listeners, processes_named
 
 BOOT = ["-m", "pyflink.fn_execution.beam.beam_boot"]
@@ -228,3 +237,101 @@ def test_nothing_is_imported_from_the_operators_working_directory(tmp_path: Path
         result = subprocess.run([running.launcher, *BOOT], capture_output=True, text=True, timeout=60, cwd=planted)
         assert result.returncode == 1 and "No id provided" in result.stdout
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_launcher_that_connects_and_stalls_delays_no_other(server: ForkServer) -> None:
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stalled.connect(str(server.folder / SOCKET_NAME))  # and sends nothing
+    try:
+        started = time.monotonic()
+        result = subprocess.run([server.launcher, "-c", "import os; print(os.getppid())"], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout.strip() == str(server.process.pid)  # forked
+        assert time.monotonic() - started < REQUEST_TIMEOUT_SECONDS / 2
+        # The stalled one is dropped after its deadline, with a word.
+        stalled.settimeout(REQUEST_TIMEOUT_SECONDS + 5)
+        assert stalled.recv(64) == b"error timeout\n"
+    finally:
+        stalled.close()
+
+
+def test_workers_die_with_a_killed_server_and_its_folder_is_removed_next_time(silent_endpoint: str) -> None:
+    server = ForkServer().start()
+    try:
+        _wait_ready(server)
+        env = {**os.environ, "PYTHON_LOOPBACK_SERVER_ADDRESS": silent_endpoint}
+        launcher = subprocess.Popen([server.launcher, *BOOT, "--id=9", f"--provision_endpoint={silent_endpoint}"],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert _wait(lambda: len(_forked_workers(server)) == 1), "no forked worker"
+        (worker,) = _forked_workers(server)
+        folder = server.folder
+        os.kill(server.process.pid, signal.SIGKILL)  # no time to kill its workers or clean up
+        server.process.wait(10)
+        assert _wait(lambda: not Path(f"/proc/{worker}").exists() or
+                     Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z")), \
+            "the worker outlived its server"
+        launcher.wait(30)
+        assert folder.exists()
+        again = ForkServer().start()  # the next run removes what the killed one left
+        again.stop()
+        assert not folder.exists()
+    finally:
+        server.process = None  # already dead and reaped
+        server.folder = None
+
+
+def test_a_failed_fork_fails_only_that_launch(tmp_path: Path) -> None:
+    """fork() failing (EAGAIN at the process limit; as root the limit cannot be hit, so the
+    server's os.fork is made to fail once) hands that launch to a fresh interpreter and the
+    server goes on."""
+    import textwrap
+
+    folder = tmp_path / "srv"
+    folder.mkdir(mode=0o700)
+    socket_path = folder / SOCKET_NAME
+    code = textwrap.dedent(f"""
+        import errno, os, sys
+        from streamberg.ingest import fork_server
+        real, calls = os.fork, []
+        def failing_once():
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+            return real()
+        os.fork = failing_once
+        fork_server.main(["fork_server", {str(socket_path)!r}])
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait(socket_path.exists, 120), "the server never became ready"
+        script = Path(fork_server_module.__file__).with_name("fork_launcher.py")
+        launch = [sys.executable, "-I", "-S", str(script), str(socket_path), str(proc.pid), sys.executable,
+                  "-c", "import os; print(os.getppid())"]
+        first = subprocess.run(launch, capture_output=True, text=True, timeout=60)
+        assert first.returncode == 0 and "fresh interpreter" in first.stderr  # the fallback
+        assert first.stdout.strip() != str(proc.pid)
+        second = subprocess.run(launch, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0 and second.stdout.strip() == str(proc.pid)  # forked again
+        assert proc.poll() is None
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert "fork failed" in proc.stderr.read()
+
+
+def test_a_noexec_temp_folder_means_no_fork_server(tmp_path: Path, monkeypatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mount = tmp_path / "noexec"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,noexec", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(mount))
+        with pytest.raises(ForkServerUnavailable, match="noexec"):
+            ForkServer().start()
+        assert not list(mount.iterdir())  # nothing left behind
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
