@@ -151,9 +151,12 @@ class IngestWriter:
         """The broker refused the position while running (retention overtook the writer)."""
         asked = self.position[partition]
         marks = broker_positions(self.config, [partition], {partition: asked})
-        problems = position_problems(self.topic, {partition: asked}, marks) or [
-            PositionProblem(self.topic, partition, asked, marks.low(partition), marks.end(partition))]
-        self._position_lost(problems[0])
+        problems = position_problems(self.topic, {partition: asked}, marks)
+        if problems:
+            self._position_lost(problems[0])
+        else:  # in range again when asked (a broker between leaders): read on from the same offset
+            self.log.warning("the broker refused a position it now has; reading on from it", partition=partition,
+                             offset=asked, low=marks.low(partition), end=marks.end(partition))
         self.expect_first[partition] = self.position[partition]
 
     def _reposition(self) -> None:
