@@ -21,6 +21,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamberg.common.errors import BrokerError
+from streamberg.common.processes import process_start_time
 
 
 def tansu_binary() -> Path:
@@ -47,17 +48,6 @@ def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
-
-
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one process
-    for good, since a reused pid gets a later start time. None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: count from the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def process_cmdline(pid: int) -> list[str]:

@@ -73,9 +73,8 @@ def topic_partitions_of(consumer: Consumer, topic: str, timeout_seconds: float, 
 
 
 def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[int], timeout_seconds: float,
-                         bootstrap: str, read_ends: Collection[int] = ()) -> Watermarks:
-    """Watermarks of `partitions`, all within `timeout_seconds`; the true end is read for the
-    partitions in `read_ends` (the consumer must come from `marks_consumer`)."""
+                         bootstrap: str) -> dict[int, tuple[int, int]]:
+    """(low, high) watermark of each of `partitions`, all within `timeout_seconds`."""
     deadline = time.monotonic() + timeout_seconds
     marks = {}
     for partition in sorted(partitions):
@@ -86,9 +85,7 @@ def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[
         except KafkaException as exc:
             raise BrokerUnreachable(
                 f"broker {bootstrap}: end offset of {topic}[{partition}]: {kafka_error_text(exc)}") from exc
-    wanted = {p: marks[p] for p in read_ends if p in marks}
-    ends = read_true_ends(consumer, topic, wanted, deadline) if wanted else {}
-    return Watermarks(exists=True, partitions=marks, ends=ends)
+    return marks
 
 
 def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]],
@@ -114,18 +111,24 @@ def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, i
 
 
 def read_topic_watermarks(settings: Mapping[str, Any], topic: str, timeout_seconds: float,
-                          partitions: Collection[int] | None = None,
-                          read_ends: Collection[int] | bool = ()) -> Watermarks:
+                          partitions: Collection[int] | None = None, read_ends: bool = False,
+                          ends_past: Mapping[int, int] | None = None) -> Watermarks:
     """Watermarks of the topic's partitions (all of them, or those given), with a consumer of
-    its own; `read_ends` True reads every partition's true end. Raises BrokerUnreachable."""
+    its own. The true end is read for every partition with `read_ends`, else for those whose
+    offset in `ends_past` is beyond the high watermark (on tansu that is normal just past it).
+    Raises BrokerUnreachable."""
     bootstrap = str(settings.get("bootstrap.servers", "?"))
+    deadline = time.monotonic() + timeout_seconds
     consumer = marks_consumer(settings, timeout_seconds)
     try:
         present = topic_partitions_of(consumer, topic, timeout_seconds, bootstrap)
         if present is None:
             return Watermarks(exists=False, partitions={})
         wanted = [p for p in present if partitions is None or p in partitions]
-        ends = wanted if read_ends is True else ([] if read_ends is False else read_ends)
-        return partition_watermarks(consumer, topic, wanted, timeout_seconds, bootstrap, read_ends=ends)
+        marks = partition_watermarks(consumer, topic, wanted, timeout_seconds, bootstrap)
+        past = marks if read_ends else {p: marks[p] for p, offset in (ends_past or {}).items()
+                                        if p in marks and offset > marks[p][1]}
+        ends = read_true_ends(consumer, topic, past, deadline) if past else {}
+        return Watermarks(exists=True, partitions=marks, ends=ends)
     finally:
         consumer.close()

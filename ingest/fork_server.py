@@ -47,6 +47,8 @@ import time
 import traceback
 from pathlib import Path
 
+from streamberg.common.processes import process_start_time
+
 BOOT_MODULE = "pyflink.fn_execution.beam.beam_boot"
 # What a writer or committer process imports before its first record (beam_boot and the SDK
 # harness, PyFlink's operations and coders, the streamberg operators and what they use).
@@ -115,7 +117,7 @@ class ForkServer:
         launcher.chmod(0o700)
         # Who owns the folder: the next start removes it if this server was killed (kill -9
         # leaves no one to clean up).
-        (self.folder / OWNER_NAME).write_text(f"{self.process.pid} {_start_time(self.process.pid)}\n")
+        (self.folder / OWNER_NAME).write_text(f"{self.process.pid} {process_start_time(self.process.pid)}\n")
         return self
 
     def stop(self) -> None:
@@ -148,15 +150,6 @@ class ForkServerUnavailable(RuntimeError):
     """The fork server cannot run here; the workers start with a fresh interpreter each."""
 
 
-def _start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat: with the pid, it names one process for good."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def remove_stale_folders(root: str | None = None) -> list[Path]:
     """Remove this user's fork-server folders whose server is gone (kill -9 leaves no one to
     clean up); return them."""
@@ -180,7 +173,7 @@ def remove_stale_folders(root: str | None = None) -> list[Path]:
 def _owner_alive(folder: Path, info: os.stat_result) -> bool:
     try:
         pid, started = (folder / OWNER_NAME).read_text().split()
-        return str(_start_time(int(pid))) == started
+        return str(process_start_time(int(pid))) == started
     except (OSError, ValueError):
         # No owner file: a server still starting (it writes the file last), or an older
         # streamberg's folder, removed once it is a day old.

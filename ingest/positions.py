@@ -26,13 +26,7 @@ from dataclasses import dataclass
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.offsets import OffsetSkip
-from streamberg.common.watermarks import (
-    Watermarks,
-    marks_consumer,
-    partition_watermarks,
-    read_true_ends,
-    topic_partitions_of,
-)
+from streamberg.common.watermarks import Watermarks, read_topic_watermarks
 
 BROKER_TIMEOUT_SECONDS = 30.0
 RUNBOOK = "docs/runbooks/lost-offsets.md"
@@ -92,18 +86,5 @@ def broker_positions(config: StreambergConfig, partitions: Iterable[int], commit
     kafka = config.kafka
     settings = {**kafka.consumer, "bootstrap.servers": kafka.bootstrap_servers,
                 "group.id": f"{config.consumer_group}-positions"}
-    consumer = marks_consumer(settings, timeout_seconds)
-    try:
-        present = topic_partitions_of(consumer, kafka.topic, timeout_seconds, kafka.bootstrap_servers)
-        if present is None:
-            return Watermarks(exists=False, partitions={})
-        wanted = set(partitions)
-        marks = partition_watermarks(consumer, kafka.topic, [p for p in present if p in wanted], timeout_seconds,
-                                     kafka.bootstrap_servers)
-        past_high = {p: marks.partitions[p] for p, offset in committed.items()
-                     if p in marks.partitions and offset > marks.partitions[p][1]}
-        ends = read_true_ends(consumer, kafka.topic, past_high, time.monotonic() + timeout_seconds) \
-            if past_high else {}
-        return Watermarks(exists=True, partitions=marks.partitions, ends=ends)
-    finally:
-        consumer.close()
+    return read_topic_watermarks(settings, kafka.topic, timeout_seconds, partitions=set(partitions),
+                                 ends_past=committed)
