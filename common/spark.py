@@ -162,6 +162,11 @@ def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, st
         # nobody watches a local compactor's UI, so it is off (compactor.spark_conf can turn
         # it back on). tests/test_listen_loopback.py checks nothing listens off loopback.
         conf["spark.ui.enabled"] = "false"
+        # Loopback keeps the network out, not the host's other users: the driver's RPC and
+        # block manager ports ask every connection for this application's secret, which
+        # Spark makes itself for a local master (docs/security.md). PySpark's own py4j
+        # gateway has its token already.
+        conf["spark.authenticate"] = "true"
     return conf
 
 

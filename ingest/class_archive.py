@@ -20,42 +20,65 @@ nothing depends on it but the start-up time.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from streamberg.ingest.jvm_lib import CACHE_ENV, jvm_cache_dir, prepare_gateway_jvm
+
 ARCHIVE_NAME = "flink-classes.jsa"
-CACHE_ENV = "STREAMBERG_JVM_CACHE"
+DIGEST_SUFFIX = ".sha256"
 # Silence the JVM's CDS warnings (an unusable archive is not an error; the gateway's stderr
 # is a pipe nobody reads until it fails, and a full pipe would block the JVM).
 QUIET = "-Xlog:cds*=off"
-
-
-def jvm_cache_dir(fallback: Path) -> Path:
-    """The installation-wide folder for the patched lib jars and the archive: $STREAMBERG_JVM_CACHE,
-    else `<sys.prefix>/share/streamberg/jvm` when it can be written, else `fallback` (a run's
-    state folder: still patched, but no archive is built there)."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured:
-        return Path(configured)
-    folder = Path(sys.prefix) / "share" / "streamberg" / "jvm"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return fallback
-    return folder if os.access(folder, os.W_OK | os.X_OK) else fallback
 
 
 def archive_path(lib_dir: Path) -> Path:
     return lib_dir / ARCHIVE_NAME
 
 
+def _digest(path: Path) -> str:
+    with path.open("rb") as archive:
+        return hashlib.file_digest(archive, "sha256").hexdigest()
+
+
+def archive_problem(archive: Path) -> str | None:
+    """Why the archive must not be mapped: absent, not ours alone, not the one we built (its
+    digest, recorded beside it when built), or a path PyFlink's JVM_ARGS cannot carry
+    (it splits them on whitespace). The lib folder itself was checked by ingest/jvm_lib.py."""
+    try:
+        info = archive.lstat()
+    except FileNotFoundError:
+        return "no archive"
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return "the archive is not a file only this user can change"
+    if any(ch.isspace() for ch in str(archive)):
+        return "the archive's path holds whitespace, which JVM_ARGS cannot carry"
+    try:
+        recorded = archive.with_name(archive.name + DIGEST_SUFFIX).read_text().strip()
+    except OSError:
+        return "no digest recorded beside the archive"
+    if recorded != _digest(archive):
+        return "the archive is not the one built (digest differs)"
+    return None
+
+
 def use_archive(lib_dir: Path) -> bool:
-    """Before the gateway JVM starts: map the archive of this lib folder if there is one.
+    """Before the gateway JVM starts: map the archive of this lib folder if there is a sound one.
     PyFlink puts $JVM_ARGS first on the gateway's command line; an operator's own JVM_ARGS stay."""
     archive = archive_path(lib_dir)
-    if not archive.is_file():
+    problem = archive_problem(archive)
+    if problem is not None:
+        if problem != "no archive":
+            from streamberg.common.log import get_logger
+
+            get_logger("ingest.class_archive").warning("class archive not used; the JVM starts slower",
+                                                       path=str(archive), reason=problem)
         return False
     _add_jvm_args(f"-XX:SharedArchiveFile={archive}", QUIET)
     return True
@@ -68,22 +91,32 @@ def _add_jvm_args(*args: str) -> None:
 def build(cache: Path, force: bool = False) -> Path | None:
     """Run a small local job in a JVM that writes the archive when it exits; return its path
     (None if the Flink lib jars could not be patched, so there is no stable classpath)."""
-    from streamberg.ingest.loopback import bind_beam_servers_to_loopback
-
-    lib_dir = bind_beam_servers_to_loopback(cache)
+    lib_dir = prepare_gateway_jvm(cache)
     if lib_dir is None:
         return None
     archive = archive_path(lib_dir)
-    if archive.is_file() and not force:
+    if archive_problem(archive) is None and not force:
         return archive
-    partial = lib_dir / f".{ARCHIVE_NAME}.{os.getpid()}"
-    partial.unlink(missing_ok=True)
-    _add_jvm_args(f"-XX:ArchiveClassesAtExit={partial}", QUIET)
-    _run_warm_up_job()
-    _stop_gateway_jvm()
-    if not partial.is_file() or partial.stat().st_size == 0:
-        raise RuntimeError(f"the JVM wrote no class archive at {partial}")
-    partial.replace(archive)  # atomic: a run sees the whole archive or none
+    if any(ch.isspace() for ch in str(lib_dir)):
+        raise RuntimeError(f"{lib_dir}: a path with whitespace cannot be given to the JVM (PyFlink splits "
+                           f"JVM_ARGS on it); set {CACHE_ENV} to a folder without")
+    # The JVM creates the file itself, so the name is one nobody can have prepared: a fresh
+    # private folder (O_EXCL by mkdtemp) inside the checked lib folder.
+    private = Path(tempfile.mkdtemp(prefix=f".{ARCHIVE_NAME}.", dir=lib_dir))
+    partial = private / ARCHIVE_NAME
+    try:
+        _add_jvm_args(f"-XX:ArchiveClassesAtExit={partial}", QUIET)
+        _run_warm_up_job()
+        _stop_gateway_jvm()
+        if not partial.is_file() or partial.stat().st_size == 0:
+            raise RuntimeError(f"the JVM wrote no class archive at {partial}")
+        digest = private / (ARCHIVE_NAME + DIGEST_SUFFIX)
+        digest.write_text(_digest(partial) + "\n")
+        # The digest first, then the archive: a run that sees the new archive sees its digest.
+        digest.replace(lib_dir / digest.name)
+        partial.replace(archive)  # atomic: a run sees the whole archive or none
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     return archive
 
 

@@ -193,6 +193,8 @@ def configuration(settings: dict[str, str]) -> Configuration:
 
 def local_settings(parallelism: int, python_workers: str | None = None) -> dict[str, str]:
     """What a local run (a MiniCluster in the gateway JVM) needs on top of the job's settings."""
+    from streamberg.ingest.gateway_auth import start_run_key_pair
+
     return {
         # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
         "python.executable": python_workers or sys.executable,
@@ -209,6 +211,10 @@ def local_settings(parallelism: int, python_workers: str | None = None) -> dict[
         "taskmanager.bind-host": "127.0.0.1",
         "web.submit.enable": "false",
         "web.cancel.enable": "false",
+        # Mutual TLS with this run's own key on the REST endpoint and Flink's RPC, BLOB and
+        # data ports: no other local process can submit a job or send a message
+        # (ingest/gateway_auth.py).
+        **start_run_key_pair().flink_settings(),
     }
 
 
@@ -241,18 +247,22 @@ def start_local_gateway(config: StreambergConfig) -> threading.Thread:
     """Start the gateway JVM of a local run in the background, once per process.
 
     The JVM takes about a second to come up; the driver prepares the tables meanwhile.
-    Local servers listen on loopback only, so the patches go in before the JVM and the
-    worker pool start (ingest/loopback.py, docs/security.md). A launch that fails here
+    Local servers listen on loopback only and answer only this driver, so the patches and
+    the token go in before the JVM and the worker pool start (ingest/loopback.py,
+    ingest/gateway_auth.py, docs/security.md). A launch that fails here
     fails again, with its message, where build_job asks for the gateway itself.
     """
     global _local_gateway
     if _local_gateway is None:
         from pyflink.java_gateway import get_gateway
 
-        from streamberg.ingest.class_archive import jvm_cache_dir, use_archive
-        from streamberg.ingest.loopback import bind_beam_servers_to_loopback, bind_loopback_worker_pool
+        from streamberg.ingest.class_archive import use_archive
+        from streamberg.ingest.gateway_auth import start_run_key_pair
+        from streamberg.ingest.jvm_lib import jvm_cache_dir, prepare_gateway_jvm
+        from streamberg.ingest.loopback import bind_loopback_worker_pool
 
-        lib_dir = bind_beam_servers_to_loopback(jvm_cache_dir(fallback=Path(config.ingest.state_dir)))
+        lib_dir = prepare_gateway_jvm(jvm_cache_dir(fallback=Path(config.ingest.state_dir)))
+        start_run_key_pair()  # keytool runs while the JVM starts; local_settings waits for it
         if lib_dir is not None:
             use_archive(lib_dir)  # the classes of an earlier JVM, mapped instead of loaded (class_archive.py)
 

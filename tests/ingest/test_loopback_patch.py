@@ -17,12 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from streamberg.ingest.classfile import ClassFile
+from streamberg.ingest.gateway_auth import (
+    AUTHENTICATED_CALLBACK,
+    AUTHENTICATED_GATEWAY,
+    GatewayAuthError,
+    patched_gateway_auth,
+)
+from streamberg.ingest.jvm_lib import OUR_JAR, expected_classes, flink_home, patched_lib_dir
 from streamberg.ingest.loopback import (
     GATEWAY_STARTUP_CLASS,
     SERVER_FACTORY_CLASS,
-    _ClassFile,
-    flink_home,
-    loopback_lib_dir,
     patched_gateway_startup,
     patched_server_factory,
 )
@@ -50,7 +55,7 @@ def test_unexpected_bytecode_is_refused() -> None:
 
 def test_gateway_startup_patch_drops_the_port_probe() -> None:
     original = _original(GATEWAY_STARTUP_CLASS)
-    probe = _ClassFile(original).method("org/apache/flink/util/NetUtils", "getAvailablePort",
+    probe = ClassFile(original).method("org/apache/flink/util/NetUtils", "getAvailablePort",
                                         "()Lorg/apache/flink/util/NetUtils$Port;")
     assert probe is not None
     call = b"\xb8" + struct.pack(">H", probe)  # invokestatic NetUtils.getAvailablePort
@@ -63,32 +68,73 @@ def test_gateway_startup_patch_drops_the_port_probe() -> None:
         patched_gateway_startup(original.replace(b"getAvailablePort", b"getAvailablePorx"))
 
 
+def test_gateway_auth_patch_builds_through_our_classes() -> None:
+    """Two same-length swaps: the builder's build() and the callback client's constructor."""
+    original = patched_gateway_startup(_original(GATEWAY_STARTUP_CLASS))
+    patched = patched_gateway_auth(original)
+    cf = ClassFile(patched)
+    assert cf.class_index(AUTHENTICATED_GATEWAY) is not None and cf.class_index(AUTHENTICATED_CALLBACK) is not None
+    assert len(patched) - len(original) == cf.pool_end - ClassFile(original).pool_end  # only the constants grew
+    with pytest.raises(ValueError):
+        patched_gateway_auth(original.replace(b"GatewayServerBuilder", b"GatewayServerBuildex"))
+
+
+def test_a_flink_python_jar_that_cannot_be_authenticated_stops_the_run(tmp_path: Path) -> None:
+    """The loopback patches degrade to a warning; the authentication patch does not."""
+    jar = sorted((flink_home() / "opt").glob("flink-python*.jar"))[0]
+    doctored = tmp_path / "flink-python-doctored.jar"
+    with zipfile.ZipFile(jar) as source, zipfile.ZipFile(doctored, "w") as out:
+        for name in (SERVER_FACTORY_CLASS, GATEWAY_STARTUP_CLASS):
+            data = source.read(name)
+            out.writestr(name, data.replace(b"CallbackClient", b"CallbackClienx") if name == GATEWAY_STARTUP_CLASS
+                         else data)
+    with pytest.raises(GatewayAuthError, match="cannot authenticate the local Flink gateway"):
+        expected_classes(doctored)
+
+
 @pytest.mark.flink
 def test_the_gateway_jvm_runs_the_patched_classes(tmp_path: Path) -> None:
-    """A gateway started as `streamberg ingest` starts it loads both classes from our jar,
-    passes the JVM's bytecode verifier, and answers through the callback client it reset."""
+    """A gateway started as `streamberg ingest` starts it loads the patched and the assembled
+    classes from our jar, passes the JVM's bytecode verifier, and answers through the
+    callback client it reset (a Java sort calling a Python comparator), all with the token."""
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from streamberg.ingest.loopback import bind_beam_servers_to_loopback
-        bind_beam_servers_to_loopback(Path(sys.argv[1]))
+        from streamberg.ingest.jvm_lib import prepare_gateway_jvm
+        prepare_gateway_jvm(Path(sys.argv[1]))
         from pyflink.java_gateway import get_gateway
-        jvm = get_gateway().jvm
+        gateway = get_gateway()
+        jvm = gateway.jvm
         for name in sys.argv[2:]:
             print(jvm.java.lang.Class.forName(name).getProtectionDomain().getCodeSource().getLocation().getPath())
+
+        class Descending:
+            def compare(self, a, b):
+                return b - a
+
+            class Java:
+                implements = ["java.util.Comparator"]
+
+        values = jvm.java.util.ArrayList()
+        for value in (1, 3, 2):
+            values.add(value)
+        jvm.java.util.Collections.sort(values, Descending())
+        print("callback", list(values))
     """)
-    names = [c.removesuffix(".class").replace("/", ".") for c in (GATEWAY_STARTUP_CLASS, SERVER_FACTORY_CLASS)]
+    names = [c.removesuffix(".class").replace("/", ".")
+             for c in (GATEWAY_STARTUP_CLASS, SERVER_FACTORY_CLASS, AUTHENTICATED_GATEWAY, AUTHENTICATED_CALLBACK)]
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "state"), *names],
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
-    sources = run.stdout.split()
-    assert len(sources) == 2 and all(s.endswith("/streamberg-loopback-servers.jar") for s in sources), run.stdout
+    lines = run.stdout.splitlines()
+    assert len(lines) == 5 and all(s.endswith(f"/{OUR_JAR}") for s in lines[:4]), run.stdout
+    assert lines[4] == "callback [3, 2, 1]"
 
 
 def test_lib_dir_holds_flinks_jars_and_the_patch(tmp_path: Path) -> None:
-    folder = loopback_lib_dir(tmp_path)
-    assert folder is not None and (folder / "streamberg-loopback-servers.jar").is_file()
-    with zipfile.ZipFile(folder / "streamberg-loopback-servers.jar") as jar:
-        assert set(jar.namelist()) == {SERVER_FACTORY_CLASS, GATEWAY_STARTUP_CLASS}
+    folder = patched_lib_dir(tmp_path)
+    with zipfile.ZipFile(folder / OUR_JAR) as jar:
+        assert set(jar.namelist()) == {SERVER_FACTORY_CLASS, GATEWAY_STARTUP_CLASS,
+                                       f"{AUTHENTICATED_GATEWAY}.class", f"{AUTHENTICATED_CALLBACK}.class"}
     assert {p.name for p in (flink_home() / "lib").glob("*.jar")} <= {p.name for p in folder.glob("*.jar")}
-    assert loopback_lib_dir(tmp_path) == folder  # reused
+    assert patched_lib_dir(tmp_path) == folder  # reused
