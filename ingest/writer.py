@@ -101,7 +101,8 @@ class IngestWriter:
         recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
         marks = broker_positions(self.config, mine, recorded)
         for p in mine:
-            self.position[p] = recorded[p] if p in recorded else self._start_of_new_partition(p, marks)
+            self.position[p] = (recorded[p] if p in recorded
+                                else self._start_of_new_partition(p, marks, topic_started=bool(committed.offsets)))
         self.unit_start = dict(self.position)
         problems = position_problems(self.topic, recorded, marks)
         if problems and self.config.ingest.on_lost_offsets == "fail":
@@ -125,12 +126,23 @@ class IngestWriter:
                       committed_snapshot=committed.snapshot_id)
 
     # -- positions -----------------------------------------------------------------------
-    def _start_of_new_partition(self, partition: int, marks: Watermarks) -> int:
-        """kafka.start_offset resolved to a number now, for a partition the table never
-        recorded; the next unit records it even if nothing is read, so a restart starts there
-        too, not at a later "latest"."""
+    def _start_of_new_partition(self, partition: int, marks: Watermarks, topic_started: bool) -> int:
+        """Where a partition the table never recorded starts; the next unit records it even if
+        nothing is read, so a restart starts there too, not at a later "latest".
+
+        `kafka.start_offset` says where the ingest of a topic begins. A partition that
+        appears once the table already holds positions of the topic (one added while the
+        ingest ran) was written while the table was being fed, so it is read from its
+        start, as Flink's Kafka source reads discovered partitions: with "latest", records
+        produced between the partition's creation and the restart would otherwise be lost.
+        """
         self.unrecorded.add(partition)
         low, high = marks.partitions.get(partition, (0, 0))
+        if topic_started and self.config.kafka.start_offset == "latest":
+            self.log.warning("a partition new to the table is read from its start (the topic's ingest began "
+                             "earlier; kafka.start_offset applies to the first start only)",
+                             partition=partition, offset=low, high_watermark=high)
+            return low
         return low if self.config.kafka.start_offset == "earliest" else high
 
     def _position_lost(self, problem: PositionProblem) -> None:

@@ -205,3 +205,33 @@ def test_a_partition_first_seen_with_latest_is_recorded_where_it_was_first_seen(
         assert again.position == start
     finally:
         again.close()
+
+
+def test_a_partition_new_to_a_started_table_is_read_from_its_start_even_with_latest(tmp_path: Path,
+                                                                                     mock_kafka) -> None:
+    """`latest` is where a topic's ingest begins. A partition the table does not know yet but
+    whose topic it already ingests (added while the ingest ran) is read from its start:
+    its records were produced while the table was being fed."""
+    _, config = _config(tmp_path, mock_kafka.bootstrap, "fail", start_offset="latest")
+    for partition in range(4):
+        _events(config, partition, range(5))  # before the first start: "latest" leaves them out
+    # The first run covers only some partitions (writer 0 of 2), as a topic that had fewer.
+    first = IngestWriter(config, 0, 2, "first")
+    first.open()
+    known = dict(first.position)
+    committer = Committer(config, parallelism=1, run_id="first")
+    committer.open()
+    committer.offer(first.finish())
+    first.close()
+    committer.close()
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert committed_position(table, config.kafka.topic).offsets == known and all(o == 5 for o in known.values())
+    # Later the ingest sees every partition: the ones it knew resume, the new ones start at 0.
+    again = IngestWriter(config, 0, 1, "again")
+    again.open()
+    try:
+        new = set(again.position) - set(known)
+        assert new and all(again.position[p] == 0 for p in new), again.position
+        assert all(again.position[p] == known[p] for p in known)
+    finally:
+        again.close()
