@@ -31,7 +31,9 @@ def compute_lag(recorded: PartitionOffsets, watermarks: Watermarks, start_offset
     """Per-partition lag of the table behind the broker (pure).
 
     A partition the table has never recorded starts at its low watermark with
-    kafka.start_offset=earliest (all of it is lag) and at its end with latest (no lag).
+    kafka.start_offset=earliest (all of it is lag), and with latest at its end (no lag)
+    unless the table already holds positions of the topic: then it is a partition added
+    since, which the ingest reads from its start (ingest/writer.py).
     """
     partitions: dict[str, PartitionLag] = {}
     ahead, behind_low = [], []
@@ -40,7 +42,7 @@ def compute_lag(recorded: PartitionOffsets, watermarks: Watermarks, start_offset
         high = watermarks.end(p)
         committed = recorded.get(p)
         if committed is None:
-            lag = high - low if start_offset == "earliest" else 0
+            lag = high - low if start_offset == "earliest" or recorded else 0
         else:
             lag = max(0, high - committed)
             if committed > high:
