@@ -6,7 +6,7 @@ import argparse
 import json
 import threading
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import LAYOUT_STRATEGIES, load_config
 from streamberg.common.redact import redact
 

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import NoReturn
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import load_config
 
 
@@ -29,11 +29,12 @@ def _ingest(args: argparse.Namespace) -> int:
         outcome = run_ingest(config, parallelism=args.parallelism, max_records=args.max_records,
                              duration=args.duration, progress=not args.quiet)
     except IngestFenced as exc:
-        # Exit 1 with the fencing message; the summary line still says what this run committed.
+        # Exit 3 (ExitCode.FENCED, cli/main.py) with the fencing message; the summary line
+        # still says what this run committed.
         outcome = exc.outcome
         print(json.dumps({"run_id": outcome.run_id, "consumed": outcome.consumed,
                           "seconds": round(outcome.seconds, 1), "stopped_because": outcome.stopped_because}))
-        raise CommandError(str(exc)) from exc
+        raise
     except (JobFailed, SchemaMismatchError, UnsupportedSchemaError) as exc:
         raise CommandError(str(exc)) from exc
     except sqlalchemy.exc.OperationalError as exc:

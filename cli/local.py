@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.broker import EmbeddedBroker, ensure_topic
 from streamberg.common.config import load_config
 from streamberg.common.errors import BrokerError

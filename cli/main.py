@@ -1,8 +1,10 @@
 """The `streamberg` command: the parser composed from cli/*.py, and exit codes.
 
-Each module in COMMAND_MODULES has a `register(subparsers)` function. Exit codes: 0 success,
-1 runtime failure (a library error from common/errors.py or a command's own CommandError,
-printed as one line), 2 bad usage or invalid configuration.
+Each module in COMMAND_MODULES has a `register(subparsers)` function. Exit codes
+(common/exit_codes.py): 0 success, 1 runtime failure (a library error from
+common/errors.py or a command's own CommandError, printed as one line), 2 bad usage or
+invalid configuration, 3 a fenced ingest, 130 interrupted. A library error carries its
+code (`StreambergError.exit_code`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import importlib
 import sys
 import traceback
 
+from streamberg.cli.errors import CommandError
 from streamberg.common.errors import ConfigError, StreambergError
+from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 
@@ -47,9 +51,7 @@ overridden by an environment variable STREAMBERG_<SECTION>__<KEY>.
 """
 
 
-class CommandError(RuntimeError):
-    """A command's own refusal (bad flags, a precondition of the command); printed without a
-    traceback, exit 1. Library failures are `StreambergError`s (common/errors.py)."""
+__all__ = ["CommandError", "build_parser", "main"]  # CommandError: cli/errors.py, kept importable here
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +82,7 @@ def _register_missing(subparsers: argparse._SubParsersAction, command: str, extr
 
     def refuse(args: argparse.Namespace) -> int:
         print(f"streamberg: {message}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
 
     parser.set_defaults(func=refuse)
 
@@ -95,20 +97,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         # One line, so a wrapper or log shipper shows the whole reason.
         print(f"streamberg: {' '.join(redact(str(exc)).split())}", file=sys.stderr)
-        return 2
-    except (CommandError, StreambergError) as exc:
+        return ExitCode.USAGE
+    except CommandError as exc:
         print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
+    except StreambergError as exc:
+        print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("streamberg: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen failure: no raw traceback
         # The traceback (redacted) goes to the debug log; the operator gets one line.
         get_logger("cli").debug("unexpected error", command=args.command, traceback=traceback.format_exc())
         first = (redact(str(exc)).strip().splitlines() or [""])[0]
         print(f"streamberg {args.command}: unexpected error: {type(exc).__name__}: {first} "
               f"(STREAMBERG_LOG_LEVEL=debug shows the traceback)", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import threading
 from typing import Any
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import load_config
 from streamberg.common.redact import redact
 

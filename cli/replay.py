@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 import json
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import load_config
 
 DESCRIPTION = """\

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.errors import ConfigError
 

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from streamberg.cli.main import CommandError
+from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.log import get_logger
 from streamberg.common.pending import ManifestCache

@@ -1,8 +1,8 @@
 """Every error streamberg raises on purpose, in one tree (as pyiceberg's `exceptions.py`).
 
-All derive from `StreambergError`: the CLI prints any of them as one line and exits 1
-(`ConfigError`: exit 2), without a traceback. Library code raises these; only the CLI
-decides exit codes. Errors that also are a `ValueError` keep that base for callers that
+All derive from `StreambergError`: the CLI prints any of them as one line, without a
+traceback, and exits with the error's `exit_code` (1; `ConfigError` 2; `IngestFenced` 3:
+common/exit_codes.py). Library code raises these; only the CLI ends processes. Errors that also are a `ValueError` keep that base for callers that
 already catch ValueError for bad input.
 
 Errors that cross a process boundary as text (a Python worker's failure reaches the Flink
@@ -12,14 +12,21 @@ ad-hoc message matching.
 
 from __future__ import annotations
 
+from streamberg.common.exit_codes import ExitCode
+
 
 class StreambergError(Exception):
-    """Base class of every error streamberg raises on purpose."""
+    """Base class of every error streamberg raises on purpose; `exit_code` is the process's
+    exit code when it ends a command (common/exit_codes.py)."""
+
+    exit_code: ExitCode = ExitCode.FAILED
 
 
 # -- configuration and set-up ----------------------------------------------------------------
 class ConfigError(StreambergError, ValueError):
     """Raised when the configuration cannot be used; the message names every offending key."""
+
+    exit_code = ExitCode.USAGE
 
 
 class MissingJarError(StreambergError):
@@ -84,6 +91,8 @@ class JobFailed(StreambergError):
 
 class IngestFenced(JobFailed):
     """Raised when another ingest instance commits to this table; the run stopped without restart."""
+
+    exit_code = ExitCode.FENCED  # the supervisor keys on it: a restart cannot help
 
     def __init__(self, message: str, outcome: object = None):
         super().__init__(message)

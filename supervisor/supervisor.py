@@ -14,9 +14,9 @@ like the CLI. What it adds:
   (run.restart_backoff_seconds doubling up to run.restart_backoff_max_seconds; back to the
   start after run.healthy_after_seconds of healthy running); every restart is logged and
   counted.
-- Two exits are final, because a restart cannot help: a fenced ingest (exit 1 with
-  "another ingest instance is writing this table": another loop owns the table) and exit 2
-  (invalid configuration or usage). The supervisor then stops the other components too and
+- Two exits are final, because a restart cannot help: a fenced ingest (exit 3,
+  `ExitCode.FENCED`: another loop owns the table) and exit 2 (invalid configuration or
+  usage). The supervisor keys on the exit code, never on what the child printed. The supervisor then stops the other components too and
   exits with that code: a second loop on one table is an operator mistake to fix, and a
   half-running loop (a compactor without its ingest) would hide it.
 - Every line a child prints is relayed with the component's name: JSON log lines get a
@@ -24,8 +24,8 @@ like the CLI. What it adds:
   (in JSON mode they are wrapped into a JSON object).
 - Children die with the supervisor even if it is SIGKILLed (Linux parent-death signal).
 
-Exit status: 0 after a requested stop (signal, --duration), 1 after a fenced ingest,
-2 when a component reports an invalid configuration.
+Exit status (common/exit_codes.py): 0 after a requested stop (signal, --duration), 3 after
+a fenced ingest, 2 when a component reports an invalid configuration.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import FENCED_MESSAGE
 from streamberg.common.redact import redact
 
 # Component name -> the `streamberg` subcommand arguments that run it continuously.
@@ -58,7 +58,7 @@ COMMANDS = {
 # (finishes its pass), then maintenance. They stop concurrently; only the signals are ordered.
 STOP_ORDER = ("ingest", "compact", "maintain")
 
-EXIT_OK, EXIT_FENCED, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FENCED, EXIT_CONFIG = ExitCode.OK, ExitCode.FENCED, ExitCode.USAGE
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -242,17 +242,16 @@ class Supervisor:
     def _exited(self, comp: Component, code: int) -> None:
         """A component exited while the loop runs: restart it, or end the loop if that cannot help."""
         if comp.relay is not None:
-            comp.relay.join(timeout=5)  # its last lines decide whether it was fenced
+            comp.relay.join(timeout=5)  # its last lines are relayed before the loop says why it ends
         self._reap_group(comp)
         comp.last_exit, comp.proc = code, None
-        output = "".join(comp.tail)
-        if comp.name == "ingest" and code == 1 and FENCED_MESSAGE in output:
+        if comp.name == "ingest" and code == EXIT_FENCED:
             comp.final = True
             self.log.error("ingest fenced: another ingest instance is writing this table; not restarting, "
                            "stopping the loop", process=comp.name, exit_code=code)
             self._request_stop("ingest fenced", EXIT_FENCED)
             return
-        if code == 2:
+        if code == EXIT_CONFIG:
             comp.final = True
             self.log.error("component reports an invalid configuration; not restarting, stopping the loop",
                            process=comp.name, exit_code=code)

@@ -32,7 +32,7 @@ examples:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streamberg.cli.main import CommandError
+    from streamberg.cli.errors import CommandError
     from streamberg.common.spark import base_spark_conf, quiet_spark_logs, spark_jars, spark_session
 
     from .report import write_report

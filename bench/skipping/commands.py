@@ -52,7 +52,7 @@ def _positive_float(text: str) -> float:
 
 
 def _skipping(args: argparse.Namespace) -> int:
-    from streamberg.cli.main import CommandError
+    from streamberg.cli.errors import CommandError
     from streamberg.common.log import get_logger
 
     from .datagen import GeneratorUnavailable

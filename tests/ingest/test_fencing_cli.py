@@ -68,11 +68,12 @@ def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: 
         first.send_signal(signal.SIGINT)
         first.wait(120)
 
-    # The fenced ingest: exit 1 with the message, not restarted, the supervisor says why.
-    assert second.returncode == 1, second.stderr[-4000:]
+    # The fenced ingest: exit 3 (its own code, which the supervisor keys on) with the
+    # message, not restarted, the supervisor says why and exits with the same code.
+    assert second.returncode == 3, second.stderr[-4000:]
     assert FENCED_MESSAGE in second.stderr and "Traceback" not in second.stderr.split("streamberg run:")[-1]
     summary = json.loads(second.stdout.strip().splitlines()[-1])
-    assert summary["components"]["ingest"] == {"restarts": 0, "last_exit": 1}
+    assert summary["components"]["ingest"] == {"restarts": 0, "last_exit": 3}
     assert summary["stopped_because"] == "ingest fenced"
     events = json_events(second.stderr)
     # Its own summary line: stopped because fenced, and only what this run committed itself.
