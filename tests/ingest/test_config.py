@@ -144,3 +144,20 @@ def test_relative_paths_from_the_environment_are_made_absolute(good_config: Path
     assert config.compactor.checkpoint_dir == str(elsewhere / "ckpt")
     monkeypatch.delenv("STREAMBERG_INGEST__STATE_DIR")
     assert load_config(good_config).ingest.state_dir == str(good_config.parent / "state")  # the file's: its folder
+
+
+def test_a_worker_rebuilds_the_drivers_config_validated_and_untouched_by_its_environment(
+        good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flink and Spark workers get the driver's config as data (dump_config). They rebuild every
+    section through the same validators, and their own environment changes nothing."""
+    from streamberg.common.config import config_from_dump, dump_config
+
+    config = load_config(good_config)
+    monkeypatch.setenv("STREAMBERG_KAFKA__TOPIC", "elsewhere")
+    monkeypatch.setenv("STREAMBERG_MONITORING__METRICS_PORT", "1")
+    rebuilt = config_from_dump(dump_config(config))
+    assert rebuilt == config and type(rebuilt) is type(config)
+    damaged = dump_config(config)
+    damaged["maintenance"]["orphan"] = {"safety_age_seconds": 1}  # below the floor: refused again
+    with pytest.raises(ConfigError, match="maintenance.orphan.safety_age_seconds"):
+        config_from_dump(damaged)

@@ -1,0 +1,296 @@
+"""The sections of the compactor, monitoring, maintenance and the `run` loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from streamberg.common.config.bounds import (
+    _IDENTIFIER,
+    _IDENTIFIER_RULE,
+    DAY_SECONDS,
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_IDENTIFIER,
+    MAX_INT64,
+    YEAR_SECONDS,
+    Bool,
+    Identifier,
+    Properties,
+    Text,
+    _float,
+    _int,
+    _Section,
+    _text,
+)
+
+# The compactor's row layouts (compactor/layouts.py has one class per name).
+LayoutStrategy = Literal["zorder", "hilbert", "zorder-iceberg", "sort", "binpack"]
+LAYOUT_STRATEGIES: tuple[str, ...] = get_args(LayoutStrategy)
+
+
+class CompactorConfig(_Section):
+    """Settings of the incremental optimize loop (compactor/). Owned by the compactor.
+
+    Planning rules decide, per table partition, whether its pending files (files added by
+    ingest appends and not yet optimized) are rewritten now. A partition is rewritten when ANY
+    enabled rule fires; a rule set to null is off. See docs/compactor.md.
+    """
+
+    strategy: LayoutStrategy = "zorder"
+    # Columns the layout clusters on; empty means the compactor only bin-packs.
+    columns: list[Identifier] = Field(default_factory=list, max_length=32)
+    # Spark's checkpoint of the streaming query (progress across restarts).
+    checkpoint_dir: Text = ".streamberg/compactor-checkpoint"
+    spark_master: Text = "local[*]"
+    spark_conf: Properties = Field(default_factory=dict)
+
+    # -- planning rules (per partition unless said otherwise) --
+    # At least this many pending files in a partition.
+    min_files: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
+    # At least this many pending bytes in a partition (null: off; the target size is typical).
+    min_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None
+    # The oldest pending file of a partition was committed at least this long ago.
+    max_delay_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 600.0
+    # Table-wide: at least this many ingest snapshots have pending files (Tencent's "every 5").
+    every_n_snapshots: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 5
+
+    # -- runs (docs/compactor.md, "Runs"): how the incremental layout converges --
+    # A pass lays out a partition's new files as one run; when this many runs of a partition
+    # share a size tier (tier k: about target size x factor^k), they are merged into one,
+    # together with the new files. The main knob: higher rewrites less, reads more files;
+    # 2 meets the read goals of an unpartitioned stream (docs/compactor.md, the curve).
+    merge_factor: Annotated[int, _int(2, 64)] = 2
+    # A partition that got no new data for this many ingest commits, or this long, is
+    # finished: its runs and new files are merged into one sealed run, never rewritten again
+    # (null: that rule is off; both null: partitions are never sealed).
+    seal_after_commits: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
+    seal_after_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 3600.0
+
+    # -- rewriting --
+    # Size of the files the rewrite writes; null: the table's write.target-file-size-bytes.
+    target_file_size_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None
+    # A partition's pending files are split into groups of at most this many bytes; each
+    # group is read, laid out and written by one Spark job.
+    max_group_bytes: Annotated[int, _int(1, MAX_BYTES)] = 2 * 1024**3
+    # Large plans commit in several steps so a crash loses at most one step's work; a plan
+    # is committed in at most this many commits (1: one all-or-nothing commit).
+    max_commits: Annotated[int, _int(1, 10_000)] = 10
+    # Retries of a commit that still fails after Iceberg's own retries (CommitFailedException).
+    commit_retries: Annotated[int, _int(0, 1000)] = 3
+    # Rows sampled per group to find each column's rank boundaries (zorder, hilbert).
+    sample_rows: Annotated[int, _int(100, MAX_COUNT)] = 20000
+    # Bits of rank per column for zorder/hilbert: up to 2^bits distinct ranks per column.
+    index_bits: Annotated[int, _int(1, 20)] = 10
+
+    # -- running --
+    # How often the streaming query looks for new snapshots (continuous mode).
+    trigger_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 30.0
+    # One compactor per table: a lease row in the catalog database, renewed while running.
+    lease_ttl_seconds: Annotated[float, _float(5, DAY_SECONDS, lo_open=False)] = 60.0
+    # When another compactor holds the lease: 0 exits at once, >0 waits up to that long.
+    lease_wait_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 0.0
+    # Continuous mode started before the ingest's first commit: wait this long for the table
+    # to appear (0 fails at once). --once/--full/--dry-run never wait.
+    wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
+
+    @field_validator("columns")
+    @classmethod
+    def _distinct_columns(cls, value: list[str]) -> list[str]:
+        if dupes := sorted({c for c in value if value.count(c) > 1}):
+            raise ValueError(f"columns listed twice: {dupes}")
+        if any(not c.strip() for c in value):
+            raise ValueError("column names must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> CompactorConfig:
+        rules = (self.min_files, self.min_bytes, self.max_delay_seconds, self.every_n_snapshots)
+        if all(rule is None for rule in rules):
+            raise ValueError("min_files, min_bytes, max_delay_seconds and every_n_snapshots are all null: "
+                             "the incremental compactor would never act (use --full for one-off rewrites)")
+        return self
+
+
+class MonitoringConfig(_Section):
+    """Thresholds of the health verdict of `streamberg status` and the metrics exporter
+    (monitoring/). A threshold set to null turns its check off. See docs/monitoring.md."""
+
+    # Seconds to wait for the broker (metadata, end offsets) before calling it unreachable.
+    broker_timeout_seconds: Annotated[float, _float(0, 3600)] = 3.0
+    # Find each partition's end by also reading its last record batch: the embedded tansu
+    # broker's high watermark stops short of the end by the rest of that batch.
+    read_last_batch: Bool = True
+    # Ingest lag (records between the table's recorded offsets and the broker's end, all
+    # partitions together) from which the verdict is warn / critical.
+    lag_warn_records: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = 10_000
+    lag_critical_records: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = 1_000_000
+    # While records wait in Kafka, a last ingest commit older than this many
+    # ingest.commit_interval_seconds means ingest is stalled (no records waiting: idle, fine).
+    commit_age_warn_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 3.0
+    commit_age_critical_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 30.0
+    # The oldest file waiting for the compactor older than this many
+    # compactor.max_delay_seconds means the compactor is behind (off when max_delay is null).
+    pending_age_warn_factor: Annotated[float | None, _float(0, 1e6, optional=True)] = 2.0
+    pending_age_critical_factor: Annotated[float | None, _float(0, 1e6, optional=True)] = 6.0
+    # A data file is "small" below this fraction of the target file size (Iceberg's own
+    # rewrite uses 0.75 for its min-file-size-bytes).
+    small_file_fraction: Annotated[float, _float(0, 1)] = 0.75
+    # Share of small data files from which the verdict is warn, checked only once the table
+    # has at least small_file_min_files data files (a young table is all small files).
+    small_file_ratio_warn: Annotated[float | None, _float(0, 1, optional=True)] = 0.8
+    small_file_min_files: Annotated[int, _int(1, MAX_COUNT)] = 100
+    # Snapshot count from which the verdict is warn / critical (maintenance expires them).
+    snapshots_warn: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 2000
+    snapshots_critical: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 20000
+    # Dead letters from which the verdict is warn (null: off; bad producers are expected).
+    dead_letters_warn: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = None
+    # Where `streamberg metrics` listens (Prometheus scrapes http://host:port/metrics).
+    metrics_port: int = Field(default=9464, ge=1, le=65535)
+    # Loopback unless configured: the exporter has no authentication (docs/security.md).
+    metrics_address: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _warn_below_critical(self) -> MonitoringConfig:
+        pairs = [("lag_warn_records", "lag_critical_records"),
+                 ("commit_age_warn_intervals", "commit_age_critical_intervals"),
+                 ("pending_age_warn_factor", "pending_age_critical_factor"),
+                 ("snapshots_warn", "snapshots_critical")]
+        for warn, critical in pairs:
+            low, high = getattr(self, warn), getattr(self, critical)
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"{warn} ({low}) must not exceed {critical} ({high})")
+        return self
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _port_not_bool(cls, value: Any) -> Any:
+        # pydantic's lax int takes `true` as port 1.
+        if isinstance(value, (bool, float)):
+            raise ValueError("must be an integer between 1 and 65535")
+        return value
+
+
+class ExpireConfig(_Section):
+    """maintenance.expire: drop old snapshots (and the files only they reference)."""
+
+    enabled: Bool = True
+    # Snapshots older than this may be expired (ingest/compactor needs are always kept).
+    max_snapshot_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 7 * 86400.0
+    # The newest N snapshots of the main branch are always kept, whatever their age.
+    min_snapshots_to_keep: Annotated[int, _int(1, MAX_COUNT)] = 1
+    # Keep every append snapshot that added a file the compactor has not rewritten yet (the
+    # compactor recognises pending files by their adding snapshot). Set false only when no
+    # compactor runs on the table; otherwise expiry stops at the oldest uncompacted append.
+    keep_pending_for_compactor: Bool = True
+
+
+# Below this, a file still being written (ingest interval, a long compaction) could be
+# taken for an orphan; going lower needs an explicit, named override.
+ORPHAN_SAFETY_FLOOR_SECONDS = 3600.0
+
+
+class OrphanConfig(_Section):
+    """maintenance.orphan: delete files under the table location that no snapshot references."""
+
+    enabled: Bool = True
+    # Only files older than this are candidates: in-flight writes must never be deleted.
+    safety_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 3 * 86400.0
+    # Allows safety_age_seconds below one hour (tests, or writers known to be idle).
+    allow_short_safety_age: Bool = False
+
+    @model_validator(mode="after")
+    def _safe_age(self) -> OrphanConfig:
+        if self.safety_age_seconds < ORPHAN_SAFETY_FLOOR_SECONDS and not self.allow_short_safety_age:
+            raise ValueError(
+                f"safety_age_seconds: {self.safety_age_seconds:g} is below {ORPHAN_SAFETY_FLOOR_SECONDS:g} s; files "
+                "still being written by ingest or the compactor could be deleted. Set "
+                "maintenance.orphan.allow_short_safety_age: true only if no write can take that long")
+        return self
+
+
+class ManifestsConfig(_Section):
+    """maintenance.manifests: rewrite the manifests when there are too many or too much."""
+
+    enabled: Bool = True
+    # Rewrite when the current snapshot has at least this many manifests (null: no count rule).
+    min_count: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 100
+    # ... or when its manifests total at least this many bytes (null: no size rule).
+    min_total_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = 64 * 1024 * 1024
+
+    @model_validator(mode="after")
+    def _some_threshold(self) -> ManifestsConfig:
+        if self.enabled and self.min_count is None and self.min_total_bytes is None:
+            raise ValueError("min_count and min_total_bytes are both null, so the rewrite would never run; "
+                             "set maintenance.manifests.enabled: false to turn it off")
+        return self
+
+
+class RetentionConfig(_Section):
+    """maintenance.retention: delete rows older than `days` by a time column (off by default)."""
+
+    # A date/timestamp/timestamptz column of table.schema (checked by `streamberg maintain`).
+    column: Annotated[str | None, _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE, optional=True)] = None
+    # Rows whose column is older than now - days are deleted; null: retention off.
+    days: Annotated[float | None, _float(0, 36600, optional=True)] = None
+
+    @model_validator(mode="after")
+    def _column_when_on(self) -> RetentionConfig:
+        if self.days is not None and not self.column:
+            raise ValueError("column: required when retention.days is set (the time column rows are aged by)")
+        return self
+
+
+class MaintenanceConfig(_Section):
+    """Settings of `streamberg maintain` (maintenance/). See docs/maintenance.md."""
+
+    # Continuous mode runs one maintenance pass every interval.
+    interval_seconds: Annotated[float, _float(0, 30 * DAY_SECONDS)] = 3600.0
+    # Continuous mode started before the ingest's first commit: wait this long for the table
+    # to appear (0 fails at once). --once/--dry-run never wait.
+    wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
+    # Retries (with backoff) of a step whose commit still lost to concurrent commits after
+    # Iceberg's own retries (CommitFailedException); the step is re-planned each time.
+    commit_retries: Annotated[int, _int(0, 1000)] = 3
+    expire: ExpireConfig = Field(default_factory=ExpireConfig)
+    orphan: OrphanConfig = Field(default_factory=OrphanConfig)
+    manifests: ManifestsConfig = Field(default_factory=ManifestsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    # Orphan removal deletes unreferenced files under the table location: it refuses a table
+    # located outside catalog.warehouse unless this is true (maintenance/confine.py).
+    allow_location_outside_warehouse: Bool = False
+
+
+Component = Literal["ingest", "compact", "maintain"]
+COMPONENTS: tuple[Component, ...] = get_args(Component)
+
+
+class RunConfig(_Section):
+    """Settings of `streamberg run`, the local supervisor of ingest + compactor + maintenance."""
+
+    # Which components `streamberg run` starts (each is its own `streamberg <command>` process).
+    components: list[Component] = Field(
+        default_factory=lambda: list(COMPONENTS), min_length=1)
+    # A component that exits unexpectedly is restarted after this delay, doubled after each
+    # exit that follows a short run, up to restart_backoff_max_seconds.
+    restart_backoff_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 2.0
+    restart_backoff_max_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
+    # A component that ran this long before exiting counts as healthy: the backoff starts over.
+    healthy_after_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
+    # On stop, each component gets this long to finish gracefully before SIGKILL.
+    stop_timeout_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 120.0
+    # How often the status (line on a terminal, log line otherwise) is refreshed: one
+    # catalog read and one broker read each time.
+    status_interval_seconds: Annotated[float, _float(1, DAY_SECONDS, lo_open=False)] = 10.0
+
+    @field_validator("components")
+    @classmethod
+    def _distinct_components(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"components listed twice: {value}")
+        return value

@@ -1,0 +1,294 @@
+"""Reading the file: a regular UTF-8 file of at most 1 MiB, strict YAML (duplicate keys,
+non-string keys, deep nesting and alias floods refused before validation), relative paths
+resolved against the file's folder, environment overrides, and the dump workers rebuild from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    ValidationError,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings.exceptions import SettingsError
+
+from streamberg.common.config.bounds import (
+    MAX_CONFIG_BYTES,
+    MAX_TEXT,
+    MAX_YAML_ALIASES,
+    MAX_YAML_DEPTH,
+)
+from streamberg.common.config.components import (
+    CompactorConfig,
+)
+from streamberg.common.config.messages import (
+    _MAX_SHOWN,
+    _format_errors,
+    _key_shown,
+    _one_line,
+)
+from streamberg.common.config.model import (
+    ENV_PREFIX,
+    StreambergConfig,
+)
+from streamberg.common.config.sections import (
+    IngestConfig,
+)
+from streamberg.common.config.table import (
+    CatalogConfig,
+)
+from streamberg.common.errors import ConfigError
+from streamberg.common.redact import register_mapping_secrets, register_uri_secrets
+
+
+def _is_path(value: Any) -> bool:
+    # Leave anything odd (not a string, NUL bytes, absurd length) for validation to name.
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT and value.isprintable()
+
+
+class _PathProblem(Exception):
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+
+
+def _absolute(path: str, base: Path, key: str) -> str:
+    try:
+        p = Path(path).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+    except (RuntimeError, OSError, ValueError) as exc:  # "~nosuchuser/x", a symlink loop, ...
+        raise _PathProblem(key, f"cannot resolve the path ({_one_line(exc)[:100]})") from None
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(raw)
+    # A section given as a scalar or list is left as it is: validation names it.
+    catalog = raw.get("catalog", {})
+    if isinstance(catalog, dict):
+        catalog = dict(catalog)
+        uri = catalog.get("uri", CatalogConfig.model_fields["uri"].default)
+        if _is_path(uri) and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            catalog["uri"] = "sqlite:///" + _absolute(uri.removeprefix("sqlite:///"), base, "catalog.uri")
+        warehouse = catalog.get("warehouse", CatalogConfig.model_fields["warehouse"].default)
+        if _is_path(warehouse) and "://" not in warehouse:
+            catalog["warehouse"] = "file://" + _absolute(warehouse, base, "catalog.warehouse")
+        out["catalog"] = catalog
+    ingest = raw.get("ingest", {})
+    if isinstance(ingest, dict):
+        ingest = dict(ingest)
+        state = ingest.get("state_dir", IngestConfig.model_fields["state_dir"].default)
+        if _is_path(state):
+            ingest["state_dir"] = _absolute(state, base, "ingest.state_dir")
+        out["ingest"] = ingest
+    compactor = raw.get("compactor", {})
+    if isinstance(compactor, dict):
+        compactor = dict(compactor)
+        checkpoint = compactor.get("checkpoint_dir", CompactorConfig.model_fields["checkpoint_dir"].default)
+        if _is_path(checkpoint) and "://" not in checkpoint:
+            compactor["checkpoint_dir"] = _absolute(checkpoint, base, "compactor.checkpoint_dir")
+        out["compactor"] = compactor
+    return out
+
+
+class _Refused(Exception):
+    """The YAML document uses something a config must not (duplicate keys, deep nesting, ...)."""
+
+    def __init__(self, message: str, mark: Any = None) -> None:
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        super().__init__(where + message)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, non-string keys, deep nesting and alias floods.
+
+    PyYAML lets the last duplicate key win silently, and its composer recurses once per
+    nesting level (a few thousand brackets exhaust the stack). Aliases are counted because
+    each one can multiply the data a validator walks (the "billion laughs" document).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _Refused(f"more than {MAX_YAML_ALIASES} aliases", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" may be overridden, by design
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):
+                shown = repr(key) if len(repr(key)) <= _MAX_SHOWN else type(key).__name__
+                raise _Refused(f"key {shown} is not a string (quote it)", key_node.start_mark)
+            if key in seen:
+                raise _Refused(f"duplicate key '{_key_shown(key)}' (YAML would keep only the last one)",
+                               key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_config_text(path: Path) -> str:
+    """The file's text, if it is a regular, readable UTF-8 file of at most MAX_CONFIG_BYTES."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CONFIG_BYTES:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"config file {path} is not a regular file")
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(MAX_CONFIG_BYTES + 1)  # it may have grown since fstat
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte offset {exc.start})") from None
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except _Refused as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {_one_line(exc.problem or exc.context or '')}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(exc)}") from None
+    except (ValueError, RecursionError) as exc:
+        # PyYAML's constructors raise plain ValueError (an integer of more than 4300 digits).
+        raise ConfigError(f"config file {path} holds a value YAML cannot read: {_one_line(exc)[:200]}") from None
+
+
+def _env_error(exc: SettingsError) -> ConfigError:
+    """pydantic-settings names only the section; find the variable whose JSON is bad."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    section = f"{ENV_PREFIX}{match.group(1).upper()}" if match else ENV_PREFIX
+    names = []
+    for name, value in sorted(os.environ.items()):
+        if not name.upper().startswith(section) or not value.lstrip().startswith(("{", "[")):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            names.append(name)
+    shown = ", ".join(names) or section
+    return ConfigError(f"invalid configuration in the environment: {shown}: not valid JSON "
+                       f"(a section or a mapping/list key is given as JSON)")
+
+
+def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
+    """Read, resolve and validate a config file; raise ConfigError naming every bad key.
+
+    The secrets the config holds (catalog URI password, secret-named catalog properties and
+    consumer settings) are registered with common.redact, so no output shows them after.
+    """
+    path = Path(path)
+    raw = _parse_yaml(path, _read_config_text(path))
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must be a mapping of sections (kafka, catalog, table, ...)")
+    # An empty section ("ingest:" with every key commented out) means its defaults.
+    raw = {key: value for key, value in {**raw, **overrides}.items() if value is not None or key in ("kafka", "table")}
+    try:
+        raw = _resolve_paths(raw, path.resolve().parent)
+    except _PathProblem as exc:
+        raise ConfigError(f"invalid configuration in {path}: {exc}") from None
+    raw["config_path"] = str(path.resolve())
+    try:
+        config = StreambergConfig(**raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(str(path), exc)) from None
+    except SettingsError as exc:
+        raise _env_error(exc) from None
+    config = _absolute_overrides(config)
+    _register_secrets(config)
+    return config
+
+
+def _absolute_overrides(config: StreambergConfig) -> StreambergConfig:
+    """Paths from the file were made absolute against its folder before validation; a path
+    still relative came from an environment override: absolute against the working directory
+    the operator gave it in, so every process of the run (Flink workers, the supervisor's
+    children, Spark) means the same folder."""
+    cwd = Path.cwd()
+    updates: dict[str, Any] = {}
+    catalog = config.catalog
+    if catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") and _is_path(catalog.uri):
+        catalog = catalog.model_copy(update={"uri": "sqlite:///" + str(cwd / catalog.uri.removeprefix("sqlite:///"))})
+    if "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
+        catalog = catalog.model_copy(update={"warehouse": "file://" + str(cwd / catalog.warehouse)})
+    if catalog is not config.catalog:
+        updates["catalog"] = catalog
+    if not Path(config.ingest.state_dir).is_absolute():
+        updates["ingest"] = config.ingest.model_copy(update={"state_dir": str(cwd / config.ingest.state_dir)})
+    checkpoint = config.compactor.checkpoint_dir
+    if checkpoint and "://" not in checkpoint and not Path(checkpoint).is_absolute():
+        updates["compactor"] = config.compactor.model_copy(update={"checkpoint_dir": str(cwd / checkpoint)})
+    return config.model_copy(update=updates) if updates else config
+
+
+def dump_config(config: StreambergConfig) -> dict[str, Any]:
+    """The config as plain data (for shipping to Flink/Spark workers)."""
+    return config.model_dump(mode="json", by_alias=True)
+
+
+def _register_secrets(config: StreambergConfig) -> None:
+    register_uri_secrets(config.catalog.uri)
+    register_mapping_secrets(config.catalog.properties)
+    register_mapping_secrets(config.kafka.consumer)
+    register_mapping_secrets(config.compactor.spark_conf)
+    register_mapping_secrets(config.ingest.flink)
+
+
+class _HandedConfig(StreambergConfig):
+    """The same models and validators, with the values given as the only source: a worker's
+    environment must not change the configuration the driver validated."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_others: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def config_from_dump(data: dict[str, Any]) -> StreambergConfig:
+    """Rebuild a config inside a worker, validated like the driver's (every section), with
+    nothing taken from the worker's environment."""
+    try:
+        handed = _HandedConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors("the configuration handed to a worker", exc)) from None
+    # Validated above; the values move into the class every caller knows.
+    config = StreambergConfig.model_construct(_fields_set=handed.model_fields_set, **dict(handed))
+    _register_secrets(config)  # worker logs are redacted like the driver's
+    return config

@@ -1,0 +1,114 @@
+"""The whole configuration (`StreambergConfig`) and the targets that components are given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from streamberg.common.config.components import (
+    CompactorConfig,
+    MaintenanceConfig,
+    MonitoringConfig,
+    RunConfig,
+)
+from streamberg.common.config.sections import (
+    DeadLetterConfig,
+    IngestConfig,
+    KafkaConfig,
+)
+from streamberg.common.config.table import (
+    CatalogConfig,
+    TableConfig,
+)
+
+ENV_PREFIX = "STREAMBERG_"
+
+@dataclass(frozen=True)
+class TableTarget:
+    """The table a component works on: the two sections every component shares.
+
+    Components are given their own section plus this (the compactor `compactor` + target,
+    maintenance `maintenance` + target); only the commands that compose them read the whole
+    configuration.
+    """
+
+    catalog: CatalogConfig
+    table: TableConfig
+
+    @property
+    def identifier(self) -> str:
+        return self.table.identifier
+
+    @property
+    def spark_name(self) -> str:
+        """The table's name in Spark: <catalog>.<namespace>.<table>."""
+        return f"{self.catalog.name}.{self.table.identifier}"
+
+
+class StreambergConfig(BaseSettings):
+    """The whole configuration. Build it with :func:`load_config`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True, populate_by_name=True
+    )
+
+    kafka: KafkaConfig
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
+    table: TableConfig
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
+    dead_letter: DeadLetterConfig = Field(default_factory=DeadLetterConfig)
+    compactor: CompactorConfig = Field(default_factory=CompactorConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    # Where the file was read from (set by load_config; used to resolve relative paths).
+    config_path: str | None = None
+
+    @model_validator(mode="after")
+    def _dead_letters_elsewhere(self) -> StreambergConfig:
+        # Catalog identifiers compare case-insensitively in Spark: the same table either way.
+        if self.dead_letter_table.lower() == self.table.identifier.lower():
+            raise ValueError("dead_letter.table: must differ from table.identifier (dead letters would be "
+                             "appended to the main table)")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML document arrives as init kwargs; the environment overrides it.
+        return (env_settings, init_settings)
+
+    @property
+    def target(self) -> TableTarget:
+        return TableTarget(self.catalog, self.table)
+
+    @property
+    def job_id(self) -> str:
+        return self.ingest.job_id or f"ingest:{self.table.identifier}"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return self.dead_letter.table or f"{self.table.identifier}_dead_letters"
+
+    @property
+    def consumer_group(self) -> str:
+        return self.kafka.group_id or f"streamberg-{self.table.identifier}"
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.ingest.state_dir)
+
+
+# Keys whose values may hold credentials: an error about them never shows the value.

@@ -1,0 +1,97 @@
+"""The `kafka`, `ingest` and `dead_letter` sections: what the ingest reads and how."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    PlainValidator,
+    field_validator,
+)
+
+from streamberg.common.config.bounds import (
+    _PRINTABLE_ASCII,
+    _TOPIC,
+    DAY_SECONDS,
+    MAX_COUNT,
+    MAX_MAP_ENTRIES,
+    MAX_RECORD_BYTES,
+    Bool,
+    Key,
+    Properties,
+    TableIdentifier,
+    Text,
+    _check_setting,
+    _float,
+    _int,
+    _Section,
+    _text,
+)
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: Text = "127.0.0.1:19092"
+    topic: Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule), not '.' or '..'")]
+    # The offset to start from for a partition the table has never seen.
+    start_offset: Literal["earliest", "latest"] = "earliest"
+    # Consumer group under which offsets are committed *after* each Iceberg commit.
+    # They are for lag monitoring only: the job always resumes from the table.
+    group_id: Annotated[str | None, _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True)] = None
+    # Extra librdkafka settings passed to every consumer (security, fetch sizes, ...).
+    consumer: Annotated[dict[Key, Annotated[str | int | float | bool, PlainValidator(_check_setting)]],
+                        Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
+
+    @field_validator("topic")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError("'.' and '..' are not topic names")
+        return value
+
+    @field_validator("consumer")
+    @classmethod
+    def _no_owned_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        owned = {"bootstrap.servers", "group.id", "enable.auto.commit", "auto.offset.reset"}
+        if clash := sorted(owned & set(value)):
+            raise ValueError(f"{', '.join(clash)} are set by streamberg itself; use the kafka.* keys instead")
+        return value
+
+class IngestConfig(_Section):
+    # Each commit interval, writers close their files and the committer makes one snapshot.
+    commit_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
+    parallelism: Annotated[int, _int(1, 256)] = 2
+    # Upper bound of records fetched by one poll (one decode batch).
+    max_poll_records: Annotated[int, _int(1, 1_000_000)] = 5000
+    poll_timeout_seconds: Annotated[float, _float(0, 3600)] = 0.2
+    # A record larger than this is dead-lettered as oversized. At most what the writers'
+    # consumer can be set to fetch (MAX_RECORD_BYTES: librdkafka caps max.partition.fetch.bytes,
+    # which the writer sets to twice this, at 10^9).
+    max_record_bytes: Annotated[int, _int(1, MAX_RECORD_BYTES)] = 1024 * 1024
+    # Rows buffered per open file before a Parquet row group is written.
+    row_group_rows: Annotated[int, _int(1, MAX_COUNT)] = 131072
+    # Identifies this ingest job in snapshot summaries; defaults to "ingest:<table>".
+    job_id: Annotated[str | None, _text(255, _PRINTABLE_ASCII, "must be 1 to 255 printable ASCII characters", optional=True)] = None
+    # Local working files of the job (run markers); not part of the table.
+    state_dir: Text = ".streamberg/state"
+    # What happens when a position the table recorded is no longer on the broker: records
+    # deleted by retention before they were ingested, or offsets that went back (a recreated
+    # topic, a failover). `fail` stops with exit 1 naming the partition, the committed offset
+    # and the watermarks; `skip-and-record` goes on from the low watermark and records the
+    # jump in the table, where status, metrics and `streamberg table` show it
+    # (docs/runbooks/lost-offsets.md).
+    on_lost_offsets: Literal["fail", "skip-and-record"] = "fail"
+    # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
+    commit_retries: Annotated[int, _int(0, 1000)] = 10
+    # Local runs: fork the Python workers from one process that imported Beam, PyFlink and
+    # streamberg once (ingest/fork_server.py) instead of starting a fresh interpreter for
+    # each; false starts each worker anew (slower start-up and restarts, same isolation).
+    fork_python_workers: Bool = True
+    # Extra Flink configuration (key: value), e.g. {"taskmanager.memory.process.size": "2g"}.
+    flink: Properties = Field(default_factory=dict)
+
+
+class DeadLetterConfig(_Section):
+    # Malformed records go to this Iceberg table (created when absent), exactly once.
+    table: TableIdentifier | None = None
+
