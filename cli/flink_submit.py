@@ -67,7 +67,7 @@ def submit(config_path: str, parallelism: int | None) -> int:
     if parallelism < 1:
         raise ConfigError("--parallelism must be at least 1")
     run_id = new_run_id()
-    log = get_logger("ingest.submit", job=config.job_id, table=config.table.identifier, run=run_id)
+    log = get_logger("ingest.submit", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
     try:
         _, table = prepare_tables(config)  # a bad table fails here, not in every TaskManager
     except (SchemaMismatchError, UnsupportedSchemaError) as exc:

@@ -345,7 +345,7 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent."""
     catalog = load_catalog(config.catalog)
-    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.dead_letter_table)
+    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)
 
 
 def _poll_until(attempt: Callable[[], Any], waiting_for: tuple[type[BaseException], ...], timeout_seconds: float,

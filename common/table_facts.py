@@ -43,7 +43,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
     except NoSuchTableError:
         return {"table": config.table.identifier, "exists": False}
     position = committed_position(table, config.kafka.topic)
-    dlq_records = dead_letter_records(catalog, config.dead_letter_table) or 0
+    dlq_records = dead_letter_records(catalog, config.ingest_target.dead_letter_table) or 0
     current = table.current_snapshot()
     records = _total(table, "total-records")
     consumed = position.consumed_total  # counted by the writers, recorded by each commit
@@ -63,7 +63,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
             "job_id": position.job_id,
             "committed_at_ms": position.timestamp_ms,
         },
-        "dead_letter_table": config.dead_letter_table,
+        "dead_letter_table": config.ingest_target.dead_letter_table,
         "dead_letters": dlq_records,
         "consumed": consumed,
         # Offsets Kafka no longer had when the ingest came to them (on_lost_offsets:

@@ -101,7 +101,7 @@ class Committer:
     def __init__(self, config: StreambergConfig, parallelism: int, run_id: str):
         self.config, self.parallelism, self.run_id = config, parallelism, run_id
         self.topic = config.kafka.topic
-        self.log = get_logger("ingest.committer", job=config.job_id, table=config.table.identifier, run=run_id)
+        self.log = get_logger("ingest.committer", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
         self.pending = _Pending()
         self.finished_writers: set[int] = set()
         self.commit_seq = 0
@@ -121,8 +121,8 @@ class Committer:
         self.expected = dict(position.offsets)
         self.consumed_total = position.consumed_total
         self.skips, self.lost_total = position.skips, position.lost_total
-        self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.job_id else 0
-        ensure_dead_letter_table(self.catalog, self.config.dead_letter_table)
+        self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.ingest_target.job_id else 0
+        ensure_dead_letter_table(self.catalog, self.config.ingest_target.dead_letter_table)
         self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
                       recorded_by=position.job_id)
         # Dead letters of a main commit whose committer stopped before adding them.
@@ -207,7 +207,7 @@ class Committer:
         self.commit_seq += 1
         properties = {
             kafka_offsets_key(self.topic): encode_offsets(new_offsets),
-            SummaryKeys.JOB_ID: self.config.job_id,
+            SummaryKeys.JOB_ID: self.config.ingest_target.job_id,
             SummaryKeys.RUN_ID: self.run_id,
             SummaryKeys.COMMIT_SEQ: str(self.commit_seq),
             SummaryKeys.CONSUMED_TOTAL: str(consumed_total),
@@ -268,13 +268,13 @@ class Committer:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _write_dead_letters(self, dead: list[DeadLetter]) -> str:
-        dlq = self.catalog.load_table(self.config.dead_letter_table)
-        rows = dead_letter_rows(dead, self.topic, self.config.job_id)
+        dlq = self.catalog.load_table(self.config.ingest_target.dead_letter_table)
+        rows = dead_letter_rows(dead, self.topic, self.config.ingest_target.job_id)
         return write_dead_letter_file(dlq, rows, name_prefix=f"dlq-{self.run_id}-{self.commit_seq:06d}")
 
     def _delete_quietly(self, path: str) -> None:
         try:
-            self.catalog.load_table(self.config.dead_letter_table).io.delete(path)
+            self.catalog.load_table(self.config.ingest_target.dead_letter_table).io.delete(path)
         except Exception as exc:  # noqa: BLE001 - an orphan then; maintenance removes it after its safety age
             self.log.warning("could not delete an uncommitted dead-letter file", path=path, error=str(exc))
 
@@ -283,7 +283,7 @@ class Committer:
         (the main table names the files): it is logged and retried at the next commit and at
         the next open."""
         try:
-            apply_dead_letter_files(self.catalog, self.config.table.identifier, self.config.dead_letter_table,
+            apply_dead_letter_files(self.catalog, self.config.table.identifier, self.config.ingest_target.dead_letter_table,
                                     self.config.ingest.commit_retries, self.run_id, self.log)
             self._dead_letters_behind = False
         except Exception as exc:  # noqa: BLE001 - see above; the next commit retries

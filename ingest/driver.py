@@ -97,7 +97,7 @@ def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_serv
     from streamberg.ingest.committer import run_dir
 
     run_id = new_run_id()
-    log = get_logger("ingest.driver", job=config.job_id, table=config.table.identifier, run=run_id)
+    log = get_logger("ingest.driver", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
     catalog, table = prepare_tables(config)
     start = committed_position(table, config.kafka.topic)
     markers = run_dir(config, run_id)

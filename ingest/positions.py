@@ -85,6 +85,6 @@ def broker_positions(config: StreambergConfig, partitions: Iterable[int], commit
     just past it is normal there, common/watermarks.py)."""
     kafka = config.kafka
     settings = {**kafka.consumer, "bootstrap.servers": kafka.bootstrap_servers,
-                "group.id": f"{config.consumer_group}-positions"}
+                "group.id": f"{config.ingest_target.consumer_group}-positions"}
     return read_topic_watermarks(settings, kafka.topic, timeout_seconds, partitions=set(partitions),
                                  ends_past=committed)

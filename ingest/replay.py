@@ -191,7 +191,7 @@ def _append_with_retries(catalog: Catalog, config: StreambergConfig, files: list
 # -- the dead-letter table -----------------------------------------------------------------
 def _load_dlq(catalog: Catalog, config: StreambergConfig) -> Table | None:
     try:
-        return catalog.load_table(config.dead_letter_table)
+        return catalog.load_table(config.ingest_target.dead_letter_table)
     except NoSuchTableError:
         return None
 
@@ -242,7 +242,7 @@ def _reasons(reasons: list[str]) -> dict[str, int]:
 def _read_range(config: StreambergConfig, partition: int, start: int, end: int) -> Iterator[list]:
     """Batches of Kafka messages of one partition with offsets in [start, end)."""
     topic = config.kafka.topic
-    consumer = Consumer({**consumer_settings(config), "group.id": f"{config.consumer_group}-replay"})
+    consumer = Consumer({**consumer_settings(config), "group.id": f"{config.ingest_target.consumer_group}-replay"})
     try:
         low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
         if start < low:

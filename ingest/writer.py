@@ -45,7 +45,7 @@ def consumer_settings(config: StreambergConfig) -> dict:
     return {
         "bootstrap.servers": config.kafka.bootstrap_servers,
         # librdkafka wants a group id even for assign(); offsets are never auto-committed.
-        "group.id": config.consumer_group,
+        "group.id": config.ingest_target.consumer_group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
@@ -76,7 +76,7 @@ class IngestWriter:
         self.config, self.index, self.parallelism, self.run_id = config, index, parallelism, run_id
         self.topic = config.kafka.topic
         self.interval = config.ingest.commit_interval_seconds
-        self.log = get_logger("ingest.writer", job=config.job_id, table=config.table.identifier,
+        self.log = get_logger("ingest.writer", job=config.ingest_target.job_id, table=config.table.identifier,
                               writer=index, run=run_id)
         self.consumer: Consumer | None = None
         self.position: dict[int, int] = {}  # partition -> next offset to read

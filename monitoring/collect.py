@@ -72,8 +72,8 @@ class _Collector:
                            topic_exists=marks.exists, lag=lag, **recorded)
 
     def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
-        records = dead_letter_records(catalog, self.config.dead_letter_table)
-        return DeadLetterFacts(table=self.config.dead_letter_table, exists=records is not None, records=records or 0)
+        records = dead_letter_records(catalog, self.config.ingest_target.dead_letter_table)
+        return DeadLetterFacts(table=self.config.ingest_target.dead_letter_table, exists=records is not None, records=records or 0)
 
 
 

@@ -22,7 +22,7 @@ def read_watermarks(config: StreambergConfig, timeout_seconds: float) -> Waterma
         **kafka.consumer,  # security settings must apply to this client too
         "bootstrap.servers": kafka.bootstrap_servers,
         # Required by librdkafka for any consumer; this one never joins or commits.
-        "group.id": f"{config.consumer_group}-status",
+        "group.id": f"{config.ingest_target.consumer_group}-status",
     }
     return read_topic_watermarks(settings, kafka.topic, timeout_seconds, read_ends=config.monitoring.read_last_batch)
 

@@ -49,7 +49,7 @@ def table_ids(config: StreambergConfig) -> list[int]:
 
 
 def dead_letters(config: StreambergConfig):
-    return load_catalog(config.catalog).load_table(config.dead_letter_table).scan().to_arrow()
+    return load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table).scan().to_arrow()
 
 
 def streamberg(*args: str, timeout: float = 600, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -34,7 +34,7 @@ from streamberg.common.config.components import (
     RunConfig,
 )
 from streamberg.common.config.loading import config_from_dump, dump_config, load_config
-from streamberg.common.config.model import ENV_PREFIX, StreambergConfig, TableTarget
+from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
 from streamberg.common.config.sections import DeadLetterConfig, IngestConfig, KafkaConfig
 from streamberg.common.config.table import (
     PRIMITIVE_TYPES,
@@ -47,7 +47,7 @@ from streamberg.common.config.table import (
 __all__ = [
     "ENV_PREFIX", "LAYOUT_STRATEGIES", "MAX_CONFIG_BYTES", "MAX_RECORD_BYTES", "ORPHAN_SAFETY_FLOOR_SECONDS",
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
-    "IngestConfig", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MonitoringConfig", "OrphanConfig",
+    "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MonitoringConfig", "OrphanConfig",
     "PartitionFieldConfig", "RetentionConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -51,6 +51,34 @@ class TableTarget:
         return f"{self.catalog.name}.{self.table.identifier}"
 
 
+@dataclass(frozen=True)
+class IngestTarget:
+    """The names the ingest gives its work on a table: its job, consumer group, dead-letter
+    table and state folder, each defaulted from the table's identifier. Monitoring reads
+    the same names (the dead-letter table, the consumer group's lag)."""
+
+    table_identifier: str
+    kafka: KafkaConfig
+    ingest: IngestConfig
+    dead_letter: DeadLetterConfig
+
+    @property
+    def job_id(self) -> str:
+        return self.ingest.job_id or f"ingest:{self.table_identifier}"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return self.dead_letter.table or f"{self.table_identifier}_dead_letters"
+
+    @property
+    def consumer_group(self) -> str:
+        return self.kafka.group_id or f"streamberg-{self.table_identifier}"
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.ingest.state_dir)
+
+
 class StreambergConfig(BaseSettings):
     """The whole configuration. Build it with :func:`load_config`."""
 
@@ -73,7 +101,7 @@ class StreambergConfig(BaseSettings):
     @model_validator(mode="after")
     def _dead_letters_elsewhere(self) -> StreambergConfig:
         # Catalog identifiers compare case-insensitively in Spark: the same table either way.
-        if self.dead_letter_table.lower() == self.table.identifier.lower():
+        if self.ingest_target.dead_letter_table.lower() == self.table.identifier.lower():
             raise ValueError("dead_letter.table: must differ from table.identifier (dead letters would be "
                              "appended to the main table)")
         return self
@@ -95,20 +123,8 @@ class StreambergConfig(BaseSettings):
         return TableTarget(self.catalog, self.table)
 
     @property
-    def job_id(self) -> str:
-        return self.ingest.job_id or f"ingest:{self.table.identifier}"
-
-    @property
-    def dead_letter_table(self) -> str:
-        return self.dead_letter.table or f"{self.table.identifier}_dead_letters"
-
-    @property
-    def consumer_group(self) -> str:
-        return self.kafka.group_id or f"streamberg-{self.table.identifier}"
-
-    @property
-    def state_dir(self) -> Path:
-        return Path(self.ingest.state_dir)
+    def ingest_target(self) -> IngestTarget:
+        return IngestTarget(self.table.identifier, self.kafka, self.ingest, self.dead_letter)
 
 
 # Keys whose values may hold credentials: an error about them never shows the value.

@@ -176,7 +176,7 @@ def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path:
     assert dlq.num_rows == sum(before.bad.values()) + sum(during.bad.values()) > 0
     assert position.consumed_total == BEFORE_SUBMIT + WHILE_RUNNING
     # The commits are this submission's, made on the cluster's TaskManager (its log has them).
-    assert position.run_id == job["run_id"] and position.job_id == config.job_id
+    assert position.run_id == job["run_id"] and position.job_id == config.ingest_target.job_id
     taskmanager_output = "".join(p.read_text(errors="replace") for p in (directory / "log").glob("*taskexecutor*"))
     assert job["run_id"] in taskmanager_output and '"committed"' in taskmanager_output
     assert get_json(f"{rest}/overview")["taskmanagers"] == 1  # the stop left the TaskManager up

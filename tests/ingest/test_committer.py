@@ -183,7 +183,7 @@ def test_commit_conflicts_are_retried_without_losing_files(config, caplog) -> No
 
 
 def _dlq_rows(config) -> list[tuple[int, int, str]]:
-    rows = load_catalog(config.catalog).load_table(config.dead_letter_table).scan().to_arrow()
+    rows = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table).scan().to_arrow()
     return sorted(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(),
                       rows.column("reason").to_pylist()))
 
@@ -247,7 +247,7 @@ def test_a_crash_after_the_main_commit_is_repaired_by_the_next_open(config, spar
     from tests.helpers import spark_table
 
     # An independent reader (Spark's own Iceberg catalog) sees the same rows.
-    rows = spark_table(spark, config, config.dead_letter_table).select("offset").collect()
+    rows = spark_table(spark, config, config.ingest_target.dead_letter_table).select("offset").collect()
     assert sorted(r["offset"] for r in rows) == [3, 17]
 
 
@@ -255,7 +255,7 @@ def test_a_fenced_committer_writes_no_dead_letter_and_no_file(config) -> None:
     live, fenced = Committer(config, 1, "live"), Committer(config, 1, "fenced")
     live.open()
     fenced.open()  # both saw the same (empty) table
-    dlq_location = load_catalog(config.catalog).load_table(config.dead_letter_table).location()
+    dlq_location = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table).location()
     # The live instance commits [0, 100) first; its decoder finds 5 and 7 bad.
     live.offer(make_unit(config, 0, partition=0, start=0, end=100, dead=(5, 7)))
     files_before = _files_under(dlq_location)
@@ -278,7 +278,7 @@ def test_a_committer_fenced_between_its_check_and_its_append_leaves_no_dead_lett
     slow = Committer(config, 1, "slow")
     live.open()
     slow.open()
-    dlq_location = load_catalog(config.catalog).load_table(config.dead_letter_table).location()
+    dlq_location = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table).location()
     write = slow._write_dead_letters
 
     def write_then_lose_the_race(dead):
@@ -307,7 +307,7 @@ def test_replay_of_dead_letters_takes_only_rows_below_the_committed_offsets(conf
     committer.open()
     committer.offer(make_unit(config, 0, partition=0, start=0, end=10, dead=(4,)))
     valid = b'{"id": 10, "ts": "2026-11-21T00:00:00Z", "user_id": "u1", "amount": 2.5}'
-    dlq = load_catalog(config.catalog).load_table(config.dead_letter_table)
+    dlq = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table)
     dlq.append(dead_letter_rows([DeadLetter(0, 10, None, None, valid, "old version"),
                                  DeadLetter(1, 0, None, None, valid, "old version")], config.kafka.topic, "old"))
     outcome = replay_dead_letters(config)

@@ -82,7 +82,7 @@ def test_good_config_loads_and_resolves_paths(good_config: Path) -> None:
     config = load_config(good_config)
     assert config.catalog.uri == f"sqlite:///{good_config.parent / 'catalog.db'}"
     assert config.catalog.warehouse == f"file://{good_config.parent / 'warehouse'}"
-    assert config.dead_letter_table == "db.events_dead_letters"
+    assert config.ingest_target.dead_letter_table == "db.events_dead_letters"
 
 
 def test_environment_overrides_the_file(good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:

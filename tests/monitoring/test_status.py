@@ -53,7 +53,7 @@ def test_fresh_table(tmp_path: Path, broker: str) -> None:
     assert status["files"]["data_files"] == status["files"]["small_files"] == 0
     assert status["compactor"]["pending_files"] == 0 and status["compactor"]["last_optimize"] is None
     assert status["snapshots"]["count"] == 0 and status["snapshots"]["metadata_bytes"] > 0
-    assert status["dead_letters"] == {"table": config.dead_letter_table, "exists": True, "records": 0}
+    assert status["dead_letters"] == {"table": config.ingest_target.dead_letter_table, "exists": True, "records": 0}
 
 
 def test_topic_not_created_yet_is_a_warning(tmp_path: Path, broker: str) -> None:
@@ -69,13 +69,13 @@ def test_after_ingest_commits(scenario: Scenario) -> None:
     config = scenario.config
     status = with_health(collect_status(config), config)
     table = load_catalog(config.catalog).load_table(config.table.identifier)
-    dlq = load_catalog(config.catalog).load_table(config.dead_letter_table)
+    dlq = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table)
 
     # last commit: the second ingest commit
     last, result = status.ingest.last_commit, scenario.results[-1]
     assert last.snapshot_id == result.snapshot_id == table.current_snapshot().snapshot_id
     assert (last.records, last.files, last.dead_letters) == (result.records, result.files, result.dead_letters)
-    assert last.job_id == config.job_id
+    assert last.job_id == config.ingest_target.job_id
     assert last.consumed_total == sum(scenario.committed.values())
     low, high = scenario.last_commit_window_ms
     assert 0 <= last.commit_latency_seconds <= (high - low) / 1000

@@ -182,7 +182,7 @@ def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None:
     status = lag.run("check").expect(0).json()
     assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] != "critical"
     facts = failures.run("check").expect(0).json()
-    assert facts["committed_offsets"]["job_id"] == config.job_id and facts["reconciles"] is True
+    assert facts["committed_offsets"]["job_id"] == config.ingest_target.job_id and facts["reconciles"] is True
     _stopped_gracefully(running, "SIGINT")
     assert not duplicates(table_ids(config))
 

@@ -182,7 +182,7 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     assert (second["read"], second["records_added"], second["still_bad"]) == (1, 0, 1)
     # A crash between the append and the DLQ delete leaves landed rows in the DLQ: the next
     # run removes them instead of adding them again.
-    dlq = load_catalog(config.catalog).load_table(config.dead_letter_table)
+    dlq = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table)
     lost = dead_letters(config).slice(0, 1).to_pylist()[0]
     dlq.append(pa.Table.from_pylist([{**lost, "offset": 45}], schema=schema_to_pyarrow(dlq.schema())))
     repaired = _json(cli("replay", "--config", str(new), "--dead-letters"))
