@@ -68,7 +68,7 @@ class Obj(dict):
     huge: bool  # some member (duplicates included) is written with an exponent of 10,000 or more
 
 
-# The decoder's rule for schemas with decimal fields (ingest/decode.py, HUGE_EXPONENT): a
+# The decoder's rule for schemas with decimal fields (ingest/json_screen.py, HUGE_EXPONENT): a
 # record is refused when some object member's value, at any depth, is a number or a string
 # written with an exponent of 10,000 or more; records that could hold one (SUSPECT: such a
 # token standing as a whole member value, or an escaped e/E or digit) and nest deeper than
