@@ -10,17 +10,16 @@ import random
 import pytest
 
 from streamberg.common.errors import LayoutError
-from streamberg.compactor.layouts import (
-    apply_layout,
+from streamberg.compactor.curves import (
     hilbert_reference,
-    partition_routing_keys,
     rank_boundaries,
-    spark_hash_long,
     with_hilbert_transpose,
     with_scaled_ranks,
     zorder_expression,
     zorder_reference,
 )
+from streamberg.compactor.layouts import apply_layout
+from streamberg.compactor.routing import partition_routing_keys, spark_hash_long
 
 pytestmark = pytest.mark.spark
 
