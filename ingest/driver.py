@@ -9,7 +9,6 @@ job is cancelled. The outcome counts only this run's own commits.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
+from streamberg.common.stop import stop_on_signals
 from streamberg.ingest.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.job import (
     LOST_OFFSETS_MARKER,
@@ -115,7 +115,7 @@ def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_serv
     stop = _StopRequest(markers, log)
     fenced = None
     try:
-        with _signals_stop(stop):
+        with stop_on_signals(stop, lambda: stop.reason is not None):
             fenced = _watch(run, client, catalog, stop, bar)
     except KeyboardInterrupt:  # a second signal: stop now (safe: nothing is half-visible)
         stop.reason = stop.reason or "interrupted"
@@ -128,23 +128,6 @@ def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_serv
             pass
         relay.stop()
     return _outcome(run, catalog, stop, fenced)
-
-
-@contextmanager
-def _signals_stop(stop: _StopRequest) -> Iterator[None]:
-    """SIGINT and SIGTERM request a graceful stop; a second one raises KeyboardInterrupt."""
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if stop.reason is not None:
-            raise KeyboardInterrupt
-        stop(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -> str | None:

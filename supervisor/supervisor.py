@@ -47,6 +47,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
+from streamberg.common.stop import stop_on_signals
 
 # Component name -> the `streamberg` subcommand arguments that run it continuously.
 COMMANDS = {
@@ -282,10 +283,9 @@ class Supervisor:
             self.exit_code = code
             self.log.info("stopping the loop", reason=reason)
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        if self.stop_reason is not None:
-            self.kill_now = True  # second signal: no more waiting
-        self._request_stop(signal.Signals(signum).name)
+    def _kill_now(self, reason: str) -> None:
+        self.kill_now = True  # a signal while stopping: no more waiting
+        self._request_stop(reason)
 
     def _stop_all(self) -> None:
         running = [c for c in self.components.values() if c.running]
@@ -333,7 +333,10 @@ class Supervisor:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        with stop_on_signals(self._request_stop, lambda: self.stop_reason is not None, again=self._kill_now):
+            return self._loop()
+
+    def _loop(self) -> int:
         self.started = time.monotonic()
         self.log.info("starting the loop", components=list(self.components), duration_s=self.duration)
         try:
@@ -359,8 +362,6 @@ class Supervisor:
                 if comp.proc is not None and comp.proc.poll() is None:
                     self._reap_group(comp)
                     comp.proc.wait()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
             self.status_stop.set()
             if self.status_thread is not None:
                 self.status_thread.join(timeout=30)
