@@ -30,12 +30,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.private_tables import ensure_private_table, private_table
 from streamberg.common.times import iso_from_epoch
 
 RUNS_TABLE = "streamberg_maintenance_runs"
-_metadata = sa.MetaData()
-runs = sa.Table(
-    RUNS_TABLE, _metadata,
+runs = private_table(
+    RUNS_TABLE,
     sa.Column("run_id", sa.String(64), primary_key=True),
     sa.Column("catalog_name", sa.String(255), nullable=False),
     sa.Column("table_identifier", sa.String(255), nullable=False),
@@ -52,7 +52,7 @@ runs = sa.Table(
 def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, started_at: float,
                finished_at: float) -> None:
     """Persist one run's result object (see service.Maintainer.run for its keys)."""
-    _metadata.create_all(engine, tables=[runs], checkfirst=True)
+    ensure_private_table(engine, runs)
     with engine.begin() as conn:
         conn.execute(runs.insert().values(
             run_id=result["run_id"], catalog_name=catalog_name, table_identifier=result["table"],

@@ -30,11 +30,11 @@ from sqlalchemy.engine import Engine
 
 from streamberg.common.errors import LeaseHeldError, LeaseLostError
 from streamberg.common.log import get_logger
+from streamberg.common.private_tables import ensure_private_table, private_table
 
 LEASE_TABLE = "streamberg_compactor_leases"
-_metadata = sa.MetaData()
-leases = sa.Table(
-    LEASE_TABLE, _metadata,
+leases = private_table(
+    LEASE_TABLE,
     sa.Column("catalog_name", sa.String(255), primary_key=True),
     sa.Column("table_identifier", sa.String(255), primary_key=True),
     sa.Column("owner", sa.String(255), nullable=False),
@@ -43,9 +43,6 @@ leases = sa.Table(
     sa.Column("acquired_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
 )
-
-
-
 
 
 
@@ -86,7 +83,7 @@ class TableLease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        _metadata.create_all(engine, tables=[leases], checkfirst=True)
+        ensure_private_table(engine, leases)
 
     def _key(self) -> sa.ColumnElement[bool]:
         return sa.and_(leases.c.catalog_name == self.catalog_name, leases.c.table_identifier == self.table_identifier)

@@ -1,0 +1,24 @@
+"""streamberg's own tables in the catalog database (beside the Iceberg catalog's tables):
+the compactor's leases and the maintenance run log. One place declares them and creates
+them on first use, so every private table is named, prefixed and created the same way."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+PREFIX = "streamberg_"
+_metadata = sa.MetaData()
+
+
+def private_table(name: str, *columns: sa.Column | sa.Index) -> sa.Table:
+    """Declare a private table; its name must carry the `streamberg_` prefix, so it can never
+    be mistaken for (or collide with) a table of the Iceberg catalog."""
+    if not name.startswith(PREFIX):
+        raise ValueError(f"private table {name!r} must start with {PREFIX!r}")
+    return sa.Table(name, _metadata, *columns)
+
+
+def ensure_private_table(engine: Engine, table: sa.Table) -> None:
+    """Create the table if the database does not have it yet (idempotent)."""
+    _metadata.create_all(engine, tables=[table], checkfirst=True)
