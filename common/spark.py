@@ -26,7 +26,8 @@ SQLAlchemy URIs are mapped to JDBC ones: ``sqlite:////abs/x.db`` -> ``jdbc:sqlit
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -268,3 +269,29 @@ def activate(spark: Any) -> None:
     the global default conf and not find the catalog.
     """
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+@contextmanager
+def session_for(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, str], given: Any = None,
+                app_name: str = "streamberg-compactor") -> Iterator[Any]:
+    """The Spark session a component runs on: `given` (a caller's, e.g. a test's or
+    `streamberg run`'s, made current with this catalog registered; left running), else one
+    built here from the config and stopped on the way out. A session that is already gone
+    (its JVM was signalled with the whole process group) is only logged."""
+    if given is not None:
+        activate(given)
+        register_catalog(given, catalog)
+        yield given
+        return
+    spark = build_spark_session(catalog, master, spark_conf, app_name=app_name)
+    quiet_spark_logs(spark)
+    try:
+        yield spark
+    finally:
+        try:
+            spark.stop()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            from streamberg.common.log import get_logger
+
+            get_logger("spark").warning("Spark had already stopped",
+                                        error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -12,6 +12,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.pending import PlanningRules
+from streamberg.common.spark import session_for
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import describe, plan_rewrite
 from streamberg.compactor.service import Compactor, resolve_layout
@@ -70,42 +71,31 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
         lease.acquire(config.compactor.lease_wait_seconds)
     except LeaseHeldError as exc:
         raise CompactError(str(exc)) from None
-    own_spark = spark is None
     started = time.monotonic()
     try:
-        if own_spark:
-            from streamberg.common.spark import build_spark_session, quiet_spark_logs
+        with session_for(config.catalog, config.compactor.spark_master, config.compactor.spark_conf,
+                         given=spark) as spark:
+            compactor = Compactor(config.compactor, config.target, spark, lease=lease, catalog=catalog, layout=layout)
+            summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,
+                                       "columns": list(compactor.columns), "run_id": compactor.run_id}
+            if options.full:
+                report = compactor.run_pass(mode="full")
+                summary.update({"mode": "full", "batches": 0, **report.totals()})
+            else:
+                from streamberg.common.errors import StreamFailed
 
-            spark = build_spark_session(config.catalog, config.compactor.spark_master, config.compactor.spark_conf)
-            quiet_spark_logs(spark)
-        else:
-            from streamberg.common.spark import activate, register_catalog
-
-            activate(spark)
-            register_catalog(spark, config.catalog)
-        compactor = Compactor(config.compactor, config.target, spark, lease=lease, catalog=catalog, layout=layout)
-        summary: dict[str, Any] = {"table": config.table.identifier, "strategy": compactor.strategy,
-                                   "columns": list(compactor.columns), "run_id": compactor.run_id}
-        if options.full:
-            report = compactor.run_pass(mode="full")
-            summary.update({"mode": "full", "batches": 0, **report.totals()})
-        else:
-            from streamberg.common.errors import StreamFailed
-
-            watcher = SnapshotWatcher(compactor, once=options.once)
-            try:
-                watch = watcher.run(stop)
-            except StreamFailed as exc:
-                raise CompactError(str(exc)) from exc
-            summary.update({"mode": "once" if options.once else "continuous", "batches": watch.batches,
-                            **watch.totals()})
-        current = compactor.load().current_snapshot()
-        summary["table_data_files"] = int(current.summary["total-data-files"]) if current and current.summary else 0
-        summary["seconds"] = round(time.monotonic() - started, 3)
-        log.info("compactor finished", **summary)
-        return summary
+                watcher = SnapshotWatcher(compactor, once=options.once)
+                try:
+                    watch = watcher.run(stop)
+                except StreamFailed as exc:
+                    raise CompactError(str(exc)) from exc
+                summary.update({"mode": "once" if options.once else "continuous", "batches": watch.batches,
+                                **watch.totals()})
+            current = compactor.load().current_snapshot()
+            summary["table_data_files"] = int(current.summary["total-data-files"]) if current and current.summary else 0
+            summary["seconds"] = round(time.monotonic() - started, 3)
+            log.info("compactor finished", **summary)
+            return summary
     finally:
         lease.release()
-        if own_spark and spark is not None:
-            spark.stop()
 

@@ -32,6 +32,7 @@ from streamberg.common.catalog import open_existing_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
+from streamberg.common.spark import session_for
 from streamberg.maintenance.planner import column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
@@ -95,21 +96,10 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
     if table is None:  # stopped while waiting
         return MaintainSummary()
     check_config(config, table)  # bad settings fail before Spark starts
-    own_spark = spark is None
     summary = MaintainSummary()
-    try:
-        if own_spark:
-            from streamberg.common.spark import build_spark_session, quiet_spark_logs
-
-            # Maintenance shares the compactor's Spark settings (docs/maintenance.md).
-            spark = build_spark_session(config.catalog, config.compactor.spark_master, config.compactor.spark_conf,
-                                        app_name="streamberg-maintenance")
-            quiet_spark_logs(spark)
-        else:
-            from streamberg.common.spark import activate, register_catalog
-
-            activate(spark)
-            register_catalog(spark, config.catalog)
+    # Maintenance shares the compactor's Spark settings (docs/maintenance.md).
+    with session_for(config.catalog, config.compactor.spark_master, config.compactor.spark_conf, given=spark,
+                     app_name="streamberg-maintenance") as spark:
         from streamberg.maintenance.service import Maintainer
 
         maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark,
@@ -133,9 +123,3 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                 break
         log.info("maintenance finished", runs=summary.runs, failed_runs=summary.failed_runs)
         return summary
-    finally:
-        if own_spark and spark is not None:
-            try:
-                spark.stop()
-            except Exception as exc:  # noqa: BLE001 - a JVM signalled with us (whole process group) is gone already
-                log.warning("Spark had already stopped", error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
