@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
@@ -40,6 +39,7 @@ from streamberg.common.offsets import (
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
 from streamberg.ingest.dead_letters import apply_dead_letter_files, dead_letter_rows, write_dead_letter_file
+from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, run_dir
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
 
@@ -184,7 +184,7 @@ class Committer:
         # Tell the driver: a Flink restart would re-read the table and carry on beside the
         # other instance (ingesting twice for nothing, fenced again at random), so the
         # driver stops the whole run at once on this marker instead.
-        marker = run_dir(self.config, self.run_id) / "fenced"
+        marker = run_dir(self.config, self.run_id) / FENCED_MARKER
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(message)
         raise FencedError(message)
@@ -309,11 +309,8 @@ class Committer:
         if self.drained:
             return
         self.drained = True
-        marker = run_dir(self.config, self.run_id) / "drained"
+        marker = run_dir(self.config, self.run_id) / DRAINED_MARKER
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"offsets": {str(p): o for p, o in self.expected.items()}}))
         self.log.info("all writers finished and committed", offsets=self.expected)
 
-
-def run_dir(config: StreambergConfig, run_id: str) -> Path:
-    return Path(config.ingest.state_dir) / "runs" / run_id

@@ -23,7 +23,6 @@ from streamberg.common.log import get_logger, renders_json
 from streamberg.common.stop import stop_on_signals
 from streamberg.ingest.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.job import (
-    LOST_OFFSETS_MARKER,
     build_job,
     failure_message,
     new_run_id,
@@ -33,6 +32,7 @@ from streamberg.ingest.job import (
 )
 from streamberg.ingest.read_progress import records_read
 from streamberg.ingest.read_progress import request_stop as write_stop_marker
+from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, LOST_OFFSETS_MARKER
 from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
 
 DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
@@ -94,7 +94,7 @@ class _StopRequest:
 def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_server: ForkServer | None,
          bounds: RunBounds, progress: bool) -> RunOutcome:
     from streamberg.common.offsets import committed_position
-    from streamberg.ingest.committer import run_dir
+    from streamberg.ingest.run_folder import run_dir
 
     run_id = new_run_id()
     log = get_logger("ingest.driver", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
@@ -142,13 +142,13 @@ def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -
         time.sleep(DRIVER_TICK_SECONDS)
         if bounds.max_records is not None and records_read(markers) >= bounds.max_records:
             stop(f"max_records {bounds.max_records} read", until_read=bounds.max_records)
-        if stop.reason and (markers / "drained").exists():
+        if stop.reason and (markers / DRAINED_MARKER).exists():
             return None
         if time.monotonic() < next_table_look:
             continue
         next_table_look = time.monotonic() + TABLE_LOOK_SECONDS
-        if (markers / "fenced").exists():  # before the job status: Flink is restarting or failed it
-            reason = (markers / "fenced").read_text().strip()
+        if (markers / FENCED_MARKER).exists():  # before the job status: Flink is restarting or failed it
+            reason = (markers / FENCED_MARKER).read_text().strip()
             run.log.error("fenced: another ingest instance is writing this table; stopping without restart",
                           reason=reason)
             return reason

@@ -41,12 +41,12 @@ from streamberg.common.config import StreambergConfig, config_from_dump, dump_co
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
 from streamberg.ingest.read_progress import ReadProgress, stop_due
+from streamberg.ingest.run_folder import LOST_OFFSETS_MARKER
 from streamberg.ingest.worker_logs import WorkerLogTarget
 
 # PyFlink reads a local job's Python worker mode (loopback or process) from this variable.
 WORKER_MODE_ENV = "_python_worker_execution_mode"
-STOP_CHECK_SECONDS = 0.5
-LOST_OFFSETS_MARKER = "lost-offsets"  # in the run's folder: why the writers refused to read on  # how often a writer reports what it read and looks for the stop marker
+STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
 
 
 class WriterFunction(FlatMapFunction):
@@ -54,7 +54,7 @@ class WriterFunction(FlatMapFunction):
         self.config_dump, self.run_id, self.log_target = config, run_id, log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        from streamberg.ingest.committer import run_dir
+        from streamberg.ingest.run_folder import run_dir
         from streamberg.ingest.writer import IngestWriter
 
         if self.log_target is not None:

@@ -23,6 +23,8 @@ import json
 import os
 from pathlib import Path
 
+from streamberg.ingest.run_folder import STOP_MARKER
+
 
 class ReadProgress:
     """One writer's progress file, written atomically (temp file + rename)."""
@@ -67,7 +69,6 @@ def records_read(run_dir: Path) -> int:
     return total
 
 
-STOP_MARKER = "stop"
 
 
 def request_stop(run_dir: Path, reason: str, until_read: int | None = None) -> None:

@@ -119,7 +119,7 @@ def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config
     from dataclasses import replace
 
     from streamberg.common.offsets import FENCED_MESSAGE, consumed_by_run
-    from streamberg.ingest.committer import run_dir
+    from streamberg.ingest.run_folder import run_dir
 
     first, second = Committer(config, 1, "first"), Committer(config, 1, "second")
     first.open()
