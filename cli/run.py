@@ -48,7 +48,7 @@ def status_collector(config: StreambergConfig) -> Callable[[], dict[str, Any]]:
     across refreshes means each refresh reads only the new manifests (one catalog read and
     one broker read), instead of a fresh interpreter re-reading every manifest.
     """
-    from streamberg.common.pending import ManifestCache
+    from streamberg.common.table_files import ManifestCache
     from streamberg.monitoring.collect import collect_status
     from streamberg.monitoring.health import with_health
 

@@ -10,8 +10,8 @@ import time
 from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.log import get_logger
-from streamberg.common.pending import ManifestCache
 from streamberg.common.redact import redact
+from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Status

@@ -1,177 +1,50 @@
-"""Live and pending data files of a table, and which partitions the compaction rules select.
+"""Which partitions are due for the compactor: its trigger rules over the pending files.
 
-Shared by the compactor (its planner groups what is selected here), maintenance (never
-expire the snapshots that added a pending file) and monitoring (the compactor's backlog),
-so the three can never disagree on what is pending.
-
-Pending files are derived from the table itself, never from a side ledger: a live data file
-is *pending* when the snapshot that added it is an ``append`` (ingest). Files added by
-``replace`` snapshots (the compactor, or any other rewrite) are optimized and an incremental
-pass never touches them again. (A file whose adding snapshot has been expired cannot be
-classified and is treated as optimized.)
+Shared by the compactor (its planner, compactor/planner.py, builds groups from what is
+selected here; its runs and sealing are in compactor/runs.py) and monitoring (the backlog
+and what is due now), so the two can never disagree on what is due.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table
 
 from streamberg.common.config import CompactorConfig
-from streamberg.common.summary_keys import TablePropertyKeys
+from streamberg.common.table_files import (
+    DataFileInfo,
+    ManifestCache,
+    live_data_files,
+    partition_path,
+    pending_files,
+    sealed_key,
+)
 
 Mode = Literal["incremental", "full"]
-APPEND = "append"
-TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
-
-
-def target_file_size(table: Table, configured: int | None, default: int) -> int:
-    """Size of the files a rewrite writes: `configured` (compactor.target_file_size_bytes),
-    else the table's write.target-file-size-bytes, else `default`
-    (table.target_file_size_bytes). (Also what `streamberg status` measures small files against.)"""
-    if configured is not None:
-        return configured
-    prop = table.properties.get(TARGET_SIZE_PROPERTY)
-    return int(prop) if prop else default
 
 
 @dataclass(frozen=True)
-class DataFileInfo:
-    """One live data file."""
-
-    path: str
-    size_bytes: int
-    record_count: int
-    spec_id: int
-    partition: tuple[Any, ...]
-    snapshot_id: int  # the snapshot that added it
-    sequence_number: int  # its data sequence number (a rewrite's files keep the plan's)
-    added_at_ms: int | None  # that snapshot's commit time (None when it has been expired)
-    # Serialized per-column min/max from the manifest (field id -> bytes; absent: unknown).
-    lower_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    upper_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-
-class ManifestCache:
-    """Parsed live entries per manifest file. Manifests are immutable, so a long-running
-    process reads each one once and later listings only read the manifests that are new."""
-
-    def __init__(self, max_manifests: int = 4096) -> None:
-        self._entries: dict[str, list[tuple[Any, ...]]] = {}
-        self._max = max_manifests
-
-    def entries(self, table: Table, manifest: ManifestFile) -> list[tuple[Any, ...]]:
-        cached = self._entries.get(manifest.manifest_path)
-        if cached is not None:
-            return cached
-        rows = []
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            data_file = entry.data_file
-            if data_file.content != DataFileContent.DATA:
-                continue
-            rows.append((
-                data_file.file_path, data_file.file_size_in_bytes, data_file.record_count,
-                manifest.partition_spec_id, tuple(data_file.partition[i] for i in range(len(data_file.partition))),
-                entry.snapshot_id, entry.sequence_number,
-                dict(data_file.lower_bounds or {}), dict(data_file.upper_bounds or {}),
-            ))
-        if len(self._entries) >= self._max:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[manifest.manifest_path] = rows
-        return rows
-
-
-def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[list[DataFileInfo], bool]:
-    """All live data files of the current snapshot, and whether any delete files are live."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return [], False
-    cache = cache or ManifestCache()
-    manifests = list(snapshot.manifests(table.io))
-    has_deletes = any(m.content == ManifestContent.DELETES and (m.added_files_count or m.existing_files_count)
-                      for m in manifests)
-    data_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
-    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        chunks = list(pool.map(lambda m: cache.entries(table, m), data_manifests))
-    files = []
-    for rows in chunks:
-        for path, size, records, spec_id, part, snapshot_id, seq, lower, upper in rows:
-            added = by_id.get(snapshot_id)
-            files.append(DataFileInfo(
-                path=path, size_bytes=size, record_count=records, spec_id=spec_id, partition=part,
-                snapshot_id=snapshot_id, sequence_number=seq if seq is not None else 0,
-                added_at_ms=added.timestamp_ms if added is not None else None,
-                lower_bounds=lower, upper_bounds=upper,
-            ))
-    return files, has_deletes
-
-
-def pending_files(table: Table, files: list[DataFileInfo]) -> list[DataFileInfo]:
-    """The files among `files` that an append snapshot added: not optimized yet."""
-    ops = {s.snapshot_id: (s.summary.operation.value if s.summary else None) for s in table.metadata.snapshots}
-    return [f for f in files if ops.get(f.snapshot_id) == APPEND]
-
-
-def partition_path(table: Table, spec_id: int, partition: tuple[Any, ...]) -> str:
-    """Human-readable partition, e.g. ``ts_day=19723/user_id_bucket=2`` (``<unpartitioned>``)."""
-    spec = table.specs()[spec_id]
-    if not spec.fields:
-        return "<unpartitioned>"
-    return "/".join(f"{f.name}={v}" for f, v in zip(spec.fields, partition))
-
-
-@dataclass(frozen=True)
-class PlanningRules:
+class DueRules:
     """When a partition's pending files are rewritten (any enabled rule suffices)."""
 
     min_files: int | None = 10
     min_bytes: int | None = None
     max_delay_seconds: float | None = 600.0
     every_n_snapshots: int | None = 5
-    max_group_bytes: int = 2 * 1024**3
-    # Runs (compactor/planner.py): merged when `merge_factor` runs share a size tier; a
-    # partition without new data for `seal_after_commits` ingest commits or
-    # `seal_after_seconds` is finished into one sealed run (None: that rule is off).
-    merge_factor: int = 2
-    seal_after_commits: int | None = 10
-    seal_after_seconds: float | None = 3600.0
 
     @classmethod
-    def from_config(cls, config: CompactorConfig) -> PlanningRules:
-        return cls(
-            min_files=config.min_files, min_bytes=config.min_bytes, max_delay_seconds=config.max_delay_seconds,
-            every_n_snapshots=config.every_n_snapshots, max_group_bytes=config.max_group_bytes,
-            merge_factor=config.merge_factor, seal_after_commits=config.seal_after_commits,
-            seal_after_seconds=config.seal_after_seconds,
-        )
-
-
-@dataclass(frozen=True)
-class Run:
-    """Files a rewrite laid out together: one partition's files added by one non-append
-    snapshot. Their ranges are disjoint in the layout's order; different runs overlap."""
-
-    snapshot_id: int
-    files: tuple[DataFileInfo, ...]
-    sealed: bool  # a finished partition's run: never rewritten again
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(f.size_bytes for f in self.files)
+    def from_config(cls, config: CompactorConfig) -> DueRules:
+        return cls(min_files=config.min_files, min_bytes=config.min_bytes,
+                   max_delay_seconds=config.max_delay_seconds, every_n_snapshots=config.every_n_snapshots)
 
 
 @dataclass(frozen=True)
 class CandidatePartition:
-    """One partition's candidate files, and why the rules select it (no reasons: deferred);
-    in incremental mode also its runs and how long it has gone without new data."""
+    """One partition's candidate files, and why the rules select it (no reasons: deferred)."""
 
     spec_id: int
     partition: tuple[Any, ...]
@@ -179,12 +52,6 @@ class CandidatePartition:
     files: tuple[DataFileInfo, ...]
     reasons: tuple[str, ...]
     oldest_age_seconds: float | None
-    runs: tuple[Run, ...] = ()
-    # Ingest (append) commits to the table since this partition's newest data, and the time
-    # since then (None: that snapshot was expired). A partition idle long enough is finished.
-    appends_since: int = 0
-    idle_seconds: float | None = None
-    sealed_sequence_number: int | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -193,22 +60,6 @@ class CandidatePartition:
     @property
     def key(self) -> str:
         return sealed_key(self.spec_id, self.path)
-
-
-def sealed_key(spec_id: int, path: str) -> str:
-    return f"{spec_id}|{path}"
-
-
-def sealed_sequence_numbers(table: Table) -> dict[str, int]:
-    """The table's record of sealed runs: partition key -> data sequence number sealed up to."""
-    text = table.properties.get(TablePropertyKeys.COMPACTOR_SEALED)
-    if not text:
-        return {}
-    try:
-        data = json.loads(text)
-        return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    except (ValueError, TypeError):
-        return {}  # unreadable: nothing is treated as sealed (more rewriting, never less data)
 
 
 @dataclass(frozen=True)
@@ -222,14 +73,20 @@ class Candidates:
     live_data_files: int
     has_delete_files: bool
     now_ms: int
+    # Every live file and the paths of all pending ones (the compactor's runs are made of
+    # the others).
+    live_files: tuple[DataFileInfo, ...] = ()
+    pending_paths: frozenset[str] = frozenset()
 
 
-def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incremental", now_ms: int | None = None,
+def select_partitions(table: Table, rules: DueRules, *, mode: Mode = "incremental", now_ms: int | None = None,
                       up_to_sequence_number: int | None = None, cache: ManifestCache | None = None) -> Candidates:
     """Candidate files per partition as of the table's current snapshot, with the rules applied.
 
     incremental: pending files; a partition is selected when any enabled rule fires.
-      `up_to_sequence_number` leaves out files committed after that point.
+      `up_to_sequence_number` leaves out files committed after that point. Partitions with
+      live optimized files but nothing pending are listed too, without files (the compactor
+      may finish them).
     full: every live data file, every partition selected ("full").
     """
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -238,6 +95,7 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
         return Candidates(None, None, (), 0, 0, False, now_ms)
     files, has_deletes = live_data_files(table, cache)
     all_pending = pending_files(table, files)
+    pending_paths = frozenset(f.path for f in all_pending)
     if mode == "full":
         candidates = files
     else:
@@ -248,10 +106,10 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
     by_partition: dict[tuple[int, tuple[Any, ...]], list[DataFileInfo]] = defaultdict(list)
     for f in candidates:
         by_partition[(f.spec_id, f.partition)].append(f)
-    layout = _RunLayout(table, files, all_pending) if mode == "incremental" else None
-    if layout is not None:
-        for key in layout.partitions:
-            by_partition.setdefault(key, [])
+    if mode == "incremental":
+        for f in files:
+            if f.path not in pending_paths:
+                by_partition.setdefault((f.spec_id, f.partition), [])
     pending_snapshots = len({f.snapshot_id for f in candidates})
     table_wide = []
     if mode == "incremental" and rules.every_n_snapshots is not None and pending_snapshots >= rules.every_n_snapshots:
@@ -264,6 +122,8 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
         size = sum(f.size_bytes for f in part_files)
         if mode == "full":
             reasons = ["full"]
+        elif not part_files:
+            reasons = []
         else:
             reasons = list(table_wide)
             if rules.min_files is not None and len(part_files) >= rules.min_files:
@@ -272,49 +132,7 @@ def select_partitions(table: Table, rules: PlanningRules, *, mode: Mode = "incre
                 reasons.append(f"min_bytes: {size} >= {rules.min_bytes}")
             if rules.max_delay_seconds is not None and oldest is not None and oldest >= rules.max_delay_seconds:
                 reasons.append(f"max_delay_seconds: {oldest:.0f} >= {rules.max_delay_seconds:g}")
-        path = partition_path(table, spec_id, part)
-        if layout is None:
-            partitions.append(CandidatePartition(spec_id, part, path, tuple(part_files), tuple(reasons), oldest))
-        else:
-            partitions.append(layout.candidate(spec_id, part, path, tuple(part_files) if part_files else (),
-                                               tuple(reasons) if part_files else (), oldest, now_ms))
+        partitions.append(CandidatePartition(spec_id, part, partition_path(table, spec_id, part), tuple(part_files),
+                                             tuple(reasons), oldest))
     return Candidates(snapshot.snapshot_id, snapshot.sequence_number, tuple(partitions), pending_snapshots,
-                      len(files), has_deletes, now_ms)
-
-
-class _RunLayout:
-    """The runs of each partition and how long each partition has gone without new data."""
-
-    def __init__(self, table: Table, files: list[DataFileInfo], pending: list[DataFileInfo]):
-        pending_paths = {f.path for f in pending}
-        self.sealed = sealed_sequence_numbers(table)
-        self.table = table
-        runs: dict[tuple[int, tuple[Any, ...]], dict[int, list[DataFileInfo]]] = defaultdict(lambda: defaultdict(list))
-        newest: dict[tuple[int, tuple[Any, ...]], int] = {}
-        for f in files:
-            key = (f.spec_id, f.partition)
-            newest[key] = max(newest.get(key, 0), f.sequence_number)
-            if f.path not in pending_paths:
-                runs[key][f.snapshot_id].append(f)
-        self.runs, self.newest = runs, newest
-        self.partitions = list(runs)
-        snapshots = table.metadata.snapshots
-        self.append_sequences = sorted(s.sequence_number or 0 for s in snapshots
-                                       if s.summary is not None and s.summary.operation.value == APPEND)
-        self.time_of_sequence = {s.sequence_number or 0: s.timestamp_ms for s in snapshots}
-
-    def candidate(self, spec_id: int, part: tuple[Any, ...], path: str, files: tuple[DataFileInfo, ...],
-                  reasons: tuple[str, ...], oldest: float | None, now_ms: int) -> CandidatePartition:
-        key = (spec_id, part)
-        sealed_up_to = self.sealed.get(sealed_key(spec_id, path))
-        runs = tuple(
-            Run(snapshot_id, tuple(run_files),
-                sealed=sealed_up_to is not None and max(f.sequence_number for f in run_files) <= sealed_up_to)
-            for snapshot_id, run_files in sorted(self.runs.get(key, {}).items(),
-                                                 key=lambda kv: min(f.sequence_number for f in kv[1])))
-        newest = self.newest.get(key, 0)
-        appends_since = len(self.append_sequences) - bisect.bisect_right(self.append_sequences, newest)
-        at = self.time_of_sequence.get(newest)
-        idle = (now_ms - at) / 1000 if at is not None else None
-        return CandidatePartition(spec_id, part, path, files, reasons, oldest, runs=runs, appends_since=appends_since,
-                                  idle_seconds=idle, sealed_sequence_number=sealed_up_to)
+                      len(files), has_deletes, now_ms, tuple(files), pending_paths)

@@ -11,10 +11,10 @@ from streamberg.common.catalog import open_existing_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
-from streamberg.common.pending import PlanningRules
 from streamberg.common.spark import session_for
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import describe, plan_rewrite
+from streamberg.compactor.runs import PlanningRules
 from streamberg.compactor.service import Compactor, resolve_layout
 from streamberg.compactor.stream import SnapshotWatcher
 

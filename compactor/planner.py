@@ -1,7 +1,9 @@
 """Planner: which data files are rewritten, in which groups, and why (pure pyiceberg, no Spark).
 
-Which files are pending and which partitions the rules select is common/pending.py (shared
-with maintenance and monitoring). The planner turns each partition into at most one group,
+Which files are pending is common/table_files.py (shared with maintenance and monitoring),
+which partitions the rules make due is common/pending.py (shared with monitoring), and each
+partition's runs and idle time are compactor/runs.py. The planner turns each partition into
+at most one group,
 whose output is one new *run* (files laid out together, disjoint in the layout's order):
 
 - **finish**: a partition that got no new data for ``seal_after_commits`` ingest commits or
@@ -34,16 +36,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.clustering import column_intervals, health, overlap_depth
-from streamberg.common.pending import (
-    TARGET_SIZE_PROPERTY,
-    CandidatePartition,
-    DataFileInfo,
-    ManifestCache,
-    Mode,
-    PlanningRules,
-    Run,
-    select_partitions,
-)
+from streamberg.common.pending import Mode, select_partitions
+from streamberg.common.table_files import TARGET_SIZE_PROPERTY, DataFileInfo, ManifestCache
+from streamberg.compactor.runs import PlanningRules, Run, RunCandidate, RunLayout, without_runs
 
 GroupKind = Literal["cluster", "merge", "finish", "full"]
 # Size tiers start at one output file, but at most at this size: with large target files
@@ -147,7 +142,7 @@ def _split(files: list[DataFileInfo], max_bytes: int) -> list[list[DataFileInfo]
     return groups
 
 
-def _files_per_point(part: CandidatePartition, schema: Schema, columns: Sequence[str]) -> dict[str, float]:
+def _files_per_point(part: RunCandidate, schema: Schema, columns: Sequence[str]) -> dict[str, float]:
     """Clustering health of a whole partition (new files and runs) before its rewrite; only
     computed for partitions that get a group (it reads every file's bounds)."""
     files = list(part.files) + [f for r in part.runs for f in r.files]
@@ -176,7 +171,10 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
     deferred: list[DeferredPartition] = []
     seal_only: list[str] = []
     schema = table.schema()
-    for part in selected.partitions:
+    layout = RunLayout(table, selected) if mode == "incremental" else None
+    parts = [layout.candidate(p, selected.now_ms) if layout is not None else without_runs(p)
+             for p in selected.partitions]
+    for part in parts:
         if mode == "full":
             before = _files_per_point(part, schema, columns)
             for chunk in _split(list(part.files), rules.max_group_bytes):
@@ -225,11 +223,11 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
         starting_sequence_number=selected.sequence_number, groups=tuple(groups), deferred=tuple(deferred),
         pending_snapshots=selected.pending_snapshots, live_data_files=selected.live_data_files,
         has_delete_files=selected.has_delete_files, planned_at_ms=selected.now_ms, seal_only=tuple(seal_only),
-        live_partition_keys=tuple(p.key for p in selected.partitions if p.files or p.runs),
+        live_partition_keys=tuple(p.key for p in parts if p.files or p.runs),
     )
 
 
-def _finished(part: CandidatePartition, rules: PlanningRules) -> bool:
+def _finished(part: RunCandidate, rules: PlanningRules) -> bool:
     """No new data in the partition for seal_after_commits ingest commits or seal_after_seconds."""
     if not part.files and not any(not r.sealed for r in part.runs):
         return False  # nothing to finish
@@ -239,7 +237,7 @@ def _finished(part: CandidatePartition, rules: PlanningRules) -> bool:
     return by_commits or by_time
 
 
-def _finish_reason(part: CandidatePartition, rules: PlanningRules) -> str:
+def _finish_reason(part: RunCandidate, rules: PlanningRules) -> str:
     idle = "unknown" if part.idle_seconds is None else f"{part.idle_seconds:.0f} s"
     return (f"finished: no new data for {part.appends_since} ingest commits / {idle} "
             f"(seal_after_commits {rules.seal_after_commits}, seal_after_seconds {rules.seal_after_seconds})")

@@ -23,9 +23,10 @@ from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig, TableTa
 from streamberg.common.errors import ConfigError, GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
-from streamberg.common.pending import ManifestCache, Mode, PlanningRules, sealed_sequence_numbers, target_file_size
+from streamberg.common.pending import Mode
 from streamberg.common.spark import activate
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.common.table_files import ManifestCache, sealed_sequence_numbers, target_file_size
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
@@ -33,6 +34,7 @@ from streamberg.compactor.layouts import LAYOUTS, BinPack, ResolvedLayout
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import Plan, describe, plan_rewrite, sequence_number_of
 from streamberg.compactor.runner import GroupRunner, LayoutSpec, RewriteResult
+from streamberg.compactor.runs import PlanningRules
 
 
 @dataclass

@@ -38,8 +38,8 @@ from pyiceberg.types import DateType, TimestampType, TimestamptzType
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
 from streamberg.common.errors import RetentionColumnError
 from streamberg.common.offsets import ancestors, ancestry, committed_position
-from streamberg.common.pending import live_data_files, pending_files
 from streamberg.common.summary_keys import kafka_offsets_key
+from streamberg.common.table_files import live_data_files, pending_files
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def ingest_chain(table: Table, topic: str) -> list[Snapshot]:
 def pending_append_snapshots(table: Table) -> dict[int, int]:
     """Append snapshots that added a live file the compactor still has to rewrite: id -> timestamp.
 
-    Uses the compactor's own notion of pending (common/pending.py), so the two can never
+    Uses the compactor's own notion of pending (common/table_files.py), so the two can never
     disagree on what is pending.
     """
     pending: dict[int, int] = {}

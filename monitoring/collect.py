@@ -22,8 +22,8 @@ from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, committed_position
-from streamberg.common.pending import ManifestCache, live_data_files
 from streamberg.common.table_facts import dead_letter_records
+from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.pending import ManifestCache
+from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import SEVERITY, Status

@@ -14,17 +14,16 @@ from pyiceberg.table.snapshots import Snapshot
 from streamberg.common.clustering import health, health_by_partition
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
-from streamberg.common.pending import (
+from streamberg.common.pending import DueRules, select_partitions
+from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
+from streamberg.common.table_files import (
     DataFileInfo,
     ManifestCache,
-    PlanningRules,
     partition_path,
     pending_files,
     sealed_sequence_numbers,
-    select_partitions,
     target_file_size,
 )
-from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.model import (
     ClusteringFacts,
@@ -94,7 +93,7 @@ def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
 def compactor_facts(config: StreambergConfig, table: Table, cache: ManifestCache, now_ms: int) -> CompactorFacts:
     """Pending files exactly as the compactor's planner sees them (common/pending.py): the
     files its rules select now (due) plus those they still defer."""
-    selected = select_partitions(table, PlanningRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
+    selected = select_partitions(table, DueRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
     ages = [p.oldest_age_seconds for p in selected.partitions if p.oldest_age_seconds is not None]
     return CompactorFacts(
         pending_files=sum(len(p.files) for p in selected.partitions),

@@ -87,3 +87,24 @@ def test_services_are_given_their_section_not_the_whole_config(component: str) -
 
 def test_the_section_check_sees_reads() -> None:
     assert _sections_read(ROOT / "compactor" / "app.py") >= {"compactor", "catalog", "table"}
+
+
+# The compactor's planning (runs, size tiers, sealing, group sizes) lives in compactor/; the
+# shared floor holds only what other components read too (files, pending, when a partition
+# is due). Names that would mean planning crept back down:
+PLANNING_NAMES = {"PlanningRules", "Run", "RunLayout", "RunCandidate", "merge_factor", "seal_after_commits",
+                  "seal_after_seconds", "max_group_bytes", "tiered_merge"}
+
+
+def _names_defined_or_read(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return names | {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def test_planning_lives_in_the_compactor() -> None:
+    offenders = {str(p.relative_to(ROOT)): sorted(_names_defined_or_read(p) & PLANNING_NAMES)
+                 for p in (ROOT / "common").rglob("*.py") if "config" not in p.parts}
+    assert not {p: n for p, n in offenders.items() if n}, offenders
+    assert PLANNING_NAMES & _names_defined_or_read(ROOT / "compactor" / "runs.py")  # the check sees names

@@ -25,8 +25,8 @@ import pyarrow as pa
 import yaml
 
 from streamberg.common.clustering import column_intervals
-from streamberg.common.pending import ManifestCache, live_data_files
 from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.table_files import ManifestCache, live_data_files
 
 Scenario = Literal["day", "flat"]
 COLUMNS = ("c1", "c2", "c3")
@@ -211,7 +211,7 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
 def _final(spec: RunSpec, catalog: Any, points: dict[str, list[str]], cache: ManifestCache,
            measures: Sequence[PassMeasure]) -> dict[str, Any]:
     """The goals' figures after the last pass: ratios to the full optimize, per column."""
-    from streamberg.common.pending import partition_path, sealed_sequence_numbers
+    from streamberg.common.table_files import partition_path, sealed_sequence_numbers
 
     inc, ref = catalog.load_table("bench.incremental"), catalog.load_table("bench.reference")
     last = measures[-1]

@@ -19,8 +19,8 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.pending import live_data_files
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
+from streamberg.common.table_files import live_data_files
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},

@@ -13,13 +13,13 @@ from structlog.testing import capture_logs
 
 from streamberg.common.jvm import java_message, load_table
 from streamberg.common.offsets import committed_position
-from streamberg.common.pending import PlanningRules
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
 from streamberg.compactor.layouts import LAYOUTS
 from streamberg.compactor.planner import plan_rewrite
 from streamberg.compactor.runner import GroupRunner, LayoutSpec
+from streamberg.compactor.runs import PlanningRules
 from streamberg.compactor.service import Compactor
 from tests.compactor.helpers import TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset, setup_table
 

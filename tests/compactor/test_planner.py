@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from streamberg.common.pending import PlanningRules
 from streamberg.compactor.planner import plan_rewrite
+from streamberg.compactor.runs import PlanningRules
 from tests.compactor.helpers import DAY, FakeIngest, reload, setup_table
 
 OFF = dict(min_files=None, min_bytes=None, max_delay_seconds=None, every_n_snapshots=None)

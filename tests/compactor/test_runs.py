@@ -18,8 +18,8 @@ from structlog.testing import capture_logs
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.clustering import health
-from streamberg.common.pending import live_data_files, pending_files, sealed_sequence_numbers
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.common.table_files import live_data_files, pending_files, sealed_sequence_numbers
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.lease import TableLease

@@ -19,7 +19,7 @@ from streamberg.cli.main import main
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import load_catalog, open_tables
 from streamberg.common.config import load_config
-from streamberg.common.pending import live_data_files
+from streamberg.common.table_files import live_data_files
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics

@@ -1,0 +1,138 @@
+"""A table's live data files as every component reads them: the files, which are pending
+(added by an ingest append, not optimized yet), the manifest cache, the target file size,
+partition names and the record of sealed runs.
+
+Pending files are derived from the table itself, never from a side ledger: a live data file
+is *pending* when the snapshot that added it is an ``append`` (ingest). Files added by
+``replace`` snapshots (the compactor, or any other rewrite) are optimized and an incremental
+pass never touches them again. (A file whose adding snapshot has been expired cannot be
+classified and is treated as optimized.) Maintenance never expires the snapshots that added
+a pending file; monitoring counts them as the compactor's backlog.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
+from pyiceberg.table import Table
+
+from streamberg.common.summary_keys import TablePropertyKeys
+
+APPEND = "append"
+TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+
+
+def target_file_size(table: Table, configured: int | None, default: int) -> int:
+    """Size of the files a rewrite writes: `configured` (compactor.target_file_size_bytes),
+    else the table's write.target-file-size-bytes, else `default`
+    (table.target_file_size_bytes). (Also what `streamberg status` measures small files against.)"""
+    if configured is not None:
+        return configured
+    prop = table.properties.get(TARGET_SIZE_PROPERTY)
+    return int(prop) if prop else default
+
+
+@dataclass(frozen=True)
+class DataFileInfo:
+    """One live data file."""
+
+    path: str
+    size_bytes: int
+    record_count: int
+    spec_id: int
+    partition: tuple[Any, ...]
+    snapshot_id: int  # the snapshot that added it
+    sequence_number: int  # its data sequence number (a rewrite's files keep the plan's)
+    added_at_ms: int | None  # that snapshot's commit time (None when it has been expired)
+    # Serialized per-column min/max from the manifest (field id -> bytes; absent: unknown).
+    lower_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    upper_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+class ManifestCache:
+    """Parsed live entries per manifest file. Manifests are immutable, so a long-running
+    process reads each one once and later listings only read the manifests that are new."""
+
+    def __init__(self, max_manifests: int = 4096) -> None:
+        self._entries: dict[str, list[tuple[Any, ...]]] = {}
+        self._max = max_manifests
+
+    def entries(self, table: Table, manifest: ManifestFile) -> list[tuple[Any, ...]]:
+        cached = self._entries.get(manifest.manifest_path)
+        if cached is not None:
+            return cached
+        rows = []
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            data_file = entry.data_file
+            if data_file.content != DataFileContent.DATA:
+                continue
+            rows.append((
+                data_file.file_path, data_file.file_size_in_bytes, data_file.record_count,
+                manifest.partition_spec_id, tuple(data_file.partition[i] for i in range(len(data_file.partition))),
+                entry.snapshot_id, entry.sequence_number,
+                dict(data_file.lower_bounds or {}), dict(data_file.upper_bounds or {}),
+            ))
+        if len(self._entries) >= self._max:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[manifest.manifest_path] = rows
+        return rows
+
+
+def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[list[DataFileInfo], bool]:
+    """All live data files of the current snapshot, and whether any delete files are live."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return [], False
+    cache = cache or ManifestCache()
+    manifests = list(snapshot.manifests(table.io))
+    has_deletes = any(m.content == ManifestContent.DELETES and (m.added_files_count or m.existing_files_count)
+                      for m in manifests)
+    data_manifests = [m for m in manifests if m.content == ManifestContent.DATA]
+    by_id = {s.snapshot_id: s for s in table.metadata.snapshots}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        chunks = list(pool.map(lambda m: cache.entries(table, m), data_manifests))
+    files = []
+    for rows in chunks:
+        for path, size, records, spec_id, part, snapshot_id, seq, lower, upper in rows:
+            added = by_id.get(snapshot_id)
+            files.append(DataFileInfo(
+                path=path, size_bytes=size, record_count=records, spec_id=spec_id, partition=part,
+                snapshot_id=snapshot_id, sequence_number=seq if seq is not None else 0,
+                added_at_ms=added.timestamp_ms if added is not None else None,
+                lower_bounds=lower, upper_bounds=upper,
+            ))
+    return files, has_deletes
+
+
+def pending_files(table: Table, files: list[DataFileInfo]) -> list[DataFileInfo]:
+    """The files among `files` that an append snapshot added: not optimized yet."""
+    ops = {s.snapshot_id: (s.summary.operation.value if s.summary else None) for s in table.metadata.snapshots}
+    return [f for f in files if ops.get(f.snapshot_id) == APPEND]
+
+
+def partition_path(table: Table, spec_id: int, partition: tuple[Any, ...]) -> str:
+    """Human-readable partition, e.g. ``ts_day=19723/user_id_bucket=2`` (``<unpartitioned>``)."""
+    spec = table.specs()[spec_id]
+    if not spec.fields:
+        return "<unpartitioned>"
+    return "/".join(f"{f.name}={v}" for f, v in zip(spec.fields, partition))
+
+
+def sealed_key(spec_id: int, path: str) -> str:
+    return f"{spec_id}|{path}"
+
+
+def sealed_sequence_numbers(table: Table) -> dict[str, int]:
+    """The table's record of sealed runs: partition key -> data sequence number sealed up to."""
+    text = table.properties.get(TablePropertyKeys.COMPACTOR_SEALED)
+    if not text:
+        return {}
+    try:
+        data = json.loads(text)
+        return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (ValueError, TypeError):
+        return {}  # unreadable: nothing is treated as sealed (more rewriting, never less data)
