@@ -54,7 +54,18 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
                           t, SEVERITY[status.health.verdict])
     yield from _gauge("streamberg_status_collect_seconds", "time to collect the facts of this scrape", t,
                       collect_seconds)
+    yield from _last_commit_metrics(status)
+    yield from _lost_offset_metrics(status)
+    yield from _lag_metrics(status)
+    yield from _table_file_metrics(status)
+    yield from _compactor_metrics(status)
+    yield from _clustering_metrics(status)
+    yield from _snapshot_metrics(status)
 
+
+def _last_commit_metrics(status: Status) -> Iterator[Metric]:
+    """The ingest's last commit."""
+    t = status.table
     last = status.ingest.last_commit
     if last is not None:
         yield from _counter("streamberg_ingest_records_consumed",
@@ -72,6 +83,10 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
         yield from _gauge("streamberg_ingest_last_commit_dead_letters",
                           "records dead-lettered by the last ingest commit", t, last.dead_letters)
 
+
+def _lost_offset_metrics(status: Status) -> Iterator[Metric]:
+    """Positions Kafka lost, recorded in the table."""
+    t = status.table
     if status.table_exists:
         yield from _counter("streamberg_ingest_lost_offsets",
                             "Kafka offsets the ingest skipped because the broker no longer had them "
@@ -87,6 +102,10 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
             skips.add_metric([t, status.ingest.topic, partition, kind], float(n))
         yield skips
 
+
+def _lag_metrics(status: Status) -> Iterator[Metric]:
+    """Lag and offsets per partition."""
+    t = status.table
     lag = status.ingest.lag
     if lag is not None:
         labels = ["table", "topic", "partition"]
@@ -105,6 +124,10 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
                     family.add_metric([t, status.ingest.topic, p], float(value))
             yield family
 
+
+def _table_file_metrics(status: Status) -> Iterator[Metric]:
+    """The table's live data files."""
+    t = status.table
     files = status.files
     if files is not None:
         yield from _gauge("streamberg_table_records", "records in the table's live data files: records out", t,
@@ -114,6 +137,10 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
         yield from _gauge("streamberg_table_small_files", "live data files below the small-file threshold", t,
                           files.small_files)
 
+
+def _compactor_metrics(status: Status) -> Iterator[Metric]:
+    """The compactor's backlog and last optimize."""
+    t = status.table
     compactor = status.compactor
     if compactor is not None:
         yield from _gauge("streamberg_compactor_pending_files", "files added by ingest and not yet optimized", t,
@@ -133,6 +160,10 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
             yield from _gauge("streamberg_compactor_last_optimize_files_out", "files written by the last optimize",
                               t, opt.files_out)
 
+
+def _clustering_metrics(status: Status) -> Iterator[Metric]:
+    """Clustering health, runs and sealed partitions."""
+    t = status.table
     clustering = status.clustering
     if clustering is not None:
         for name, key, doc in (
@@ -147,6 +178,11 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
         yield from _gauge("streamberg_compactor_runs", "runs the compactor wrote that are still live", t, clustering.runs)
         yield from _gauge("streamberg_compactor_sealed_partitions", "partitions finished into a sealed run", t,
                           clustering.sealed_partitions)
+
+
+def _snapshot_metrics(status: Status) -> Iterator[Metric]:
+    """Snapshots, dead letters and the last maintenance run."""
+    t = status.table
     snapshots = status.snapshots
     if snapshots is not None:
         yield from _gauge("streamberg_table_snapshots", "snapshots kept in the table metadata", t, snapshots.count)
