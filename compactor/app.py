@@ -16,7 +16,7 @@ from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import describe, plan_rewrite
 from streamberg.compactor.runs import PlanningRules
 from streamberg.compactor.service import Compactor, resolve_layout
-from streamberg.compactor.stream import SnapshotWatcher
+from streamberg.compactor.watcher import SnapshotWatcher
 
 
 @dataclass(frozen=True)
