@@ -1,6 +1,6 @@
 """One optimize pass: plan (planner.py) -> rewrite groups (runner.py) -> commit (commit.py).
 
-``Compactor.run_pass`` is what each streaming micro-batch (stream.py) and ``--full`` call.
+``Compactor.run_pass`` is what each streaming micro-batch (watcher.py) and ``--full`` call.
 It plans against the table's current snapshot, rewrites the selected groups in commit
 batches (partial progress: at most ``max_commits`` commits per plan, each saved as soon as
 its groups are written), and records every commit in its snapshot summary (record.py) and
