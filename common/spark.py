@@ -237,6 +237,9 @@ def build_spark_session(catalog: CatalogConfig, master: str, spark_conf: Mapping
         conf.pop("spark.driver.bindAddress", None)
         conf.pop("spark.driver.host", None)
         conf.pop("spark.ui.enabled", None)  # the submit's (and the cluster's) choice
+        # Spark makes the authentication secret itself only for a local master; a cluster's
+        # secret is the cluster's setting (spark.authenticate.secret), not ours.
+        conf.pop("spark.authenticate", None)
     # Small local runs: the default 200 shuffle partitions only add task overhead.
     conf.setdefault("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
     conf.update(spark_conf)
