@@ -37,7 +37,8 @@ entry=$("$python" -c 'import streamberg.cli.spark_submit as m; print(m.__file__)
 # the fix) fails here, before Spark starts (exit 2).
 jars=$("$python" -c '
 import sys
-from streamberg.common.config import ConfigError, load_config
+from streamberg.common.config import load_config
+from streamberg.common.errors import ConfigError
 from streamberg.common.jars import MissingJarError
 from streamberg.common.spark import spark_jars
 try:
