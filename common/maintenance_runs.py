@@ -51,7 +51,7 @@ runs = private_table(
 
 def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, started_at: float,
                finished_at: float) -> None:
-    """Persist one run's result object (see service.Maintainer.run for its keys)."""
+    """Persist one run's result object (see maintenance/maintainer.py, Maintainer.run, for its keys)."""
     ensure_private_table(engine, runs)
     with engine.begin() as conn:
         conn.execute(runs.insert().values(

@@ -6,7 +6,7 @@ compactor). It does not need it either, because every step is safe against a con
 compactor or ingest commit through Iceberg's optimistic concurrency:
 
 - expire_snapshots and rewrite_manifests are metadata commits that Iceberg retries on a
-  lost race; expiry keeps the compactor's pending appends and ingest's position (planner.py);
+  lost race; expiry keeps the compactor's pending appends and ingest's position (expire.py);
 - a compactor commit whose plan snapshot was expired meanwhile fails validation ("cannot
   determine history") and gives up cleanly (its files deleted, re-planned next pass);
 - the TTL delete: with whole-partition cutoffs it is a metadata delete by row filter that
@@ -33,7 +33,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
-from streamberg.maintenance.planner import column_kind
+from streamberg.maintenance.retention import column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
 
@@ -100,7 +100,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
     # Maintenance shares the compactor's Spark settings (docs/maintenance.md).
     with session_for(config.catalog, config.compactor.spark_master, config.compactor.spark_conf, given=spark,
                      app_name="streamberg-maintenance") as spark:
-        from streamberg.maintenance.service import Maintainer
+        from streamberg.maintenance.maintainer import Maintainer
 
         maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark,
                                 **({"clock": clock} if clock is not None else {}))

@@ -17,7 +17,7 @@ from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
-from streamberg.maintenance.planner import pending_append_snapshots
+from streamberg.maintenance.expire import pending_append_snapshots
 from tests.compactor.helpers import (
     BASE_TS,
     DAY,

@@ -10,7 +10,9 @@ import pytest
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
 from streamberg.common.errors import RetentionColumnError
 from streamberg.common.offsets import ancestry, committed_position
-from streamberg.maintenance.planner import pending_append_snapshots, plan_expire, plan_manifests, plan_retention
+from streamberg.maintenance.expire import pending_append_snapshots, plan_expire
+from streamberg.maintenance.manifests import plan_manifests
+from streamberg.maintenance.retention import plan_retention
 from tests.compactor.helpers import BASE_TS, DAY, TOPIC, FakeIngest, reload
 from tests.maintenance.helpers import setup_maintained
 

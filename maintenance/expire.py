@@ -1,10 +1,7 @@
-"""Planner: what a maintenance run may remove, decided from table metadata alone (pyiceberg).
+"""Snapshot expiry: what may go, decided from metadata alone; Iceberg's procedure removes it.
 
-Each step is planned right before it runs, against the table as it is then (an earlier
-step may have committed). Nothing here changes the table; ``runner.py`` executes.
-
-Expiry is where maintenance can hurt the other two jobs, so its plan carries the
-snapshots that must survive and why:
+Expiry is where maintenance can hurt the other two jobs, so its plan carries the snapshots
+that must survive and why:
 
 - **ingest position**: ingest resumes from ``streamberg.kafka-offsets.<topic>`` of the
   newest snapshot on the current lineage that has it (``common/offsets.py``). The current
@@ -12,34 +9,43 @@ snapshots that must survive and why:
   least that depth + 1 and ``older_than`` is never after that snapshot's timestamp.
 - **compactor pending files**: the compactor treats a live file as pending only while the
   snapshot that added it is an ``append`` it can still see; expiring that snapshot would
-  make the file look optimized forever. The pending set comes from the compactor's own
-  planner (``plan_rewrite`` with every rule satisfied), and ``older_than`` / ``retain_last``
-  keep the oldest such snapshot and everything newer.
+  make the file look optimized forever. The pending set is the one the compactor plans from
+  (``common/table_files.py``), and ``older_than`` / ``retain_last`` keep the oldest such
+  snapshot and everything newer.
 
 Both bounds are applied (count and age), because Iceberg keeps an ancestor when either
 holds and stops walking at the first that fails both: with clock skew between hosts a
 timestamp bound alone could stop early. ``predict_expired`` mirrors Iceberg's
 ``RemoveSnapshots`` retention so a dry run can say what would go, and so a plan that would
 still expire a protected snapshot (a branch with its own retention settings) is refused.
+
+Execution: ``CALL <cat>.system.expire_snapshots(table, older_than, retain_last)``. Before it,
+the files only the expired snapshots reference are listed (``reachability.py``): a dry run
+reports them, and a file outside the table's location refuses the expiry.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
-from pyiceberg.types import DateType, TimestampType, TimestamptzType
 
-from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
-from streamberg.common.errors import RetentionColumnError
+from streamberg.common.config import ExpireConfig
+from streamberg.common.errors import LocationRefused
 from streamberg.common.offsets import ancestors, ancestry, committed_position
+from streamberg.common.redact import redact
 from streamberg.common.summary_keys import kafka_offsets_key
 from streamberg.common.table_files import live_data_files, pending_files
+from streamberg.common.times import iso_from_ms
+from streamberg.maintenance.confine import outside_reason
+from streamberg.maintenance.reachability import only_referenced_by, still_present
+from streamberg.maintenance.step import Step, StepResult, detail
+
+# -- plan -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -72,47 +78,6 @@ class ExpirePlan:
         return [p.snapshot_id for p in self.protected]
 
 
-@dataclass(frozen=True)
-class ManifestsPlan:
-    snapshot_id: int | None
-    count: int
-    total_bytes: int
-    run: bool
-    reasons: tuple[str, ...]
-
-
-ColumnKind = Literal["date", "timestamp", "timestamptz"]
-
-
-@dataclass(frozen=True)
-class RetentionPlan:
-    column: str
-    kind: ColumnKind
-    # Rows with column < cutoff are deleted.
-    cutoff: dt.datetime
-    requested_cutoff: dt.datetime
-    # The partition granularity the cutoff was rounded down to (whole-file deletes), or None.
-    aligned_to: str | None
-
-    def sql_literal(self) -> str:
-        """The cutoff as a Spark SQL literal of the column's type (session time zone is UTC)."""
-        if self.kind == "date":
-            return f"DATE '{self.cutoff.date().isoformat()}'"
-        text = self.cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
-        return f"TIMESTAMP '{text}'" if self.kind == "timestamptz" else f"TIMESTAMP_NTZ '{text}'"
-
-    def pyiceberg_literal(self) -> str:
-        if self.kind == "date":
-            return self.cutoff.date().isoformat()
-        if self.kind == "timestamptz":
-            return self.cutoff.isoformat()
-        return self.cutoff.replace(tzinfo=None).isoformat()
-
-
-
-# -- expire -----------------------------------------------------------------------------------
-
-
 def ingest_chain(table: Table, topic: str) -> list[Snapshot]:
     """The current snapshot back to and including the newest one with the topic's offsets.
 
@@ -140,7 +105,6 @@ def pending_append_snapshots(table: Table) -> dict[int, int]:
         if f.added_at_ms is not None:
             pending[f.snapshot_id] = f.added_at_ms
     return pending
-
 
 
 def predict_expired(table: Table, older_than_ms: int, retain_last: int, now_ms: int) -> set[int]:
@@ -225,77 +189,110 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
     )
 
 
-# -- manifests --------------------------------------------------------------------------------
+# -- execution --------------------------------------------------------------------------------
+
+# Iceberg's expire_snapshots output columns, and reachability's file kinds, as result keys.
+_DELETED_KEYS = {
+    "deleted_data_files_count": "data", "deleted_position_delete_files_count": "delete_files",
+    "deleted_equality_delete_files_count": "delete_files", "deleted_manifest_files_count": "manifests",
+    "deleted_manifest_lists_count": "manifest_lists", "deleted_statistics_files_count": "statistics",
+}
+_KIND_KEYS = {"data": "data", "delete": "delete_files", "manifest": "manifests", "manifest-list": "manifest_lists"}
 
 
-def plan_manifests(table: Table, settings: ManifestsConfig) -> ManifestsPlan:
-    """Rewrite when the current snapshot's manifests cross the count or the size threshold."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return ManifestsPlan(None, 0, 0, False, ())
-    manifests = snapshot.manifests(table.io)
-    count = len(manifests)
-    total = sum(m.manifest_length for m in manifests)
-    reasons = []
-    if settings.min_count is not None and count >= settings.min_count:
-        reasons.append(f"min_count: {count} >= {settings.min_count}")
-    if settings.min_total_bytes is not None and total >= settings.min_total_bytes:
-        reasons.append(f"min_total_bytes: {total} >= {settings.min_total_bytes}")
-    # One manifest per content type is already as compact as a rewrite can make it.
-    compact = count <= len({m.content for m in manifests})
-    return ManifestsPlan(snapshot.snapshot_id, count, total, bool(reasons) and not compact, tuple(reasons))
+def by_kind(counts: dict[str, int]) -> dict[str, int]:
+    """Deleted-file counts under one set of names, whether Iceberg's or reachability's."""
+    out: dict[str, int] = {}
+    for key, n in counts.items():
+        if n:
+            name = _DELETED_KEYS.get(key) or _KIND_KEYS.get(key, key)
+            out[name] = out.get(name, 0) + n
+    return out
 
 
-def manifest_rewrite_snapshot(table: Table, known_ids: set[int]) -> Snapshot | None:
-    """The newest snapshot not in `known_ids` made by rewrite_manifests (a replace whose
-    summary has Iceberg's manifests-replaced count), or None."""
-    for snapshot in sorted(table.metadata.snapshots, key=lambda s: -s.sequence_number):
-        if snapshot.snapshot_id in known_ids or snapshot.summary is None:
-            continue
-        if snapshot.summary.operation.value == "replace" and "manifests-replaced" in snapshot.summary.additional_properties:
-            return snapshot
-    return None
+def _timestamp_literal(ms: int) -> str:
+    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+    return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
 
-# -- retention --------------------------------------------------------------------------------
-
-_KINDS: dict[type, ColumnKind] = {DateType: "date", TimestampType: "timestamp", TimestamptzType: "timestamptz"}
-# Partition transforms a cutoff can be rounded down to so whole partitions (files) go.
-_ALIGNABLE = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
-
-
-
-
-def column_kind(table: Table, column: str) -> ColumnKind:
-    try:
-        field = table.schema().find_field(column)
-    except ValueError:
-        names = ", ".join(f.name for f in table.schema().fields)
-        raise RetentionColumnError(f"{column!r} is not a column of the table (columns: {names})") from None
-    kind = _KINDS.get(type(field.field_type))
-    if kind is None:
-        raise RetentionColumnError(f"{column!r} is {field.field_type} in the table; it must be a date or timestamp")
-    return kind
+@dataclass
+class ExpireResult(StepResult):
+    expired: int = 0
+    kept: int = 0
+    protected_snapshot_ids: list[int] = field(default_factory=list)
+    protected: list[dict[str, Any]] | None = detail()
+    held_back_snapshot_ids: list[int] | None = detail()
+    older_than: str | None = detail()
+    retain_last: int | None = detail()
+    configured_older_than: str | None = detail()
+    deleted_files: int = 0
+    deleted_by_kind: dict[str, int] | None = detail()
+    bytes_freed: int = 0
 
 
-def plan_retention(table: Table, settings: RetentionConfig, now_ms: int) -> RetentionPlan | None:
-    """Rows older than now - days go. When the table is partitioned by day/hour of the column,
-    the cutoff is rounded down to that boundary so only whole partitions, i.e. whole files,
-    are deleted: a metadata-only delete that rewrites nothing and cannot conflict with
-    appends of newer rows. Rows just past the boundary go on a later run."""
-    if settings.days is None or not settings.column:
-        return None
-    kind = column_kind(table, settings.column)
-    requested = dt.datetime.fromtimestamp(now_ms / 1000, tz=dt.timezone.utc) - dt.timedelta(days=settings.days)
-    source_id = table.schema().find_field(settings.column).field_id
-    transforms = {str(f.transform) for f in table.spec().fields if f.source_id == source_id}
-    aligned_to = None
-    cutoff = requested
-    for name in ("day", "hour"):  # the coarser boundary works for both partitionings
-        if name in transforms or (kind == "date" and name == "day"):
-            step = _ALIGNABLE[name]
-            epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-            cutoff = epoch + step * math.floor((requested - epoch) / step)
-            aligned_to = name
-            break
-    return RetentionPlan(settings.column, kind, cutoff, requested, aligned_to)
+class ExpireStep(Step):
+    key = "expire_snapshots"
+
+    def run(self, dry_run: bool, log: Any) -> ExpireResult:
+        context = self.context
+        if not context.settings.expire.enabled:
+            return ExpireResult(reason="maintenance.expire.enabled is false")
+        table = context.load()
+        plan = plan_expire(table, context.settings.expire, context.topic, context.now_ms())
+        log = log.bind(step=self.key, snapshot_id=plan.current_snapshot_id)
+        out = ExpireResult(
+            expired=len(plan.expired_ids), kept=len(plan.kept_ids), protected_snapshot_ids=plan.protected_ids,
+            protected=[{"snapshot_id": p.snapshot_id, "committed_at": iso_from_ms(p.timestamp_ms), "reason": p.reason}
+                       for p in plan.protected],
+            held_back_snapshot_ids=list(plan.held_back_ids),
+            older_than=iso_from_ms(plan.older_than_ms), retain_last=plan.retain_last,
+            configured_older_than=iso_from_ms(plan.configured_older_than_ms),
+        )
+        log.info("expire plan", expired=out.expired, kept=out.kept, older_than=out.older_than,
+                 retain_last=plan.retain_last, protected=out.protected, held_back=out.held_back_snapshot_ids)
+        if plan.refusal:
+            log.error("expiry refused", reason=plan.refusal)
+            raise RuntimeError(plan.refusal)
+        if not plan.expired_ids:
+            out.reason = "no snapshot is past the age/count bounds"
+            return out
+        doomed = only_referenced_by(table, plan.expired_ids, plan.kept_ids)
+        # Iceberg's procedure deletes every file the expired snapshots alone reference, wherever
+        # it is (a file added from elsewhere with add_files included): deletes never leave the
+        # table's location, so such an expiry is refused and left to the operator.
+        location = table.location()
+        outside = {path: reason for path in doomed if (reason := outside_reason(path, location))}
+        if outside:
+            example = next(iter(outside))
+            reason = (f"expiry would delete {len(outside)} file(s) not safely inside the table location "
+                      f"{redact(location)}, e.g. {redact(example)} ({outside[example]}); streamberg deletes only "
+                      "inside the table's location: check those files and expire these snapshots by hand")
+            log.error("expiry refused", reason=reason, outside_files=len(outside))
+            raise LocationRefused(reason)
+        if dry_run:
+            kinds = [ref.kind for ref in doomed.values()]
+            out.deleted_files = len(doomed)
+            out.deleted_by_kind = by_kind({k: kinds.count(k) for k in set(kinds)})
+            out.bytes_freed = sum(r.size_bytes for r in doomed.values())
+            return out
+        row = context.spark.call("expire_snapshots", older_than=_timestamp_literal(plan.older_than_ms),
+                                 retain_last=str(plan.retain_last))
+        counts = {k: int(v or 0) for k, v in row.items()}
+        after = context.load()
+        remaining = {s.snapshot_id for s in after.metadata.snapshots}
+        expired = [s for s in plan.expired_ids + plan.kept_ids if s not in remaining]
+        gone = set(doomed) - still_present(after, doomed)
+        out.ran, out.expired, out.kept = True, len(expired), len(remaining)
+        out.deleted_files, out.deleted_by_kind = sum(counts.values()), by_kind(counts)
+        out.bytes_freed = sum(doomed[p].size_bytes for p in gone)
+        if sorted(expired) != sorted(plan.expired_ids):
+            log.warning("expired snapshots differ from the plan (concurrent commit?)",
+                        planned=len(plan.expired_ids), expired=len(expired))
+        if lost := sorted(set(plan.protected_ids) - remaining):
+            # Cannot happen with the bounds above; if it ever does, make it loud.
+            log.critical("protected snapshots were expired", snapshot_ids=lost)
+            raise RuntimeError(f"protected snapshots were expired: {lost}")
+        log.info("snapshots expired", expired=out.expired, kept=out.kept, deleted_files=out.deleted_files,
+                 deleted_by_kind=out.deleted_by_kind, bytes_freed=out.bytes_freed,
+                 protected_snapshot_ids=plan.protected_ids)
+        return out
