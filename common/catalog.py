@@ -43,6 +43,7 @@ from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError, St
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.common.retry import commit_retrying
+from streamberg.common.table_files import TARGET_SIZE_PROPERTY
 
 _TYPES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -195,7 +196,7 @@ def load_catalog(config: CatalogConfig) -> Catalog:
         SqlCatalog, config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse, **config.properties)
 
 
-def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
+def ensure_namespace(catalog: Catalog, namespace: str) -> None:
     try:
         catalog.create_namespace(namespace)
     except NamespaceAlreadyExistsError:
@@ -225,11 +226,11 @@ def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     """Create the table from the config when absent; when present, check it can take our records."""
     log = get_logger("catalog", table=table.identifier)
     expected = schema_from_config(table)
-    _ensure_namespace(catalog, table.namespace)
+    ensure_namespace(catalog, table.namespace)
     try:
         existing = catalog.load_table(table.identifier)
     except NoSuchTableError:
-        properties = {"write.target-file-size-bytes": str(table.target_file_size_bytes), **table.properties}
+        properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **table.properties}
         try:
             created = catalog.create_table(
                 table.identifier, schema=expected,
@@ -316,36 +317,6 @@ def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) ->
     get_logger("catalog", table=table.identifier).info(
         "schema evolved", changes=plan.changes, schema_id=catalog.load_table(table.identifier).schema().schema_id)
     return plan
-
-
-DEAD_LETTER_SCHEMA = Schema(
-    NestedField(1, "topic", StringType(), required=True),
-    NestedField(2, "partition", IntegerType(), required=True),
-    NestedField(3, "offset", LongType(), required=True),
-    NestedField(4, "kafka_timestamp", TimestamptzType(), required=False),
-    NestedField(5, "key", BinaryType(), required=False),
-    NestedField(6, "value", BinaryType(), required=False),
-    NestedField(7, "reason", StringType(), required=True),
-    NestedField(8, "job_id", StringType(), required=True),
-    NestedField(9, "dead_lettered_at", TimestamptzType(), required=True),
-)
-
-
-def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
-    _ensure_namespace(catalog, identifier.rsplit(".", 1)[0])
-    try:
-        return catalog.load_table(identifier)
-    except NoSuchTableError:
-        try:
-            return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA)
-        except TableAlreadyExistsError:
-            return catalog.load_table(identifier)
-
-
-def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
-    """Catalog, main table and dead-letter table, created where absent."""
-    catalog = load_catalog(config.catalog)
-    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)
 
 
 def _poll_until(attempt: Callable[[], Any], waiting_for: tuple[type[BaseException], ...], timeout_seconds: float,

@@ -18,18 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
-from pyiceberg.table import Table
+from pyiceberg.table import Table, TableProperties
 
+from streamberg.common.config.table import DEFAULT_TARGET_FILE_SIZE_BYTES
 from streamberg.common.summary_keys import TablePropertyKeys
 
 APPEND = "append"
-TARGET_SIZE_PROPERTY = "write.target-file-size-bytes"
+TARGET_SIZE_PROPERTY = TableProperties.WRITE_TARGET_FILE_SIZE_BYTES
 
 
-def target_file_size(table: Table, configured: int | None, default: int) -> int:
-    """Size of the files a rewrite writes: `configured` (compactor.target_file_size_bytes),
-    else the table's write.target-file-size-bytes, else `default`
-    (table.target_file_size_bytes). (Also what `streamberg status` measures small files against.)"""
+def target_file_size(table: Table, configured: int | None = None,
+                     default: int = DEFAULT_TARGET_FILE_SIZE_BYTES) -> int:
+    """The one rule for the size of a data file, wherever it is asked: `configured` (the
+    compactor's own compactor.target_file_size_bytes, for rewrites), else the table's
+    write.target-file-size-bytes, else `default` (table.target_file_size_bytes). Ingest
+    writers, rewrites, and `streamberg status` (small files) all measure against it."""
     if configured is not None:
         return configured
     prop = table.properties.get(TARGET_SIZE_PROPERTY)

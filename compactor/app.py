@@ -12,10 +12,10 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
+from streamberg.compactor.compactor import Compactor
+from streamberg.compactor.layouts import resolve_layout
 from streamberg.compactor.lease import TableLease
-from streamberg.compactor.planner import describe, plan_rewrite
-from streamberg.compactor.runs import PlanningRules
-from streamberg.compactor.service import Compactor, resolve_layout
+from streamberg.compactor.planner import PassPlanner, describe
 from streamberg.compactor.watcher import SnapshotWatcher
 
 
@@ -32,7 +32,7 @@ def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]
     """What a pass would rewrite now, without Spark and without the lease."""
     _, table = open_existing_table(config, "compactor", CompactError)
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
-    plan = plan_rewrite(table, PlanningRules.from_config(config.compactor), mode="full" if options.full else "incremental")
+    plan = PassPlanner(config.compactor, config.target, layout.columns).plan(table, "full" if options.full else "incremental")
     return {
         "table": config.table.identifier, "dry_run": True, "strategy": layout.strategy, "columns": list(layout.columns),
         **describe(plan),

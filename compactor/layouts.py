@@ -37,18 +37,18 @@ that array (one projection per bit), and the curve arithmetic is shifts and XORs
 The curves and their plain-Python references are in compactor/curves.py, the routing of
 rows to files in compactor/routing.py; this module holds one class per layout (a template
 method: ``Layout.apply`` checks, each class's ``_apply`` lays out; ``Hilbert`` overrides
-only ``ZOrder``'s ``_curve`` hook).
+only ``ZOrder``'s ``_curve`` hook; ``BinPack`` owns its read options). A ``Layout``
+instance is the one value a compactor run carries: strategy, columns and knobs.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from streamberg.common.config import LAYOUT_STRATEGIES
-from streamberg.common.errors import LayoutError
+from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig
+from streamberg.common.errors import ConfigError, LayoutError
 from streamberg.compactor.curves import (
     TMP_PREFIX,
     boundaries_from_sample,
@@ -61,42 +61,54 @@ from streamberg.compactor.curves import (
     with_scaled_ranks,
     zorder_expression,
 )
+from streamberg.compactor.iceberg_scan import FILE_OPEN_COST, SPLIT_SIZE
 from streamberg.compactor.routing import partition_routing_keys, split_points
 
 if TYPE_CHECKING:  # pyspark is imported lazily: the planner and CLI --help do not need a JVM
+    from pyiceberg.table import Table
     from pyspark.sql import Column, DataFrame
-
-@dataclass(frozen=True)
-class LayoutOptions:
-    """Knobs of the index layouts; the others ignore them.
-
-    ``row_count`` (when known, e.g. from file metadata) saves a count to size the sample.
-    ``keep_key`` keeps the ordering key as column ``__sb_key`` (zorder, hilbert,
-    zorder-iceberg) for inspection; leave it off when writing the result to a table.
-    """
-
-    bits: int = 10
-    sample_rows: int = 20000
-    row_count: int | None = None
-    seed: int = 0
-    keep_key: bool = False
 
 
 class Layout(ABC):
-    """One row layout: how rewritten rows are ordered and cut into files."""
+    """One row layout, configured for a run: how rewritten rows are ordered and cut into files.
+
+    ``columns``: the clustering columns; ``bits`` and ``sample_rows``: the index layouts'
+    knobs (the others ignore them). Per call: ``row_count`` (when known, e.g. from file
+    metadata) saves a count to size the sample, ``seed`` varies the sample, and ``keep_key``
+    keeps the ordering key as column ``__sb_key`` (zorder, hilbert, zorder-iceberg) for
+    inspection; leave it off when writing the result to a table.
+    """
 
     name: ClassVar[str]
     clusters: ClassVar[bool] = True  # orders by the clustering columns (binpack does not)
 
-    def apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+    def __init__(self, columns: Sequence[str] = (), *, bits: int = 10, sample_rows: int = 20000) -> None:
+        self.columns = tuple(columns)
+        self.bits = bits
+        self.sample_rows = sample_rows
+
+    @property
+    def strategy(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(columns={self.columns!r}, bits={self.bits}, sample_rows={self.sample_rows})"
+
+    def apply(self, df: DataFrame, num_files: int, *, row_count: int | None = None, seed: int = 0,
+              keep_key: bool = False) -> DataFrame:
         if num_files < 1:
             raise LayoutError(f"num_files must be >= 1, got {num_files}")
         if self.clusters:
-            check_columns(df, columns)
-        return self._apply(df, columns, num_files, options)
+            check_columns(df, self.columns)
+        return self._apply(df, num_files, row_count=row_count, seed=seed, keep_key=keep_key)
+
+    def read_options(self, size_bytes: int, num_files: int) -> dict[str, str]:
+        """Options for Iceberg's read of one group of `size_bytes` becoming `num_files` files."""
+        return {}
 
     @abstractmethod
-    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame: ...
+    def _apply(self, df: DataFrame, num_files: int, *, row_count: int | None, seed: int,
+               keep_key: bool) -> DataFrame: ...
 
 
 class BinPack(Layout):
@@ -105,7 +117,12 @@ class BinPack(Layout):
     name = "binpack"
     clusters = False
 
-    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+    def read_options(self, size_bytes: int, num_files: int) -> dict[str, str]:
+        # Iceberg's bin-pack: one read split per output file, so no shuffle is needed.
+        return {SPLIT_SIZE: str(max(1, -(-size_bytes // num_files))), FILE_OPEN_COST: "0"}
+
+    def _apply(self, df: DataFrame, num_files: int, *, row_count: int | None, seed: int,
+               keep_key: bool) -> DataFrame:
         return df.coalesce(num_files) if df.rdd.getNumPartitions() > num_files else df
 
 
@@ -114,10 +131,11 @@ class LinearSort(Layout):
 
     name = "sort"
 
-    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+    def _apply(self, df: DataFrame, num_files: int, *, row_count: int | None, seed: int,
+               keep_key: bool) -> DataFrame:
         from pyspark.sql import functions as F
 
-        order = [F.col(c).asc_nulls_first() for c in columns]
+        order = [F.col(c).asc_nulls_first() for c in self.columns]
         return df.repartitionByRange(num_files, *order).sortWithinPartitions(*order)
 
 
@@ -126,13 +144,14 @@ class IcebergZOrder(Layout):
 
     name = "zorder-iceberg"
 
-    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+    def _apply(self, df: DataFrame, num_files: int, *, row_count: int | None, seed: int,
+               keep_key: bool) -> DataFrame:
         from pyspark.sql import functions as F
 
         key = f"{TMP_PREFIX}key"
-        keyed = df.withColumn(key, iceberg_zorder_column(df, columns))
+        keyed = df.withColumn(key, iceberg_zorder_column(df, self.columns))
         laid = keyed.repartitionByRange(num_files, F.col(key)).sortWithinPartitions(F.col(key))
-        return laid if options.keep_key else laid.drop(key)
+        return laid if keep_key else laid.drop(key)
 
 
 class ZOrder(Layout):
@@ -156,20 +175,22 @@ class ZOrder(Layout):
         ranked = self._curve(with_scaled_ranks(df, columns, bounds, bits), names, bits)
         return ranked.withColumn(key, zorder_expression([F.col(c) for c in names], bits)).drop(*names)
 
-    def _apply(self, df: DataFrame, columns: Sequence[str], num_files: int, options: LayoutOptions) -> DataFrame:
+    def _apply(self, df: DataFrame, num_files: int, *, row_count: int | None, seed: int,
+               keep_key: bool) -> DataFrame:
         """Jobs: one pruned read of the clustered columns for the sample, small jobs on the
         sample (boundaries; sample keys -> file cut points), then the rewrite itself reads the
         input once."""
         from pyspark.sql import functions as F
 
-        bits = effective_bits(len(columns), options.bits)
+        columns = self.columns
+        bits = effective_bits(len(columns), self.bits)
         key, part = f"{TMP_PREFIX}key", f"{TMP_PREFIX}part"
         # One output file needs only the boundaries; more files also need the sample's keys.
-        sample = sample_columns(df, columns, sample_rows=options.sample_rows, row_count=options.row_count,
-                                seed=options.seed, materialize=num_files > 1)
+        sample = sample_columns(df, columns, sample_rows=self.sample_rows, row_count=row_count,
+                                seed=seed, materialize=num_files > 1)
         bounds = boundaries_from_sample(sample, columns, bits)
         keyed = self._with_key(df, columns, bounds, bits, key)
-        drop = [] if options.keep_key else [key]
+        drop = [] if keep_key else [key]
         if num_files == 1:
             return keyed.repartition(1).sortWithinPartitions(key).drop(*drop)
         sample_keys = sorted(r[0] for r in self._with_key(sample, columns, bounds, bits, key).select(key).collect())
@@ -192,32 +213,40 @@ class Hilbert(ZOrder):
         return with_hilbert_transpose(ranked, rank_columns, bits) if len(rank_columns) > 1 else ranked
 
 
-LAYOUTS: dict[str, Layout] = {layout.name: layout
-                              for layout in (ZOrder(), Hilbert(), IcebergZOrder(), LinearSort(), BinPack())}
+LAYOUTS: dict[str, type[Layout]] = {layout.name: layout for layout in (ZOrder, Hilbert, IcebergZOrder, LinearSort, BinPack)}
 CLUSTERING_STRATEGIES = tuple(name for name, layout in LAYOUTS.items() if layout.clusters)
 
 
-@dataclass(frozen=True)
-class ResolvedLayout:
-    """The layout a compactor run uses, and its clustering columns (checked against the table)."""
-
-    layout: Layout
-    columns: tuple[str, ...]
-
-    @property
-    def strategy(self) -> str:
-        return self.layout.name
-
-
-def layout_for(strategy: str) -> Layout:
+def layout_for(strategy: str, columns: Sequence[str] = (), *, bits: int = 10, sample_rows: int = 20000) -> Layout:
     try:
-        return LAYOUTS[strategy]
+        cls = LAYOUTS[strategy]
     except KeyError:
         raise LayoutError(f"unknown strategy {strategy!r}; use one of {', '.join(LAYOUT_STRATEGIES)}") from None
+    return cls(columns, bits=bits, sample_rows=sample_rows)
+
+
+def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: list[str] | None,
+                   table: Table | None = None, identifier: str = "") -> Layout:
+    """The layout a compactor run uses: strategy and columns from CLI overrides or the
+    settings, checked against the table (named `identifier` in the error)."""
+    chosen_columns = tuple(columns if columns is not None else settings.columns)
+    chosen = strategy or settings.strategy
+    if chosen not in LAYOUTS:
+        raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(LAYOUT_STRATEGIES)}")
+    if LAYOUTS[chosen].clusters and not chosen_columns:
+        chosen = BinPack.name  # documented: without columns every strategy bin-packs
+    if table is not None:
+        names = [f.name for f in table.schema().fields]
+        missing = [c for c in chosen_columns if c not in names]
+        if missing:
+            raise ConfigError(f"compactor.columns: {missing} not in table {identifier} "
+                              f"(columns: {', '.join(names)})")
+    return layout_for(chosen, chosen_columns, bits=settings.index_bits, sample_rows=settings.sample_rows)
 
 
 def apply_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,
                  sample_rows: int = 20000, row_count: int | None = None, seed: int = 0,
                  keep_key: bool = False) -> DataFrame:
     """``df`` laid out by ``strategy`` on ``columns`` into ``num_files`` partitions (see module doc)."""
-    return layout_for(strategy).apply(df, columns, num_files, LayoutOptions(bits, sample_rows, row_count, seed, keep_key))
+    layout = layout_for(strategy, columns, bits=bits, sample_rows=sample_rows)
+    return layout.apply(df, num_files, row_count=row_count, seed=seed, keep_key=keep_key)

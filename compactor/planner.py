@@ -36,8 +36,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.clustering import column_intervals, health, overlap_depth
+from streamberg.common.config import CompactorConfig, TableTarget
 from streamberg.common.pending import Mode, select_partitions
-from streamberg.common.table_files import TARGET_SIZE_PROPERTY, DataFileInfo, ManifestCache
+from streamberg.common.table_files import DataFileInfo, ManifestCache, target_file_size
 from streamberg.compactor.runs import PlanningRules, Run, RunCandidate, RunLayout, without_runs
 
 GroupKind = Literal["cluster", "merge", "finish", "full"]
@@ -165,7 +166,7 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
     name = ".".join(table.name())
     if selected.snapshot_id is None:
         return Plan(table=name, mode=mode, starting_snapshot_id=None, starting_sequence_number=None, groups=())
-    target = target_file_size_bytes or int(table.properties.get(TARGET_SIZE_PROPERTY, 0)) or 128 * 1024**2
+    target = target_file_size(table, target_file_size_bytes)
     base = max(1, min(target, TIER_BASE_MAX_BYTES))
     groups: list[FileGroup] = []
     deferred: list[DeferredPartition] = []
@@ -225,6 +226,28 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
         has_delete_files=selected.has_delete_files, planned_at_ms=selected.now_ms, seal_only=tuple(seal_only),
         live_partition_keys=tuple(p.key for p in parts if p.files or p.runs),
     )
+
+
+class PassPlanner:
+    """How every pass of one compactor plans: its rules, clustering columns, target file
+    size and manifest cache, built once from the settings (a dry run plans through it too,
+    so it shows what a pass would do)."""
+
+    def __init__(self, settings: CompactorConfig, target: TableTarget, columns: Sequence[str]) -> None:
+        self.rules = PlanningRules.from_config(settings)
+        self.columns = tuple(columns)
+        self.configured_target = settings.target_file_size_bytes
+        self.default_target = target.table.target_file_size_bytes
+        self.cache = ManifestCache()
+
+    def target_file_size(self, table: Table) -> int:
+        """The size of one rewritten file (common/table_files.py's rule)."""
+        return target_file_size(table, self.configured_target, self.default_target)
+
+    def plan(self, table: Table, mode: Mode = "incremental", *, up_to_snapshot_id: int | None = None) -> Plan:
+        bound = sequence_number_of(table, up_to_snapshot_id) if mode == "incremental" else None
+        return plan_rewrite(table, self.rules, mode=mode, up_to_sequence_number=bound, cache=self.cache,
+                            columns=self.columns, target_file_size_bytes=self.target_file_size(table))
 
 
 def _finished(part: RunCandidate, rules: PlanningRules) -> bool:

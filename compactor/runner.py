@@ -6,7 +6,7 @@ The same path Iceberg's own ``rewrite_data_files`` action takes (SparkShufflingF
    ``ScanTaskSetManager`` under a fresh id;
 2. ``spark.read.format("iceberg").option("scan-task-set-id", id)`` reads exactly those files
    (with any delete files applied);
-3. ``layouts.apply_layout`` orders the rows for the strategy;
+3. the run's ``Layout`` orders the rows (and, for bin-pack, sets the read splits);
 4. the write with ``rewritten-file-scan-task-set-id`` does not commit: Iceberg's
    ``FileRewriteCoordinator`` collects the new DataFiles for the commit manager.
 
@@ -25,15 +25,13 @@ from streamberg.common.jvm import iterate, java_list, java_message
 from streamberg.common.log import get_logger
 from streamberg.compactor.iceberg_scan import (
     DISTRIBUTION_MODE,
-    FILE_OPEN_COST,
     OUTPUT_SPEC_ID,
     REWRITTEN_FILE_SCAN_TASK_SET_ID,
     SCAN_TASK_SET_ID,
-    SPLIT_SIZE,
     TARGET_FILE_SIZE_BYTES,
     USE_TABLE_DISTRIBUTION_AND_ORDERING,
 )
-from streamberg.compactor.layouts import Layout, LayoutOptions
+from streamberg.compactor.layouts import Layout
 from streamberg.compactor.planner import FileGroup
 
 
@@ -57,25 +55,15 @@ class RewriteResult:
         return [str(f.location()) for f in self.new_files]
 
 
-@dataclass(frozen=True)
-class LayoutSpec:
-    layout: Layout
-    columns: tuple[str, ...]
-    target_file_size_bytes: int
-    index_bits: int = 10
-    sample_rows: int = 20000
-
-    @property
-    def strategy(self) -> str:
-        return self.layout.name
-
-
 class GroupRunner:
-    def __init__(self, spark: Any, spark_table: str, jtable: Any, layout: LayoutSpec) -> None:
+    """Rewrites groups of one table with one layout into files of `target_file_size_bytes`."""
+
+    def __init__(self, spark: Any, spark_table: str, jtable: Any, layout: Layout, target_file_size_bytes: int) -> None:
         self.spark = spark
         self.spark_table = spark_table
         self.jtable = jtable
         self.layout = layout
+        self.target_file_size_bytes = target_file_size_bytes
         self.log = get_logger("compactor.runner", table=spark_table, strategy=layout.strategy)
 
     def rewrite(self, group: FileGroup, tasks: list[Any], *, has_deletes: bool = False) -> RewriteResult:
@@ -84,23 +72,17 @@ class GroupRunner:
         set_id = f"streamberg-{uuid.uuid4()}"
         manager = jvm.org.apache.iceberg.spark.ScanTaskSetManager.get()
         coordinator = jvm.org.apache.iceberg.spark.FileRewriteCoordinator.get()
-        num_files = group.expected_output_files(self.layout.target_file_size_bytes)
+        num_files = group.expected_output_files(self.target_file_size_bytes)
         try:
             manager.stageTasks(self.jtable, set_id, java_list(self.spark, tasks))
             reader = self.spark.read.format("iceberg").option(SCAN_TASK_SET_ID, set_id)
-            if not self.layout.layout.clusters:
-                # Iceberg's bin-pack: one read split per output file, no shuffle.
-                split = max(1, -(-group.size_bytes // num_files))
-                reader = reader.option(SPLIT_SIZE, str(split)).option(FILE_OPEN_COST, "0")
+            for key, value in self.layout.read_options(group.size_bytes, num_files).items():
+                reader = reader.option(key, value)
             rows = reader.load(self.spark_table)
-            laid_out = self.layout.layout.apply(
-                rows, list(self.layout.columns), num_files,
-                LayoutOptions(bits=self.layout.index_bits, sample_rows=self.layout.sample_rows,
-                              row_count=group.record_count, seed=group.index),
-            )
+            laid_out = self.layout.apply(rows, num_files, row_count=group.record_count, seed=group.index)
             (laid_out.write.format("iceberg")
              .option(REWRITTEN_FILE_SCAN_TASK_SET_ID, set_id)
-             .option(TARGET_FILE_SIZE_BYTES, str(self.layout.target_file_size_bytes))
+             .option(TARGET_FILE_SIZE_BYTES, str(self.target_file_size_bytes))
              .option(USE_TABLE_DISTRIBUTION_AND_ORDERING, "false")
              .option(DISTRIBUTION_MODE, "none")
              .option(OUTPUT_SPEC_ID, str(group.spec_id))

@@ -30,7 +30,7 @@ from typing import Any
 from streamberg.common.errors import StreamFailed
 from streamberg.common.log import get_logger
 from streamberg.common.spark import activate
-from streamberg.compactor.service import Compactor, PassReport
+from streamberg.compactor.compactor import Compactor, PassReport
 
 SKIP_OPTIONS = {
     "streaming-skip-overwrite-snapshots": "true",

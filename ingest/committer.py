@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import ensure_dead_letter_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.log import get_logger
@@ -38,7 +38,12 @@ from streamberg.common.offsets import (
 )
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
-from streamberg.ingest.dead_letters import apply_dead_letter_files, dead_letter_rows, write_dead_letter_file
+from streamberg.ingest.dead_letters import (
+    apply_dead_letter_files,
+    dead_letter_rows,
+    ensure_dead_letter_table,
+    write_dead_letter_file,
+)
 from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, run_dir
 from streamberg.ingest.units import DeadLetter, FlushUnit
 

@@ -30,22 +30,55 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.common.catalog import DEAD_LETTER_SCHEMA
+from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
+from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
+
+# The dead-letter table: one row per record the ingest could not write, with its reason.
+DEAD_LETTER_SCHEMA = Schema(
+    NestedField(1, "topic", StringType(), required=True),
+    NestedField(2, "partition", IntegerType(), required=True),
+    NestedField(3, "offset", LongType(), required=True),
+    NestedField(4, "kafka_timestamp", TimestamptzType(), required=False),
+    NestedField(5, "key", BinaryType(), required=False),
+    NestedField(6, "value", BinaryType(), required=False),
+    NestedField(7, "reason", StringType(), required=True),
+    NestedField(8, "job_id", StringType(), required=True),
+    NestedField(9, "dead_lettered_at", TimestamptzType(), required=True),
+)
+
+
+def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
+    ensure_namespace(catalog, identifier.rsplit(".", 1)[0])
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        try:
+            return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA)
+        except TableAlreadyExistsError:
+            return catalog.load_table(identifier)
+
+
+def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
+    """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
+    catalog = load_catalog(config.catalog)
+    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)
 
 
 def dead_letter_rows(dead: Sequence[DeadLetter], topic: str, job_id: str) -> pa.Table:

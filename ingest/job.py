@@ -301,7 +301,7 @@ def new_run_id() -> str:
 
 def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     """Create or check the table and the dead-letter table before any worker starts."""
-    from streamberg.common.catalog import open_tables
+    from streamberg.ingest.dead_letters import open_tables
     from streamberg.ingest.decode import check_supported
 
     catalog, table, _ = open_tables(config)

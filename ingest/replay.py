@@ -54,6 +54,7 @@ from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
+from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.decode import JsonDecoder, epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
@@ -131,8 +132,7 @@ class _Batcher:
         self.files = None if dry_run else PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
-            target_file_size=int(table.properties.get("write.target-file-size-bytes",
-                                                      config.table.target_file_size_bytes)),
+            target_file_size=target_file_size(table, default=config.table.target_file_size_bytes),
             row_group_rows=config.ingest.row_group_rows, name_prefix=f"replay-{run_id}",
         )
         self.added = 0

@@ -26,6 +26,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position
+from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode import JsonDecoder, epoch_units
@@ -118,7 +119,7 @@ class IngestWriter:
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
-            target_file_size=int(table.properties.get("write.target-file-size-bytes", self.config.table.target_file_size_bytes)),
+            target_file_size=target_file_size(table, default=self.config.table.target_file_size_bytes),
             row_group_rows=self.config.ingest.row_group_rows,
             name_prefix=f"{self.run_id}-w{self.index}",
         )

@@ -108,3 +108,27 @@ def test_planning_lives_in_the_compactor() -> None:
                  for p in (ROOT / "common").rglob("*.py") if "config" not in p.parts}
     assert not {p: n for p, n in offenders.items() if n}, offenders
     assert PLANNING_NAMES & _names_defined_or_read(ROOT / "compactor" / "runs.py")  # the check sees names
+
+
+# What only the ingest defines: the dead-letter table's schema and creation, and its run
+# identity (which lives in IngestTarget, built from the config, not on the shared config).
+INGEST_ONLY_DEFINITIONS = {"DEAD_LETTER_SCHEMA", "ensure_dead_letter_table", "open_tables", "dead_letter_rows"}
+
+
+def _defined(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    return names | {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+
+
+def test_common_holds_no_ingest_only_names() -> None:
+    from streamberg.common.config import StreambergConfig
+
+    offenders = {str(p.relative_to(ROOT)): sorted(_defined(p) & INGEST_ONLY_DEFINITIONS)
+                 for p in (ROOT / "common").rglob("*.py")}
+    assert not {p: n for p, n in offenders.items() if n}, offenders
+    assert INGEST_ONLY_DEFINITIONS <= _defined(ROOT / "ingest" / "dead_letters.py")  # the check sees definitions
+    shared = set(StreambergConfig.model_fields) | {n for n in dir(StreambergConfig) if not n.startswith("_")}
+    assert not shared & {"job_id", "consumer_group", "dead_letter_table", "state_dir"}
+    assert "ingest_target" in shared

@@ -42,7 +42,7 @@ def test_a_failing_component_is_restarted_with_growing_backoff(tmp_path: Path) -
 def test_an_invalid_component_configuration_is_not_restarted(tmp_path: Path) -> None:
     path = write_config(tmp_path, "127.0.0.1:1", extra={"compactor": {"columns": ["no_such_column"]}})
     # The table must exist for the compactor to check its columns against it.
-    from streamberg.common.catalog import open_tables
+    from streamberg.ingest.dead_letters import open_tables
     from tests.helpers import config_at
 
     open_tables(config_at(path))
@@ -81,7 +81,8 @@ def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_p
 def test_waiting_ends_when_the_table_appears(tmp_path: Path) -> None:
     import threading
 
-    from streamberg.common.catalog import load_catalog, open_tables, wait_for_table
+    from streamberg.common.catalog import load_catalog, wait_for_table
+    from streamberg.ingest.dead_letters import open_tables
     from tests.helpers import config_at
 
     config = config_at(write_config(tmp_path, "127.0.0.1:1"))

@@ -159,7 +159,7 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
 
     from streamberg.common.catalog import ensure_table, load_catalog
     from streamberg.common.spark import register_catalog
-    from streamberg.compactor.service import Compactor
+    from streamberg.compactor.compactor import Compactor
 
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"b{uuid.uuid4().hex[:8]}"

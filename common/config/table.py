@@ -36,6 +36,11 @@ _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[([0-9]{1,1
 _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
 
+# The table's write.target-file-size-bytes unless set (not pyiceberg's 512 MiB: streaming
+# commits are small, and compaction makes files this size); common/table_files.py applies it.
+DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
+
+
 class CatalogConfig(_Section):
     # Goes into Spark SQL text (`CALL <name>.system...`) and Spark conf keys: an identifier.
     name: Identifier = "streamberg"
@@ -101,7 +106,7 @@ class TableConfig(_Section):
     identifier: TableIdentifier
     schema_: list[FieldConfig] = Field(alias="schema", min_length=1, max_length=4096)
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list, max_length=64)
-    target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = 128 * 1024 * 1024
+    target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = DEFAULT_TARGET_FILE_SIZE_BYTES
     properties: Properties = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

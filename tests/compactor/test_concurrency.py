@@ -15,12 +15,12 @@ from streamberg.common.jvm import java_message, load_table
 from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
-from streamberg.compactor.layouts import LAYOUTS
+from streamberg.compactor.layouts import layout_for
 from streamberg.compactor.planner import plan_rewrite
-from streamberg.compactor.runner import GroupRunner, LayoutSpec
+from streamberg.compactor.runner import GroupRunner
 from streamberg.compactor.runs import PlanningRules
-from streamberg.compactor.service import Compactor
 from tests.compactor.helpers import TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset, setup_table
 
 pytestmark = pytest.mark.spark
@@ -34,7 +34,7 @@ def _rewritten_but_not_committed(spark, config):
     jtable = load_table(spark, compactor.spark_table)
     tasks = plan_scan_tasks(spark, jtable, plan.starting_snapshot_id,
                               [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups])
-    runner = GroupRunner(spark, compactor.spark_table, jtable, LayoutSpec(LAYOUTS["zorder"], ("user_id", "city"), 1 << 27))
+    runner = GroupRunner(spark, compactor.spark_table, jtable, layout_for("zorder", ("user_id", "city")), 1 << 27)
     results = [runner.rewrite(g, [tasks[f.path] for f in g.files]) for g in plan.groups]
     manager = CommitManager(spark, jtable, starting_snapshot_id=plan.starting_snapshot_id,
                             starting_sequence_number=plan.starting_sequence_number, retries=2)

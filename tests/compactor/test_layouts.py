@@ -126,7 +126,24 @@ def test_one_layout_class_per_configurable_strategy() -> None:
     from streamberg.compactor.layouts import LAYOUTS, layout_for
 
     assert set(LAYOUTS) == set(LAYOUT_STRATEGIES)
-    assert len({type(layout) for layout in LAYOUTS.values()}) == len(LAYOUTS)
+    assert len(set(LAYOUTS.values())) == len(LAYOUTS)
     assert [name for name, layout in LAYOUTS.items() if not layout.clusters] == ["binpack"]
     with pytest.raises(LayoutError, match="unknown strategy"):
         layout_for("spiral")
+
+
+def test_a_layout_carries_its_columns_and_owns_its_read_options() -> None:
+    """One value per run: the configured layout. Bin-pack alone asks Iceberg's read for one
+    split per output file (no shuffle); the clustering layouts read as Iceberg plans."""
+    from streamberg.common.config import CompactorConfig
+    from streamberg.compactor.layouts import BinPack, Hilbert, layout_for, resolve_layout
+
+    hilbert = resolve_layout(CompactorConfig(strategy="hilbert", columns=["a", "b"], index_bits=12, sample_rows=500),
+                             None, None)
+    assert isinstance(hilbert, Hilbert) and hilbert.strategy == "hilbert"
+    assert (hilbert.columns, hilbert.bits, hilbert.sample_rows) == (("a", "b"), 12, 500)
+    assert hilbert.read_options(1000, 4) == {}
+    # Without columns every strategy bin-packs (documented).
+    assert isinstance(resolve_layout(CompactorConfig(strategy="zorder", columns=[]), None, None), BinPack)
+    split = layout_for("binpack").read_options(1001, 4)
+    assert split == {"split-size": "251", "file-open-cost": "0"}

@@ -14,9 +14,8 @@ import pytest
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError, LeaseHeldError, LeaseLostError
-from streamberg.compactor.layouts import CLUSTERING_STRATEGIES
+from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, resolve_layout
 from streamberg.compactor.lease import TableLease, leases
-from streamberg.compactor.service import resolve_layout
 from tests.compactor.helpers import DAY, FakeIngest, setup_table, write_config
 from tests.helpers import JvmSentinel
 

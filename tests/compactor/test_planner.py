@@ -106,3 +106,23 @@ def test_empty_table_plans_nothing(tmp_path) -> None:
     _, table = setup_table(tmp_path)
     plan = plan_rewrite(table, PlanningRules())
     assert plan.starting_snapshot_id is None and not plan.groups
+
+
+def test_every_pass_and_the_dry_run_plan_with_the_same_target_size(tmp_path) -> None:
+    """One rule for the size of a rewritten file: compactor.target_file_size_bytes, else the
+    table's write.target-file-size-bytes, else table.target_file_size_bytes. The size tiers of
+    runs are in units of it, so a dry run that used another size would promise another plan."""
+    from streamberg.common.table_files import TARGET_SIZE_PROPERTY
+    from streamberg.compactor.planner import PassPlanner
+
+    config, table, _ = _ingested(tmp_path, commits=2)
+    table_default = int(table.properties[TARGET_SIZE_PROPERTY])
+    assert table_default == config.table.target_file_size_bytes
+    assert PassPlanner(config.compactor, config.target, ()).target_file_size(table) == table_default
+    own = config.compactor.model_copy(update={"target_file_size_bytes": 4096})
+    planner = PassPlanner(own, config.target, ("user_id",))
+    assert planner.target_file_size(table) == 4096
+    plan = planner.plan(table, "full")
+    assert plan.groups
+    direct = plan_rewrite(table, planner.rules, mode="full", columns=("user_id",), target_file_size_bytes=4096)
+    assert plan.groups == direct.groups

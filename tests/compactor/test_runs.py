@@ -22,8 +22,8 @@ from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.common.table_files import live_data_files, pending_files, sealed_sequence_numbers
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
+from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.lease import TableLease
-from streamberg.compactor.service import Compactor
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,

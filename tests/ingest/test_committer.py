@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from streamberg.common.catalog import load_catalog, open_tables
+from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import FencedError, OffsetChainError
 from streamberg.common.offsets import committed_position
 from streamberg.ingest.committer import Committer, chain_offsets
+from streamberg.ingest.dead_letters import open_tables
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.units import DeadLetter, FlushUnit
 from tests.helpers import config_at, duplicates, table_ids, write_config

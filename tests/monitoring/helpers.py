@@ -12,9 +12,9 @@ from typing import Any
 from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import open_tables
 from streamberg.common.config import StreambergConfig
 from streamberg.ingest.committer import CommitResult, Committer
+from streamberg.ingest.dead_letters import open_tables
 from tests.helpers import config_at, write_config
 from tests.ingest.test_committer import make_unit
 

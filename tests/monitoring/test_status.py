@@ -17,9 +17,10 @@ import pytest
 
 from streamberg.cli.main import main
 from streamberg.common.broker import ensure_topic, free_port
-from streamberg.common.catalog import load_catalog, open_tables
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.table_files import live_data_files
+from streamberg.ingest.dead_letters import open_tables
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics

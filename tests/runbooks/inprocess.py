@@ -18,9 +18,9 @@ import time
 from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import open_tables
 from streamberg.common.config import StreambergConfig
 from streamberg.ingest.committer import Committer
+from streamberg.ingest.dead_letters import open_tables
 from streamberg.ingest.writer import IngestWriter
 
 

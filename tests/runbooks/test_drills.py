@@ -420,7 +420,7 @@ def test_lost_offsets(tmp_path: Path, mock_kafka, drills) -> None:
 
     config_path = _config(tmp_path, mock_kafka.bootstrap, monitoring={"broker_timeout_seconds": 10})
     config = config_at(config_path)
-    from streamberg.common.catalog import open_tables
+    from streamberg.ingest.dead_letters import open_tables
 
     open_tables(config)
     _commit_first_ten(config)

@@ -19,22 +19,21 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table as PyTable
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig, TableTarget
-from streamberg.common.errors import ConfigError, GroupRewriteError
+from streamberg.common.config import CompactorConfig, TableTarget
+from streamberg.common.errors import GroupRewriteError
 from streamberg.common.jvm import load_table
 from streamberg.common.log import get_logger
 from streamberg.common.pending import Mode
 from streamberg.common.spark import activate
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
-from streamberg.common.table_files import ManifestCache, sealed_sequence_numbers, target_file_size
+from streamberg.common.table_files import sealed_sequence_numbers
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
-from streamberg.compactor.layouts import LAYOUTS, BinPack, ResolvedLayout
+from streamberg.compactor.layouts import Layout, resolve_layout
 from streamberg.compactor.lease import TableLease
-from streamberg.compactor.planner import Plan, describe, plan_rewrite, sequence_number_of
-from streamberg.compactor.runner import GroupRunner, LayoutSpec, RewriteResult
-from streamberg.compactor.runs import PlanningRules
+from streamberg.compactor.planner import PassPlanner, Plan, describe
+from streamberg.compactor.runner import GroupRunner, RewriteResult
 
 
 @dataclass
@@ -81,31 +80,12 @@ class PassReport:
                 "seconds": round(self.seconds, 3), "commit_details": [asdict(c) for c in self.commits]}
 
 
-def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: list[str] | None,
-                   table: PyTable | None = None, identifier: str = "") -> ResolvedLayout:
-    """Strategy and columns from CLI overrides or the settings, checked against the table
-    (named `identifier` in the error)."""
-    chosen_columns = tuple(columns if columns is not None else settings.columns)
-    chosen = strategy or settings.strategy
-    if chosen not in LAYOUTS:
-        raise ConfigError(f"compactor.strategy: unknown strategy {chosen!r}; use one of {', '.join(LAYOUT_STRATEGIES)}")
-    if LAYOUTS[chosen].clusters and not chosen_columns:
-        chosen = BinPack.name  # documented: without columns every strategy bin-packs
-    if table is not None:
-        names = [f.name for f in table.schema().fields]
-        missing = [c for c in chosen_columns if c not in names]
-        if missing:
-            raise ConfigError(f"compactor.columns: {missing} not in table {identifier} "
-                              f"(columns: {', '.join(names)})")
-    return ResolvedLayout(LAYOUTS[chosen], chosen_columns)
-
-
 class Compactor:
     """Plans and runs optimize passes on one table with one SparkSession."""
 
     def __init__(self, settings: CompactorConfig, target: TableTarget, spark: Any, *, strategy: str | None = None,
                  columns: list[str] | None = None, lease: TableLease | None = None,
-                 catalog: Catalog | None = None, layout: ResolvedLayout | None = None) -> None:
+                 catalog: Catalog | None = None, layout: Layout | None = None) -> None:
         """`settings`: the `compactor` section; `target`: the catalog and table it optimizes.
         `catalog` and `layout`: as the caller already opened and resolved them (one
         `streamberg compact` run does both once); otherwise opened and resolved here, with
@@ -119,8 +99,7 @@ class Compactor:
         self.layout = layout if layout is not None else resolve_layout(settings, strategy, columns, self.load(),
                                                                         self.identifier)
         self.strategy, self.columns = self.layout.strategy, self.layout.columns
-        self.rules = PlanningRules.from_config(settings)
-        self.cache = ManifestCache()
+        self.planner = PassPlanner(settings, target, self.columns)
         self.lease = lease
         self.run_id = str(uuid.uuid4())
         self.log = get_logger("compactor", table=self.identifier, run_id=self.run_id, strategy=self.strategy,
@@ -129,14 +108,9 @@ class Compactor:
     def load(self) -> PyTable:
         return self.catalog.load_table(self.identifier)
 
-    def target_file_size(self, table: PyTable) -> int:
-        return target_file_size(table, self.settings.target_file_size_bytes, self.target.table.target_file_size_bytes)
-
     def plan(self, mode: Mode = "incremental", up_to_snapshot_id: int | None = None) -> tuple[PyTable, Plan]:
         table = self.load()
-        bound = sequence_number_of(table, up_to_snapshot_id) if mode == "incremental" else None
-        return table, plan_rewrite(table, self.rules, mode=mode, up_to_sequence_number=bound, cache=self.cache,
-                                   columns=self.columns, target_file_size_bytes=self.target_file_size(table))
+        return table, self.planner.plan(table, mode, up_to_snapshot_id=up_to_snapshot_id)
 
     def run_pass(self, mode: Mode = "incremental", *, batch_id: int | None = None,
                  up_to_snapshot_id: int | None = None) -> PassReport:
@@ -157,9 +131,7 @@ class Compactor:
         jtable = load_table(self.spark, self.spark_table)
         filters = [partition_filter_json(table, g.spec_id, g.partition) for g in plan.groups]
         tasks_by_path = plan_scan_tasks(self.spark, jtable, plan.starting_snapshot_id, filters)
-        layout = LayoutSpec(self.layout.layout, self.columns, self.target_file_size(table),
-                            self.settings.index_bits, self.settings.sample_rows)
-        runner = GroupRunner(self.spark, self.spark_table, jtable, layout)
+        runner = GroupRunner(self.spark, self.spark_table, jtable, self.layout, self.planner.target_file_size(table))
         commits = CommitManager(
             self.spark, jtable, starting_snapshot_id=plan.starting_snapshot_id,
             starting_sequence_number=plan.starting_sequence_number, retries=self.settings.commit_retries,
