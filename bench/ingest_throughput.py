@@ -202,7 +202,7 @@ def main() -> None:
             unforked = None
             if not args.no_unforked_run:
                 # The same run at the highest parallelism, each Python worker a fresh
-                # interpreter instead of a fork of the pre-warmed one (ingest/fork_server.py).
+                # interpreter instead of a fork of the pre-warmed one (ingest/local/fork_server.py).
                 parallelism = max(parallelisms)
                 print(f"streamberg ingest, parallelism {parallelism}, workers not forked ...", file=sys.stderr)
                 config_path = write_config(directory / f"p{parallelism}-unforked", info.bootstrap, topic,

@@ -32,7 +32,7 @@ def configure_logging(force_json: bool | None = None, file: Path | None = None) 
 
     `file`: append the lines to this file instead of stderr (a local Flink job's Python
     worker processes, whose stderr nobody reads; the driver relays the file, see
-    ingest/worker_logs.py).
+    ingest/local/worker_logs.py).
     """
     global _configured
     if _configured:

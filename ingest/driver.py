@@ -21,19 +21,13 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
 from streamberg.common.stop import stop_on_signals
-from streamberg.ingest.fork_server import ForkServer, ForkServerUnavailable
-from streamberg.ingest.job import (
-    build_job,
-    failure_message,
-    new_run_id,
-    prepare_tables,
-    python_worker_mode,
-    start_local_gateway,
-)
+from streamberg.ingest.job import build_job, failure_message, new_run_id, prepare_tables
+from streamberg.ingest.local.fork_server import ForkServer, ForkServerUnavailable
+from streamberg.ingest.local.gateway import python_worker_mode, start_local_gateway
+from streamberg.ingest.local.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
 from streamberg.ingest.read_progress import records_read
 from streamberg.ingest.read_progress import request_stop as write_stop_marker
 from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, LOST_OFFSETS_MARKER
-from streamberg.ingest.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
 
 DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 TABLE_LOOK_SECONDS = 1.0  # how often it reads the catalog and the job status
@@ -196,7 +190,7 @@ def _outcome(run: _Run, catalog: Any, stop: _StopRequest, fenced: str | None) ->
 @contextmanager
 def _python_workers(config: StreambergConfig, worker_mode: str) -> Iterator[ForkServer | None]:
     """The fork server of a local run in process mode, started before anything else so its
-    imports overlap the JVM's start-up (ingest/fork_server.py); None if not used."""
+    imports overlap the JVM's start-up (ingest/local/fork_server.py); None if not used."""
     if worker_mode != "process" or not config.ingest.fork_python_workers:
         yield None
         return

@@ -21,9 +21,6 @@ the next start.
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,12 +37,12 @@ from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeCo
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
+from streamberg.ingest.local.gateway import start_local_gateway
+from streamberg.ingest.local.settings import configuration, local_settings
+from streamberg.ingest.local.worker_logs import WorkerLogTarget
 from streamberg.ingest.read_progress import ReadProgress, stop_due
 from streamberg.ingest.run_folder import LOST_OFFSETS_MARKER
-from streamberg.ingest.worker_logs import WorkerLogTarget
 
-# PyFlink reads a local job's Python worker mode (loopback or process) from this variable.
-WORKER_MODE_ENV = "_python_worker_execution_mode"
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
 
 
@@ -161,7 +158,7 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
                         python_workers: str | None = None) -> Configuration:
     """The job's Flink settings. `cluster`: submitted with `flink run` (cli/flink_submit.py).
     `python_workers`: what starts a local run's Python workers (the fork server's launcher,
-    ingest/fork_server.py), by default this environment's interpreter.
+    ingest/local/fork_server.py), by default this environment's interpreter.
 
     Settings given here override those of `flink run`, so on a cluster the Python
     interpreter (-pyexec / -pyarch) and the slots (the TaskManagers' own config) are left to
@@ -184,40 +181,6 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
     return configuration(settings)
 
 
-def configuration(settings: dict[str, str]) -> Configuration:
-    conf = Configuration()
-    for key, value in settings.items():
-        conf.set_string(key, value)
-    return conf
-
-
-def local_settings(parallelism: int, python_workers: str | None = None) -> dict[str, str]:
-    """What a local run (a MiniCluster in the gateway JVM) needs on top of the job's settings."""
-    from streamberg.ingest.gateway_auth import start_run_key_pair
-
-    return {
-        # Python workers must run this environment's interpreter (PyFlink defaults to `python`).
-        "python.executable": python_workers or sys.executable,
-        "python.client.executable": sys.executable,
-        "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
-        # A local MiniCluster listens on loopback only (docs/security.md): by default its REST
-        # endpoint and BLOB server bind every interface, with web job submission and
-        # cancellation on. `ingest.flink` (applied last) can widen any of these.
-        "rest.address": "127.0.0.1",
-        "rest.bind-address": "127.0.0.1",
-        "jobmanager.rpc.address": "127.0.0.1",
-        "jobmanager.bind-host": "127.0.0.1",  # also the BLOB server's bind host
-        "taskmanager.host": "127.0.0.1",
-        "taskmanager.bind-host": "127.0.0.1",
-        "web.submit.enable": "false",
-        "web.cancel.enable": "false",
-        # Mutual TLS with this run's own key on the REST endpoint and Flink's RPC, BLOB and
-        # data ports: no other local process can submit a job or send a message
-        # (ingest/gateway_auth.py).
-        **start_run_key_pair().flink_settings(),
-    }
-
-
 def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
               log_target: WorkerLogTarget | None = None, python_workers: str | None = None
               ) -> StreamExecutionEnvironment:
@@ -238,61 +201,6 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: 
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
-
-
-_local_gateway: threading.Thread | None = None
-
-
-def start_local_gateway(config: StreambergConfig) -> threading.Thread:
-    """Start the gateway JVM of a local run in the background, once per process.
-
-    The JVM takes about a second to come up; the driver prepares the tables meanwhile.
-    Local servers listen on loopback only and answer only this driver, so the patches and
-    the token go in before the JVM and the worker pool start (ingest/loopback.py,
-    ingest/gateway_auth.py, docs/security.md). A launch that fails here
-    fails again, with its message, where build_job asks for the gateway itself.
-    """
-    global _local_gateway
-    if _local_gateway is None:
-        from pyflink.java_gateway import get_gateway
-
-        from streamberg.ingest.class_archive import use_archive
-        from streamberg.ingest.gateway_auth import start_run_key_pair
-        from streamberg.ingest.jvm_lib import jvm_cache_dir, prepare_gateway_jvm
-        from streamberg.ingest.loopback import bind_loopback_worker_pool
-
-        lib_dir = prepare_gateway_jvm(jvm_cache_dir(fallback=Path(config.ingest.state_dir)))
-        start_run_key_pair()  # keytool runs while the JVM starts; local_settings waits for it
-        if lib_dir is not None:
-            use_archive(lib_dir)  # the classes of an earlier JVM, mapped instead of loaded (class_archive.py)
-
-        def launch() -> None:
-            try:
-                get_gateway()
-            except Exception:  # noqa: BLE001 - raised again, in the driver's thread, by build_job
-                pass
-
-        _local_gateway = threading.Thread(target=launch, name="flink-gateway", daemon=True)
-        _local_gateway.start()
-        # Patch 1 only matters where the driver itself serves the Python workers (loopback
-        # mode); it imports Beam's gRPC modules (~1 s), so never before the JVM is on its way.
-        if os.environ.get(WORKER_MODE_ENV) != "process":
-            bind_loopback_worker_pool()
-    return _local_gateway
-
-
-def python_worker_mode() -> str:
-    """Run a local job's Python operators in worker processes of their own (Flink's
-    `process` mode) unless the operator chose otherwise.
-
-    PyFlink's default for a MiniCluster is `loopback`: every Python operator runs inside
-    the driver's interpreter, so P writers share one GIL and a native crash in a writer
-    (a parser segfault, an OOM kill) takes the whole `streamberg ingest` down instead of
-    being a task failure Flink restarts from the table's offsets. PyFlink reads the choice
-    from this environment variable when the job starts; `loopback` stays available for
-    debugging a worker in the driver's process.
-    """
-    return os.environ.setdefault(WORKER_MODE_ENV, "process")
 
 
 def new_run_id() -> str:

@@ -59,8 +59,8 @@ fi
 
 # 4. Check the JVM side: java 17, the Iceberg runtime jar's sha256, the JDBC driver.
 "$VENV/bin/python" -m streamberg.common.jars
-# 5. The class-data-sharing archive of the ingest's gateway JVM (ingest/class_archive.py): a
+# 5. The class-data-sharing archive of the ingest's gateway JVM (ingest/local/class_archive.py): a
 # local `streamberg ingest` maps ~14,000 classes from it instead of loading them. Built once
 # (~20 s), kept in $VENV/share/streamberg/jvm, skipped when present.
-"$VENV/bin/python" -m streamberg.ingest.class_archive
+"$VENV/bin/python" -m streamberg.ingest.local.class_archive
 say "done. Next: make demo (runs the ingest on embedded defaults) or make test."

@@ -84,7 +84,7 @@ class IngestConfig(_Section):
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
     commit_retries: Annotated[int, _int(0, 1000)] = 10
     # Local runs: fork the Python workers from one process that imported Beam, PyFlink and
-    # streamberg once (ingest/fork_server.py) instead of starting a fresh interpreter for
+    # streamberg once (ingest/local/fork_server.py) instead of starting a fresh interpreter for
     # each; false starts each worker anew (slower start-up and restarts, same isolation).
     fork_python_workers: Bool = True
     # Extra Flink configuration (key: value), e.g. {"taskmanager.memory.process.size": "2g"}.

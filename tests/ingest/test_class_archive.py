@@ -1,4 +1,4 @@
-"""The gateway JVM's class-data-sharing archive (ingest/class_archive.py).
+"""The gateway JVM's class-data-sharing archive (ingest/local/class_archive.py).
 
 `make setup` builds the archive; these tests show that a gateway JVM started the way
 `streamberg ingest` starts it maps thousands of classes from it (with `-Xshare:on`, which
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.ingest.class_archive import ARCHIVE_NAME, DIGEST_SUFFIX, _digest, archive_path, archive_problem
-from streamberg.ingest.jvm_lib import jvm_cache_dir, patched_lib_dir
+from streamberg.ingest.local.class_archive import ARCHIVE_NAME, DIGEST_SUFFIX, _digest, archive_path, archive_problem
+from streamberg.ingest.local.jvm_lib import jvm_cache_dir, patched_lib_dir
 
 # Starts the gateway as start_local_gateway does: patched lib folder, then the archive.
 GATEWAY = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from streamberg.ingest.class_archive import use_archive
-    from streamberg.ingest.jvm_lib import prepare_gateway_jvm
+    from streamberg.ingest.local.class_archive import use_archive
+    from streamberg.ingest.local.jvm_lib import prepare_gateway_jvm
     lib_dir = prepare_gateway_jvm(Path(sys.argv[1]))
     print("archive used" if use_archive(lib_dir) else "no archive", flush=True)
     os.environ["JVM_ARGS"] = (os.environ["JVM_ARGS"] + " " + sys.argv[2]).strip()
@@ -42,7 +42,7 @@ def test_the_gateway_jvm_maps_the_archive_make_setup_built(tmp_path: Path) -> No
     cache = jvm_cache_dir(fallback=tmp_path)
     lib_dir = patched_lib_dir(cache)
     assert archive_path(lib_dir).is_file(), (
-        f"no class archive in {lib_dir}: `make setup` builds it (python -m streamberg.ingest.class_archive)")
+        f"no class archive in {lib_dir}: `make setup` builds it (python -m streamberg.ingest.local.class_archive)")
     loaded = tmp_path / "class-load.txt"
     run = _start_gateway(cache, f"-Xshare:on -Xlog:class+load=info:file={loaded}")
     assert run.returncode == 0, run.stderr[-3000:]

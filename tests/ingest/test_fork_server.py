@@ -1,4 +1,4 @@
-"""The fork server of a local run (ingest/fork_server.py) with its real launcher.
+"""The fork server of a local run (ingest/local/fork_server.py) with its real launcher.
 
 Flink's side is played by this test: it runs the launcher script exactly as
 pyflink-udf-runner.sh does (`$python -m pyflink.fn_execution.beam.beam_boot ARGS`). The
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-import streamberg.ingest.fork_server as fork_server_module
-from streamberg.ingest.fork_server import (
+import streamberg.ingest.local.fork_server as fork_server_module
+from streamberg.ingest.local.fork_server import (
     LAUNCHER_NAME,
     PROCESS_NAME,
     REQUEST_TIMEOUT_SECONDS,

@@ -1,4 +1,4 @@
-"""The gateway JVM's lib folder is checked, not trusted because it exists (ingest/jvm_lib.py).
+"""The gateway JVM's lib folder is checked, not trusted because it exists (ingest/local/jvm_lib.py).
 
 Whatever is in it runs as the operator: a folder another user can write is not used, our
 jar must hold exactly the classes this flink-python jar patches to, the links must point at
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.ingest.jvm_lib import (
+from streamberg.ingest.local.jvm_lib import (
     OUR_JAR,
     expected_classes,
     flink_home,

@@ -1,4 +1,4 @@
-"""No other local user can drive a local ingest's JVM (ingest/gateway_auth.py, docs/security.md).
+"""No other local user can drive a local ingest's JVM (ingest/local/gateway_auth.py, docs/security.md).
 
 A real `streamberg ingest` runs until it has committed (its writers and their servers are up).
 Then a process of another user (`nobody` when the suite runs as root; otherwise this user
@@ -27,7 +27,7 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.offsets import committed_position
 from streamberg.common.sample_events import produce_events
-from streamberg.ingest.gateway_auth import TOKEN_ENV
+from streamberg.ingest.local.gateway_auth import TOKEN_ENV
 from tests.helpers import config_at, write_config
 from tests.listening import listeners
 

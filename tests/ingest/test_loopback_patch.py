@@ -1,4 +1,4 @@
-"""The bytecode patches that keep the gateway JVM's servers on loopback (ingest/loopback.py).
+"""The bytecode patches that keep the gateway JVM's servers on loopback (ingest/local/loopback.py).
 
 tests/test_listen_loopback.py shows that they work in a real run; the start-up port probe
 lasts milliseconds, too short for sampling to be sure to see, so this file also checks that
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.ingest.classfile import ClassFile
-from streamberg.ingest.gateway_auth import (
+from streamberg.ingest.local.classfile import ClassFile
+from streamberg.ingest.local.gateway_auth import (
     AUTHENTICATED_CALLBACK,
     AUTHENTICATED_GATEWAY,
     GatewayAuthError,
     patched_gateway_auth,
 )
-from streamberg.ingest.jvm_lib import OUR_JAR, expected_classes, flink_home, patched_lib_dir
-from streamberg.ingest.loopback import (
+from streamberg.ingest.local.jvm_lib import OUR_JAR, expected_classes, flink_home, patched_lib_dir
+from streamberg.ingest.local.loopback import (
     GATEWAY_STARTUP_CLASS,
     SERVER_FACTORY_CLASS,
     patched_gateway_startup,
@@ -100,7 +100,7 @@ def test_the_gateway_jvm_runs_the_patched_classes(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from streamberg.ingest.jvm_lib import prepare_gateway_jvm
+        from streamberg.ingest.local.jvm_lib import prepare_gateway_jvm
         prepare_gateway_jvm(Path(sys.argv[1]))
         from pyflink.java_gateway import get_gateway
         gateway = get_gateway()

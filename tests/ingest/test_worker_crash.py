@@ -1,7 +1,7 @@
 """A Python worker killed with SIGKILL is a Flink task failure, not the end of the ingest.
 
 A local `streamberg ingest` runs its writers and committer in Python worker processes of
-their own (Flink's process mode), forked by the run's fork server (ingest/fork_server.py). While a producer writes,
+their own (Flink's process mode), forked by the run's fork server (ingest/local/fork_server.py). While a producer writes,
 one worker process is killed with SIGKILL after the job has committed. Flink's restart
 strategy restarts the job's tasks, every writer resumes from the offsets recorded in the
 table, and the same `streamberg ingest` run goes on reading, then drains on SIGTERM and
@@ -24,7 +24,7 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.ingest.fork_server import PROCESS_NAME
+from streamberg.ingest.local.fork_server import PROCESS_NAME
 from tests.helpers import (
     BackgroundProducer,
     config_at,
@@ -45,7 +45,7 @@ AFTER_KILL_SECONDS = 3.0
 
 def _python_workers(root: int) -> list[int]:
     """The Flink Python worker processes under the ingest process `root`: the processes the
-    fork server forked (ingest/fork_server.py names them), not their launchers."""
+    fork server forked (ingest/local/fork_server.py names them), not their launchers."""
     return processes_named(root, PROCESS_NAME)
 
 

@@ -1,4 +1,4 @@
-"""The relay of local worker log lines to the driver's stderr (ingest/worker_logs.py).
+"""The relay of local worker log lines to the driver's stderr (ingest/local/worker_logs.py).
 
 Real files, real appends from two processes; the end-to-end side (worker lines of a real
 PyFlink run reaching `streamberg ingest`'s stderr) is checked by every ingest test that reads
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streamberg.ingest.worker_logs import WorkerLogRelay
+from streamberg.ingest.local.worker_logs import WorkerLogRelay
 
 
 def test_only_complete_lines_are_relayed_and_the_rest_at_stop(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_lines_of_two_worker_processes_arrive_whole(tmp_path: Path) -> None:
     relay = WorkerLogRelay(path, write=out.append, interval=0.01).start()
     script = (
         "import sys\n"
-        "from streamberg.ingest.worker_logs import WorkerLogTarget\n"
+        "from streamberg.ingest.local.worker_logs import WorkerLogTarget\n"
         "from streamberg.common.log import get_logger\n"
         f"WorkerLogTarget({str(path)!r}, json=True).configure()\n"
         "log = get_logger('ingest.writer', writer=int(sys.argv[1]))\n"

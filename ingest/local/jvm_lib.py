@@ -2,10 +2,10 @@
 
 PyFlink puts `$FLINK_LIB_DIR/*.jar` first on the gateway JVM's classpath (ahead of
 flink-python's jar, which holds the classes we patch). We point it at a folder that links
-Flink's own lib jars and holds one jar of ours: the loopback patches (ingest/loopback.py)
-and the authentication patches and classes (ingest/gateway_auth.py). The folder is shared
+Flink's own lib jars and holds one jar of ours: the loopback patches (ingest/local/loopback.py)
+and the authentication patches and classes (ingest/local/gateway_auth.py). The folder is shared
 by every run of the installation (`<venv>/share/streamberg/jvm`, or $STREAMBERG_JVM_CACHE),
-beside the class-data-sharing archive (ingest/class_archive.py).
+beside the class-data-sharing archive (ingest/local/class_archive.py).
 
 Whatever is in that folder runs as the operator, so it is not trusted because it exists:
 
@@ -32,14 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streamberg.common.log import get_logger
-from streamberg.ingest.gateway_auth import (
+from streamberg.ingest.local.gateway_auth import (
     GatewayAuthError,
     authenticate_pyflink_connection,
     gateway_token,
     helper_classes,
     patched_gateway_auth,
 )
-from streamberg.ingest.loopback import (
+from streamberg.ingest.local.loopback import (
     GATEWAY_STARTUP_CLASS,
     SERVER_FACTORY_CLASS,
     patched_gateway_startup,

@@ -8,9 +8,9 @@ archive is written when a JVM started with `-XX:ArchiveClassesAtExit` exits, and
 `-XX:SharedArchiveFile`.
 
 The archive is only valid for the classpath it was made with, so it lives in the same
-installation-wide folder as the patched Flink lib jars (ingest/loopback.py), not in a run's
+installation-wide folder as the patched Flink lib jars (ingest/local/loopback.py), not in a run's
 state folder: `<venv>/share/streamberg/jvm` (or $STREAMBERG_JVM_CACHE), shared by every
-config. `make setup` builds it (`python -m streamberg.ingest.class_archive`) by running a
+config. `make setup` builds it (`python -m streamberg.ingest.local.class_archive`) by running a
 small local job of the ingest's shape (bounded tick source, Python flat_map, Python map,
 discarding sink) with no Kafka and no catalog. A JVM that cannot use the archive (another
 Java build, a changed classpath, a damaged file) starts without it, as before (`-Xshare:auto`);
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamberg.ingest.jvm_lib import CACHE_ENV, jvm_cache_dir, prepare_gateway_jvm
+from streamberg.ingest.local.jvm_lib import CACHE_ENV, jvm_cache_dir, prepare_gateway_jvm
 
 ARCHIVE_NAME = "flink-classes.jsa"
 DIGEST_SUFFIX = ".sha256"
@@ -50,7 +50,7 @@ def _digest(path: Path) -> str:
 def archive_problem(archive: Path) -> str | None:
     """Why the archive must not be mapped: absent, not ours alone, not the one we built (its
     digest, recorded beside it when built), or a path PyFlink's JVM_ARGS cannot carry
-    (it splits them on whitespace). The lib folder itself was checked by ingest/jvm_lib.py."""
+    (it splits them on whitespace). The lib folder itself was checked by ingest/local/jvm_lib.py."""
     try:
         info = archive.lstat()
     except FileNotFoundError:
@@ -122,7 +122,7 @@ def build(cache: Path, force: bool = False) -> Path | None:
 
 def _run_warm_up_job() -> None:
     """The ingest's job shape on a bounded source, in Flink's process mode, as a local run."""
-    from streamberg.ingest.job import WORKER_MODE_ENV, configuration, local_settings
+    from streamberg.ingest.local.settings import WORKER_MODE_ENV, configuration, local_settings
 
     os.environ[WORKER_MODE_ENV] = "process"
     from pyflink.common import Types, WatermarkStrategy
@@ -169,7 +169,7 @@ def _stop_gateway_jvm(timeout: float = 120.0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamberg.ingest.class_archive",
+        prog="python -m streamberg.ingest.local.class_archive",
         description="Build the class-data-sharing archive that makes a local `streamberg ingest` "
                     "start faster (make setup runs this; safe to re-run).")
     parser.add_argument("--cache", type=Path, default=None,

@@ -1,6 +1,6 @@
 """A local run's Python workers forked from one pre-warmed process, as PySpark's worker daemon does.
 
-In Flink's process mode (local runs, see `python_worker_mode` in job.py) every Python
+In Flink's process mode (local runs, see `python_worker_mode` in gateway.py) every Python
 operator subtask is a process of its own, and each starts an interpreter and imports Beam,
 PyFlink, pyarrow, pyiceberg and streamberg: about 2 s of CPU per writer and committer, paid
 after the job is submitted and again on every restart, and most of a local run's start-up on

@@ -1,5 +1,5 @@
-"""Just enough of the JVM class-file format for the local run's patches (ingest/loopback.py,
-ingest/gateway_auth.py): read a class's constant pool, append references to it, swap calls
+"""Just enough of the JVM class-file format for the local run's patches (ingest/local/loopback.py,
+ingest/local/gateway_auth.py): read a class's constant pool, append references to it, swap calls
 of the same length, and assemble a tiny class of straight-line static code.
 
 Why by hand: the machines streamberg runs on have a Java *runtime*, not a compiler, and

@@ -1,7 +1,7 @@
 """Keep a local PyFlink run's servers on loopback: three runtime patches of third-party code.
 
-This module and ingest/gateway_auth.py are the only places streamberg patches third-party
-code, and only for local runs (`streamberg ingest` without a cluster); ingest/jvm_lib.py puts
+This module and ingest/local/gateway_auth.py are the only places streamberg patches third-party
+code, and only for local runs (`streamberg ingest` without a cluster); ingest/local/jvm_lib.py puts
 the patched classes on the gateway JVM's classpath. tests/test_listen_loopback.py fails if
 any server of a local run listens off loopback again (e.g. after a PyFlink or Beam upgrade).
 
@@ -42,7 +42,7 @@ import functools
 import struct
 from typing import Any
 
-from streamberg.ingest.classfile import ClassFile
+from streamberg.ingest.local.classfile import ClassFile
 
 SERVER_FACTORY_CLASS = "org/apache/beam/sdk/fn/server/ServerFactory$InetSocketAddressServerFactory.class"
 GATEWAY_STARTUP_CLASS = "org/apache/flink/client/python/PythonEnvUtils.class"
@@ -71,7 +71,7 @@ def bind_loopback_worker_pool() -> None:
     BeamFnLoopbackWorkerPoolServicer.start = _start_on_localhost
 
 
-# -- patches 2 and 3: bytecode, put in the gateway JVM's lib folder by ingest/jvm_lib.py --------
+# -- patches 2 and 3: bytecode, put in the gateway JVM's lib folder by ingest/local/jvm_lib.py --------
 
 
 def patched_server_factory(original: bytes) -> bytes:

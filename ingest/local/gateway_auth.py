@@ -8,7 +8,7 @@ accepts `POST /jobs`. This module closes both.
 **py4j, both directions.** PyFlink builds the gateway in Flink's
 `PythonEnvUtils.startGatewayServer` with no auth token and has no setting for one; py4j
 supports a token on both sides. Two same-length bytecode swaps in that method (the class
-already patched by ingest/loopback.py) call two small classes assembled here:
+already patched by ingest/local/loopback.py) call two small classes assembled here:
 
 - `GatewayServerBuilder.build()` becomes `AuthenticatedGateway.build(builder)`, which sets
   `authToken(<token>)` first: every call into the JVM must present the token;
@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 from streamberg.common.errors import StreambergError
-from streamberg.ingest.classfile import (
+from streamberg.ingest.local.classfile import (
     ALOAD_0,
     ARETURN,
     ILOAD_1,
