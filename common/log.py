@@ -27,6 +27,15 @@ def renders_json() -> bool:
     return fmt == "json" or (fmt != "console" and not sys.stderr.isatty())
 
 
+def reconfigure_logging() -> None:
+    """Configure again, for a process whose stderr was re-pointed (the supervisor's status
+    line): structlog binds the stream of the moment it is configured."""
+    global _configured
+    structlog.reset_defaults()
+    _configured = False
+    configure_logging()
+
+
 def configure_logging(force_json: bool | None = None, file: Path | None = None) -> None:
     """Configure structlog once per process; later calls are no-ops.
 

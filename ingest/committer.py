@@ -17,7 +17,6 @@ Exactly-once rests on what it checks before every commit:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -44,7 +43,7 @@ from streamberg.ingest.dead_letters import (
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
-from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, run_dir
+from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
 
@@ -189,9 +188,7 @@ class Committer:
         # Tell the driver: a Flink restart would re-read the table and carry on beside the
         # other instance (ingesting twice for nothing, fenced again at random), so the
         # driver stops the whole run at once on this marker instead.
-        marker = run_dir(self.config, self.run_id) / FENCED_MARKER
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(message)
+        RunFolder.of(self.config, self.run_id).mark_fenced(message)
         raise FencedError(message)
 
     def commit(self, units: list[FlushUnit]) -> CommitResult:
@@ -314,8 +311,6 @@ class Committer:
         if self.drained:
             return
         self.drained = True
-        marker = run_dir(self.config, self.run_id) / DRAINED_MARKER
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"offsets": {str(p): o for p, o in self.expected.items()}}))
+        RunFolder.of(self.config, self.run_id).mark_drained(self.expected)
         self.log.info("all writers finished and committed", offsets=self.expected)
 

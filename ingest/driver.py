@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
@@ -25,9 +24,7 @@ from streamberg.ingest.job import build_job, failure_message, new_run_id, prepar
 from streamberg.ingest.local.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.local.gateway import python_worker_mode, start_local_gateway
 from streamberg.ingest.local.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
-from streamberg.ingest.read_progress import records_read
-from streamberg.ingest.read_progress import request_stop as write_stop_marker
-from streamberg.ingest.run_folder import DRAINED_MARKER, FENCED_MARKER, LOST_OFFSETS_MARKER
+from streamberg.ingest.run_folder import RunFolder
 
 DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 TABLE_LOOK_SECONDS = 1.0  # how often it reads the catalog and the job status
@@ -64,7 +61,7 @@ class _Run:
     """One run of the job, as the driver knows it."""
     config: StreambergConfig
     run_id: str
-    markers: Path  # the run's folder: stop/drained/fenced markers, read progress, workers.log
+    folder: RunFolder  # stop/drained/fenced markers, read progress, workers.log
     start_snapshot_id: int | None
     bounds: RunBounds
     started: float  # time.monotonic()
@@ -74,39 +71,37 @@ class _Run:
 class _StopRequest:
     """Why the run stops (the first reason wins); requesting it drops the writers' stop marker."""
 
-    def __init__(self, markers: Path, log: Any) -> None:
-        self.markers, self.log = markers, log
+    def __init__(self, folder: RunFolder, log: Any) -> None:
+        self.folder, self.log = folder, log
         self.reason: str | None = None
 
     def __call__(self, reason: str, until_read: int | None = None) -> None:
         if self.reason is None:
             self.reason = reason
-            write_stop_marker(self.markers, reason, until_read)
+            self.folder.request_stop(reason, until_read)
             self.log.info("stopping: writers flush and commit what they have", reason=reason)
 
 
 def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_server: ForkServer | None,
          bounds: RunBounds, progress: bool) -> RunOutcome:
     from streamberg.common.offsets import committed_position
-    from streamberg.ingest.run_folder import run_dir
 
     run_id = new_run_id()
     log = get_logger("ingest.driver", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
     catalog, table = prepare_tables(config)
     start = committed_position(table, config.kafka.topic)
-    markers = run_dir(config, run_id)
-    markers.mkdir(parents=True, exist_ok=True)
-    worker_log = (markers / WORKER_LOG_NAME).resolve()
+    folder = RunFolder.of(config, run_id).create()
+    worker_log = (folder.path / WORKER_LOG_NAME).resolve()
     log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
              start_offsets=start.offsets, max_records=bounds.max_records, duration_s=bounds.duration,
              python_workers=worker_mode + (", forked" if fork_server else ""), worker_log=str(worker_log))
-    run = _Run(config, run_id, markers, start.snapshot_id, bounds, time.monotonic(), log)
+    run = _Run(config, run_id, folder, start.snapshot_id, bounds, time.monotonic(), log)
     bar = _progress_bar(bounds.max_records, enabled=progress)
     relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
     client = build_job(config, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
                        python_workers=fork_server.launcher if fork_server else None,
                        ).execute_async(f"streamberg-ingest {config.table.identifier}")
-    stop = _StopRequest(markers, log)
+    stop = _StopRequest(folder, log)
     fenced = None
     try:
         with stop_on_signals(stop, lambda: stop.reason is not None):
@@ -129,25 +124,23 @@ def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -
     reason if another instance fenced this run. Raises JobFailed if Flink gave the job up."""
     from streamberg.common.offsets import consumed_by_run
 
-    config, markers, bounds = run.config, run.markers, run.bounds
+    config, folder, bounds = run.config, run.folder, run.bounds
     stop_deadline = None
     next_table_look = 0.0
     while True:
         time.sleep(DRIVER_TICK_SECONDS)
-        if bounds.max_records is not None and records_read(markers) >= bounds.max_records:
+        if bounds.max_records is not None and folder.records_read() >= bounds.max_records:
             stop(f"max_records {bounds.max_records} read", until_read=bounds.max_records)
-        if stop.reason and (markers / DRAINED_MARKER).exists():
+        if stop.reason and folder.drained():
             return None
         if time.monotonic() < next_table_look:
             continue
         next_table_look = time.monotonic() + TABLE_LOOK_SECONDS
-        if (markers / FENCED_MARKER).exists():  # before the job status: Flink is restarting or failed it
-            reason = (markers / FENCED_MARKER).read_text().strip()
+        if (reason := folder.fenced()) is not None:  # before the job status: Flink is restarting or failed it
             run.log.error("fenced: another ingest instance is writing this table; stopping without restart",
                           reason=reason)
             return reason
-        if (markers / LOST_OFFSETS_MARKER).exists():  # on_lost_offsets=fail: a restart finds the same
-            reason = (markers / LOST_OFFSETS_MARKER).read_text().strip()
+        if (reason := folder.lost_offsets()) is not None:  # on_lost_offsets=fail: a restart finds the same
             run.log.error("a Kafka position was lost; stopping without restart", reason=reason)
             raise LostOffsetsError(reason)
         status = str(client.get_job_status().result())

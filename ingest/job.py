@@ -25,7 +25,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from pyflink.common import Configuration, Types, WatermarkStrategy
@@ -40,8 +39,7 @@ from streamberg.common.log import get_logger
 from streamberg.ingest.local.gateway import start_local_gateway
 from streamberg.ingest.local.settings import configuration, local_settings
 from streamberg.ingest.local.worker_logs import WorkerLogTarget
-from streamberg.ingest.read_progress import ReadProgress, stop_due
-from streamberg.ingest.run_folder import LOST_OFFSETS_MARKER
+from streamberg.ingest.run_folder import RunFolder
 
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
 
@@ -51,7 +49,6 @@ class WriterFunction(FlatMapFunction):
         self.config_dump, self.run_id, self.log_target = config, run_id, log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        from streamberg.ingest.run_folder import run_dir
         from streamberg.ingest.writer import IngestWriter
 
         if self.log_target is not None:
@@ -60,11 +57,11 @@ class WriterFunction(FlatMapFunction):
         index = runtime_context.get_index_of_this_subtask()
         with _failure_logged("writers", subtask=index):
             config = config_from_dump(self.config_dump)
-            self.markers = markers = run_dir(config, self.run_id)
+            self.folder = folder = RunFolder.of(config, self.run_id)
             self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
-            with _lost_offsets_marked(markers):
+            with _lost_offsets_marked(folder):
                 self.writer.open()
-            self.progress = ReadProgress(markers, index, self.writer.position)
+            self.progress = folder.progress(index, self.writer.position)
             self._next_stop_check = 0.0
 
     def _stop_requested(self) -> bool:
@@ -74,13 +71,13 @@ class WriterFunction(FlatMapFunction):
             return False
         self._next_stop_check = now + STOP_CHECK_SECONDS
         self.progress.update(self.writer.position)
-        return stop_due(self.markers)
+        return self.folder.stop_due()
 
     def flat_map(self, tick):  # noqa: ANN001, ANN201 - Flink's signature
         if self.writer.finished:
             time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
             return
-        with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.markers):
+        with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.folder):
             unit = self.writer.poll()
             if unit is not None:
                 yield unit
@@ -132,7 +129,7 @@ def _failure_logged(operator: str, **context: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _lost_offsets_marked(markers: Path) -> Iterator[None]:
+def _lost_offsets_marked(folder: RunFolder) -> Iterator[None]:
     """A lost Kafka position under ingest.on_lost_offsets=fail: tell the driver, which stops
     the run at once (a Flink restart would only find the same position lost again)."""
     from streamberg.common.errors import LostOffsetsError
@@ -140,8 +137,7 @@ def _lost_offsets_marked(markers: Path) -> Iterator[None]:
     try:
         yield
     except LostOffsetsError as exc:
-        markers.mkdir(parents=True, exist_ok=True)
-        (markers / LOST_OFFSETS_MARKER).write_text(str(exc))
+        folder.mark_lost_offsets(str(exc))
         raise
 
 

@@ -1,17 +1,38 @@
 """A run's folder (`<ingest.state_dir>/runs/<run id>`): how the driver and the workers of one
-local run talk without a channel of their own. Every marker file is named here.
+local run talk without a channel of their own. :class:`RunFolder` names every marker file and
+owns the read progress.
 
-- `stop`: the driver asks the writers to flush and finish (ingest/read_progress.py writes it);
+- `stop`: the driver asks the writers to flush and finish;
 - `drained`: the committer committed every writer's last unit after a stop;
 - `fenced`: the committer found another instance's commit (its message inside);
 - `lost-offsets`: a writer refused to read on past a lost Kafka position
-  (`ingest.on_lost_offsets: fail`, the reason inside).
+  (`ingest.on_lost_offsets: fail`, the reason inside);
+- `read-w<N>.json`: what writer N has read (below).
 
 On a cluster the driver and the workers do not share a disk; stop the job through Flink.
+
+Read progress: committed counts arrive once per commit interval; a bounded run that waited for them would
+idle up to a whole interval after its last record was read. So every writer keeps a small
+file in the run folder: the offsets it started this run from and the offsets it has read
+up to. The driver sums (read up to - started from) over all writers and asks for the stop
+as soon as the bound is read; the writers then flush and the committer commits at once.
+
+Restart-safe: after a Flink restart a writer resumes from the table's offsets (which may
+lie behind what it had read) and keeps the `started` offsets of its first attempt, so the
+sum never counts a record twice and never shrinks below what was committed.
+
+The stop marker (`stop` in the run folder) says why the run stops. A stop for a record
+bound holds only while the writers' reads reach it: a restart during the drain rewinds them
+to the committed offsets, and they must read up to the bound again before they finish (else
+the run would end with fewer records committed than asked for). Any other stop (Ctrl-C,
+SIGTERM, a duration) holds as soon as the marker exists.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from streamberg.common.config import StreambergConfig
@@ -20,7 +41,112 @@ STOP_MARKER = "stop"
 DRAINED_MARKER = "drained"
 FENCED_MARKER = "fenced"
 LOST_OFFSETS_MARKER = "lost-offsets"
+_PROGRESS_GLOB = "read-w*.json"
 
 
-def run_dir(config: StreambergConfig, run_id: str) -> Path:
-    return Path(config.ingest.state_dir) / "runs" / run_id
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder; every marker is read and written through it."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, config: StreambergConfig, run_id: str) -> RunFolder:
+        return cls(Path(config.ingest.state_dir) / "runs" / run_id)
+
+    def create(self) -> RunFolder:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def _mark(self, marker: str, text: str) -> None:
+        self.create()
+        (self.path / marker).write_text(text)
+
+    def _marked(self, marker: str) -> str | None:
+        """The marker's text, or None when it is not there."""
+        try:
+            return (self.path / marker).read_text().strip()
+        except OSError:
+            return None
+
+    # -- what the committer and the writers tell the driver -----------------------------------
+
+    def mark_fenced(self, message: str) -> None:
+        self._mark(FENCED_MARKER, message)
+
+    def fenced(self) -> str | None:
+        return self._marked(FENCED_MARKER)
+
+    def mark_drained(self, offsets: dict[int, int]) -> None:
+        self._mark(DRAINED_MARKER, json.dumps({"offsets": {str(p): o for p, o in offsets.items()}}))
+
+    def drained(self) -> bool:
+        return (self.path / DRAINED_MARKER).exists()
+
+    def mark_lost_offsets(self, reason: str) -> None:
+        self._mark(LOST_OFFSETS_MARKER, reason)
+
+    def lost_offsets(self) -> str | None:
+        return self._marked(LOST_OFFSETS_MARKER)
+
+    # -- the stop and the read progress -------------------------------------------------------
+
+    def progress(self, writer: int, position: dict[int, int]) -> ReadProgress:
+        return ReadProgress(self.path, writer, position)
+
+    def records_read(self) -> int:
+        """Records the run's writers have read so far (0 before any writer reported)."""
+        total = 0
+        for path in self.path.glob(_PROGRESS_GLOB):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced right now: counted at the next look
+            started = doc.get("started", {})
+            total += sum(max(0, o - started.get(p, o)) for p, o in doc.get("position", {}).items())
+        return total
+
+    def request_stop(self, reason: str, until_read: int | None = None) -> None:
+        """Ask the writers to flush and finish (once `until_read` records are read, if given)."""
+        self._mark(STOP_MARKER, json.dumps({"reason": reason, "until_read": until_read}))
+
+    def stop_due(self) -> bool:
+        """Whether a writer should finish now (see the module doc)."""
+        text = self._marked(STOP_MARKER)
+        if text is None:
+            return False
+        try:
+            until_read = json.loads(text).get("until_read") if text else None
+        except (ValueError, AttributeError):
+            until_read = None  # an old or foreign marker: stop
+        return until_read is None or self.records_read() >= until_read
+
+
+class ReadProgress:
+    """One writer's progress file, written atomically (temp file + rename)."""
+
+    def __init__(self, folder: Path, writer: int, position: dict[int, int]):
+        self.path = folder / f"read-w{writer}.json"
+        self.failed = False
+        try:  # a restarted attempt keeps where the run began
+            self.started = {int(p): o for p, o in json.loads(self.path.read_text())["started"].items()}
+        except (OSError, ValueError, KeyError):
+            self.started = dict(position)
+        self.update(position)
+
+    def update(self, position: dict[int, int]) -> None:
+        """Best effort: the file only lets a bounded run stop early. A run folder that cannot be
+        written (a cluster's TaskManager, a full disk) must never fail the writer."""
+        started = {p: self.started.get(p, o) for p, o in position.items()}
+        temporary = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"started": started, "position": position}))
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            if not self.failed:
+                self.failed = True
+                from streamberg.common.log import get_logger
+
+                get_logger("ingest.writer").warning("cannot write the read-progress file (bounded runs then stop "
+                                                    "on committed records only)", path=str(self.path), error=str(exc))

@@ -170,14 +170,10 @@ class _LinesAboveTheBar:
 
 def _log_through(stream: Any) -> None:
     """Re-point structlog (configured once per process, bound to the stderr of that moment)."""
-    import structlog
-
-    from streamberg.common import log as sblog
+    from streamberg.common.log import reconfigure_logging
 
     sys.stderr = stream
-    structlog.reset_defaults()
-    sblog._configured = False
-    sblog.configure_logging()
+    reconfigure_logging()
 
 
 class Supervisor:

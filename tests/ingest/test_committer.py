@@ -120,7 +120,7 @@ def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config
     from dataclasses import replace
 
     from streamberg.common.offsets import FENCED_MESSAGE, consumed_by_run
-    from streamberg.ingest.run_folder import run_dir
+    from streamberg.ingest.run_folder import RunFolder
 
     first, second = Committer(config, 1, "first"), Committer(config, 1, "second")
     first.open()
@@ -129,7 +129,7 @@ def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config
     with pytest.raises(FencedError):
         second.offer(replace(make_unit(config, 0, partition=0, start=0, end=100), messages=100))
     # The driver stops the run on this marker instead of letting Flink restart the committer.
-    assert FENCED_MESSAGE in (run_dir(config, "second") / "fenced").read_text()
+    assert FENCED_MESSAGE in (RunFolder.of(config, "second").fenced() or "")
     after_first = load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot().snapshot_id
     # Writers that started before another instance's commit, with a committer opened after it:
     # fenced too (not a chain "overlap", which Flink would restart).
