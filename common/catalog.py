@@ -56,8 +56,6 @@ _TYPES: dict[str, IcebergType] = {
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
 
 
-
-
 def iceberg_type(name: str) -> IcebergType:
     if name.startswith("decimal"):
         precision, scale = name[name.index("(") + 1 : -1].split(",")
@@ -112,8 +110,6 @@ def _prepare_sqlite(uri: str) -> None:
 # For commands that open the catalog to work on it (compact, maintain): long enough for a
 # loaded server, short of libpq's wait for the OS TCP timeout on a silent host.
 CATALOG_CONNECT_TIMEOUT_SECONDS = 10
-
-
 
 
 def first_line(exc: BaseException) -> str:

@@ -27,8 +27,6 @@ SQLITE_JDBC_CANDIDATES = ("/usr/share/java/sqlite-jdbc.jar",)
 POSTGRES_JDBC_CANDIDATES = ("/usr/share/java/postgresql.jar", "/usr/share/java/postgresql-jdbc4.jar")
 
 
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:

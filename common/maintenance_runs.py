@@ -62,7 +62,6 @@ def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, sta
         ))
 
 
-
 def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = None,
                          include_dry_runs: bool = False, now: float | None = None) -> dict[str, Any] | None:
     """The newest recorded maintenance run of the config's table, or None when there is none.

@@ -54,8 +54,6 @@ S3_SCHEMES = ("s3", "s3a", "s3n")
 AWS_SDK_S3_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
 
 
-
-
 def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
     """Iceberg JdbcCatalog properties equivalent to pyiceberg's SqlCatalog for `catalog`."""
     url = make_url(catalog.uri)

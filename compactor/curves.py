@@ -25,8 +25,6 @@ KEY_BITS = 63
 TMP_PREFIX = "__sb_"
 
 
-
-
 def effective_bits(num_columns: int, bits: int) -> int:
     """Bits per column that fit in the 63-bit key: ``min(bits, 63 // num_columns)``."""
     if num_columns < 1:

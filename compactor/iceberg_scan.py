@@ -24,7 +24,6 @@ DISTRIBUTION_MODE = "distribution-mode"
 OUTPUT_SPEC_ID = "output-spec-id"
 
 
-
 def partition_filter_json(table: PyTable, spec_id: int, partition: Sequence[Any]) -> dict[str, Any] | None:
     """Iceberg expression JSON selecting one partition, or None when it cannot be expressed.
 

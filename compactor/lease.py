@@ -45,7 +45,6 @@ leases = private_table(
 )
 
 
-
 @dataclass(frozen=True)
 class LeaseHolder:
     owner: str

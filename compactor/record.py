@@ -33,8 +33,6 @@ from streamberg.common.summary_keys import is_ingest_key
 MAX_COVERED_LISTED = 500
 
 
-
-
 def check_summary(summary: Mapping[str, str]) -> dict[str, str]:
     """The summary as a plain dict, refusing any key ingest relies on."""
     bad = sorted(k for k in summary if is_ingest_key(k))

@@ -38,8 +38,6 @@ SKIP_OPTIONS = {
 }
 
 
-
-
 @dataclass
 class WatchReport:
     batches: int = 0

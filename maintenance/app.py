@@ -38,8 +38,6 @@ from streamberg.maintenance.retention import column_kind
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
 
 
-
-
 @dataclass(frozen=True)
 class MaintainOptions:
     once: bool = False

@@ -76,7 +76,6 @@ class _Collector:
         return DeadLetterFacts(table=self.config.ingest_target.dead_letter_table, exists=records is not None, records=records or 0)
 
 
-
 def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:
     """The last `streamberg maintain` run, if this installation can tell.
 

@@ -28,7 +28,6 @@ from tests.helpers import BackgroundProducer, config_at, duplicates, json_events
 pytestmark = pytest.mark.flink
 
 
-
 def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: Path, broker: str) -> None:
     path = write_config(tmp_path, broker, ingest={"commit_interval_seconds": 1, "max_poll_records": 500})
     config = config_at(path)
