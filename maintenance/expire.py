@@ -232,11 +232,11 @@ class ExpireResult(StepResult):
 
 class ExpireStep(Step):
     key = "expire_snapshots"
+    section = "expire"
+    result_type = ExpireResult
 
-    def run(self, dry_run: bool, log: Any) -> ExpireResult:
+    def _run(self, dry_run: bool, log: Any) -> ExpireResult:
         context = self.context
-        if not context.settings.expire.enabled:
-            return ExpireResult(reason="maintenance.expire.enabled is false")
         table = context.load()
         plan = plan_expire(table, context.settings.expire, context.topic, context.now_ms())
         log = log.bind(step=self.key, snapshot_id=plan.current_snapshot_id)

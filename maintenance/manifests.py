@@ -68,12 +68,12 @@ class ManifestsResult(StepResult):
 
 class ManifestsStep(Step):
     key = "rewrite_manifests"
+    section = "manifests"
+    result_type = ManifestsResult
 
-    def run(self, dry_run: bool, log: Any) -> ManifestsResult:
+    def _run(self, dry_run: bool, log: Any) -> ManifestsResult:
         context = self.context
         settings = context.settings.manifests
-        if not settings.enabled:
-            return ManifestsResult(reason="maintenance.manifests.enabled is false")
         table = context.load()
         plan = plan_manifests(table, settings)
         log = log.bind(step=self.key, snapshot_id=plan.snapshot_id)

@@ -68,12 +68,12 @@ class OrphansResult(StepResult):
 
 class OrphansStep(Step):
     key = "orphan_files"
+    section = "orphan"
+    result_type = OrphansResult
 
-    def run(self, dry_run: bool, log: Any) -> OrphansResult:
+    def _run(self, dry_run: bool, log: Any) -> OrphansResult:
         context = self.context
         settings = context.settings.orphan
-        if not settings.enabled:
-            return OrphansResult(reason="maintenance.orphan.enabled is false")
         older_than_ms = context.now_ms() - int(settings.safety_age_seconds * 1000)
         table = context.load()
         current = table.current_snapshot()

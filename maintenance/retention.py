@@ -138,8 +138,9 @@ class RetentionResult(StepResult):
 
 class RetentionStep(Step):
     key = "retention"
+    result_type = RetentionResult
 
-    def run(self, dry_run: bool, log: Any) -> RetentionResult:
+    def _run(self, dry_run: bool, log: Any) -> RetentionResult:
         context = self.context
         settings = context.settings.retention
         table = context.load()

@@ -108,13 +108,23 @@ class StepContext:
 
 class Step(ABC):
     """One maintenance step: plan against the table as it is now, then execute (or not, in a
-    dry run). Subclasses name their key in the run's JSON object and implement :meth:`run`."""
+    dry run). A template: :meth:`run` reports a step switched off
+    (``maintenance.<section>.enabled: false``) with zero counts; subclasses name their key in
+    the run's JSON object, their section and result type, and implement :meth:`_run`."""
 
     key: ClassVar[str]
+    # The settings section whose `enabled` switches this step (None: always on).
+    section: ClassVar[str | None] = None
+    result_type: ClassVar[type[StepResult]] = StepResult
 
     def __init__(self, context: StepContext) -> None:
         self.context = context
 
-    @abstractmethod
     def run(self, dry_run: bool, log: Any) -> StepResult:
         """Plan and (unless `dry_run`) execute; raise when the step fails."""
+        if self.section is not None and not getattr(self.context.settings, self.section).enabled:
+            return self.result_type(reason=f"maintenance.{self.section}.enabled is false")
+        return self._run(dry_run, log)
+
+    @abstractmethod
+    def _run(self, dry_run: bool, log: Any) -> StepResult: ...
