@@ -74,7 +74,8 @@ def _evolve(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     if args.json:
         print(json.dumps({"table": plan.table, "dry_run": args.dry_run, "changes": plan.changes,
-                          "added": [{"name": f.name, "type": str(f.field_type)} for f in plan.add],
+                          "added": [{"name": f"{parent}.{f.name}" if parent else f.name, "type": str(f.field_type)}
+                                    for parent, f in plan.add],
                           "made_optional": list(plan.make_optional)}, indent=2))
     elif not plan.changes:
         print(f"{plan.table}: the table already takes the config's records; nothing to change")

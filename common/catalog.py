@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,77 +15,25 @@ import sqlalchemy
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.transforms import parse_transform
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    NestedField,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-    TimeType,
-    UUIDType,
-)
 
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
 from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError, StreambergError
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.common.retry import commit_retrying
+from streamberg.common.schema import (
+    SchemaEvolution,
+    describe_schema_differences,
+    partition_spec_from_config,
+    plan_schema_evolution,
+    schema_from_config,
+)
 from streamberg.common.table_files import TARGET_SIZE_PROPERTY
-
-_TYPES: dict[str, IcebergType] = {
-    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
-    "double": DoubleType(), "date": DateType(), "time": TimeType(), "timestamp": TimestampType(),
-    "timestamptz": TimestamptzType(), "string": StringType(), "uuid": UUIDType(), "binary": BinaryType(),
-}
 
 # How long a SQLite connection waits on a lock held by another process (the ingest
 # committer, the compactor's JDBC catalog and the CLI all share one file).
 SQLITE_BUSY_TIMEOUT_SECONDS = 60
-
-
-def iceberg_type(name: str) -> IcebergType:
-    if name.startswith("decimal"):
-        precision, scale = name[name.index("(") + 1 : -1].split(",")
-        return DecimalType(int(precision), int(scale))
-    return _TYPES[name]
-
-
-def schema_from_config(table: TableConfig) -> Schema:
-    return Schema(*[
-        NestedField(field_id=i + 1, name=f.name, field_type=iceberg_type(f.type), required=f.required, doc=f.doc)
-        for i, f in enumerate(table.schema_)
-    ])
-
-
-def _partition_name(source: str, transform: str) -> str:
-    base = transform.split("[")[0]
-    suffix = {"identity": "", "truncate": "_trunc"}.get(base, f"_{base}")
-    return f"{source}{suffix}"
-
-
-def partition_spec_from_config(table: TableConfig, schema: Schema) -> PartitionSpec:
-    fields = [
-        PartitionField(
-            source_id=schema.find_field(p.source).field_id,
-            field_id=1000 + i,
-            transform=parse_transform(p.transform),
-            name=_partition_name(p.source, p.transform),
-        )
-        for i, p in enumerate(table.partition_spec)
-    ]
-    return PartitionSpec(*fields)
 
 
 def _sqlalchemy_uri(uri: str) -> str:
@@ -199,25 +146,6 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
         pass
 
 
-def describe_schema_differences(expected: Schema, actual: Schema) -> list[str]:
-    """What stops records shaped like `expected` from being written to a table with `actual`."""
-    problems = []
-    actual_by_name = {f.name: f for f in actual.fields}
-    for want in expected.fields:
-        have = actual_by_name.get(want.name)
-        if have is None:
-            problems.append(f"column {want.name!r} ({want.field_type}) is in the config but not in the table")
-        elif have.field_type != want.field_type:
-            problems.append(f"column {want.name!r} is {have.field_type} in the table but {want.field_type} in the config")
-        elif have.required and not want.required:
-            problems.append(f"column {want.name!r} is required in the table but optional in the config")
-    expected_names = {f.name for f in expected.fields}
-    for have in actual.fields:
-        if have.name not in expected_names and have.required:
-            problems.append(f"column {have.name!r} is required in the table but missing from the config")
-    return problems
-
-
 def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     """Create the table from the config when absent; when present, check it can take our records."""
     log = get_logger("catalog", table=table.identifier)
@@ -250,48 +178,6 @@ def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     return existing
 
 
-@dataclass(frozen=True)
-class SchemaEvolution:
-    """What `streamberg table --evolve` changes so the table takes the config's records.
-
-    Only changes every existing row and every reader already satisfies: adding optional
-    columns (old rows read them as null) and making a required column optional. Anything
-    else (a type change, a new required column, a column the config dropped) is refused.
-    """
-
-    table: str
-    add: tuple[NestedField, ...] = ()
-    make_optional: tuple[str, ...] = ()
-    refused: tuple[str, ...] = ()
-
-    @property
-    def changes(self) -> list[str]:
-        return ([f"add optional column {f.name!r} ({f.field_type})" for f in self.add]
-                + [f"make column {name!r} optional" for name in self.make_optional])
-
-
-def plan_schema_evolution(identifier: str, expected: Schema, actual: Schema) -> SchemaEvolution:
-    actual_by_name = {f.name: f for f in actual.fields}
-    add, make_optional, refused = [], [], []
-    for want in expected.fields:
-        have = actual_by_name.get(want.name)
-        if have is None and want.required:
-            refused.append(f"column {want.name!r} ({want.field_type}) is required in the config but not in the table: "
-                           f"rows already in the table have no value for it; add it as optional")
-        elif have is None:
-            add.append(want)
-        elif have.field_type != want.field_type:
-            refused.append(f"column {want.name!r} is {have.field_type} in the table but {want.field_type} in the "
-                           f"config: type changes are not made by --evolve")
-        elif have.required and not want.required:
-            make_optional.append(want.name)
-    expected_names = {f.name for f in expected.fields}
-    refused.extend(f"column {have.name!r} is required in the table but missing from the config: --evolve never drops "
-                   f"or relaxes columns the config does not name" for have in actual.fields
-                   if have.name not in expected_names and have.required)
-    return SchemaEvolution(identifier, tuple(add), tuple(make_optional), tuple(refused))
-
-
 def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) -> SchemaEvolution:
     """Add the config's optional columns the table lacks (and relax required ones) in one commit.
 
@@ -306,10 +192,12 @@ def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) ->
     if dry_run or not plan.changes:
         return plan
     with existing.update_schema() as update:
-        for f in plan.add:
-            update.add_column(f.name, f.field_type, doc=f.doc)
-        for name in plan.make_optional:
-            update.make_column_optional(name)
+        for parent, f in plan.add:
+            # pyiceberg adds under a struct, a list's element struct or a map's value struct by
+            # the parent's path, and gives the new field (and what it nests) fresh ids.
+            update.add_column((*parent.split("."), f.name) if parent else f.name, f.field_type, doc=f.doc)
+        for path in plan.make_optional:
+            update.make_column_optional(path)
     get_logger("catalog", table=table.identifier).info(
         "schema evolved", changes=plan.changes, schema_id=catalog.load_table(table.identifier).schema().schema_id)
     return plan

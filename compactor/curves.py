@@ -12,7 +12,7 @@ index functions in plain Python, used by the tests to check the Spark expression
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamberg.common.errors import LayoutError
 
@@ -79,16 +79,25 @@ def hilbert_reference(ranks: Sequence[int], bits: int) -> int:
 # --------------------------------------------------------------------------- Spark side
 
 def check_columns(df: DataFrame, columns: Sequence[str]) -> None:
+    """Every column is in the data (a nested field by its dotted path, through structs only)
+    and an orderable scalar."""
     from pyspark.sql.types import ArrayType, MapType, StructType
 
     if not columns:
         raise LayoutError("this strategy needs at least one column")
-    fields = {f.name: f for f in df.schema.fields}
     for name in columns:
-        if name not in fields:
-            raise LayoutError(f"column {name!r} is not in the data (columns: {', '.join(fields)})")
-        if isinstance(fields[name].dataType, (ArrayType, MapType, StructType)):
-            raise LayoutError(f"column {name!r} is {fields[name].dataType.simpleString()}: only orderable scalars can be clustered")
+        data_type: Any = df.schema
+        for depth, part in enumerate(name.split(".")):
+            if not isinstance(data_type, StructType):
+                inside = ".".join(name.split(".")[:depth])
+                raise LayoutError(f"column {name!r}: {inside!r} is {data_type.simpleString()}; only fields reached "
+                                  "through structs can be clustered")
+            fields = {f.name: f for f in data_type.fields}
+            if part not in fields:
+                raise LayoutError(f"column {name!r} is not in the data (columns: {', '.join(fields)})")
+            data_type = fields[part].dataType
+        if isinstance(data_type, (ArrayType, MapType, StructType)):
+            raise LayoutError(f"column {name!r} is {data_type.simpleString()}: only orderable scalars can be clustered")
 
 
 def sample_columns(df: DataFrame, columns: Sequence[str], *, sample_rows: int, row_count: int | None = None,

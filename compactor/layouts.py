@@ -47,6 +47,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from pyiceberg.types import NestedField, StructType
+
 from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig
 from streamberg.common.errors import ConfigError, LayoutError
 from streamberg.compactor.curves import (
@@ -100,7 +102,16 @@ class Layout(ABC):
             raise LayoutError(f"num_files must be >= 1, got {num_files}")
         if self.clusters:
             check_columns(df, self.columns)
-        return self._apply(df, num_files, row_count=row_count, seed=seed, keep_key=keep_key)
+        if not any("." in c for c in self.columns):
+            return self._apply(df, num_files, row_count=row_count, seed=seed, keep_key=keep_key)
+        # Nested fields (dotted paths through structs) are laid out as top-level copies made
+        # for the layout and dropped after it: the curves work on plain columns.
+        from pyspark.sql import functions as F
+
+        copies = {f"{TMP_PREFIX}c{i}": F.col(path) for i, path in enumerate(self.columns)}
+        flat = type(self)(tuple(copies), bits=self.bits, sample_rows=self.sample_rows)
+        laid = flat._apply(df.withColumns(copies), num_files, row_count=row_count, seed=seed, keep_key=keep_key)
+        return laid.drop(*copies)
 
     def read_options(self, size_bytes: int, num_files: int) -> dict[str, str]:
         """Options for Iceberg's read of one group of `size_bytes` becoming `num_files` files."""
@@ -237,11 +248,38 @@ def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: lis
         chosen = BinPack.name  # documented: without columns every strategy bin-packs
     if table is not None:
         names = [f.name for f in table.schema().fields]
-        missing = [c for c in chosen_columns if c not in names]
+        missing = [c for c in chosen_columns if table_field(table, c) is None]
         if missing:
             raise ConfigError(f"compactor.columns: {missing} not in table {identifier} "
                               f"(columns: {', '.join(names)})")
+        for c in chosen_columns:
+            if problem := clusterable(table, c):
+                raise ConfigError(f"compactor.columns: {c!r} in table {identifier}: {problem}")
     return layout_for(chosen, chosen_columns, bits=settings.index_bits, sample_rows=settings.sample_rows)
+
+
+def table_field(table: Table, path: str) -> NestedField | None:
+    """The table's field a dotted path names through structs (`customer.geo.city`), or None."""
+    fields = table.schema().as_struct()
+    found = None
+    for part in path.split("."):
+        if not isinstance(fields, StructType):
+            return None
+        found = next((f for f in fields.fields if f.name == part), None)
+        if found is None:
+            return None
+        fields = found.field_type
+    return found
+
+
+def clusterable(table: Table, path: str) -> str | None:
+    """Why the field cannot be a clustering column, or None."""
+    found = table_field(table, path)
+    if found is None:
+        return "not a field reached through structs"
+    if not found.field_type.is_primitive:
+        return f"it is {found.field_type}; only orderable scalars can be clustered"
+    return None
 
 
 def apply_layout(df: DataFrame, strategy: str, columns: Sequence[str], *, num_files: int, bits: int = 10,

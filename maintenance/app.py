@@ -30,6 +30,7 @@ from typing import Any
 
 from streamberg.common.catalog import open_existing_table
 from streamberg.common.config import StreambergConfig
+from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
@@ -60,12 +61,15 @@ def check_config(config: StreambergConfig, table: Any | None = None) -> None:
     column = config.maintenance.retention.column
     if not column:
         return
-    types = {f.name: f.type for f in config.table.schema_}
-    if column not in types:
+    found = find(config.table.field_specs, column)
+    if found is None:
+        names = ", ".join(f.name for f in config.table.schema_)
         raise _config_error(config, f"maintenance.retention.column: {column!r} is not in table.schema "
-                                    f"(columns: {', '.join(types)})")
-    if types[column] not in _TEMPORAL:
-        raise _config_error(config, f"maintenance.retention.column: {column!r} is {types[column]}; "
+                                    f"(columns: {names})")
+    spec, repeated = found
+    if repeated or str(spec.type) not in _TEMPORAL:
+        kind = f"inside a list or map ({spec.type})" if repeated else str(spec.type)
+        raise _config_error(config, f"maintenance.retention.column: {column!r} is {kind}; "
                                     "it must be a date, timestamp or timestamptz column")
     if table is not None:
         try:

@@ -87,7 +87,8 @@ def plan_retention(table: Table, settings: RetentionConfig, now_ms: int) -> Rete
 
 
 def _quote(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
+    """A column, or a nested field's dotted path, as Spark SQL names it."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in column.split("."))
 
 
 def files_older_than(table: Table, plan: RetentionPlan) -> tuple[int, int]:

@@ -37,17 +37,18 @@ from streamberg.common.config.loading import config_from_dump, dump_config, load
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
 from streamberg.common.config.sections import DeadLetterConfig, IngestConfig, KafkaConfig
 from streamberg.common.config.table import (
-    PRIMITIVE_TYPES,
     CatalogConfig,
     FieldConfig,
     PartitionFieldConfig,
     TableConfig,
+    TypeConfig,
 )
+from streamberg.common.config.types import PRIMITIVE_TYPES
 
 __all__ = [
     "ENV_PREFIX", "LAYOUT_STRATEGIES", "MAX_CONFIG_BYTES", "MAX_RECORD_BYTES", "ORPHAN_SAFETY_FLOOR_SECONDS",
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
     "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MonitoringConfig", "OrphanConfig",
-    "PartitionFieldConfig", "RetentionConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
+    "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -112,6 +112,15 @@ def _text(max_len: int = MAX_TEXT, pattern: re.Pattern[str] | None = None, rule:
 
 _IDENTIFIER_RULE = f"must be an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*) of at most {MAX_IDENTIFIER} characters"
 Identifier = Annotated[str, _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE)]
+MAX_PATH_DEPTH = 16
+_FIELD_PATH = re.compile(rf"{_IDENTIFIER.pattern}(?:\.{_IDENTIFIER.pattern}){{0,{MAX_PATH_DEPTH - 1}}}")
+_FIELD_PATH_RULE = (f"must be a column name or a dotted path to a nested field (customer.geo.city), each part an "
+                    f"ASCII identifier ([A-Za-z_][A-Za-z0-9_]*) of at most {MAX_IDENTIFIER} characters, at most "
+                    f"{MAX_PATH_DEPTH} parts")
+# A column, or a nested field by its dotted path (customer.geo.city).
+FieldPath = Annotated[str, _text(MAX_PATH_DEPTH * (MAX_IDENTIFIER + 1), _FIELD_PATH, _FIELD_PATH_RULE)]
+OptionalFieldPath = Annotated[str | None, _text(MAX_PATH_DEPTH * (MAX_IDENTIFIER + 1), _FIELD_PATH, _FIELD_PATH_RULE,
+                                                optional=True)]
 TableIdentifier = Annotated[str, _text(2 * MAX_IDENTIFIER + 1, _TABLE_ID,
                                        f"must be namespace.table, each part an ASCII identifier "
                                        f"([A-Za-z_][A-Za-z0-9_]*) of at most {MAX_IDENTIFIER} characters")]

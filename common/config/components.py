@@ -11,22 +11,19 @@ from pydantic import (
 )
 
 from streamberg.common.config.bounds import (
-    _IDENTIFIER,
-    _IDENTIFIER_RULE,
     DAY_SECONDS,
     MAX_BYTES,
     MAX_COUNT,
-    MAX_IDENTIFIER,
     MAX_INT64,
     YEAR_SECONDS,
     Bool,
-    Identifier,
+    FieldPath,
+    OptionalFieldPath,
     Properties,
     Text,
     _float,
     _int,
     _Section,
-    _text,
 )
 
 # The compactor's row layouts (compactor/layouts.py has one class per name).
@@ -43,8 +40,8 @@ class CompactorConfig(_Section):
     """
 
     strategy: LayoutStrategy = "zorder"
-    # Columns the layout clusters on; empty means the compactor only bin-packs.
-    columns: list[Identifier] = Field(default_factory=list, max_length=32)
+    # Columns the layout clusters on (nested fields by dotted path); empty: the compactor only bin-packs.
+    columns: list[FieldPath] = Field(default_factory=list, max_length=32)
     # Spark's checkpoint of the streaming query (progress across restarts).
     checkpoint_dir: Text = ".streamberg/compactor-checkpoint"
     spark_master: Text = "local[*]"
@@ -234,8 +231,9 @@ class ManifestsConfig(_Section):
 class RetentionConfig(_Section):
     """maintenance.retention: delete rows older than `days` by a time column (off by default)."""
 
-    # A date/timestamp/timestamptz column of table.schema (checked by `streamberg maintain`).
-    column: Annotated[str | None, _text(MAX_IDENTIFIER, _IDENTIFIER, _IDENTIFIER_RULE, optional=True)] = None
+    # A date/timestamp/timestamptz column of table.schema, or a nested field by its dotted path
+    # (checked by `streamberg maintain`).
+    column: OptionalFieldPath = None
     # Rows whose column is older than now - days are deleted; null: retention off.
     days: Annotated[float | None, _float(0, 36600, optional=True)] = None
 

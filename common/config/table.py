@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -14,10 +15,10 @@ from pydantic import (
 
 from streamberg.common.config.bounds import (
     BUCKET_MAX,
-    DECIMAL_MAX_PRECISION,
     MAX_BYTES,
     MAX_TEXT,
     Bool,
+    FieldPath,
     Identifier,
     Properties,
     TableIdentifier,
@@ -25,13 +26,22 @@ from streamberg.common.config.bounds import (
     _int,
     _Section,
 )
+from streamberg.common.config.types import (
+    MAX_SCHEMA_FIELDS,
+    MAX_TYPE_DEPTH,
+    NESTED_KINDS,
+    FieldSpec,
+    ListOf,
+    MapOf,
+    Primitive,
+    StructOf,
+    TypeSpec,
+    count_fields,
+    depth,
+    find,
+    parse_type,
+)
 
-PRIMITIVE_TYPES = {
-    "boolean", "int", "long", "float", "double", "date", "time",
-    "timestamp", "timestamptz", "string", "uuid", "binary",
-}
-# ASCII digits only: "\d" also matches other scripts' digits, which int() accepts.
-_DECIMAL = re.compile(r"^decimal\(\s*([0-9]{1,4})\s*,\s*([0-9]{1,4})\s*\)$")
 _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[([0-9]{1,12})\]|truncate\[([0-9]{1,12})\])$")
 _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
@@ -59,11 +69,16 @@ class CatalogConfig(_Section):
         return value
 
 
-class FieldConfig(_Section):
-    name: Identifier
+class TypeConfig(_Section):
+    """A type in the tree form: a list's element, a map's key or value (common/config/types.py)."""
+
     type: str
-    required: Bool = False
-    doc: str | None = None
+    fields: list[FieldConfig] | None = Field(default=None, min_length=1, max_length=4096)
+    element: TypeConfig | str | None = None
+    element_required: Bool = False
+    key: TypeConfig | str | None = None
+    value: TypeConfig | str | None = None
+    value_required: Bool = False
     # Unit of integer epochs in a timestamp/timestamptz field (ISO-8601 strings are always
     # accepted too); unset means ms, the common choice of JSON events on Kafka.
     unit: Literal["s", "ms", "us", "ns"] | None = None
@@ -71,10 +86,27 @@ class FieldConfig(_Section):
     @field_validator("type")
     @classmethod
     def _known_type(cls, value: str) -> str:
+        if not isinstance(value, str):
+            raise ValueError("must be a type name")
         value = value.strip().lower()
-        if value in PRIMITIVE_TYPES or _DECIMAL.match(value):
-            return value
-        raise ValueError(f"unknown type {value!r}; use one of {sorted(PRIMITIVE_TYPES)} or decimal(P,S)")
+        if value not in NESTED_KINDS:
+            parse_type(value)  # a primitive, decimal(P,S) or a short form; ValueError names the choices
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> TypeConfig:
+        """The parts a kind takes, and only those; decimal bounds; units on timestamps only."""
+        self.spec  # noqa: B018 - builds the tree, raising ValueError where a part is missing
+        parts = {"fields": self.fields, "element": self.element, "key": self.key, "value": self.value}
+        wanted = {"struct": {"fields"}, "list": {"element"}, "map": {"key", "value"}}.get(self.type, set())
+        if extra := sorted(k for k, v in parts.items() if v is not None and k not in wanted):
+            raise ValueError(f"{', '.join(extra)}: not a part of a {self.type} type"
+                             + ("" if self.type in NESTED_KINDS else " (only struct, list and map have parts)"))
+        if self.element_required and self.type != "list":
+            raise ValueError("element_required: only a list has elements")
+        if self.value_required and self.type != "map":
+            raise ValueError("value_required: only a map has values")
+        return self
 
     @field_validator("unit")
     @classmethod
@@ -84,9 +116,52 @@ class FieldConfig(_Section):
             raise ValueError(f"an epoch unit only applies to timestamp/timestamptz fields, this one is {kind}")
         return value
 
+    @cached_property
+    def spec(self) -> TypeSpec:
+        """This type as one tree (common/config/types.py)."""
+        if self.type == "struct":
+            if not self.fields:
+                raise ValueError("fields: a struct needs its fields")
+            names = [f.name for f in self.fields]
+            if dupes := sorted({n for n in names if names.count(n) > 1}):
+                raise ValueError(f"fields: duplicate field names {dupes}")
+            return StructOf(tuple(f.field_spec for f in self.fields))
+        if self.type == "list":
+            if self.element is None:
+                raise ValueError("element: a list needs its element type")
+            return ListOf(_spec_of(self.element), self.element_required)
+        if self.type == "map":
+            if self.key is None or self.value is None:
+                raise ValueError("key, value: a map needs both")
+            key = _spec_of(self.key)
+            if not isinstance(key, Primitive):
+                raise ValueError(f"key: a map's key must be a primitive type, not {key}")
+            return MapOf(key, _spec_of(self.value), self.value_required)
+        return parse_type(self.type)
+
+
+def _spec_of(part: TypeConfig | str) -> TypeSpec:
+    return parse_type(part) if isinstance(part, str) else part.spec
+
+
+class FieldConfig(TypeConfig):
+    """One column of `table.schema`, or one field of a struct, at any depth."""
+
+    name: Identifier
+    required: Bool = False
+    doc: str | None = Field(default=None, max_length=MAX_TEXT)
+
+    @cached_property
+    def field_spec(self) -> FieldSpec:
+        return FieldSpec(self.name, self.spec, self.required, self.doc, self.unit)
+
+
+TypeConfig.model_rebuild()
+
 
 class PartitionFieldConfig(_Section):
-    source: Identifier
+    # A column, or a nested field by its dotted path (customer.geo.city).
+    source: FieldPath
     transform: str = "identity"
 
     @field_validator("transform")
@@ -128,22 +203,39 @@ class TableConfig(_Section):
         names = [f.name for f in self.schema_]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"schema: duplicate field names {dupes}")
-        for i, f in enumerate(self.schema_):
-            if decimal := _DECIMAL.match(f.type):
-                precision, scale = int(decimal.group(1)), int(decimal.group(2))
-                if not 1 <= precision <= DECIMAL_MAX_PRECISION or not 0 <= scale <= precision:
-                    raise ValueError(f"schema.{i}.type: {f.type}: precision must be 1 to {DECIMAL_MAX_PRECISION} "
-                                     f"and scale 0 to the precision")
-        types = {f.name: f.type for f in self.schema_}
+        fields = self.field_specs
+        total = sum(1 + count_fields(f.type) for f in fields)
+        if total > MAX_SCHEMA_FIELDS:
+            raise ValueError(f"schema: {total} fields at all depths; at most {MAX_SCHEMA_FIELDS} (declare a JSON "
+                             "object whose keys are ids as a map, not as a struct)")
+        if deepest := max((depth(f.type) for f in fields), default=0) > MAX_TYPE_DEPTH:
+            raise ValueError(f"schema: types nested {deepest} levels deep; at most {MAX_TYPE_DEPTH}")
         for i, part in enumerate(self.partition_spec):
-            if part.source not in types:
+            found = find(fields, part.source)
+            if found is None:
                 raise ValueError(f"partition_spec.{i}.source: {part.source!r} is not a schema field")
+            source, repeated = found
+            if repeated or not isinstance(source.type, Primitive):
+                where = "inside a list or map" if repeated else f"a {source.type.__class__.__name__[:-2].lower()}"
+                raise ValueError(f"partition_spec.{i}.source: {part.source!r} is {where}; a partition source must be "
+                                 "a primitive field outside lists and maps")
+            kind = source.type.name
             base = part.transform.split("[")[0]
-            if base in _TIME_TRANSFORMS and types[part.source] not in _TEMPORAL_TYPES:
-                raise ValueError(f"partition_spec.{i}.transform: {base} needs a date/timestamp field, {part.source!r} is {types[part.source]}")
-            if base == "hour" and types[part.source] == "date":
+            if base in _TIME_TRANSFORMS and kind not in _TEMPORAL_TYPES:
+                raise ValueError(f"partition_spec.{i}.transform: {base} needs a date/timestamp field, {part.source!r} is {kind}")
+            if base == "hour" and kind == "date":
                 raise ValueError(f"partition_spec.{i}.transform: hour needs a timestamp field, {part.source!r} is a date")
         return self
+
+    @property
+    def field_specs(self) -> tuple[FieldSpec, ...]:
+        """The schema as one tree of field specs (common/config/types.py)."""
+        return tuple(f.field_spec for f in self.schema_)
+
+    def column_type(self, path: str) -> TypeSpec | None:
+        """The type of the field a dotted path names, or None."""
+        found = find(self.field_specs, path)
+        return found[0].type if found is not None else None
 
     @property
     def namespace(self) -> str:

@@ -101,6 +101,14 @@ def test_schema_json_cannot_carry_is_refused() -> None:
         JsonDecoder(Schema(NestedField(1, "blob", BinaryType())), 4096)
 
 
+def test_nested_columns_are_refused_before_any_record_until_the_decoder_writes_them() -> None:
+    from pyiceberg.types import LongType, StructType
+
+    customer = StructType(NestedField(3, "id", LongType()))
+    with pytest.raises(UnsupportedSchemaError, match="'customer' is struct<.*does not write nested columns"):
+        JsonDecoder(Schema(NestedField(1, "id", LongType()), NestedField(2, "customer", customer)), 4096)
+
+
 # -- epoch timestamps ----------------------------------------------------------------------
 EPOCH_SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamberg.cli.maintain import render
-from streamberg.common.catalog import load_catalog, schema_from_config
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
+from streamberg.common.schema import schema_from_config
 from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.maintenance.confine import outside_reason
 from tests.compactor.helpers import FakeIngest, reload, row_multiset
