@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from streamberg.common.config import FieldConfig, StreambergConfig
+from streamberg.common.config.types import ListOf, MapOf, StructOf, TypeSpec
 
 # The event shape of the demo (examples/demo.yaml), the tests and the benchmarks.
 SAMPLE_EVENT_SCHEMA = [
@@ -52,8 +53,23 @@ class ProduceResult:
 
 
 def _value_maker(f: FieldConfig, rng: random.Random) -> Callable[[int, float], Any]:
-    kind = f.type
-    if f.name == "id" and kind in ("long", "int"):
+    return _maker(f.name, f.field_spec.type, rng)
+
+
+def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, float], Any]:
+    """Values of one type: nested types are built from their parts (a struct's fields, up to
+    three list elements or map entries)."""
+    if isinstance(spec, StructOf):
+        parts = {f.name: _maker(f.name, f.type, rng) for f in spec.fields}
+        return lambda i, now: {k: make(i, now) for k, make in parts.items()}
+    if isinstance(spec, ListOf):
+        element = _maker(name, spec.element, rng)
+        return lambda i, now: [element(i, now) for _ in range(rng.randrange(4))]
+    if isinstance(spec, MapOf):
+        value = _maker(name, spec.value, rng)
+        return lambda i, now: {f"{name}-{rng.randrange(20):02d}": value(i, now) for _ in range(rng.randrange(4))}
+    kind = str(spec)
+    if name == "id" and kind in ("long", "int"):
         return lambda i, now: i
     if kind in ("int", "long"):
         return lambda i, now: rng.randrange(0, 10_000)
@@ -71,7 +87,7 @@ def _value_maker(f: FieldConfig, rng: random.Random) -> Callable[[int, float], A
     if kind == "timestamp":
         return lambda i, now: dt.datetime.fromtimestamp(now, dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
     # strings: a vocabulary of 1000 values sharing a prefix (like URLs or city names)
-    vocab = [f"{f.name}-{k:04d}" for k in range(1000)]
+    vocab = [f"{name}-{k:04d}" for k in range(1000)]
     return lambda i, now: rng.choice(vocab)
 
 

@@ -201,3 +201,20 @@ def test_nested_retention_column_must_be_a_time_field_outside_lists(tmp_path: Pa
         check_config(with_column("events.at"))
     with pytest.raises(ConfigError, match="'audit.when' is not in table.schema"):
         check_config(with_column("audit.when"))
+
+
+def test_sample_events_follow_the_nested_shapes() -> None:
+    """`streamberg produce` writes what the schema declares at every depth."""
+    import random
+
+    from streamberg.common.sample_events import _value_maker
+
+    table = _table(ORDERS_SHORT)
+    rng = random.Random(3)
+    events = [{f.name: _value_maker(f, rng)(i, 1.7e9) for f in table.schema_} for i in range(50)]
+    for event in events:
+        assert set(event["customer"]) == {"id", "geo"} and set(event["customer"]["geo"]) == {"city", "lat"}
+        assert isinstance(event["tags"], list) and all(isinstance(t, str) for t in event["tags"])
+        assert all(isinstance(k, str) and isinstance(v, int) for k, v in event["attrs"].items())
+        assert all(set(item) == {"sku", "qty"} and isinstance(item["qty"], int) for item in event["items"])
+    assert any(event["items"] for event in events) and any(event["attrs"] for event in events)
