@@ -149,11 +149,15 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
 def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
     """Create the table from the config when absent; when present, check it can take our records."""
     log = get_logger("catalog", table=table.identifier)
-    expected = schema_from_config(table)
     ensure_namespace(catalog, table.namespace)
     try:
         existing = catalog.load_table(table.identifier)
     except NoSuchTableError:
+        if table.schema_ is None:
+            raise SchemaMismatchError(
+                f"table {table.identifier} does not exist and the config declares no table.schema to create it "
+                "from: declare the schema (the table is the truth only once it exists)") from None
+        expected = schema_from_config(table)
         properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **table.properties}
         try:
             created = catalog.create_table(
@@ -164,12 +168,18 @@ def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
             return created
         except TableAlreadyExistsError:  # another process won the race; check theirs
             existing = catalog.load_table(table.identifier)
-    problems = describe_schema_differences(expected, existing.schema())
-    if problems:
+    if table.schema_ is None:
+        log.info("table.schema not declared: the table's own schema is used", schema_id=existing.schema().schema_id)
+    elif problems := describe_schema_differences(schema_from_config(table), existing.schema()):
         raise SchemaMismatchError(
             f"table {table.identifier} exists with a schema the config does not match:\n  - " + "\n  - ".join(problems)
         )
-    wanted_spec = partition_spec_from_config(table, existing.schema())
+    try:
+        wanted_spec = partition_spec_from_config(table, existing.schema())
+    except ValueError as exc:  # a source the table lacks (possible when the schema is the table's)
+        log.warning("partition spec of the config does not fit the table; writing with the table's spec",
+                    table_spec=str(existing.spec()), problem=str(exc))
+        return existing
     if [(f.source_id, str(f.transform)) for f in wanted_spec.fields] != [
         (f.source_id, str(f.transform)) for f in existing.spec().fields
     ]:
@@ -184,6 +194,8 @@ def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) ->
     Raises SchemaMismatchError, changing nothing, when the config differs in any other way.
     """
     existing = catalog.load_table(table.identifier)
+    if table.schema_ is None:
+        return SchemaEvolution(table.identifier)  # no declared schema: nothing to evolve towards
     plan = plan_schema_evolution(table.identifier, schema_from_config(table), existing.schema())
     if plan.refused:
         raise SchemaMismatchError(

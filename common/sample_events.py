@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from streamberg.common.config import FieldConfig, StreambergConfig
-from streamberg.common.config.types import ListOf, MapOf, StructOf, TypeSpec
+from streamberg.common.config.types import FieldSpec, ListOf, MapOf, StructOf, TypeSpec
 
 # The event shape of the demo (examples/demo.yaml), the tests and the benchmarks.
 SAMPLE_EVENT_SCHEMA = [
@@ -52,8 +52,18 @@ class ProduceResult:
         }
 
 
-def _value_maker(f: FieldConfig, rng: random.Random) -> Callable[[int, float], Any]:
-    return _maker(f.name, f.field_spec.type, rng)
+def _value_maker(f: FieldConfig | FieldSpec, rng: random.Random) -> Callable[[int, float], Any]:
+    return _maker(f.name, (f.field_spec if isinstance(f, FieldConfig) else f).type, rng)
+
+
+def event_fields(config: StreambergConfig) -> tuple[FieldSpec, ...]:
+    """The fields events carry: the config's schema, or the table's when the config has none."""
+    if config.table.field_specs:
+        return config.table.field_specs
+    from streamberg.common.catalog import load_catalog
+    from streamberg.common.schema import field_specs
+
+    return field_specs(load_catalog(config.catalog).load_table(config.table.identifier).schema().fields)
 
 
 def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, float], Any]:
@@ -91,19 +101,19 @@ def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, floa
     return lambda i, now: rng.choice(vocab)
 
 
-def _malformed(kind: str, good: dict[str, Any], config: StreambergConfig) -> bytes:
+def _malformed(kind: str, good: dict[str, Any], config: StreambergConfig, fields: tuple[FieldSpec, ...]) -> bytes:
     if kind == "not_json":
         return b"this is not json {" + str(good.get("id")).encode()
     if kind == "wrong_type":
-        first_number = next((f.name for f in config.table.schema_ if f.type in ("int", "long", "double", "float")), None)
+        first_number = next((f.name for f in fields if str(f.type) in ("int", "long", "double", "float")), None)
         bad = dict(good)
-        bad[first_number or config.table.schema_[0].name] = "not-a-number"
+        bad[first_number or fields[0].name] = "not-a-number"
         return json.dumps(bad).encode()
     if kind == "missing_required":
-        required = [f.name for f in config.table.schema_ if f.required]
+        required = [f.name for f in fields if f.required]
         bad = {k: v for k, v in good.items() if k != (required[0] if required else "id")}
         if not required:  # nothing is required: fall back to a type error
-            return _malformed("wrong_type", good, config)
+            return _malformed("wrong_type", good, config, fields)
         return json.dumps(bad).encode()
     if kind == "oversized":
         bad = dict(good)
@@ -124,7 +134,8 @@ def produce_events(
 ) -> ProduceResult:
     """Produce `count` JSON events to the configured topic; return what was produced."""
     rng = random.Random(seed)
-    makers = {f.name: _value_maker(f, rng) for f in config.table.schema_}
+    fields = event_fields(config)
+    makers = {f.name: _value_maker(f, rng) for f in fields}
     producer = Producer({
         "bootstrap.servers": config.kafka.bootstrap_servers,
         "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
@@ -147,7 +158,7 @@ def produce_events(
         n = i - start_id
         if bad_every and n % bad_every == bad_every - 1:
             kind = BAD_KINDS[(n // bad_every) % len(BAD_KINDS)]
-            value = _malformed(kind, event, config)
+            value = _malformed(kind, event, config, fields)
             result.bad[kind] += 1
         else:
             value = json.dumps(event, separators=(",", ":")).encode()

@@ -41,7 +41,7 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.config import TableConfig
-from streamberg.common.config.types import FieldSpec, ListOf, Primitive, StructOf, TypeSpec
+from streamberg.common.config.types import FieldSpec, ListOf, MapOf, Primitive, StructOf, TypeSpec
 
 _PRIMITIVES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -80,6 +80,25 @@ def _nested_fields(fields: tuple[FieldSpec, ...], ids: Iterator[int]) -> list[Ne
 
 def schema_from_config(table: TableConfig) -> Schema:
     return Schema(*_nested_fields(table.field_specs, count(1)))
+
+
+def type_spec(iceberg: IcebergType) -> TypeSpec:
+    """An Iceberg type as a config type (the inverse of iceberg_type, ids aside)."""
+    if isinstance(iceberg, StructType):
+        return StructOf(field_specs(iceberg.fields))
+    if isinstance(iceberg, ListType):
+        return ListOf(type_spec(iceberg.element_type), iceberg.element_required)
+    if isinstance(iceberg, MapType):
+        return MapOf(type_spec(iceberg.key_type), type_spec(iceberg.value_type), iceberg.value_required)
+    if isinstance(iceberg, DecimalType):
+        return Primitive(f"decimal({iceberg.precision},{iceberg.scale})")
+    return Primitive(str(iceberg))
+
+
+def field_specs(fields: tuple[NestedField, ...]) -> tuple[FieldSpec, ...]:
+    """A table's fields as the config's field specs: what a config without `table.schema`
+    works from (the table is the truth)."""
+    return tuple(FieldSpec(f.name, type_spec(f.field_type), f.required, f.doc) for f in fields)
 
 
 def partition_name(source: str, transform: str) -> str:

@@ -78,8 +78,9 @@ def check_supported(schema: Schema) -> None:
 
 
 def epoch_units(fields: object) -> dict[str, str]:
-    """{field name: epoch unit} from the config's `table.schema` (FieldConfig objects)."""
-    return {f.name: f.unit for f in fields if getattr(f, "unit", None)}  # type: ignore[attr-defined]
+    """{field name: epoch unit} from the config's `table.schema` (FieldConfig objects; None when
+    the config leaves the schema to the table: every epoch is then in ms)."""
+    return {f.name: f.unit for f in fields or () if getattr(f, "unit", None)}  # type: ignore[attr-defined]
 
 
 def is_timestamp(f: NestedField) -> bool:

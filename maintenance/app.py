@@ -57,20 +57,22 @@ def _config_error(config: StreambergConfig, message: str) -> ConfigError:
 
 
 def check_config(config: StreambergConfig, table: Any | None = None) -> None:
-    """Checks that need the table's schema: the retention column (config first, then the table)."""
+    """Checks that need the table's schema: the retention column (the config's schema first,
+    when it declares one, then the table's)."""
     column = config.maintenance.retention.column
     if not column:
         return
-    found = find(config.table.field_specs, column)
-    if found is None:
-        names = ", ".join(f.name for f in config.table.schema_)
-        raise _config_error(config, f"maintenance.retention.column: {column!r} is not in table.schema "
-                                    f"(columns: {names})")
-    spec, repeated = found
-    if repeated or str(spec.type) not in _TEMPORAL:
-        kind = f"inside a list or map ({spec.type})" if repeated else str(spec.type)
-        raise _config_error(config, f"maintenance.retention.column: {column!r} is {kind}; "
-                                    "it must be a date, timestamp or timestamptz column")
+    if config.table.schema_ is not None:
+        found = find(config.table.field_specs, column)
+        if found is None:
+            names = ", ".join(f.name for f in config.table.schema_)
+            raise _config_error(config, f"maintenance.retention.column: {column!r} is not in table.schema "
+                                        f"(columns: {names})")
+        spec, repeated = found
+        if repeated or str(spec.type) not in _TEMPORAL:
+            kind = f"inside a list or map ({spec.type})" if repeated else str(spec.type)
+            raise _config_error(config, f"maintenance.retention.column: {column!r} is {kind}; "
+                                        "it must be a date, timestamp or timestamptz column")
     if table is not None:
         try:
             column_kind(table, column)

@@ -12,7 +12,7 @@ from typing import Any, Literal, cast
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import LessThan
 from pyiceberg.table import Table
-from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
+from pyiceberg.types import DateType, PrimitiveType, StructType, TimestampType, TimestamptzType
 
 from streamberg.common.config import RetentionConfig
 from streamberg.common.errors import RetentionColumnError
@@ -52,11 +52,19 @@ _ALIGNABLE = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
 
 
 def column_kind(table: Table, column: str) -> ColumnKind:
-    try:
-        field = table.schema().find_field(column)
-    except ValueError:
-        names = ", ".join(f.name for f in table.schema().fields)
-        raise RetentionColumnError(f"{column!r} is not a column of the table (columns: {names})") from None
+    """The kind of the retention column: a column, or a field reached through structs."""
+    fields: Any = table.schema().as_struct()
+    field = None
+    for part in column.split("."):
+        if not isinstance(fields, StructType):
+            raise RetentionColumnError(f"{column!r} is inside {field.field_type if field else fields} in the table; "
+                                       "it must be a date or timestamp outside lists and maps")
+        field = next((f for f in fields.fields if f.name == part), None)
+        if field is None:
+            names = ", ".join(f.name for f in table.schema().fields)
+            raise RetentionColumnError(f"{column!r} is not a column of the table (columns: {names})")
+        fields = field.field_type
+    assert field is not None
     kind = _KINDS.get(type(field.field_type))
     if kind is None:
         raise RetentionColumnError(f"{column!r} is {field.field_type} in the table; it must be a date or timestamp")

@@ -179,7 +179,8 @@ class PartitionFieldConfig(_Section):
 
 class TableConfig(_Section):
     identifier: TableIdentifier
-    schema_: list[FieldConfig] = Field(alias="schema", min_length=1, max_length=4096)
+    # None: the table exists and its schema is the truth (common/schema.py reads it from there).
+    schema_: list[FieldConfig] | None = Field(default=None, alias="schema", min_length=1, max_length=4096)
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list, max_length=64)
     target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = DEFAULT_TARGET_FILE_SIZE_BYTES
     properties: Properties = Field(default_factory=dict)
@@ -200,6 +201,8 @@ class TableConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> TableConfig:
+        if self.schema_ is None:
+            return self  # partition sources are the table's business then (ensure_table compares)
         names = [f.name for f in self.schema_]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"schema: duplicate field names {dupes}")
@@ -229,8 +232,9 @@ class TableConfig(_Section):
 
     @property
     def field_specs(self) -> tuple[FieldSpec, ...]:
-        """The schema as one tree of field specs (common/config/types.py)."""
-        return tuple(f.field_spec for f in self.schema_)
+        """The declared schema as one tree of field specs (common/config/types.py); empty when
+        the config leaves the schema to the table."""
+        return tuple(f.field_spec for f in self.schema_ or ())
 
     def column_type(self, path: str) -> TypeSpec | None:
         """The type of the field a dotted path names, or None."""
