@@ -1,6 +1,6 @@
 """Replay: put Kafka records into the table again, outside the ingest's offset chain.
 
-Two sources, both decoded and written with the ingest's own code (JsonDecoder,
+Two sources, both decoded and written with the ingest's own code (RecordDecoder,
 PartitionedFileWriter) and committed as ONE Iceberg append per run:
 
 - a topic range ``[A, B)`` of one partition, for rows lost downstream (deleted by mistake,
@@ -56,8 +56,9 @@ from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
 from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
-from streamberg.ingest.decode import JsonDecoder, epoch_units
+from streamberg.ingest.decode import epoch_units
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
+from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter
 from streamberg.ingest.writer import consumer_settings
 
@@ -128,7 +129,8 @@ class _Batcher:
     """Decodes batches of raw values and writes the valid rows into Parquet data files."""
 
     def __init__(self, config: StreambergConfig, table: Table, run_id: str, dry_run: bool):
-        self.decoder = JsonDecoder(table.schema(), config.ingest.max_record_bytes, epoch_units(config.table.schema_))
+        self.decoder = RecordDecoder(table.schema(), config.ingest.max_record_bytes, epoch_units(config.table.schema_),
+                                     config.kafka.key_field)
         self.files = None if dry_run else PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
@@ -137,9 +139,9 @@ class _Batcher:
         )
         self.added = 0
 
-    def decode(self, values: list[bytes | None]) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    def decode(self, values: list[bytes | None], keys: list[bytes | None]) -> tuple[np.ndarray, list[tuple[int, str]]]:
         """Write the rows that decode; return their indexes and the (index, reason) of the rest."""
-        result = self.decoder.decode(values)
+        result = self.decoder.decode(values, keys)
         if result.table.num_rows and self.files is not None:
             self.files.write(result.table)
         self.added += result.table.num_rows
@@ -320,7 +322,7 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
     try:
         for messages in _read_range(config, partition, start, end):
             outcome.read += len(messages)
-            kept, rejected = batcher.decode([m.value() for m in messages])
+            kept, rejected = batcher.decode([m.value() for m in messages], [m.key() for m in messages])
             landed_from_dlq.update(messages[int(i)].offset() for i in kept if messages[int(i)].offset() in in_dlq)
             dead.extend(dead_letter_from_message(messages[i], reason) for i, reason in rejected)
         files = batcher.finish()
@@ -418,7 +420,7 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
         for lo in range(0, rows.num_rows, step):
             chunk = rows.slice(lo, step)
             parts, offs = chunk.column("partition").to_pylist(), chunk.column("offset").to_pylist()
-            kept, rejected = batcher.decode(chunk.column("value").to_pylist())
+            kept, rejected = batcher.decode(chunk.column("value").to_pylist(), chunk.column("key").to_pylist())
             for i in kept:
                 landed.setdefault(parts[int(i)], set()).add(offs[int(i)])
             still_bad.extend(reason for _, reason in rejected)

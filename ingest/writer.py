@@ -29,9 +29,10 @@ from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode import JsonDecoder, epoch_units
+from streamberg.ingest.decode import epoch_units
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
+from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter, FlushUnit
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
@@ -114,8 +115,8 @@ class IngestWriter:
             self._position_lost(problem)
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
         self.expect_first = dict(self.position)
-        self.decoder = JsonDecoder(table.schema(), self.config.ingest.max_record_bytes,
-                                   epoch_units(self.config.table.schema_))
+        self.decoder = RecordDecoder(table.schema(), self.config.ingest.max_record_bytes,
+                                     epoch_units(self.config.table.schema_), self.config.kafka.key_field)
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
@@ -238,7 +239,8 @@ class IngestWriter:
         offsets = [m.offset() for m in messages]
         if self.expect_first:
             self._check_first_offsets(partitions, offsets)
-        result = self.decoder.decode(values)
+        keys = [m.key() for m in messages] if self.decoder.key_field is not None else None
+        result = self.decoder.decode(values, keys)
         if result.table.num_rows:
             self.files.write(result.table)
         self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in result.rejected)

@@ -104,6 +104,14 @@ class StreambergConfig(BaseSettings):
         if self.ingest_target.dead_letter_table.lower() == self.table.identifier.lower():
             raise ValueError("dead_letter.table: must differ from table.identifier (dead letters would be "
                              "appended to the main table)")
+        key = self.kafka.key_field
+        if key is not None and self.table.schema_ is not None:  # otherwise checked against the table at start
+            declared = next((f for f in self.table.schema_ if f.name == key), None)
+            if declared is None:
+                raise ValueError(f"kafka.key_field: {key!r} is not a column of table.schema")
+            if declared.type != "string":
+                raise ValueError(f"kafka.key_field: column {key!r} is {declared.type}; the key is written as a "
+                                 "string, so the column must be a string")
         return self
 
     @classmethod

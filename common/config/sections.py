@@ -18,6 +18,7 @@ from streamberg.common.config.bounds import (
     MAX_MAP_ENTRIES,
     MAX_RECORD_BYTES,
     Bool,
+    Identifier,
     Key,
     Properties,
     TableIdentifier,
@@ -41,6 +42,8 @@ class KafkaConfig(_Section):
     # Extra librdkafka settings passed to every consumer (security, fetch sizes, ...).
     consumer: Annotated[dict[Key, Annotated[str | int | float | bool, PlainValidator(_check_setting)]],
                         Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
+    # A top-level string column the record's key is written into (UTF-8); null: keys are not kept.
+    key_field: Identifier | None = None
 
     @field_validator("topic")
     @classmethod

@@ -1,0 +1,80 @@
+"""A Kafka record (key and value) as a row of the table: the one decoder the writer, the range
+replay and the dead-letter replay use.
+
+The value is decoded by its format's decoder (JSON today: ingest/decode.py) against the table's
+schema without the key column. With `kafka.key_field` set, the record's key fills that column,
+as a UTF-8 string: a key that is not valid UTF-8, or a missing key for a required column,
+dead-letters the record with the reason; a value field of the same name is ignored (the key
+is the truth for it). The columns come back in the table's order, with its field ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import StringType
+
+from streamberg.common.errors import UnsupportedSchemaError
+from streamberg.ingest.decode import DecodeResult, JsonDecoder
+
+
+def check_key_field(schema: Schema, key_field: str | None) -> None:
+    """The key column is a top-level string column of the table; UnsupportedSchemaError otherwise."""
+    if key_field is None:
+        return
+    found = next((f for f in schema.fields if f.name == key_field), None)
+    if found is None:
+        raise UnsupportedSchemaError(f"kafka.key_field: {key_field!r} is not a column of the table "
+                                     f"(columns: {', '.join(f.name for f in schema.fields)})")
+    if not isinstance(found.field_type, StringType):
+        raise UnsupportedSchemaError(f"kafka.key_field: column {key_field!r} is {found.field_type}; the key is "
+                                     "written as a string, so the column must be a string")
+
+
+class RecordDecoder:
+    """Decodes batches of (key, value) into the table's Arrow schema."""
+
+    def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
+                 key_field: str | None = None) -> None:
+        check_key_field(schema, key_field)
+        self.key_field = key_field
+        self.file_schema = schema_to_pyarrow(schema)
+        value_schema = schema if key_field is None else Schema(
+            *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
+        self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units)
+        self.key_required = key_field is not None and schema.find_field(key_field).required
+
+    def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None) -> DecodeResult:
+        result = self.values.decode(values)
+        if self.key_field is None:
+            return result
+        if keys is None:
+            raise ValueError("kafka.key_field is set: the records' keys are needed")
+        # One pass over the kept rows' keys: text, or the reason the record cannot be written.
+        text: list[str | None] = []
+        bad = np.zeros(len(result.kept), dtype=bool)
+        reasons: list[tuple[int, str]] = []
+        for j, index in enumerate(result.kept):
+            key = keys[int(index)]
+            value = None
+            if key is None:
+                if self.key_required:
+                    reasons.append((int(index), f"missing required field {self.key_field!r} (the record has no key)"))
+            else:
+                try:
+                    value = bytes(key).decode("utf-8")
+                except UnicodeDecodeError:
+                    reasons.append((int(index), f"field {self.key_field!r}: the record's key is not valid UTF-8"))
+            bad[j] = len(reasons) > 0 and reasons[-1][0] == int(index)
+            text.append(value)
+        columns = {name: result.table.column(name) for name in result.table.column_names}
+        columns[self.key_field] = pa.array(text, pa.string())
+        table = pa.Table.from_arrays([columns[f.name] for f in self.file_schema], schema=self.file_schema)
+        if not bad.any():
+            return DecodeResult(table=table, kept=result.kept, rejected=result.rejected)
+        rejected = sorted(result.rejected + reasons)
+        return DecodeResult(table=table.filter(pa.array(~bad)), kept=result.kept[~bad], rejected=rejected)
