@@ -79,6 +79,14 @@ def test_a_pass_lays_out_nested_columns_and_keeps_every_row(spark, tmp_path, str
     record = after.current_snapshot().summary.additional_properties
     assert record["streamberg.compactor.columns"] == "customer.id,customer.geo.lat"
     assert set(json.loads(record["streamberg.compactor.files-per-point"])) == {"customer.id", "customer.geo.lat"}
+    # `streamberg status` and `metrics` name the nested columns by their paths.
+    from streamberg.monitoring.collect import collect_status
+    from streamberg.monitoring.metrics import status_metrics
+
+    status = collect_status(config)
+    assert set(status.clustering.columns) == {"customer.id", "customer.geo.lat"}
+    labelled = {s.labels.get("column") for family in status_metrics(status, 0.0) for s in family.samples}
+    assert {"customer.id", "customer.geo.lat"} <= labelled
 
 
 @pytest.mark.parametrize(("columns", "refusal"), [
