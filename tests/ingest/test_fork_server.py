@@ -291,7 +291,7 @@ def test_a_failed_fork_fails_only_that_launch(tmp_path: Path) -> None:
     socket_path = folder / SOCKET_NAME
     code = textwrap.dedent(f"""
         import errno, os, sys
-        from streamberg.ingest import fork_server
+        from streamberg.ingest.local import fork_server
         real, calls = os.fork, []
         def failing_once():
             calls.append(1)
