@@ -14,9 +14,13 @@ exponents), ingest/json_values.py holds the rules and conversions for each Icebe
 and this module parses (grouping records by the shape of their timestamp fields) and
 bisects a failing block to the records that fail.
 
-Keys: a field that appears twice at the top level of a record is refused (json.loads would
-silently keep the last one); duplicate keys outside the schema's fields are ignored, as are
-fields the schema lacks, at any nesting depth. Numbers beyond a double's range in fields
+Nested columns: structs and lists, to any depth, parse into nested Arrow in the same one
+parse, and every rule below holds at every depth (json_values.convert_value); a refused part
+refuses its record, named by its dotted path (`items.qty`). Maps are not decoded yet.
+
+Keys: a schema field that appears twice in an object (at the top level or inside a struct)
+is refused (json.loads would silently keep the last one); duplicate keys outside the
+schema's fields are ignored, as are fields the schema lacks, at any nesting depth. Numbers beyond a double's range in fields
 the schema lacks may be dead-lettered (`Number too big to be stored in double`), depending
 on how they are written; RFC 8259 section 6 lets a parser limit the range of numbers.
 """
@@ -33,30 +37,21 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import (
-    DateType,
-    DecimalType,
-    FloatType,
-    IntegerType,
-)
 
 from streamberg.ingest import json_screen
 from streamberg.ingest.json_values import (
     DEFAULT_EPOCH_UNIT,
     EPOCH_UNITS,
     check_supported,
-    convert_column,
+    convert_value,
     epoch_units,
-    is_timestamp,
+    has_decimals,
+    parse_type,
+    timestamp_paths,
 )
 
 # The decoder's API: callers check a schema and read epoch units through this module.
 __all__ = ["DecodeResult", "JsonDecoder", "check_supported", "epoch_units"]
-
-# Decimals are parsed at 76 digits, then checked against the declared precision: pyarrow's
-# JSON reader checks the *written* precision (refuses 99999999.990 for decimal(10,2)) but
-# not the value's (it reads 1234567890 into decimal(10,2)).
-_DECIMAL_PARSE_PRECISION = 76
 
 _ROW = re.compile(r" in row (\d+)$")
 _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|number to string)")
@@ -133,9 +128,10 @@ class JsonDecoder:
         self.file_schema = schema_to_pyarrow(schema)  # with PARQUET:field_id metadata
         self.required = [f.name for f in schema.fields if f.required]
         self.max_record_bytes = max_record_bytes
-        self.timestamp_fields = [f.name for f in schema.fields if is_timestamp(f)]
-        self.has_decimals = any(isinstance(f.field_type, DecimalType) for f in schema.fields)
-        self.units = {name: units.get(name, DEFAULT_EPOCH_UNIT) for name in self.timestamp_fields}
+        # Timestamp fields at any depth, by dotted path (json_values.timestamp_paths).
+        self.timestamp_fields = timestamp_paths(schema)
+        self.has_decimals = has_decimals(schema)
+        self.units = {path: units.get(path, DEFAULT_EPOCH_UNIT) for path in self.timestamp_fields}
         # A timestamp field holds a string or an integer, which one JSON parse cannot read
         # into one column: records are grouped by which timestamp fields carry a number
         # (a regex over the bytes) and each group is parsed with its own schema.
@@ -144,24 +140,8 @@ class JsonDecoder:
     # -- parsing one block -------------------------------------------------------------
     def _parse_options(self, numbers: frozenset[str]) -> pj.ParseOptions:
         if numbers not in self._options:
-            fields = []
-            for f, af in zip(self.schema.fields, self.file_schema):
-                t = f.field_type
-                if isinstance(t, DateType):
-                    parse = pa.string()
-                elif is_timestamp(f):
-                    parse = pa.int64() if f.name in numbers else pa.string()
-                elif isinstance(t, IntegerType):
-                    parse = pa.int64()  # range-checked after the parse, row by row
-                elif isinstance(t, FloatType):
-                    parse = pa.float64()  # rounded to 32 bits after the parse, as the reference does
-                elif isinstance(t, DecimalType):
-                    parse = pa.decimal256(_DECIMAL_PARSE_PRECISION, t.scale)
-                elif pa.types.is_large_string(af.type):
-                    parse = pa.string()
-                else:
-                    parse = af.type
-                fields.append(pa.field(f.name, parse))
+            fields = [pa.field(f.name, parse_type(f.name, f.field_type, af.type, numbers))
+                      for f, af in zip(self.schema.fields, self.file_schema)]
             self._options[numbers] = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
         return self._options[numbers]
 
@@ -203,7 +183,7 @@ class JsonDecoder:
             if column.null_count == n:  # absent everywhere: nothing to check
                 columns.append(pa.nulls(n, target.type))
                 continue
-            values, problems = convert_column(f, target.type, column, f.name in numbers, self.units.get(f.name, DEFAULT_EPOCH_UNIT))
+            values, problems = convert_value(f.name, f.field_type, target.type, column, numbers, self.units)
             for mask, reason in problems:
                 flag(mask, reason)
             columns.append(values)
@@ -274,7 +254,8 @@ class JsonDecoder:
     def _flip(self, bad: _BadBlock, tried: frozenset) -> str | None:
         """The timestamp field whose string/number guess the error shows wrong, if not yet retried."""
         change = _TYPE_CHANGE.search(str(bad))
-        name = change.group(1) if change else None
+        # The parser names a nested column by its JSON path (`items/[]/at`); ours is `items.at`.
+        name = ".".join(part for part in change.group(1).split("/") if part != "[]") if change else None
         return name if name in self.units and name not in tried else None
 
     def _convert_rows(self, table: pa.Table, index: np.ndarray, numbers: frozenset[str],
@@ -315,8 +296,10 @@ class JsonDecoder:
             raw = raw.take(pa.array(candidates))
         # Group by which timestamp fields carry a number (bit j: field j).
         group = np.zeros(len(raw), dtype=np.int64)
-        for j, name in enumerate(self.timestamp_fields):
-            group |= _number_follows(raw, f'"{name}"').astype(np.int64) << j
+        for j, path in enumerate(self.timestamp_fields):
+            # The key as written (its last part); a key of that name elsewhere can mislead the
+            # guess, which the parse then shows and _flip corrects.
+            group |= _number_follows(raw, f'"{path.rsplit(".", 1)[-1]}"').astype(np.int64) << j
         # Raw line ends may only be whitespace between JSON tokens: as tabs they stay
         # whitespace there, and inside a string they stay the invalid control characters
         # they were, while one record keeps one line.

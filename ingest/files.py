@@ -94,6 +94,19 @@ def _transform_column(transform: Any, source_type: Any, column: pa.Array) -> pa.
     return result.cast(pa.int32()) if pa.types.is_date(result.type) else result
 
 
+def source_column(table: pa.Table, schema: Schema, field_id: int) -> pa.Array:
+    """A partition source's values: a column, or a field inside structs (null where a struct
+    on its path is null)."""
+    name = schema.find_column_name(field_id)
+    if name is None:
+        raise ValueError(f"partition source {field_id} is not a field of the schema")
+    parts = name.split(".")
+    column = table.column(parts[0]).combine_chunks()
+    for part in parts[1:]:
+        column = pc.struct_field(column, [column.type.get_field_index(part)])
+    return column
+
+
 def split_by_partition(table: pa.Table, spec: PartitionSpec, schema: Schema) -> list[tuple[tuple, pa.Table]]:
     """Group rows by their partition values; one (values, rows) pair per partition present."""
     if spec.is_unpartitioned() or table.num_rows == 0:
@@ -101,7 +114,7 @@ def split_by_partition(table: pa.Table, spec: PartitionSpec, schema: Schema) -> 
     keys = []
     for field in spec.fields:
         source = schema.find_field(field.source_id)
-        keys.append(_transform_column(field.transform, source.field_type, table.column(source.name).combine_chunks()))
+        keys.append(_transform_column(field.transform, source.field_type, source_column(table, schema, field.source_id)))
     # Dense codes per key column, combined into one integer code per row; rows are then
     # sorted by code and cut at code changes: O(n log n), no per-row Python.
     combined = np.zeros(table.num_rows, dtype=np.int64)

@@ -18,12 +18,20 @@ states the same rules with `json.loads`):
   is converted to UTC, for `timestamp` fields too. Years 0001-9999 in UTC.
 - `string`: a JSON string. Strings anywhere in the record must not hold lone surrogates
   (`"\\ud800"`).
+- `struct`: a JSON object; its schema fields follow these rules, each at most once, a required
+  one present (when the struct is). Other members are ignored.
+- `list`: a JSON array; its elements follow the element type (null only where elements are
+  optional). A timestamp field inside list elements is written in one form per record (all
+  epochs or all ISO strings); a timestamp that is itself a list element is an ISO string.
+  Epoch units of nested timestamp fields are set by their dotted path (`customer.since`).
 
 The fuzz suite's reference decoder (tests/ingest/json_oracle.py) states the same rules with
 `json.loads`; ingest/decode.py applies them to each parsed column.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -34,8 +42,12 @@ from pyiceberg.types import (
     DecimalType,
     DoubleType,
     FloatType,
+    IcebergType,
     IntegerType,
+    ListType,
+    MapType,
     NestedField,
+    StructType,
     TimestampType,
     TimestamptzType,
 )
@@ -44,6 +56,10 @@ from streamberg.common.errors import UnsupportedSchemaError
 
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
+# Decimals are parsed at 76 digits, then checked against the declared precision: pyarrow's
+# JSON reader checks the *written* precision (refuses 99999999.990 for decimal(10,2)) but
+# not the value's (it reads 1234567890 into decimal(10,2)).
+DECIMAL_PARSE_PRECISION = 76
 # Epoch units of integer timestamps: microseconds per unit (ns is divided instead).
 EPOCH_UNITS = ("s", "ms", "us", "ns")
 DEFAULT_EPOCH_UNIT = "ms"
@@ -62,25 +78,132 @@ _TS_RE = rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:{_TIME}{_ZONE}?)?$"
 _ZONED_RE = rf"{_TIME}{_ZONE}$"
 
 def check_supported(schema: Schema) -> None:
-    for f in schema.fields:
-        if not f.field_type.is_primitive:
-            # The config and the catalog take nested types (common/config/types.py); decoding
-            # them from JSON comes next. Refused before any worker starts, never half-written.
+    """Every column, at every depth, is a type JSON records can carry (structs and lists of
+    them included); UnsupportedSchemaError names the first that is not."""
+    for path, t in _leaves(schema.as_struct(), ""):
+        if isinstance(t, MapType):
             raise UnsupportedSchemaError(
-                f"column {f.name!r} is {f.field_type}: the JSON decoder does not write nested columns "
-                "(struct, list, map) yet; the table can hold them, the ingest cannot fill them")
-        name = str(f.field_type)
-        if not (name in SUPPORTED_TYPES or isinstance(f.field_type, DecimalType)):
+                f"column {path!r} is {t}: the JSON decoder does not write map columns yet (structs and lists it "
+                "does); the table can hold them, the ingest cannot fill them")
+        name = str(t)
+        if not (name in SUPPORTED_TYPES or isinstance(t, DecimalType)):
             raise UnsupportedSchemaError(
-                f"column {f.name!r} has type {name}, which JSON records cannot carry; "
-                f"supported: {', '.join(SUPPORTED_TYPES)}, decimal(P,S)"
+                f"column {path!r} has type {name}, which JSON records cannot carry; "
+                f"supported: {', '.join(SUPPORTED_TYPES)}, decimal(P,S), and structs and lists of them"
             )
 
 
+def _leaves(t: IcebergType, path: str) -> Iterator[tuple[str, IcebergType]]:
+    """(dotted path, type) of every primitive (and map) reached through structs and lists; a
+    list's elements share the list's path, as the config's paths do."""
+    if isinstance(t, StructType):
+        for f in t.fields:
+            yield from _leaves(f.field_type, f"{path}.{f.name}" if path else f.name)
+    elif isinstance(t, ListType):
+        yield from _leaves(t.element_type, path)
+    else:
+        yield path, t
+
+
+def timestamp_paths(schema: Schema) -> list[str]:
+    """Timestamp fields of structs at any depth (inside list elements too), by dotted path: the
+    fields whose epoch-or-ISO form is guessed per record from the bytes. A timestamp that is
+    itself a list's element has no key to look at: it is parsed as an ISO string."""
+    found: list[str] = []
+
+    def visit(t: IcebergType, path: str) -> None:
+        if isinstance(t, StructType):
+            for f in t.fields:
+                child = f"{path}.{f.name}" if path else f.name
+                if isinstance(f.field_type, (TimestampType, TimestamptzType)):
+                    found.append(child)
+                visit(f.field_type, child)
+        elif isinstance(t, ListType):
+            visit(t.element_type, path)
+
+    visit(schema.as_struct(), "")
+    return found
+
+
+def has_decimals(schema: Schema) -> bool:
+    return any(isinstance(t, DecimalType) for _, t in _leaves(schema.as_struct(), ""))
+
+
+def parse_type(path: str, t: IcebergType, target: pa.DataType, numbers: frozenset[str]) -> pa.DataType:
+    """The type pyarrow's JSON reader parses a value into before the rules convert it."""
+    if isinstance(t, StructType):
+        return pa.struct([pa.field(f.name, parse_type(f"{path}.{f.name}" if path else f.name, f.field_type,
+                                                      target.field(i).type, numbers))
+                          for i, f in enumerate(t.fields)])
+    if isinstance(t, ListType):
+        return pa.list_(parse_type(path, t.element_type, target.value_type, numbers))
+    if isinstance(t, DateType):
+        return pa.string()
+    if isinstance(t, (TimestampType, TimestamptzType)):
+        return pa.int64() if path in numbers else pa.string()
+    if isinstance(t, IntegerType):
+        return pa.int64()  # range-checked after the parse, row by row
+    if isinstance(t, FloatType):
+        return pa.float64()  # rounded to 32 bits after the parse, as the reference does
+    if isinstance(t, DecimalType):
+        return pa.decimal256(DECIMAL_PARSE_PRECISION, t.scale)
+    if pa.types.is_large_string(target):
+        return pa.string()
+    return target
+
+
+def convert_value(path: str, t: IcebergType, target: pa.DataType, column: pa.Array, numbers: frozenset[str],
+                  units: Mapping[str, str]) -> tuple[pa.Array, list[tuple[np.ndarray, str]]]:
+    """One parsed value column (any depth) in the table's type: the values, and per rule the
+    mask of the rows it refuses with its reason. Structs and lists are converted part by part;
+    a refused part refuses its whole row, and a required field missing from a present struct
+    is refused as missing."""
+    n = len(column)
+    if isinstance(t, StructType):
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        children, problems = [], []
+        for i, f in enumerate(t.fields):
+            child_path = f"{path}.{f.name}"
+            values = pc.struct_field(column, [i])  # null where the struct is null
+            if f.required and values.null_count:
+                missing = valid & ~values.is_valid().to_numpy(zero_copy_only=False)
+                problems.append((missing, f"missing required field {child_path!r}"))
+            converted, child_problems = convert_value(child_path, f.field_type, target.field(i).type, values,
+                                                      numbers, units)
+            children.append(converted)
+            problems += child_problems
+        out = pa.StructArray.from_arrays(children, fields=list(target), mask=pa.array(~valid))
+        return out, problems
+    if isinstance(t, ListType):
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        elements = pc.list_flatten(column)
+        parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+        converted, element_problems = convert_value(path, t.element_type, target.value_type, elements, numbers, units)
+        problems = []
+        if t.element_required and elements.null_count:
+            element_problems.append((~elements.is_valid().to_numpy(zero_copy_only=False),
+                                     f"field {path!r}: a null element in a list whose elements are required"))
+        for mask, reason in element_problems:
+            rows = np.zeros(n, dtype=bool)
+            rows[parents[mask]] = True
+            problems.append((rows, reason))
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+        large = pa.types.is_large_list(target)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64 if large else np.int32)
+        kind = pa.LargeListArray if large else pa.ListArray
+        out = kind.from_arrays(pa.array(offsets), converted, type=target, mask=pa.array(~valid))
+        return out, problems
+    leaf = NestedField(field_id=0, name=path, field_type=t, required=False)
+    return convert_column(leaf, target, column, path in numbers, units.get(path, DEFAULT_EPOCH_UNIT))
+
+
 def epoch_units(fields: object) -> dict[str, str]:
-    """{field name: epoch unit} from the config's `table.schema` (FieldConfig objects; None when
-    the config leaves the schema to the table: every epoch is then in ms)."""
-    return {f.name: f.unit for f in fields or () if getattr(f, "unit", None)}  # type: ignore[attr-defined]
+    """{dotted field path: epoch unit} from the config's `table.schema` (FieldConfig objects, at
+    any depth; None when the config leaves the schema to the table: every epoch is then in ms)."""
+    from streamberg.common.config.types import walk
+
+    specs = [f.field_spec for f in fields or ()]  # type: ignore[attr-defined]
+    return {path: f.unit for path, f, _ in walk(specs) if f.unit}
 
 
 def is_timestamp(f: NestedField) -> bool:

@@ -23,9 +23,11 @@ from pyiceberg.types import (
     DoubleType,
     FloatType,
     IntegerType,
+    ListType,
     LongType,
     NestedField,
     StringType,
+    StructType,
     TimestampType,
     TimestamptzType,
 )
@@ -54,8 +56,30 @@ SCHEMAS = {
         NestedField(3, "name", StringType()),
         NestedField(4, "amount", DecimalType(5, 0)),
     ),
+    # The orders shape: structs in structs, a list of strings, a list of structs (with a
+    # required field, a decimal and a timestamp inside its elements), and one whose elements
+    # are required.
+    "orders": Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "ts", TimestamptzType(), required=True),
+        NestedField(3, "customer", StructType(
+            NestedField(10, "cid", LongType(), required=True),
+            NestedField(11, "since", TimestamptzType()),
+            NestedField(12, "geo", StructType(NestedField(13, "city", StringType()), NestedField(14, "lat", DoubleType()))),
+        )),
+        NestedField(4, "tags", ListType(20, StringType(), element_required=False)),
+        NestedField(5, "items", ListType(21, StructType(
+            NestedField(30, "sku", StringType(), required=True),
+            NestedField(31, "qty", IntegerType()),
+            NestedField(32, "price", DecimalType(10, 2)),
+            NestedField(33, "at", TimestampType()),
+            NestedField(34, "day", DateType()),
+        ), element_required=False)),
+        NestedField(6, "flags", ListType(22, BooleanType(), element_required=True)),
+    ),
 }
-UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose": {"ts": "s"}}
+UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose": {"ts": "s"},
+         "orders": {"customer.since": "s", "items.at": "us"}}
 MAX_RECORD_BYTES = 4 << 20
 
 

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 import threading
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
@@ -30,8 +30,10 @@ from pyiceberg.types import (
     DoubleType,
     FloatType,
     IntegerType,
+    ListType,
     LongType,
     StringType,
+    StructType,
     TimestampType,
     TimestamptzType,
 )
@@ -273,6 +275,62 @@ def _field(ftype: Any, value: Any, unit: str) -> tuple[bool, Any]:
     raise AssertionError(f"type {ftype} not covered by the oracle")
 
 
+def _decimal_anywhere(t: Any) -> bool:
+    if isinstance(t, StructType):
+        return any(_decimal_anywhere(f.field_type) for f in t.fields)
+    if isinstance(t, ListType):
+        return _decimal_anywhere(t.element_type)
+    return isinstance(t, DecimalType)
+
+
+class _Bad(Exception):
+    pass
+
+
+def _nested(ftype: Any, value: Any, path: str, units: dict[str, str], forms: dict[str, set]) -> Any:
+    """The normalised value of one non-null value at `path`, or _Bad. Structs: an object whose
+    schema fields appear once each, required ones present; lists: an array whose elements
+    follow the element type (a null element only where elements are optional). A timestamp
+    field inside list elements is written in one form (all epochs or all strings) per record;
+    a timestamp that is itself a list element is an ISO string."""
+    if isinstance(ftype, StructType):
+        if not isinstance(value, dict):
+            raise _Bad(f"{path}: not an object")
+        if value.dups & {f.name for f in ftype.fields}:
+            raise _Bad(f"{path}: duplicate {sorted(value.dups)}")
+        out = {}
+        for f in ftype.fields:
+            child = f"{path}.{f.name}"
+            v = value.get(f.name)
+            if v is None:
+                if f.required:
+                    raise _Bad(f"missing {child}")
+                out[f.name] = None
+                continue
+            if isinstance(f.field_type, (TimestampType, TimestamptzType)):
+                forms.setdefault(child, set()).add("epoch" if isinstance(v, Num) else "text")
+            out[f.name] = _nested(f.field_type, v, child, units, forms)
+        return out
+    if isinstance(ftype, ListType):
+        if not isinstance(value, list):
+            raise _Bad(f"{path}: not an array")
+        out_list = []
+        for element in value:
+            if element is None:
+                if ftype.element_required:
+                    raise _Bad(f"{path}: null element")
+                out_list.append(None)
+            elif isinstance(ftype.element_type, (TimestampType, TimestamptzType)) and not isinstance(element, str):
+                raise _Bad(f"{path}: a timestamp element that is not a string")
+            else:
+                out_list.append(_nested(ftype.element_type, element, path, units, forms))
+        return out_list
+    ok, normalised = _field(ftype, value, units.get(path, "ms"))
+    if not ok:
+        raise _Bad(f"field {path}")
+    return normalised
+
+
 def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: int,
                      value: bytes | None) -> tuple[str, Any]:
     if value is None:
@@ -294,13 +352,14 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
         return "bad", "not an object"
     if _has_lone_surrogate(obj):
         return "bad", "lone surrogate"
-    if any(isinstance(f.field_type, DecimalType) for f in schema.fields) and SUSPECT.search(value) and (
+    if any(_decimal_anywhere(f.field_type) for f in schema.fields) and SUSPECT.search(value) and (
             _depth(obj) > 500 or _holds_huge_member(obj)):
         return "bad", "huge exponent"
     names = {f.name for f in schema.fields}
     if obj.dups & names:
         return "bad", f"duplicate {sorted(obj.dups & names)}"
     row = {}
+    forms: dict[str, set] = {}
     for f in schema.fields:
         v = obj.get(f.name)
         if v is None:
@@ -308,11 +367,28 @@ def reference_decode(schema: Schema, units: dict[str, str], max_record_bytes: in
                 return "bad", f"missing {f.name}"
             row[f.name] = None
             continue
-        ok, normalised = _field(f.field_type, v, units.get(f.name, "ms"))
-        if not ok:
-            return "bad", f"field {f.name}"
-        row[f.name] = normalised
+        try:
+            row[f.name] = _nested(f.field_type, v, f.name, units, forms)
+        except _Bad as bad:
+            return "bad", str(bad)
+    if mixed := sorted(path for path, seen in forms.items() if len(seen) > 1):
+        return "bad", f"timestamps in two forms in one record: {mixed}"
     return ("either" if _overflows_double(obj) else "ok"), row
+
+
+def _normalise_value(value: Any) -> Any:
+    """Timestamps as epoch micros and dates as epoch days, inside structs and lists too."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        return (value - EPOCH) // timedelta(microseconds=1)
+    if isinstance(value, date):
+        return (value - date(1970, 1, 1)).days
+    if isinstance(value, dict):
+        return {k: _normalise_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalise_value(v) for v in value]
+    return value
 
 
 def normalise_table(table: pa.Table) -> list[dict[str, Any]]:
@@ -321,8 +397,11 @@ def normalise_table(table: pa.Table) -> list[dict[str, Any]]:
     for name in table.column_names:
         column = table.column(name)
         if pa.types.is_timestamp(column.type):
-            column = column.cast(pa.int64())
+            columns[name] = column.cast(pa.int64()).to_pylist()
         elif pa.types.is_date32(column.type):
-            column = column.cast(pa.int32())
-        columns[name] = column.to_pylist()
+            columns[name] = column.cast(pa.int32()).to_pylist()
+        elif pa.types.is_nested(column.type):
+            columns[name] = [_normalise_value(v) for v in column.to_pylist()]
+        else:
+            columns[name] = column.to_pylist()
     return [dict(zip(columns, values)) for values in zip(*columns.values())] if columns else []

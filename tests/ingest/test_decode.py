@@ -101,12 +101,15 @@ def test_schema_json_cannot_carry_is_refused() -> None:
         JsonDecoder(Schema(NestedField(1, "blob", BinaryType())), 4096)
 
 
-def test_nested_columns_are_refused_before_any_record_until_the_decoder_writes_them() -> None:
-    from pyiceberg.types import LongType, StructType
+def test_map_columns_are_refused_before_any_record_until_the_decoder_writes_them() -> None:
+    from pyiceberg.types import LongType, MapType, StringType, StructType
 
-    customer = StructType(NestedField(3, "id", LongType()))
-    with pytest.raises(UnsupportedSchemaError, match="'customer' is struct<.*does not write nested columns"):
-        JsonDecoder(Schema(NestedField(1, "id", LongType()), NestedField(2, "customer", customer)), 4096)
+    attrs = StructType(NestedField(3, "attrs", MapType(4, StringType(), 5, LongType())))
+    with pytest.raises(UnsupportedSchemaError, match="'meta.attrs' is map<string, long>: the JSON decoder does not "
+                                                     "write map columns yet"):
+        JsonDecoder(Schema(NestedField(1, "id", LongType()), NestedField(2, "meta", attrs)), 4096)
+    with pytest.raises(UnsupportedSchemaError, match="'meta.blob' has type binary"):
+        JsonDecoder(Schema(NestedField(2, "meta", StructType(NestedField(3, "blob", BinaryType())))), 4096)
 
 
 # -- epoch timestamps ----------------------------------------------------------------------
