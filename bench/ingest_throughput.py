@@ -14,7 +14,11 @@ baseline, same topic, same run.
    Then the highest parallelism once more with `ingest.fork_python_workers=false` (each
    Python worker a fresh interpreter instead of a fork of the pre-warmed one): start-up and
    end to end side by side (`--no-unforked-run` skips it).
-4. Freshness: with the ingest running, events are produced at a fixed rate; for every
+4. Nested JSON: the same number of orders-shaped events (a struct in a struct, a list of
+   strings, a list of structs with decimals) to a topic of their own, ingested at the highest
+   parallelism; records/s and MB/s set against the flat run of that parallelism
+   (`--no-nested-run` skips it).
+5. Freshness: with the ingest running, events are produced at a fixed rate; for every
    record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
    field) gives p50/p95, set against the commit interval.
 
@@ -54,14 +58,24 @@ from streamberg.common.offsets import summary_properties  # noqa: E402
 from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
 
 SCHEMA = SAMPLE_EVENT_SCHEMA
+# The orders shape of the real-records issue: nested objects, a list, a list of objects.
+ORDERS_SCHEMA = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "ts", "type": "timestamptz", "required": True},
+    {"name": "customer", "type": "struct", "fields": [
+        {"name": "cid", "type": "long"}, {"name": "geo", "type": "struct<city:string,lat:double>"}]},
+    {"name": "tags", "type": "list<string>"},
+    {"name": "items", "type": "list<struct<sku:string,qty:int,price:decimal(10,2)>>"},
+]
 
 
-def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int) -> Path:
+def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int,
+                 schema: list | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     doc = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
         "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
-        "table": {"identifier": f"bench.{topic.replace('-', '_')}", "schema": SCHEMA},
+        "table": {"identifier": f"bench.{topic.replace('-', '_')}", "schema": schema or SCHEMA},
         "ingest": {"commit_interval_seconds": interval, "parallelism": parallelism, "state_dir": "state",
                    "max_poll_records": 10000},
     }
@@ -174,6 +188,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=5.0, help="commit interval of the streamberg runs")
     parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run (0: skip)")
     parser.add_argument("--fresh-seconds", type=int, default=30)
+    parser.add_argument("--no-nested-run", action="store_true", help="skip the nested-JSON (orders) run")
     parser.add_argument("--no-unforked-run", action="store_true",
                         help="skip the comparison run whose Python workers start fresh interpreters "
                              "(ingest.fork_python_workers=false)")
@@ -189,7 +204,7 @@ def main() -> None:
             ensure_topic(info.bootstrap, topic, args.partitions)
             produce_config = write_config(directory, info.bootstrap, topic, args.interval, 1)
             print(f"producing {args.records:,} events ...", file=sys.stderr)
-            produce_events(load_config(produce_config), args.records)
+            flat_bytes = produce_events(load_config(produce_config), args.records).bytes
             print("baseline ...", file=sys.stderr)
             base_s = baseline(info.bootstrap, topic, args.partitions, args.records, directory / "baseline")
             runs = []
@@ -209,6 +224,17 @@ def main() -> None:
                                            args.interval, parallelism)
                 unforked = run_streamberg(config_path, args.records, parallelism,
                                           env={"STREAMBERG_INGEST__FORK_PYTHON_WORKERS": "false"})
+            nested = None
+            if not args.no_nested_run:
+                parallelism = max(parallelisms)
+                orders_topic = "bench-orders"
+                ensure_topic(info.bootstrap, orders_topic, args.partitions)
+                orders_config = write_config(directory / "orders", info.bootstrap, orders_topic, args.interval,
+                                             parallelism, ORDERS_SCHEMA)
+                print(f"producing {args.records:,} orders (nested JSON) ...", file=sys.stderr)
+                nested_bytes = produce_events(load_config(orders_config), args.records).bytes
+                print(f"streamberg ingest, parallelism {parallelism}, nested JSON ...", file=sys.stderr)
+                nested = {**run_streamberg(orders_config, args.records, parallelism), "bytes": nested_bytes}
             fresh = None
             if args.fresh_rate:
                 print("freshness ...", file=sys.stderr)
@@ -222,13 +248,21 @@ def main() -> None:
         run["ratio_end_to_end"] = run["records_per_s"] / base_rate
         run["ratio_steady_state"] = run["steady_records_per_s"] / base_rate
     by_p = {run["parallelism"]: run for run in runs}
+    for run in runs:
+        run["bytes"] = flat_bytes
+    if nested is not None:
+        flat = by_p[nested["parallelism"]]
+        nested["mb_per_s"] = nested["bytes"] / nested["seconds"] / 1e6
+        flat["mb_per_s"] = flat_bytes / flat["seconds"] / 1e6
+        nested["records_ratio_to_flat"] = nested["records_per_s"] / flat["records_per_s"]
+        nested["mb_ratio_to_flat"] = nested["mb_per_s"] / flat["mb_per_s"]
     scaling = by_p[2]["records_per_s"] / by_p[1]["records_per_s"] if 1 in by_p and 2 in by_p else None
     result = {
         "records": args.records, "partitions": args.partitions, "cores": os.cpu_count(),
         "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
-        "unforked_workers": unforked,
+        "unforked_workers": unforked, "nested": nested,
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -253,6 +287,13 @@ def main() -> None:
               f"{forked['startup_seconds']:.1f}s vs {unforked['startup_seconds']:.1f}s "
               f"({forked['startup_seconds'] / unforked['startup_seconds']:.2f}x); end to end "
               f"{forked['seconds']:.1f}s vs {unforked['seconds']:.1f}s")
+    if nested is not None:
+        flat = by_p[nested["parallelism"]]
+        print(f"p={nested['parallelism']} nested JSON (orders) vs flat, end to end: "
+              f"{nested['records_per_s']:,.0f} vs {flat['records_per_s']:,.0f} records/s "
+              f"({nested['records_ratio_to_flat']:.2f}x); {nested['mb_per_s']:.1f} vs {flat['mb_per_s']:.1f} MB/s "
+              f"({nested['mb_ratio_to_flat']:.2f}x); steady {nested['steady_records_per_s']:,.0f} vs "
+              f"{flat['steady_records_per_s']:,.0f} records/s")
     if fresh:
         print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
               f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over "

@@ -38,6 +38,7 @@ BAD_KINDS = ("not_json", "wrong_type", "missing_required", "oversized", "not_an_
 @dataclass
 class ProduceResult:
     produced: int = 0
+    bytes: int = 0  # the values' bytes, for MB/s figures
     valid_ids: list[int] = field(default_factory=list)
     bad: Counter = field(default_factory=Counter)
     seconds: float = 0.0
@@ -170,6 +171,7 @@ def produce_events(
             except BufferError:
                 producer.poll(0.05)
         result.produced += 1
+        result.bytes += len(value)
         if result.produced % step == 0:
             producer.poll(0)
             if progress:
