@@ -16,7 +16,8 @@ bisects a failing block to the records that fail.
 
 Nested columns: structs and lists, to any depth, parse into nested Arrow in the same one
 parse, and every rule below holds at every depth (json_values.convert_value); a refused part
-refuses its record, named by its dotted path (`items.qty`). Maps are not decoded yet.
+refuses its record, named by its dotted path (`items.qty`). Maps, which pyarrow's reader
+cannot parse, are read from the records' bytes in ingest/json_maps.py (not inside lists yet).
 
 Keys: a schema field that appears twice in an object (at the top level or inside a struct)
 is refused (json.loads would silently keep the last one); duplicate keys outside the
@@ -37,8 +38,10 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
+from pyiceberg.types import MapType
 
 from streamberg.ingest import json_screen
+from streamberg.ingest.json_maps import map_columns
 from streamberg.ingest.json_values import (
     DEFAULT_EPOCH_UNIT,
     EPOCH_UNITS,
@@ -136,12 +139,15 @@ class JsonDecoder:
         # into one column: records are grouped by which timestamp fields carry a number
         # (a regex over the bytes) and each group is parsed with its own schema.
         self._options: dict[frozenset[str], pj.ParseOptions] = {}
+        # Maps, read outside the parse from the records' own bytes (ingest/json_maps.py).
+        self.maps = map_columns(schema, self.file_schema, max_record_bytes, units, JsonDecoder)
+        self._raw: list[bytes | None] = []
 
     # -- parsing one block -------------------------------------------------------------
     def _parse_options(self, numbers: frozenset[str]) -> pj.ParseOptions:
         if numbers not in self._options:
             fields = [pa.field(f.name, parse_type(f.name, f.field_type, af.type, numbers))
-                      for f, af in zip(self.schema.fields, self.file_schema)]
+                      for f, af in zip(self.schema.fields, self.file_schema) if not isinstance(f.field_type, MapType)]
             self._options[numbers] = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
         return self._options[numbers]
 
@@ -165,25 +171,37 @@ class JsonDecoder:
         return parsed
 
     # -- converting parsed columns to the table's types ------------------------------------
-    def _convert(self, parsed: pa.Table, numbers: frozenset[str]) -> tuple[pa.Table, np.ndarray]:
-        """Cast to the file schema; return (table of the good rows, per-row reason or None)."""
+    def _convert(self, parsed: pa.Table, numbers: frozenset[str], index: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """Cast to the file schema; return (table of the good rows, per-row reason or None).
+        `index`: the rows' places in the batch (maps are read from those records' bytes)."""
         n = parsed.num_rows
         reasons = np.full(n, None, dtype=object)
 
         def flag(mask: np.ndarray, reason: str) -> None:
             reasons[mask & (reasons == None)] = reason  # noqa: E711 - numpy elementwise
 
+        maps: dict[str, pa.Array] = {}
+        if self.maps:
+            raws = [self._raw[int(i)] or b"" for i in index]
+            for reader in self.maps:
+                maps[reader.path], refused = reader.read(raws)
+                for row in np.flatnonzero(refused != None):  # noqa: E711 - numpy elementwise
+                    if reasons[row] is None:
+                        reasons[row] = refused[row]
         for name in self.required:
-            column = parsed.column(name)
+            column = maps[name] if name in maps else parsed.column(name)
             if column.null_count:
                 flag(pc.is_null(column).to_numpy(zero_copy_only=False), f"missing required field {name!r}")
         columns = []
         for f, target in zip(self.schema.fields, self.file_schema):
+            if f.name in maps:
+                columns.append(maps[f.name])
+                continue
             column = parsed.column(f.name).combine_chunks()
             if column.null_count == n:  # absent everywhere: nothing to check
                 columns.append(pa.nulls(n, target.type))
                 continue
-            values, problems = convert_value(f.name, f.field_type, target.type, column, numbers, self.units)
+            values, problems = convert_value(f.name, f.field_type, target.type, column, numbers, self.units, maps)
             for mask, reason in problems:
                 flag(mask, reason)
             columns.append(values)
@@ -262,7 +280,7 @@ class JsonDecoder:
                       good: list, kept: list, rejected: list) -> None:
         """Convert parsed rows; rows failing a type's rules are rejected with their reason."""
         try:
-            converted, reasons = self._convert(table, numbers)
+            converted, reasons = self._convert(table, numbers, index)
         except Exception as exc:  # noqa: BLE001 - a conversion failure must not stop the job
             if table.num_rows == 1:
                 rejected.append((int(index[0]), f"decode error: {type(exc).__name__}: {_clean_reason(str(exc))}"))
@@ -287,6 +305,7 @@ class JsonDecoder:
 
 
     def decode(self, values: list[bytes | None]) -> DecodeResult:
+        self._raw = values
         raw = pa.array(values, pa.binary())
         reasons = self.screen(raw)
         screened = reasons != None  # noqa: E711

@@ -24,6 +24,8 @@ states the same rules with `json.loads`):
   optional). A timestamp field inside list elements is written in one form per record (all
   epochs or all ISO strings); a timestamp that is itself a list element is an ISO string.
   Epoch units of nested timestamp fields are set by their dotted path (`customer.since`).
+- `map` (string keys): a JSON object, each key once; every value follows the value type on
+  its own (null only where values are optional). Not inside a list (refused at start).
 
 The fuzz suite's reference decoder (tests/ingest/json_oracle.py) states the same rules with
 `json.loads`; ingest/decode.py applies them to each parsed column.
@@ -47,6 +49,7 @@ from pyiceberg.types import (
     ListType,
     MapType,
     NestedField,
+    StringType,
     StructType,
     TimestampType,
     TimestamptzType,
@@ -78,31 +81,40 @@ _TS_RE = rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:{_TIME}{_ZONE}?)?$"
 _ZONED_RE = rf"{_TIME}{_ZONE}$"
 
 def check_supported(schema: Schema) -> None:
-    """Every column, at every depth, is a type JSON records can carry (structs and lists of
-    them included); UnsupportedSchemaError names the first that is not."""
-    for path, t in _leaves(schema.as_struct(), ""):
+    """Every column, at every depth, is a type JSON records can carry (structs, lists and maps
+    of them included); UnsupportedSchemaError names the first that is not."""
+    for path, t, in_list in _leaves(schema.as_struct(), "", False):
         if isinstance(t, MapType):
-            raise UnsupportedSchemaError(
-                f"column {path!r} is {t}: the JSON decoder does not write map columns yet (structs and lists it "
-                "does); the table can hold them, the ingest cannot fill them")
+            if in_list:
+                raise UnsupportedSchemaError(
+                    f"column {path!r} is {t} inside a list: the JSON decoder does not read maps inside lists yet "
+                    "(maps in structs and at the top it does); the table can hold them, the ingest cannot fill them")
+            if not isinstance(t.key_type, StringType):
+                raise UnsupportedSchemaError(
+                    f"column {path!r} is {t}: a map read from JSON has string keys (JSON object keys)")
+            continue
         name = str(t)
         if not (name in SUPPORTED_TYPES or isinstance(t, DecimalType)):
             raise UnsupportedSchemaError(
                 f"column {path!r} has type {name}, which JSON records cannot carry; "
-                f"supported: {', '.join(SUPPORTED_TYPES)}, decimal(P,S), and structs and lists of them"
+                f"supported: {', '.join(SUPPORTED_TYPES)}, decimal(P,S), and structs, lists and maps of them"
             )
 
 
-def _leaves(t: IcebergType, path: str) -> Iterator[tuple[str, IcebergType]]:
-    """(dotted path, type) of every primitive (and map) reached through structs and lists; a
-    list's elements share the list's path, as the config's paths do."""
+def _leaves(t: IcebergType, path: str, in_list: bool) -> Iterator[tuple[str, IcebergType, bool]]:
+    """(dotted path, type, inside a list) of every primitive and map reached through structs,
+    lists and map values; a list's elements and a map's values share its path, as the
+    config's paths do."""
     if isinstance(t, StructType):
         for f in t.fields:
-            yield from _leaves(f.field_type, f"{path}.{f.name}" if path else f.name)
+            yield from _leaves(f.field_type, f"{path}.{f.name}" if path else f.name, in_list)
     elif isinstance(t, ListType):
-        yield from _leaves(t.element_type, path)
+        yield from _leaves(t.element_type, path, True)
+    elif isinstance(t, MapType):
+        yield path, t, in_list
+        yield from _leaves(t.value_type, path, in_list)
     else:
-        yield path, t
+        yield path, t, in_list
 
 
 def timestamp_paths(schema: Schema) -> list[str]:
@@ -126,15 +138,16 @@ def timestamp_paths(schema: Schema) -> list[str]:
 
 
 def has_decimals(schema: Schema) -> bool:
-    return any(isinstance(t, DecimalType) for _, t in _leaves(schema.as_struct(), ""))
+    return any(isinstance(t, DecimalType) for _, t, _ in _leaves(schema.as_struct(), "", False))
 
 
 def parse_type(path: str, t: IcebergType, target: pa.DataType, numbers: frozenset[str]) -> pa.DataType:
     """The type pyarrow's JSON reader parses a value into before the rules convert it."""
     if isinstance(t, StructType):
+        # Maps are left out: the reader has no map type (ingest/json_maps.py reads them).
         return pa.struct([pa.field(f.name, parse_type(f"{path}.{f.name}" if path else f.name, f.field_type,
                                                       target.field(i).type, numbers))
-                          for i, f in enumerate(t.fields)])
+                          for i, f in enumerate(t.fields) if not isinstance(f.field_type, MapType)])
     if isinstance(t, ListType):
         return pa.list_(parse_type(path, t.element_type, target.value_type, numbers))
     if isinstance(t, DateType):
@@ -153,23 +166,33 @@ def parse_type(path: str, t: IcebergType, target: pa.DataType, numbers: frozense
 
 
 def convert_value(path: str, t: IcebergType, target: pa.DataType, column: pa.Array, numbers: frozenset[str],
-                  units: Mapping[str, str]) -> tuple[pa.Array, list[tuple[np.ndarray, str]]]:
+                  units: Mapping[str, str], maps: Mapping[str, pa.Array] | None = None
+                  ) -> tuple[pa.Array, list[tuple[np.ndarray, str]]]:
     """One parsed value column (any depth) in the table's type: the values, and per rule the
     mask of the rows it refuses with its reason. Structs and lists are converted part by part;
     a refused part refuses its whole row, and a required field missing from a present struct
-    is refused as missing."""
+    is refused as missing. `maps`: the map columns read outside the parse (json_maps.py), by
+    path, one value per row."""
     n = len(column)
     if isinstance(t, StructType):
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         children, problems = [], []
         for i, f in enumerate(t.fields):
             child_path = f"{path}.{f.name}"
-            values = pc.struct_field(column, [i])  # null where the struct is null
+            if isinstance(f.field_type, MapType):
+                mapped = (maps or {})[child_path]
+                if f.required:
+                    missing = valid & ~mapped.is_valid().to_numpy(zero_copy_only=False)
+                    problems.append((missing, f"missing required field {child_path!r}"))
+                children.append(mapped)
+                continue
+            # By name: the parsed struct has no map fields.
+            values = pc.struct_field(column, [column.type.get_field_index(f.name)])  # null where the struct is null
             if f.required and values.null_count:
                 missing = valid & ~values.is_valid().to_numpy(zero_copy_only=False)
                 problems.append((missing, f"missing required field {child_path!r}"))
             converted, child_problems = convert_value(child_path, f.field_type, target.field(i).type, values,
-                                                      numbers, units)
+                                                      numbers, units, maps)
             children.append(converted)
             problems += child_problems
         out = pa.StructArray.from_arrays(children, fields=list(target), mask=pa.array(~valid))

@@ -25,6 +25,7 @@ from pyiceberg.types import (
     IntegerType,
     ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
     StructType,
@@ -76,10 +77,18 @@ SCHEMAS = {
             NestedField(34, "day", DateType()),
         ), element_required=False)),
         NestedField(6, "flags", ListType(22, BooleanType(), element_required=True)),
+        # Maps: at the top, inside a struct, with struct values (a timestamp inside).
+        NestedField(7, "attrs", MapType(23, StringType(), 24, LongType(), value_required=False)),
+        NestedField(8, "meta", StructType(
+            NestedField(40, "labels", MapType(41, StringType(), 42, StringType(), value_required=True)),
+            NestedField(43, "seen", MapType(44, StringType(), 45, StructType(
+                NestedField(46, "at", TimestamptzType()), NestedField(47, "n", IntegerType(), required=True)),
+                value_required=False)),
+        )),
     ),
 }
 UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose": {"ts": "s"},
-         "orders": {"customer.since": "s", "items.at": "us"}}
+         "orders": {"customer.since": "s", "items.at": "us", "meta.seen.at": "ms"}}
 MAX_RECORD_BYTES = 4 << 20
 
 

@@ -32,6 +32,7 @@ from pyiceberg.types import (
     IntegerType,
     ListType,
     LongType,
+    MapType,
     StringType,
     StructType,
     TimestampType,
@@ -280,6 +281,8 @@ def _decimal_anywhere(t: Any) -> bool:
         return any(_decimal_anywhere(f.field_type) for f in t.fields)
     if isinstance(t, ListType):
         return _decimal_anywhere(t.element_type)
+    if isinstance(t, MapType):
+        return _decimal_anywhere(t.value_type)
     return isinstance(t, DecimalType)
 
 
@@ -311,6 +314,25 @@ def _nested(ftype: Any, value: Any, path: str, units: dict[str, str], forms: dic
                 forms.setdefault(child, set()).add("epoch" if isinstance(v, Num) else "text")
             out[f.name] = _nested(f.field_type, v, child, units, forms)
         return out
+    if isinstance(ftype, MapType):
+        # A JSON object with string keys, each once; every value judged on its own (its own
+        # timestamp forms too), null only where values are optional.
+        if not isinstance(value, dict):
+            raise _Bad(f"{path}: not an object")
+        if value.dups:
+            raise _Bad(f"{path}: key twice")
+        entries = []
+        for key, item in value.items():
+            if item is None:
+                if ftype.value_required:
+                    raise _Bad(f"{path}: null value")
+                entries.append((key, None))
+                continue
+            own: dict[str, set] = {}
+            entries.append((key, _nested(ftype.value_type, item, path, units, own)))
+            if any(len(seen) > 1 for seen in own.values()):
+                raise _Bad(f"{path}: timestamps in two forms in one value")
+        return entries
     if isinstance(ftype, ListType):
         if not isinstance(value, list):
             raise _Bad(f"{path}: not an array")
@@ -388,6 +410,8 @@ def _normalise_value(value: Any) -> Any:
         return {k: _normalise_value(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_normalise_value(v) for v in value]
+    if isinstance(value, tuple):  # a map entry
+        return tuple(_normalise_value(v) for v in value)
     return value
 
 

@@ -101,15 +101,55 @@ def test_schema_json_cannot_carry_is_refused() -> None:
         JsonDecoder(Schema(NestedField(1, "blob", BinaryType())), 4096)
 
 
-def test_map_columns_are_refused_before_any_record_until_the_decoder_writes_them() -> None:
-    from pyiceberg.types import LongType, MapType, StringType, StructType
+def test_maps_inside_lists_and_maps_with_other_keys_are_refused_before_any_record() -> None:
+    from pyiceberg.types import ListType, LongType, MapType, StringType, StructType
 
-    attrs = StructType(NestedField(3, "attrs", MapType(4, StringType(), 5, LongType())))
-    with pytest.raises(UnsupportedSchemaError, match="'meta.attrs' is map<string, long>: the JSON decoder does not "
-                                                     "write map columns yet"):
-        JsonDecoder(Schema(NestedField(1, "id", LongType()), NestedField(2, "meta", attrs)), 4096)
+    in_list = ListType(3, MapType(4, StringType(), 5, LongType()))
+    with pytest.raises(UnsupportedSchemaError, match="'tags' is map<string, long> inside a list"):
+        JsonDecoder(Schema(NestedField(1, "id", LongType()), NestedField(2, "tags", in_list)), 4096)
+    with pytest.raises(UnsupportedSchemaError, match="'counts' is map<long, long>: a map read from JSON has string keys"):
+        JsonDecoder(Schema(NestedField(2, "counts", MapType(4, LongType(), 5, LongType()))), 4096)
     with pytest.raises(UnsupportedSchemaError, match="'meta.blob' has type binary"):
         JsonDecoder(Schema(NestedField(2, "meta", StructType(NestedField(3, "blob", BinaryType())))), 4096)
+
+
+def test_maps_follow_the_value_rules_and_name_the_map_in_every_refusal() -> None:
+    from pyiceberg.types import IntegerType, LongType, MapType, StringType, StructType, TimestamptzType
+
+    seen = MapType(12, StringType(), 13, StructType(NestedField(14, "at", TimestamptzType()),
+                                                     NestedField(15, "n", IntegerType(), required=True)))
+    schema = Schema(NestedField(1, "id", LongType(), required=True),
+                    NestedField(2, "attrs", MapType(10, StringType(), 11, LongType(), value_required=False)),
+                    NestedField(3, "meta", StructType(NestedField(4, "seen", seen), NestedField(5, "name", StringType()))))
+    decoder = JsonDecoder(schema, 1 << 20, {"meta.seen.at": "s"})
+    values = [
+        b'{"id": 1, "attrs": {"a": 1, "b": null}, "meta": {"seen": {"x": {"at": 1700000000, "n": 3}, '
+        b'"y": {"at": "2026-01-01T00:00:00Z", "n": 4}}, "name": "m", "zz": {"q": 1}}}',
+        b'{"id": 2, "attrs": {}, "meta": null}',
+        b'{"id": 3, "attrs": {"a": 1, "a": 2}}',
+        b'{"id": 4, "attrs": {"a": "x"}}',
+        b'{"id": 5, "attrs": [1]}',
+        b'{"id": 6, "meta": {"seen": {"z": {"n": 99999999999}}}}',
+        b'{"id": 7, "meta": {"seen": {"z": {"at": 5}}}}',
+        b'{"id": 8, "attrs": {"a": 1}, "attrs": {"b": 2}}',
+        b'{"id": 9, "attrs": {"k": 1.0}}',
+    ]
+    result = decoder.decode(values)
+    rows = {r["id"]: r for r in result.table.to_pylist()}
+    assert set(rows) == {1, 2}
+    assert rows[1]["attrs"] == [("a", 1), ("b", None)]
+    at = {k: v["at"].timestamp() for k, v in rows[1]["meta"]["seen"]}
+    assert at == {"x": 1_700_000_000, "y": 1_767_225_600}  # each value its own epoch-or-ISO form
+    assert rows[2]["attrs"] == [] and rows[2]["meta"] is None
+    reasons = dict(result.rejected)
+    assert reasons[2] == "field 'attrs': key 'a' twice in one map"
+    assert "Column(/attrs) changed from number to string" in reasons[3]
+    assert reasons[4] == "field 'attrs': not a JSON object (a map is read from an object)"
+    assert reasons[5] == "field 'meta.seen.n': integer out of range for int"
+    assert reasons[6] == "missing required field 'meta.seen.n'"
+    assert reasons[7] == "not valid JSON for the schema: field 'attrs' twice"
+    assert "1.0" in reasons[8]
+    assert result.table.schema.field("attrs").type.key_field.name == "key"
 
 
 # -- epoch timestamps ----------------------------------------------------------------------

@@ -234,7 +234,7 @@ def schema_types(schema_name: str) -> list[tuple[str, Any, bool]]:
 def nested_value_for(rng: random.Random, path: str, ftype: Any, units: dict[str, str], wild: bool) -> Any:
     """A value of any type: structs and lists built from their parts (wild parts now and then),
     primitives through value_for."""
-    from pyiceberg.types import ListType, StructType
+    from pyiceberg.types import ListType, MapType, StructType
 
     if isinstance(ftype, StructType):
         if wild and rng.random() < 0.1:
@@ -251,6 +251,15 @@ def nested_value_for(rng: random.Random, path: str, ftype: Any, units: dict[str,
             key = next(iter(obj))
             obj[Raw(json.dumps(key) + ": null, " + json.dumps(key))] = obj.pop(key)
         return obj
+    if isinstance(ftype, MapType):
+        if wild and rng.random() < 0.1:
+            return rng.choice([[], "x", 5, Raw('{"a": 1, "a": 2}')])
+        entries = {}
+        for k in range(rng.choice([0, 1, 2, 4])):
+            key = rng.choice([f"k{k}", "", "é", "a b", "k0"]) if wild else f"k{k}"
+            entries[key] = (None if rng.random() < (0.1 if wild else 0.02) else
+                            nested_value_for(rng, path, ftype.value_type, units, wild and rng.random() < 0.3))
+        return entries
     if isinstance(ftype, ListType):
         if wild and rng.random() < 0.1:
             return rng.choice([{}, "x", Raw("[[1]]"), None])
@@ -433,8 +442,9 @@ def test_fuzz_byte_mutations(child: DecoderChild) -> None:
 
 
 def test_fuzz_nested_records(child: DecoderChild) -> None:
-    """Structs in structs, lists of strings, of structs and of required booleans: every rule at
-    every depth, against the reference decoder."""
+    """Structs in structs, lists of strings, of structs and of required booleans, maps at the
+    top and inside a struct (with struct values): every rule at every depth, against the
+    reference decoder."""
     assert run_fuzz(child, "orders", examples=20, mutation_rate=0.1)["records"] >= 20_000
 
 

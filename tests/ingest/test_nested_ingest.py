@@ -1,4 +1,4 @@
-"""Nested JSON end to end: the orders shape through the real `streamberg ingest` (PyFlink) into a
+"""Nested JSON end to end: the orders shape (maps at the top and inside a struct too) through the real `streamberg ingest` (PyFlink) into a
 table partitioned by a field inside a struct; Spark and pyiceberg read back the values produced,
 and records that break a rule at depth are dead-lettered with the field's path."""
 
@@ -26,7 +26,9 @@ ORDERS = [
         {"name": "cid", "type": "long", "required": True},
         {"name": "since", "type": "timestamptz", "unit": "s"},
         {"name": "geo", "type": "struct<country:string,lat:double>"},
+        {"name": "labels", "type": "map<string,string>"},
     ]},
+    {"name": "attrs", "type": "map", "key": "string", "value": "long"},
     {"name": "tags", "type": "list<string>"},
     {"name": "items", "type": "list", "element": {"type": "struct", "fields": [
         {"name": "sku", "type": "string", "required": True},
@@ -42,7 +44,9 @@ def order(i: int) -> dict:
         "id": i, "ts": f"2026-11-25T10:{i % 60:02d}:00Z",
         "customer": None if i % 10 == 9 else {
             "cid": i % 37, "since": 1_700_000_000 + i,
-            "geo": {"country": COUNTRIES[i % 3], "lat": 50 + i / 100, "unknown": {"deep": [1, 2]}}},
+            "geo": {"country": COUNTRIES[i % 3], "lat": 50 + i / 100, "unknown": {"deep": [1, 2]}},
+            "labels": {f"l{k}": f"v{i}-{k}" for k in range(i % 3)}},
+        "attrs": None if i % 7 == 6 else {f"a{k}": i * k for k in range(i % 5)},
         "tags": [f"t{i % 4}", "x"] if i % 5 else None,
         "items": [{"sku": f"s{i}-{k}", "qty": k + 1, "price": f"{k}.{i % 100:02d}"} for k in range(i % 4)],
     }
@@ -55,6 +59,7 @@ BAD = {
     1002: ({"id": 1002, "ts": "2026-11-25T10:00:00Z", "items": [{"qty": 1}]}, "missing required field 'items.sku'"),
     1003: ({"id": 1003, "ts": "2026-11-25T10:00:00Z", "customer": {"cid": 1, "geo": {"lat": "north"}}},
            "Column(/customer/geo/lat) changed from number to string"),
+    1004: ({"id": 1004, "ts": "2026-11-25T10:00:00Z", "attrs": {"a": "many"}}, "Column(/attrs) changed"),
 }
 
 
@@ -84,6 +89,8 @@ def test_nested_orders_land_as_nested_columns_read_alike_by_spark_and_pyiceberg(
             assert got["customer"]["since"] == dt.datetime.fromtimestamp(want["customer"]["since"], dt.timezone.utc)
             assert got["customer"]["geo"] == {"country": want["customer"]["geo"]["country"],
                                               "lat": want["customer"]["geo"]["lat"]}
+            assert got["customer"]["labels"] == list(want["customer"]["labels"].items())
+        assert got["attrs"] == (None if want["attrs"] is None else list(want["attrs"].items()))
         assert got["tags"] == want["tags"]
         assert got["items"] == [{"sku": it["sku"], "qty": it["qty"], "price": Decimal(it["price"])}
                                 for it in want["items"]]
@@ -93,11 +100,14 @@ def test_nested_orders_land_as_nested_columns_read_alike_by_spark_and_pyiceberg(
     # Spark, an independent reader, sees the same nested values.
     name = f"{register_catalog(spark, config.catalog)}.{config.table.identifier}"
     spark_rows = spark.sql(f"SELECT id, customer.cid, customer.geo.country, size(items) AS n, "
-                           f"aggregate(items, 0, (acc, it) -> acc + it.qty) AS qty, tags FROM {name}").collect()
-    assert sorted((r["id"], r["cid"], r["country"], r["n"], r["qty"], r["tags"]) for r in spark_rows) == sorted(
+                           f"aggregate(items, 0, (acc, it) -> acc + it.qty) AS qty, tags, attrs['a1'] AS a1, "
+                           f"map_keys(customer.labels) AS labels FROM {name}").collect()
+    assert sorted((r["id"], r["cid"], r["country"], r["n"], r["qty"], r["tags"], r["a1"], r["labels"])
+                  for r in spark_rows) == sorted(
         (o["id"], o["customer"]["cid"] if o["customer"] else None,
          o["customer"]["geo"]["country"] if o["customer"] else None,
-         len(o["items"]), sum(it["qty"] for it in o["items"]), o["tags"]) for o in good)
+         len(o["items"]), sum(it["qty"] for it in o["items"]), o["tags"],
+         (o["attrs"] or {}).get("a1"), list(o["customer"]["labels"]) if o["customer"] else None) for o in good)
     # The records that break a rule at depth are dead letters with the field's path.
     dead = {json.loads(d["value"])["id"]: d["reason"] for d in dead_letters(config).to_pylist()}
     assert set(dead) == set(BAD)

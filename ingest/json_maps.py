@@ -1,0 +1,219 @@
+"""Map columns from JSON objects: the one part of a record the vectorised parse cannot read.
+
+pyarrow's JSON reader has no map type (an object with keys it does not know becomes a
+struct). So the parse leaves map fields out, and for the rows of a parsed block each map is
+read here:
+
+1. the record is parsed with `json.loads`, keeping every member (duplicates too) and every
+   number's literal text;
+2. the map's object is found by its path (through structs; a map inside a list is not read
+   from JSON, refused when the decoder starts), its keys checked (strings, each once);
+3. every value is written back as its own one-field record `{"v": <value as written>}` and
+   decoded by a JsonDecoder for the map's value type, so values follow exactly the rules of
+   any other field (types, ranges, decimals, timestamps, structs and lists inside), each
+   value on its own (a timestamp value's epoch-or-string form is its own);
+4. the entries are assembled into the column's MapArray; a refused key or value refuses its
+   record, with the reason named by the map's path.
+
+The cost is a Python parse of each record of a schema that has maps; schemas without maps
+never come here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType, MapType, NestedField, StringType, StructType
+
+_VALUE = "v"
+_DEEP = threading.Lock()
+
+
+class _Literal(str):
+    """A JSON number kept as written."""
+
+
+class _Pairs(list):
+    """A JSON object as its members, in order, duplicates kept."""
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw, object_pairs_hook=_Pairs, parse_int=_Literal, parse_float=_Literal,
+                          parse_constant=_Literal)
+    except RecursionError:
+        return _loads_deep(raw)
+
+
+def _loads_deep(raw: bytes) -> Any:
+    """A record nested deeper than Python's recursion limit (in fields the schema lacks: the
+    parse took it) is parsed in a thread with a stack and a limit for its size."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        old = sys.getrecursionlimit()
+        try:
+            sys.setrecursionlimit(max(old, 3 * len(raw) + 1000))
+            out["value"] = json.loads(raw, object_pairs_hook=_Pairs, parse_int=_Literal, parse_float=_Literal,
+                                      parse_constant=_Literal)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+        finally:
+            sys.setrecursionlimit(old)
+
+    with _DEEP:  # one at a time: the stack size is process-wide
+        size = threading.stack_size(max(64 << 20, min(1 << 30, 64 * len(raw))))
+        try:
+            worker = threading.Thread(target=run, name="json-maps-deep")
+            worker.start()
+            worker.join()
+        finally:
+            threading.stack_size(size)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _dumps(value: Any) -> str:
+    """The value as JSON again, numbers as written, members as they came (duplicates too)."""
+    if isinstance(value, _Literal):
+        return str(value)
+    if isinstance(value, _Pairs):
+        return "{" + ",".join(f"{json.dumps(k)}:{_dumps(v)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_dumps(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _member(obj: _Pairs, name: str) -> tuple[Any, int]:
+    """The member's value (None when absent) and how many times it appears."""
+    found = [v for k, v in obj if k == name]
+    return (found[-1] if found else None), len(found)
+
+
+def map_paths(t: IcebergType, path: str = "") -> list[tuple[str, MapType]]:
+    """Every map reached through structs, by dotted path (maps inside maps are the inner
+    decoder's)."""
+    out: list[tuple[str, MapType]] = []
+    if isinstance(t, StructType):
+        for f in t.fields:
+            child = f"{path}.{f.name}" if path else f.name
+            if isinstance(f.field_type, MapType):
+                out.append((child, f.field_type))
+            else:
+                out += map_paths(f.field_type, child)
+    return out
+
+
+@dataclass
+class MapColumn:
+    """One map of the schema: its path, and the decoder of its values."""
+
+    path: str
+    map_type: MapType
+    target: pa.DataType
+    values: Any  # JsonDecoder of {"v": value}
+
+    def rename(self, reason: str) -> str:
+        """An inner reason in the record's terms: the value is the map's path."""
+        return (reason.replace(f"'{_VALUE}.", f"'{self.path}.").replace(f"'{_VALUE}'", f"'{self.path}'")
+                .replace(f"Column(/{_VALUE}", "Column(/" + self.path.replace(".", "/")))
+
+    def read(self, raws: list[bytes]) -> tuple[pa.Array, np.ndarray]:
+        """The column for these records (their raw values), and per record a reason or None."""
+        parts = self.path.split(".")
+        n = len(raws)
+        reasons = np.full(n, None, dtype=object)
+        null = np.zeros(n, dtype=bool)  # no map in this record (absent, null, or its struct is)
+        keys: list[str] = []
+        lines: list[bytes] = []
+        owner: list[int] = []
+        for row, raw in enumerate(raws):
+            value: Any = _loads(raw)
+            for depth, part in enumerate(parts):
+                if not isinstance(value, _Pairs):
+                    value = None  # a struct on the path is null (the parse judged its shape)
+                    break
+                value, times = _member(value, part)
+                if times > 1:
+                    reasons[row] = f"not valid JSON for the schema: field {'.'.join(parts[:depth + 1])!r} twice"
+                    break
+            if reasons[row] is not None or value is None:
+                null[row] = True
+                continue
+            if not isinstance(value, _Pairs):
+                reasons[row] = f"field {self.path!r}: not a JSON object (a map is read from an object)"
+                continue
+            names = [k for k, _ in value]
+            if len(set(names)) != len(names):
+                twice = sorted({k for k in names if names.count(k) > 1})
+                reasons[row] = f"field {self.path!r}: key {twice[0]!r} twice in one map"
+                continue
+            for key, item in value:
+                keys.append(key)
+                lines.append(b'{"v":' + _dumps(item).encode("utf-8", "surrogatepass") + b"}")
+                owner.append(row)
+        items, good = self._items(lines, owner, reasons)
+        # A refused record keeps no entries and no map (the row is dropped anyway).
+        bad = reasons != None  # noqa: E711
+        owners = np.asarray(owner, dtype=np.int64)
+        kept = good & ~bad[owners] if len(owners) else np.zeros(0, dtype=bool)
+        counts = np.bincount(owners[kept], minlength=n) if len(owners) else np.zeros(n, dtype=np.int64)
+        ends = np.concatenate([[0], np.cumsum(counts)])
+        # A null offset marks its slot null (pyarrow): the slot before it ends at the next one.
+        offsets = [None if null[r] or bad[r] else int(ends[r]) for r in range(n)] + [int(ends[n])]
+        kept_keys = pa.array([k for k, keep in zip(keys, kept) if keep], self.target.key_type)
+        kept_items = items.filter(pa.array((~bad[owners])[good])) if len(items) else items
+        column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), kept_keys, kept_items, type=self.target)
+        return column, reasons
+
+    def _items(self, lines: list[bytes], owner: list[int], reasons: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+        """Decode every entry's value; flag the rows of refused ones. Returns the decoded values
+        (one per entry that decoded, in entry order) and which entries decoded."""
+        if not lines:
+            return pa.array([], self.target.item_type), np.zeros(0, dtype=bool)
+        result = self.values.decode(lines)
+        good = np.zeros(len(lines), dtype=bool)
+        good[result.kept] = True
+        for index, reason in result.rejected:
+            row = owner[index]
+            if reasons[row] is None:
+                reasons[row] = self.rename(reason)
+        return result.table.column(_VALUE).combine_chunks(), good
+
+
+def map_columns(schema: Schema, file_schema: pa.Schema, max_record_bytes: int, units: Mapping[str, str],
+                decoder: type) -> list[MapColumn]:
+    """A MapColumn per map of the schema (reached through structs)."""
+    columns = []
+    for path, map_type in map_paths(schema.as_struct()):
+        value = NestedField(field_id=map_type.value_id, name=_VALUE, field_type=map_type.value_type,
+                            required=map_type.value_required)
+        prefix = path + "."
+        inner_units = {_VALUE + p[len(path):]: u for p, u in units.items() if p.startswith(prefix) or p == path}
+        target = _target_type(file_schema, path)
+        columns.append(MapColumn(path, map_type, target, decoder(Schema(value), max_record_bytes, inner_units)))
+    return columns
+
+
+def _target_type(file_schema: pa.Schema, path: str) -> pa.DataType:
+    parts = path.split(".")
+    t = file_schema.field(parts[0]).type
+    for part in parts[1:]:
+        t = t.field(t.get_field_index(part)).type
+    return t
+
+
+def check_map(path: str, map_type: MapType) -> str | None:
+    """Why a map cannot be read from JSON, or None."""
+    if not isinstance(map_type.key_type, StringType):
+        return f"column {path!r} is {map_type}: a map read from JSON has string keys (JSON object keys)"
+    return None
