@@ -136,7 +136,13 @@ class MapColumn:
         keys: list[str] = []
         lines: list[bytes] = []
         owner: list[int] = []
+        # A record that cannot name the map's first key (as written, or through an escape) has
+        # no map: it is not parsed again.
+        first = json.dumps(parts[0]).encode()
         for row, raw in enumerate(raws):
+            if first not in raw and b"\\u" not in raw:
+                null[row] = True
+                continue
             value: Any = _loads(raw)
             for depth, part in enumerate(parts):
                 if not isinstance(value, _Pairs):
