@@ -190,8 +190,9 @@ class TableConfig(_Section):
     @field_validator("schema_", mode="before")
     @classmethod
     def _strict_field_flags(cls, value: Any) -> Any:
-        # FieldConfig.required is a plain bool (lax: "yes" and 1 pass); checked here so the
-        # field model stays as it is.
+        # The columns' flags as the YAML wrote them: `required` a real boolean (the Bool type
+        # below also takes "true" from environment overrides, which a schema never comes
+        # from), `doc` bounded; nested fields are held to the same by their own models.
         for i, item in enumerate(value if isinstance(value, list) else []):
             if isinstance(item, dict) and "required" in item and not isinstance(item["required"], bool):
                 raise ValueError(f"{i}.required: must be true or false")
