@@ -101,6 +101,22 @@ def field_specs(fields: tuple[NestedField, ...]) -> tuple[FieldSpec, ...]:
     return tuple(FieldSpec(f.name, type_spec(f.field_type), f.required, f.doc) for f in fields)
 
 
+def field_through_structs(schema: Schema, path: str) -> tuple[NestedField | None, IcebergType | None]:
+    """The field a dotted path names through structs (`customer.geo.city`), and what stops
+    the walk: (field, None) when found; (None, the list or map on the way) when the path
+    leads into one; (None, None) when no field has that name."""
+    t: IcebergType = schema.as_struct()
+    found = None
+    for part in path.split("."):
+        if not isinstance(t, StructType):
+            return None, t
+        found = next((f for f in t.fields if f.name == part), None)
+        if found is None:
+            return None, None
+        t = found.field_type
+    return found, None
+
+
 def partition_name(source: str, transform: str) -> str:
     base = transform.split("[")[0]
     suffix = {"identity": "", "truncate": "_trunc"}.get(base, f"_{base}")

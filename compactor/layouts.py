@@ -47,10 +47,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from pyiceberg.types import NestedField, StructType
-
 from streamberg.common.config import LAYOUT_STRATEGIES, CompactorConfig
 from streamberg.common.errors import ConfigError, LayoutError
+from streamberg.common.schema import field_through_structs
 from streamberg.compactor.curves import (
     TMP_PREFIX,
     boundaries_from_sample,
@@ -248,7 +247,7 @@ def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: lis
         chosen = BinPack.name  # documented: without columns every strategy bin-packs
     if table is not None:
         names = [f.name for f in table.schema().fields]
-        missing = [c for c in chosen_columns if table_field(table, c) is None]
+        missing = [c for c in chosen_columns if field_through_structs(table.schema(), c)[0] is None]
         if missing:
             raise ConfigError(f"compactor.columns: {missing} not in table {identifier} "
                               f"(columns: {', '.join(names)})")
@@ -258,23 +257,9 @@ def resolve_layout(settings: CompactorConfig, strategy: str | None, columns: lis
     return layout_for(chosen, chosen_columns, bits=settings.index_bits, sample_rows=settings.sample_rows)
 
 
-def table_field(table: Table, path: str) -> NestedField | None:
-    """The table's field a dotted path names through structs (`customer.geo.city`), or None."""
-    fields = table.schema().as_struct()
-    found = None
-    for part in path.split("."):
-        if not isinstance(fields, StructType):
-            return None
-        found = next((f for f in fields.fields if f.name == part), None)
-        if found is None:
-            return None
-        fields = found.field_type
-    return found
-
-
 def clusterable(table: Table, path: str) -> str | None:
     """Why the field cannot be a clustering column, or None."""
-    found = table_field(table, path)
+    found, _ = field_through_structs(table.schema(), path)
     if found is None:
         return "not a field reached through structs"
     if not found.field_type.is_primitive:

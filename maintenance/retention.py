@@ -12,10 +12,11 @@ from typing import Any, Literal, cast
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import LessThan
 from pyiceberg.table import Table
-from pyiceberg.types import DateType, PrimitiveType, StructType, TimestampType, TimestamptzType
+from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
 
 from streamberg.common.config import RetentionConfig
 from streamberg.common.errors import RetentionColumnError
+from streamberg.common.schema import field_through_structs
 from streamberg.maintenance.step import SparkTable, Step, StepResult, detail
 
 ColumnKind = Literal["date", "timestamp", "timestamptz"]
@@ -53,18 +54,13 @@ _ALIGNABLE = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
 
 def column_kind(table: Table, column: str) -> ColumnKind:
     """The kind of the retention column: a column, or a field reached through structs."""
-    fields: Any = table.schema().as_struct()
-    field = None
-    for part in column.split("."):
-        if not isinstance(fields, StructType):
-            raise RetentionColumnError(f"{column!r} is inside {field.field_type if field else fields} in the table; "
-                                       "it must be a date or timestamp outside lists and maps")
-        field = next((f for f in fields.fields if f.name == part), None)
-        if field is None:
-            names = ", ".join(f.name for f in table.schema().fields)
-            raise RetentionColumnError(f"{column!r} is not a column of the table (columns: {names})")
-        fields = field.field_type
-    assert field is not None
+    field, blocked_by = field_through_structs(table.schema(), column)
+    if blocked_by is not None:
+        raise RetentionColumnError(f"{column!r} is inside {blocked_by} in the table; "
+                                   "it must be a date or timestamp outside lists and maps")
+    if field is None:
+        names = ", ".join(f.name for f in table.schema().fields)
+        raise RetentionColumnError(f"{column!r} is not a column of the table (columns: {names})")
     kind = _KINDS.get(type(field.field_type))
     if kind is None:
         raise RetentionColumnError(f"{column!r} is {field.field_type} in the table; it must be a date or timestamp")
