@@ -37,6 +37,16 @@ class SummaryKeys:
     KAFKA_SKIPS_PREFIX = "streamberg.kafka-skips."
     # Offsets passed over because Kafka no longer had them, by all ingest commits up to this one.
     LOST_OFFSETS_TOTAL = "streamberg.lost-offsets-total"
+    # JSON {"<path>": {"records": n, "first": {"<partition>": offset}, "last": {...}}}: fields
+    # the records carried and the table lacks, not written (ingest.schema_evolution: off);
+    # cumulative, carried forward by every ingest commit (common/field_sightings.py).
+    UNKNOWN_FIELDS = "streamberg.unknown-fields"
+    # JSON [["<path>", "<type>"], ...]: the fields this commit added to the schema, in the
+    # same commit as the first files that carry them (ingest.schema_evolution: add).
+    SCHEMA_ADDED = "streamberg.schema-added"
+    # Records that carried fields the writers' schema lacked, decoded by the committer
+    # against the evolved schema in this commit (ingest/evolution.py).
+    EVOLVED_RECORDS = "streamberg.evolved-records"
 
 
     # -- replays (ingest/replay.py) ---------------------------------------------------------

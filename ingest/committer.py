@@ -13,19 +13,26 @@ Exactly-once rests on what it checks before every commit:
   so neither a fenced instance nor a crash leaves a dead-letter row the table does not own.
 - Kafka's own jumps: a unit may carry position skips (ingest.on_lost_offsets:
   skip-and-record); they are chained like ranges and recorded in the snapshot summary.
+- Schema evolution (ingest.schema_evolution: add): records the writers held because they
+  carry fields the table lacks are decoded here after the schema update, and their files
+  join the same transaction as the update and the writers' files (ingest/evolution.py).
+  With `off`, the fields not written are counted per path in every commit's summary.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, Transaction
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
+from streamberg.common.field_sightings import encode_added, encode_sightings, merge_sightings, sightings_of
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     FENCED_MESSAGE,
@@ -34,17 +41,23 @@ from streamberg.common.offsets import (
     committed_position,
     encode_offsets,
     encode_skips,
+    summary_properties,
 )
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
+from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import (
     apply_dead_letter_files,
     dead_letter_rows,
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
+from streamberg.ingest.decode import epoch_units
+from streamberg.ingest.evolution import EvolvedBatch, evolve_and_write, merge_candidates
+from streamberg.ingest.files import PartitionedFileWriter
+from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.run_folder import RunFolder
-from streamberg.ingest.units import DeadLetter, FlushUnit
+from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
 
 @dataclass
@@ -113,6 +126,7 @@ class Committer:
         self.consumed_total = 0
         self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
         self.lost_total = 0
+        self.sightings: dict = {}  # fields not written (schema_evolution: off), cumulative
         self._dead_letters_behind = False  # an add to the dead-letter table failed; retried at the next commit
         self.drained = False
         self._group_consumer = None
@@ -125,6 +139,8 @@ class Committer:
         self.expected = dict(position.offsets)
         self.consumed_total = position.consumed_total
         self.skips, self.lost_total = position.skips, position.lost_total
+        recorded = table.snapshot_by_id(position.snapshot_id) if position.snapshot_id is not None else None
+        self.sightings = sightings_of(summary_properties(recorded)) if recorded is not None else {}
         self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.ingest_target.job_id else 0
         ensure_dead_letter_table(self.catalog, self.config.ingest_target.dead_letter_table)
         self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
@@ -219,17 +235,38 @@ class Committer:
         if skips:
             properties[kafka_skips_key(self.topic)] = encode_skips(skips)
             properties[SummaryKeys.LOST_OFFSETS_TOTAL] = str(lost_total)
+        sightings = merge_sightings(copy.deepcopy(self.sightings), {})
+        for u in units:
+            merge_sightings(sightings, u.sightings)
+        if sightings:
+            properties[SummaryKeys.UNKNOWN_FIELDS] = encode_sightings(sightings)
+        held = [h for u in units for h in u.held]
+        candidates: dict = {}
+        for u in units:
+            for path, t in u.new_fields.items():
+                merge_candidates(candidates, path, t)
         try:
-            snapshot_id, attempts = self._append(files, properties, dead)
+            snapshot_id, attempts, evolved = self._append(files, properties, dead, held, candidates)
         except (FencedError, CommitRetriesExhausted):
             # Certainly not committed: the dead-letter file belongs to no table. (Not after any
             # other error: a catalog that failed while answering may have taken the commit.)
             if SummaryKeys.DEAD_LETTER_FILE in properties:
                 self._delete_quietly(properties[SummaryKeys.DEAD_LETTER_FILE])
             raise
+        if evolved is not None:
+            files, dead = files + evolved.files, dead + evolved.dead_letters
+            records += evolved.records
+            if evolved.added:
+                self.log.info("schema evolved: fields added in the same commit as their first files",
+                              snapshot=snapshot_id, added=[f"{path} {t}" for path, t in evolved.added],
+                              held_records=len(held), written=evolved.records, dead_letters=len(evolved.dead_letters))
+        fresh = sorted(set(sightings) - set(self.sightings))
+        if fresh:
+            self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
+                             paths=fresh, snapshot=snapshot_id)
         dead_file = properties.get(SummaryKeys.DEAD_LETTER_FILE)
         self.expected, self.consumed_total = new_offsets, consumed_total
-        self.skips, self.lost_total = skips, lost_total
+        self.skips, self.lost_total, self.sightings = skips, lost_total, sightings
         for skip in new_skips:
             self.log.warning("recorded a position jump Kafka forced", partition=skip.partition,
                              skip_from=skip.from_offset, skip_to=skip.to_offset, kind=skip.kind, lost=skip.lost,
@@ -244,11 +281,15 @@ class Committer:
         self._commit_group_offsets(new_offsets)
         return result
 
-    def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter]) -> tuple[int, int]:
+    def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter], held: list[HeldRecord],
+                candidates: dict) -> tuple[int, int, EvolvedBatch | None]:
         """One fast append with `properties`, re-read, re-fenced and retried on a lost race;
-        returns (snapshot id, attempts). The dead letters' file is written after the first
-        fence check (a fenced instance writes nothing) and named in `properties`."""
+        returns (snapshot id, attempts, the held records' batch). The dead letters' file is
+        written after the first fence check (a fenced instance writes nothing) and named in
+        `properties`. Held records are decoded against the schema each attempt evolves, so
+        their files and dead letters are made again after a lost race."""
         attempts = 0
+        evolved: EvolvedBatch | None = None
         try:
             for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException),
                                            log=self.log, event="commit conflict, retrying"):
@@ -256,18 +297,63 @@ class Committer:
                     attempts = attempt.retry_state.attempt_number
                     table = self.catalog.load_table(self.config.table.identifier)
                     self._check_fence(table)  # re-checked at every attempt: FencedError is never retried
-                    if dead and SummaryKeys.DEAD_LETTER_FILE not in properties:
-                        properties[SummaryKeys.DEAD_LETTER_FILE] = self._write_dead_letters(dead)
                     tx = table.transaction()
+                    if held:
+                        if evolved is not None:  # the last attempt's, never committed
+                            self._discard(table, evolved, properties)
+                        evolved = self._evolve(tx, table, held, candidates, properties)
+                    every_dead = dead + (evolved.dead_letters if evolved is not None else [])
+                    properties[SummaryKeys.DEAD_LETTERS] = str(len(every_dead))
+                    if every_dead and SummaryKeys.DEAD_LETTER_FILE not in properties:
+                        properties[SummaryKeys.DEAD_LETTER_FILE] = self._write_dead_letters(every_dead)
                     with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-                        for f in files:
+                        for f in files + (evolved.files if evolved is not None else []):
                             append.append_data_file(f.to_data_file())
                     # The append asserted main was at the snapshot we read, so the new current one is ours.
-                    return tx.commit_transaction().current_snapshot().snapshot_id, attempts
-        except CommitFailedException as exc:
+                    return tx.commit_transaction().current_snapshot().snapshot_id, attempts, evolved
+        except (CommitFailedException, FencedError) as exc:
+            if evolved is not None:
+                self._discard(self.catalog.load_table(self.config.table.identifier), evolved, {})
+            if isinstance(exc, FencedError):
+                raise
             raise CommitRetriesExhausted(
                 f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _evolve(self, tx: Transaction, table: Table, held: list[HeldRecord], candidates: dict,
+                properties: dict[str, str]) -> EvolvedBatch:
+        """Schema update and the held records' files, in `tx` (ingest/evolution.py)."""
+        config = self.config
+
+        def decoder_for(schema: Schema) -> RecordDecoder:
+            return RecordDecoder(schema, config.ingest.max_record_bytes, epoch_units(config.table.schema_),
+                                 config.kafka.key_field, unknown="report")
+
+        def files_for(schema: Schema) -> PartitionedFileWriter:
+            return PartitionedFileWriter(
+                io=table.io, location=table.location(), schema=schema, spec=tx.table_metadata.spec(),
+                properties=table.properties,
+                target_file_size=target_file_size(table, default=config.table.target_file_size_bytes),
+                row_group_rows=config.ingest.row_group_rows,
+                name_prefix=f"{self.run_id}-evolve-{self.commit_seq:06d}")
+
+        evolved = evolve_and_write(tx, held, candidates, config.ingest.max_new_fields_per_commit, decoder_for, files_for)
+        properties[SummaryKeys.EVOLVED_RECORDS] = str(evolved.records)
+        if evolved.added:
+            properties[SummaryKeys.SCHEMA_ADDED] = encode_added(evolved.added)
+        else:
+            properties.pop(SummaryKeys.SCHEMA_ADDED, None)
+        return evolved
+
+    def _discard(self, table: Table, evolved: EvolvedBatch, properties: dict[str, str]) -> None:
+        """Files of an attempt that did not commit: its held records' data and dead letters."""
+        for f in evolved.files:
+            try:
+                table.io.delete(f.path)
+            except Exception as exc:  # noqa: BLE001 - an orphan then; maintenance removes it after its safety age
+                self.log.warning("could not delete an uncommitted data file", path=f.path, error=str(exc))
+        if SummaryKeys.DEAD_LETTER_FILE in properties:
+            self._delete_quietly(properties.pop(SummaryKeys.DEAD_LETTER_FILE))
 
     def _write_dead_letters(self, dead: list[DeadLetter]) -> str:
         dlq = self.catalog.load_table(self.config.ingest_target.dead_letter_table)

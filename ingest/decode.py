@@ -21,9 +21,15 @@ cannot parse, are read from the records' bytes in ingest/json_maps.py (not insid
 
 Keys: a schema field that appears twice in an object (at the top level or inside a struct)
 is refused (json.loads would silently keep the last one); duplicate keys outside the
-schema's fields are ignored, as are fields the schema lacks, at any nesting depth. Numbers beyond a double's range in fields
-the schema lacks may be dead-lettered (`Number too big to be stored in double`), depending
-on how they are written; RFC 8259 section 6 lets a parser limit the range of numbers.
+schema's fields are ignored. Numbers beyond a double's range in fields the schema lacks may
+be dead-lettered (`Number too big to be stored in double`), depending on how they are
+written; RFC 8259 section 6 lets a parser limit the range of numbers.
+
+Fields the schema lacks, at any depth: with `unknown="ignore"` they are dropped; with
+`unknown="report"` (what the ingest uses) each is named, typed by inference and tied to the
+records that carry it (DecodeResult.unknown, ingest/unknown_fields.py), and the caller
+decides: hold those records for a schema change (`ingest.schema_evolution: add`) or count
+them (`off`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import MapType
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
 from streamberg.ingest import json_screen
 from streamberg.ingest.json_maps import map_columns
@@ -52,18 +59,28 @@ from streamberg.ingest.json_values import (
     parse_type,
     timestamp_paths,
 )
+from streamberg.ingest.unknown_fields import UnknownField, collect, find_unknown, merge_found
 
 # The decoder's API: callers check a schema and read epoch units through this module.
 __all__ = ["DecodeResult", "JsonDecoder", "check_supported", "epoch_units"]
 
 _ROW = re.compile(r" in row (\d+)$")
 _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|number to string)")
+_ANY_CHANGE = re.compile(r"Column\(/(.+)\) changed from (\w+) to (\w+)")
 
 @dataclass
 class DecodeResult:
     table: pa.Table  # decoded rows, in the table's Arrow schema (with field ids)
     kept: np.ndarray  # indexes (into the input batch) of the decoded rows, in order
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
+    # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
+    unknown: list[UnknownField] = field(default_factory=list)
+
+    def rows_with_unknown(self) -> np.ndarray:
+        """Indexes (into the batch) of the decoded rows that carry a field the schema lacks."""
+        if not self.unknown:
+            return np.empty(0, dtype=np.int64)
+        return np.unique(np.concatenate([u.rows for u in self.unknown]))
 
 
 class _BadBlock(Exception):
@@ -121,8 +138,10 @@ class JsonDecoder:
     `epoch_units` maps timestamp field names to the unit of integer epochs (default ms).
     """
 
-    def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None):
+    def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
+                 unknown: Literal["ignore", "report"] = "ignore"):
         check_supported(schema)
+        self.report_unknown = unknown == "report"
         units = dict(epoch_units or {})
         for name, unit in units.items():
             if unit not in EPOCH_UNITS:
@@ -140,15 +159,21 @@ class JsonDecoder:
         # (a regex over the bytes) and each group is parsed with its own schema.
         self._options: dict[frozenset[str], pj.ParseOptions] = {}
         # Maps, read outside the parse from the records' own bytes (ingest/json_maps.py).
-        self.maps = map_columns(schema, self.file_schema, max_record_bytes, units, JsonDecoder)
+        self.maps = map_columns(schema, self.file_schema, max_record_bytes, units, JsonDecoder, unknown)
+        # Maps are not in the parse schema, yet they are no unknown fields.
+        self._map_paths = frozenset(tuple(m.path.split(".")) for m in self.maps)
         self._raw: list[bytes | None] = []
+        self._found: dict = {}  # unknown fields of the batch being decoded (unknown_fields.find_unknown)
+        # Declared fields by the parser's dotted path (list levels left out), with their types.
+        self._known = _field_types(schema)
 
     # -- parsing one block -------------------------------------------------------------
     def _parse_options(self, numbers: frozenset[str]) -> pj.ParseOptions:
         if numbers not in self._options:
             fields = [pa.field(f.name, parse_type(f.name, f.field_type, af.type, numbers))
                       for f, af in zip(self.schema.fields, self.file_schema) if not isinstance(f.field_type, MapType)]
-            self._options[numbers] = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
+            self._options[numbers] = pj.ParseOptions(explicit_schema=pa.schema(fields),
+                                                     unexpected_field_behavior="infer" if self.report_unknown else "ignore")
         return self._options[numbers]
 
     def _parse(self, lines: pa.BinaryArray, numbers: frozenset[str]) -> pa.Table:
@@ -184,10 +209,12 @@ class JsonDecoder:
         if self.maps:
             raws = [self._raw[int(i)] or b"" for i in index]
             for reader in self.maps:
-                maps[reader.path], refused = reader.read(raws)
+                maps[reader.path], refused, unknown = reader.read(raws)
                 for row in np.flatnonzero(refused != None):  # noqa: E711 - numpy elementwise
                     if reasons[row] is None:
                         reasons[row] = refused[row]
+                for path, t, rows in unknown:
+                    merge_found(self._found, path, t, index[rows])
         for name in self.required:
             column = maps[name] if name in maps else parsed.column(name)
             if column.null_count:
@@ -244,8 +271,10 @@ class JsonDecoder:
                     flip = self._flip(bad, tried)
                     if flip:
                         self._bisect(block, block_index, numbers ^ {flip}, parsed, rejected, tried | {flip})
+                    elif self._unknown_conflict(bad):
+                        rejected.append((int(block_index[0]), self._unknown_conflict(bad)))
                     else:
-                        rejected.append((int(block_index[0]), str(bad)))
+                        rejected.append((int(block_index[0]), self._reason(bad)))
                 elif row is None or not 0 <= row < size:
                     half = size // 2
                     self._bisect(block.slice(0, half), block_index[:half], numbers, parsed, rejected, tried)
@@ -254,20 +283,54 @@ class JsonDecoder:
                     aligned = row == 0
                     if row:
                         try:
-                            parsed.setdefault(numbers, []).append((self._parse(block.slice(0, row), numbers), block_index[:row]))
+                            self._keep(parsed, numbers, self._parse(block.slice(0, row), numbers), block_index[:row])
                             aligned = True  # one row per record before `row`: the error is in record `row`
                         except _BadBlock:
                             self._bisect(block.slice(0, row), block_index[:row], numbers, parsed, rejected, tried)
-                    if aligned and not self._flip(bad, tried):
-                        rejected.append((int(block_index[row]), str(bad)))
+                    if aligned and not self._flip(bad, tried) and not self._unknown_conflict(bad):
+                        rejected.append((int(block_index[row]), self._reason(bad)))
                     else:
                         self._bisect(block.slice(row, 1), block_index[row:row + 1], numbers, parsed, rejected, tried)
                     start, window = start + row + 1, max(16, 4 * (row + 1))
                     continue
                 start += size
                 continue
-            parsed.setdefault(numbers, []).append((table, block_index))
+            self._keep(parsed, numbers, table, block_index)
             start, window = start + size, window * 2
+
+    def _keep(self, parsed: dict, numbers: frozenset[str], table: pa.Table, index: np.ndarray) -> None:
+        """Collect a parsed block; fields the schema lacks are noted and cast away first, so
+        blocks of one parse schema concatenate whatever extra fields each held."""
+        if self.report_unknown:
+            table = find_unknown(self._parse_options(numbers).explicit_schema, table, index, self._map_paths, self._found)
+        parsed.setdefault(numbers, []).append((table, index))
+
+    def _reason(self, bad: _BadBlock) -> str:
+        """The parser's reason, led by the field's path and both types when a value's JSON type
+        contradicts a declared field (`field 'score': a string where the table has long`)."""
+        change = _ANY_CHANGE.search(str(bad))
+        if change is None:
+            return str(bad)
+        name = ".".join(part for part in change.group(1).split("/") if part != "[]")
+        declared = self._known.get(name)
+        if declared is None:
+            return str(bad)
+        return f"field {name!r}: a JSON {change.group(3)} where the table has {declared} ({bad})"
+
+    def _unknown_conflict(self, bad: _BadBlock) -> str | None:
+        """With unknown fields inferred, a field the schema lacks holding values of two JSON
+        types fails the block: the records are parsed alone, and one that conflicts with
+        itself is refused with this reason."""
+        if not self.report_unknown:
+            return None
+        change = _TYPE_CHANGE.search(str(bad))
+        if change is None:
+            return None
+        name = ".".join(part for part in change.group(1).split("/") if part != "[]")
+        if name in self._known:
+            return None  # a declared field of the wrong JSON type: the parser's reason stands
+        return (f"field {name!r}: values of different JSON types in one record; a field the table lacks "
+                "takes one type (declare it in table.schema to choose)")
 
     def _flip(self, bad: _BadBlock, tried: frozenset) -> str | None:
         """The timestamp field whose string/number guess the error shows wrong, if not yet retried."""
@@ -306,6 +369,7 @@ class JsonDecoder:
 
     def decode(self, values: list[bytes | None]) -> DecodeResult:
         self._raw = values
+        self._found = {}
         raw = pa.array(values, pa.binary())
         reasons = self.screen(raw)
         screened = reasons != None  # noqa: E711
@@ -342,7 +406,30 @@ class JsonDecoder:
             order = np.argsort(kept_index, kind="stable")
             table, kept_index = table.take(pa.array(order)), kept_index[order]
         rejected.sort()
-        return DecodeResult(table=table, kept=kept_index, rejected=rejected)
+        unknown = []
+        for found in collect(self._found):
+            found.rows = found.rows[np.isin(found.rows, kept_index)]  # refused records are dead letters
+            if len(found.rows):
+                unknown.append(found)
+        self._found = {}
+        return DecodeResult(table=table, kept=kept_index, rejected=rejected, unknown=unknown)
+
+
+def _field_types(schema: Schema) -> dict[str, IcebergType]:
+    """Every field's dotted path as the parser names it (list levels left out), and its type."""
+    out: dict[str, IcebergType] = {}
+
+    def visit(t: IcebergType, path: str) -> None:
+        if isinstance(t, StructType):
+            for f in t.fields:
+                child = f"{path}.{f.name}" if path else f.name
+                out[child] = f.field_type
+                visit(f.field_type, child)
+        elif isinstance(t, ListType):
+            visit(t.element_type, path)
+
+    visit(schema.as_struct(), "")
+    return out
 
 
 def _clean_reason(text: str) -> str:

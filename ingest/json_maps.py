@@ -127,8 +127,10 @@ class MapColumn:
         return (reason.replace(f"'{_VALUE}.", f"'{self.path}.").replace(f"'{_VALUE}'", f"'{self.path}'")
                 .replace(f"Column(/{_VALUE}", "Column(/" + self.path.replace(".", "/")))
 
-    def read(self, raws: list[bytes]) -> tuple[pa.Array, np.ndarray]:
-        """The column for these records (their raw values), and per record a reason or None."""
+    def read(self, raws: list[bytes]) -> tuple[pa.Array, np.ndarray, list[tuple[tuple[str, ...], IcebergType, np.ndarray]]]:
+        """The column for these records (their raw values), per record a reason or None, and
+        the fields the map's values carry that the value type lacks (decoder with
+        unknown="report"): (Iceberg path, inferred type, rows of `raws`)."""
         parts = self.path.split(".")
         n = len(raws)
         reasons = np.full(n, None, dtype=object)
@@ -167,7 +169,7 @@ class MapColumn:
                 keys.append(key)
                 lines.append(b'{"v":' + _dumps(item).encode("utf-8", "surrogatepass") + b"}")
                 owner.append(row)
-        items, good = self._items(lines, owner, reasons)
+        items, good, unknown = self._items(lines, owner, reasons)
         # A refused record keeps no entries and no map (the row is dropped anyway).
         bad = reasons != None  # noqa: E711
         owners = np.asarray(owner, dtype=np.int64)
@@ -179,25 +181,30 @@ class MapColumn:
         kept_keys = pa.array([k for k, keep in zip(keys, kept) if keep], self.target.key_type)
         kept_items = items.filter(pa.array((~bad[owners])[good])) if len(items) else items
         column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), kept_keys, kept_items, type=self.target)
-        return column, reasons
+        return column, reasons, unknown
 
-    def _items(self, lines: list[bytes], owner: list[int], reasons: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    def _items(self, lines: list[bytes], owner: list[int],
+               reasons: np.ndarray) -> tuple[pa.Array, np.ndarray, list[tuple[tuple[str, ...], IcebergType, np.ndarray]]]:
         """Decode every entry's value; flag the rows of refused ones. Returns the decoded values
-        (one per entry that decoded, in entry order) and which entries decoded."""
+        (one per entry that decoded, in entry order), which entries decoded, and the unknown
+        fields of the values, named from the top (`attrs.value.note`) with their records."""
         if not lines:
-            return pa.array([], self.target.item_type), np.zeros(0, dtype=bool)
+            return pa.array([], self.target.item_type), np.zeros(0, dtype=bool), []
         result = self.values.decode(lines)
+        owners = np.asarray(owner, dtype=np.int64)
+        prefix = (*self.path.split("."), "value")
+        unknown = [((*prefix, *u.path[1:]), u.type, np.unique(owners[u.rows])) for u in result.unknown]
         good = np.zeros(len(lines), dtype=bool)
         good[result.kept] = True
         for index, reason in result.rejected:
             row = owner[index]
             if reasons[row] is None:
                 reasons[row] = self.rename(reason)
-        return result.table.column(_VALUE).combine_chunks(), good
+        return result.table.column(_VALUE).combine_chunks(), good, unknown
 
 
 def map_columns(schema: Schema, file_schema: pa.Schema, max_record_bytes: int, units: Mapping[str, str],
-                decoder: type) -> list[MapColumn]:
+                decoder: type, unknown: str = "ignore") -> list[MapColumn]:
     """A MapColumn per map of the schema (reached through structs)."""
     columns = []
     for path, map_type in map_paths(schema.as_struct()):
@@ -206,7 +213,7 @@ def map_columns(schema: Schema, file_schema: pa.Schema, max_record_bytes: int, u
         prefix = path + "."
         inner_units = {_VALUE + p[len(path):]: u for p, u in units.items() if p.startswith(prefix) or p == path}
         target = _target_type(file_schema, path)
-        columns.append(MapColumn(path, map_type, target, decoder(Schema(value), max_record_bytes, inner_units)))
+        columns.append(MapColumn(path, map_type, target, decoder(Schema(value), max_record_bytes, inner_units, unknown)))
     return columns
 
 

@@ -11,6 +11,7 @@ is the truth for it). The columns come back in the table's order, with its field
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -39,19 +40,22 @@ class RecordDecoder:
     """Decodes batches of (key, value) into the table's Arrow schema."""
 
     def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
-                 key_field: str | None = None) -> None:
+                 key_field: str | None = None, unknown: Literal["ignore", "report"] = "ignore") -> None:
         check_key_field(schema, key_field)
         self.key_field = key_field
         self.file_schema = schema_to_pyarrow(schema)
         value_schema = schema if key_field is None else Schema(
             *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
-        self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units)
+        self.schema = schema
+        self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown)
         self.key_required = key_field is not None and schema.find_field(key_field).required
 
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None) -> DecodeResult:
         result = self.values.decode(values)
         if self.key_field is None:
             return result
+        # A value field named like the key column is the key's (not a field the table lacks).
+        result.unknown = [u for u in result.unknown if u.path != (self.key_field,)]
         if keys is None:
             raise ValueError("kafka.key_field is set: the records' keys are needed")
         # One pass over the kept rows' keys: text, or the reason the record cannot be written.
@@ -75,6 +79,10 @@ class RecordDecoder:
         columns[self.key_field] = pa.array(text, pa.string())
         table = pa.Table.from_arrays([columns[f.name] for f in self.file_schema], schema=self.file_schema)
         if not bad.any():
-            return DecodeResult(table=table, kept=result.kept, rejected=result.rejected)
+            return DecodeResult(table=table, kept=result.kept, rejected=result.rejected, unknown=result.unknown)
         rejected = sorted(result.rejected + reasons)
-        return DecodeResult(table=table.filter(pa.array(~bad)), kept=result.kept[~bad], rejected=rejected)
+        kept = result.kept[~bad]
+        for u in result.unknown:
+            u.rows = u.rows[np.isin(u.rows, kept)]
+        return DecodeResult(table=table.filter(pa.array(~bad)), kept=kept, rejected=rejected,
+                            unknown=[u for u in result.unknown if len(u.rows)])

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyiceberg.types import IcebergType
+
+from streamberg.common.field_sightings import FieldSighting
 from streamberg.common.offsets import OffsetSkip
 from streamberg.ingest.files import WrittenFile
 
@@ -21,6 +24,18 @@ class DeadLetter:
     key: bytes | None
     value: bytes | None
     reason: str
+
+
+@dataclass(frozen=True)
+class HeldRecord:
+    """A record carrying fields the writer's schema lacks, for the committer to decode after
+    it added them (ingest/evolution.py)."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
 
 
 @dataclass
@@ -38,6 +53,12 @@ class FlushUnit:
     # partition -> the position jumps Kafka forced inside the range, in order
     # (ingest.on_lost_offsets: skip-and-record; ingest/positions.py)
     skips: dict[int, list[OffsetSkip]] = field(default_factory=dict)
+    # ingest.schema_evolution: add — records held for the committer, and the fields they carry
+    # that the writer's schema lacks (Iceberg path -> inferred type), in the order first seen
+    held: list[HeldRecord] = field(default_factory=list)
+    new_fields: dict[tuple[str, ...], IcebergType] = field(default_factory=dict)
+    # ingest.schema_evolution: off — fields not written, per path (common/field_sightings.py)
+    sightings: dict[str, FieldSighting] = field(default_factory=dict)
 
     @property
     def records(self) -> int:

@@ -19,21 +19,27 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
+from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode import epoch_units
-from streamberg.ingest.files import PartitionedFileWriter
+from streamberg.ingest.decode import DecodeResult, epoch_units
+from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, merge_candidates
+from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
 from streamberg.ingest.records import RecordDecoder
-from streamberg.ingest.units import DeadLetter, FlushUnit
+from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
+from streamberg.ingest.unknown_fields import display
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
@@ -89,6 +95,15 @@ class IngestWriter:
         self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
         self.dead_letters: list[DeadLetter] = []
         self.messages = 0  # records read into the open unit
+        # ingest.schema_evolution (ingest/evolution.py): records held for the committer and
+        # the fields they carry; files closed when the schema changed mid-unit; sightings (off)
+        self.evolution = config.ingest.schema_evolution
+        self.held: list[HeldRecord] = []
+        self.held_bytes = 0
+        self.new_fields: dict = {}
+        self.rolled: list[WrittenFile] = []
+        self.sightings: dict[str, FieldSighting] = {}
+        self.schema_checked = 0.0
         self.epoch = self._epoch_now()
         self.finished = False
 
@@ -115,17 +130,40 @@ class IngestWriter:
             self._position_lost(problem)
         self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
         self.expect_first = dict(self.position)
+        self._decode_with(table)
+        self.log.info("writer opened", partitions=mine, start_offsets=self.position,
+                      committed_snapshot=committed.snapshot_id)
+
+    def _decode_with(self, table: Table) -> None:
+        """Decode and write against the table's current schema."""
+        self.schema_id = table.schema().schema_id
         self.decoder = RecordDecoder(table.schema(), self.config.ingest.max_record_bytes,
-                                     epoch_units(self.config.table.schema_), self.config.kafka.key_field)
+                                     epoch_units(self.config.table.schema_), self.config.kafka.key_field,
+                                     unknown="report")
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
             target_file_size=target_file_size(table, default=self.config.table.target_file_size_bytes),
             row_group_rows=self.config.ingest.row_group_rows,
-            name_prefix=f"{self.run_id}-w{self.index}",
+            name_prefix=f"{self.run_id}-w{self.index}-s{self.schema_id}",
         )
-        self.log.info("writer opened", partitions=mine, start_offsets=self.position,
-                      committed_snapshot=committed.snapshot_id)
+
+    def _recheck_schema(self) -> None:
+        """While records are held, follow the committer's schema changes (at most once a
+        second): files written so far are closed into the open unit, and the rest of the
+        stream decodes against the evolved schema."""
+        now = time.monotonic()
+        if now - self.schema_checked < SCHEMA_RECHECK_SECONDS:
+            return
+        self.schema_checked = now
+        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+        if table.schema().schema_id == self.schema_id:
+            return
+        self.rolled.extend(self.files.flush())
+        old = self.schema_id
+        self._decode_with(table)
+        self.log.info("decoding against the evolved schema", schema_from=old, schema_to=self.schema_id,
+                      held=len(self.held))
 
     # -- positions -----------------------------------------------------------------------
     def _start_of_new_partition(self, partition: int, marks: Watermarks, topic_started: bool) -> int:
@@ -201,7 +239,13 @@ class IngestWriter:
         assert self.consumer is not None, "open() first"
         if self.finished:
             return None
-        if self.position:
+        if self.held_bytes >= HELD_BYTES_LIMIT:
+            # Enough held for the committer: wait (still flushing each interval) for the
+            # schema change before reading on.
+            self._recheck_schema()
+            if self.held_bytes >= HELD_BYTES_LIMIT:
+                time.sleep(self.config.ingest.poll_timeout_seconds)
+        elif self.position:
             messages = self.consumer.consume(self.config.ingest.max_poll_records, self.config.ingest.poll_timeout_seconds)
             if messages:
                 self._process(messages)
@@ -241,12 +285,41 @@ class IngestWriter:
             self._check_first_offsets(partitions, offsets)
         keys = [m.key() for m in messages] if self.decoder.key_field is not None else None
         result = self.decoder.decode(values, keys)
-        if result.table.num_rows:
-            self.files.write(result.table)
+        table = self._unknown_fields(result, messages, partitions, offsets) if result.unknown else result.table
+        if table.num_rows:
+            self.files.write(table)
         self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in result.rejected)
         # Within a partition messages arrive in offset order: the last one seen is the highest.
         for p, last in dict(zip(partitions, offsets)).items():
             self.position[p] = last + 1
+
+    def _unknown_fields(self, result: DecodeResult, messages: list, partitions: list[int],
+                        offsets: list[int]) -> pa.Table:
+        """Records carrying fields the schema lacks: held for the committer (add), or written
+        without them and counted per path (off). Returns the rows to write now."""
+        if self.evolution == "off":
+            parts, offs = np.asarray(partitions), np.asarray(offsets)
+            batch: dict[str, FieldSighting] = {}
+            for unknown in result.unknown:
+                seen = batch.setdefault(display(unknown.path), FieldSighting())
+                for p in np.unique(parts[unknown.rows]):
+                    mine = offs[unknown.rows][parts[unknown.rows] == p]
+                    seen.see(int(p), int(mine.min()), 0)
+                    seen.see(int(p), int(mine.max()), 0)
+                seen.records += len(unknown.rows)
+            merge_sightings(self.sightings, batch)
+            return result.table
+        rows = result.rows_with_unknown()
+        for i in rows:
+            m = messages[int(i)]
+            kind, ts = m.timestamp()
+            value = m.value()
+            self.held.append(HeldRecord(m.partition(), m.offset(), ts if kind else None, m.key(), value))
+            self.held_bytes += len(value or b"") + len(m.key() or b"")
+        for unknown in result.unknown:
+            merge_candidates(self.new_fields, unknown.path, unknown.type)
+        self._recheck_schema()
+        return result.table.filter(pa.array(~np.isin(result.kept, rows)))
 
     def _drop_errors(self, messages: list, errors: list) -> tuple[list, list[int]]:
         """The records, and the partitions whose position the broker refused."""
@@ -264,14 +337,17 @@ class IngestWriter:
 
     # -- flushing ---------------------------------------------------------------------
     def _flush(self, final: bool) -> FlushUnit:
-        files = self.files.flush()
+        files = self.rolled + self.files.flush()
+        self.rolled = []
         # Partitions that moved, jumped, or whose start the table does not hold yet.
         covered = {p for p, end in self.position.items() if end != self.unit_start[p]} | set(self.skips) \
             | self.unrecorded
         ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
-                         messages=self.messages, skips=self.skips)
+                         messages=self.messages, skips=self.skips, held=self.held, new_fields=self.new_fields,
+                         sightings=self.sightings)
+        self.held, self.held_bytes, self.new_fields, self.sightings = [], 0, {}, {}
         self.unit_start = dict(self.position)
         self.skips, self.unrecorded = {}, set()
         self.dead_letters = []

@@ -29,6 +29,7 @@ from streamberg.common.config.bounds import (
     _Section,
     _text,
 )
+from streamberg.common.config.types import MAX_SCHEMA_FIELDS
 
 
 class KafkaConfig(_Section):
@@ -84,6 +85,15 @@ class IngestConfig(_Section):
     # jump in the table, where status, metrics and `streamberg table` show it
     # (docs/runbooks/lost-offsets.md).
     on_lost_offsets: Literal["fail", "skip-and-record"] = "fail"
+    # Fields the records carry and the table lacks, at any depth. `add`: the committer adds
+    # them as optional columns, typed from the JSON values, in the same commit as the first
+    # files that carry them (ingest/evolution.py). `off`: they are not written, and counted
+    # per field path in every ingest commit, `streamberg status` and `metrics`. Never dropped
+    # in silence either way.
+    schema_evolution: Literal["add", "off"] = "add"
+    # At most this many fields are added by one commit; a record that would add more is
+    # dead-lettered with the reason. A JSON object whose keys are ids belongs in a `map`.
+    max_new_fields_per_commit: Annotated[int, _int(1, MAX_SCHEMA_FIELDS)] = 100
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
     commit_retries: Annotated[int, _int(0, 1000)] = 10
     # Local runs: fork the Python workers from one process that imported Beam, PyFlink and

@@ -1,0 +1,189 @@
+"""Schema evolution from the records (`ingest.schema_evolution: add`): nothing a record
+carries is lost, and no snapshot references a file with a column its schema lacks.
+
+How it runs:
+- A writer decodes against the schema it loaded. A record that carries a field the schema
+  lacks (ingest/unknown_fields.py) is not written by the writer: it is *held*, its raw key
+  and value travel in the writer's unit with the inferred types of its new fields.
+- The single committer, the only place that assigns field ids, plans the additions
+  (`plan_additions`: bounds, names, depth), adds them with Iceberg's schema update, decodes
+  the held records against the evolved schema with the ingest's own decoder, writes their
+  Parquet file and appends it with the interval's other files, all in ONE transaction: the
+  schema change and the first files that carry the new columns become visible together.
+  A lost race re-plans against the table it re-reads.
+- Writers look at the table's schema again while they hold records (at most once a second)
+  and decode against the evolved schema from then on, so only the records of the first
+  interval or so take the committer's path. A writer stops reading while it holds more than
+  HELD_BYTES_LIMIT, until the schema changed, so a unit stays small.
+
+Only additions: a field the table has keeps its type, and a value that contradicts it is
+dead-lettered by the decoder with the field's path and both types. A new field is optional,
+so every older row reads it as null. Records whose fields cannot be added (a bound, a name
+no engine can resolve, nesting too deep) are dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.schema import Schema, index_by_id
+from pyiceberg.table import Transaction
+from pyiceberg.types import IcebergType, ListType, MapType, StructType
+
+from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH
+from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
+from streamberg.ingest.records import RecordDecoder
+from streamberg.ingest.units import DeadLetter, HeldRecord
+from streamberg.ingest.unknown_fields import Path, display, merge_types
+
+# A writer holding more raw bytes than this stops reading until the schema has changed.
+HELD_BYTES_LIMIT = 16 * 1024 * 1024
+# How often a writer holding records reads the table's schema again.
+SCHEMA_RECHECK_SECONDS = 1.0
+# Candidate fields one writer carries per unit; beyond, records are still held (and then
+# dead-lettered by the committer's bound), but their fields are not listed.
+MAX_CANDIDATES_PER_UNIT = MAX_SCHEMA_FIELDS
+
+
+def merge_candidates(into: dict[Path, IcebergType], path: Path, t: IcebergType) -> None:
+    if path in into:
+        into[path] = merge_types(into[path], t)
+    elif len(into) < MAX_CANDIDATES_PER_UNIT:
+        into[path] = t
+
+
+def _fields_in(t: IcebergType) -> int:
+    """Iceberg fields a type brings (itself not counted): struct fields, list elements, map
+    keys and values, recursively."""
+    if isinstance(t, StructType):
+        return sum(1 + _fields_in(f.field_type) for f in t.fields)
+    if isinstance(t, ListType):
+        return 1 + _fields_in(t.element_type)
+    if isinstance(t, MapType):
+        return 2 + _fields_in(t.key_type) + _fields_in(t.value_type)
+    return 0
+
+
+def _depth(t: IcebergType) -> int:
+    if isinstance(t, StructType):
+        return 1 + max((_depth(f.field_type) for f in t.fields), default=0)
+    if isinstance(t, ListType):
+        return 1 + _depth(t.element_type)
+    if isinstance(t, MapType):
+        return 1 + _depth(t.value_type)
+    return 0
+
+
+def _resolve(schema: Schema, path: Path) -> IcebergType | None:
+    """The type at an Iceberg path (`element`, `key` and `value` step into lists and maps)."""
+    t: IcebergType = schema.as_struct()
+    for part in path:
+        if isinstance(t, StructType):
+            found = next((f for f in t.fields if f.name == part), None)
+            if found is None:
+                return None
+            t = found.field_type
+        elif isinstance(t, ListType) and part == "element":
+            t = t.element_type
+        elif isinstance(t, MapType) and part in ("key", "value"):
+            t = t.key_type if part == "key" else t.value_type
+        else:
+            return None
+    return t
+
+
+@dataclass
+class AdditionPlan:
+    """What one commit adds, in order, and why the rest is not added."""
+
+    added: list[tuple[Path, IcebergType]] = field(default_factory=list)
+    refused: dict[Path, str] = field(default_factory=dict)
+
+
+def plan_additions(schema: Schema, candidates: Mapping[Path, IcebergType], max_new: int) -> AdditionPlan:
+    """Which candidate fields to add to `schema`, within the bounds, in the order seen."""
+    plan = AdditionPlan()
+    total = len(index_by_id(schema))
+    new = 0
+    for path, t in candidates.items():
+        name, parent_path = path[-1], path[:-1]
+        if _resolve(schema, path) is not None:
+            continue  # added meanwhile (another commit): the records decode against its type
+        parent = _resolve(schema, parent_path) if parent_path else schema.as_struct()
+        where = display(path)
+        if not isinstance(parent, StructType):
+            plan.refused[path] = f"field {where!r} cannot be added: {display(parent_path)!r} is not an object in the table"
+            continue
+        clash = next((f.name for f in parent.fields if f.name.lower() == name.lower()), None)
+        if not name or "." in name or clash is not None:
+            why = (f"it differs only in case from {clash!r}, which engines resolving names without case confuse"
+                   if clash is not None else "a column name must be non-empty and without '.'")
+            plan.refused[path] = f"field {where!r} cannot be added: {why}"
+            continue
+        if len(path) + _depth(t) > MAX_TYPE_DEPTH:
+            plan.refused[path] = f"field {where!r} cannot be added: it would nest deeper than {MAX_TYPE_DEPTH} levels"
+            continue
+        count = 1 + _fields_in(t)
+        if new + count > max_new:
+            plan.refused[path] = (f"field {where!r} was not added: the commit would add more than {max_new} fields "
+                                  "(ingest.max_new_fields_per_commit); an object whose keys are ids belongs in a map "
+                                  "column of table.schema")
+            continue
+        if total + new + count > MAX_SCHEMA_FIELDS:
+            plan.refused[path] = f"field {where!r} was not added: the table would have more than {MAX_SCHEMA_FIELDS:,} fields"
+            continue
+        plan.added.append((path, t))
+        new += count
+    return plan
+
+
+@dataclass
+class EvolvedBatch:
+    """The held records of one commit, after the schema change: their files and dead letters."""
+
+    files: list[WrittenFile]
+    dead_letters: list[DeadLetter]
+    added: list[tuple[str, str]]  # (path, type) the commit adds
+    records: int
+
+
+def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mapping[Path, IcebergType], max_new: int,
+                     decoder_for: Callable[[Schema], RecordDecoder],
+                     files_for: Callable[[Schema], PartitionedFileWriter]) -> EvolvedBatch:
+    """Add the planned fields to the transaction's schema, then decode `held` against it and
+    write the rows that decode. Records that still carry a field the schema lacks (not added:
+    a bound, a name) or that contradict a type are returned as dead letters."""
+    plan = plan_additions(tx.table_metadata.schema(), candidates, max_new)
+    if plan.added:
+        with tx.update_schema() as update:
+            for path, t in plan.added:
+                update.add_column(path, t)
+    schema = tx.table_metadata.schema()
+    decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held])
+    reasons = dict(decoded.rejected)
+    for unknown in decoded.unknown:
+        why = plan.refused.get(unknown.path) or (
+            f"field {display(unknown.path)!r} is not in the table and was not added (over "
+            f"ingest.max_new_fields_per_commit={max_new} candidates in one interval)")
+        for row in unknown.rows:
+            reasons.setdefault(int(row), why)
+    dead = [DeadLetter(h.partition, h.offset, h.timestamp_ms, h.key, h.value, reasons[i])
+            for i, h in enumerate(held) if i in reasons]
+    table = decoded.table
+    still = decoded.rows_with_unknown()
+    if len(still):
+        table = table.filter(pa.array(~np.isin(decoded.kept, still)))
+    files: list[WrittenFile] = []
+    if table.num_rows:
+        writer = files_for(schema)
+        try:
+            writer.write(table)
+            files = writer.flush()
+        except BaseException:
+            writer.abort()
+            raise
+    return EvolvedBatch(files=files, dead_letters=dead, records=table.num_rows,
+                        added=[(display(path), str(schema.find_type(".".join(path)))) for path, _ in plan.added])

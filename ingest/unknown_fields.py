@@ -1,0 +1,159 @@
+"""Fields the records carry and the table lacks: found in the decoder's own parse, typed by
+inference from the JSON values.
+
+The decoder parses with pyarrow's `unexpected_field_behavior="infer"` (measured: the same
+cost as "ignore" on records without such fields): the schema's fields keep their declared
+parse types, and members the schema lacks, at any depth (inside structs and list elements),
+come back as extra Arrow columns with inferred types. This module walks the parsed block
+against the parse schema, names every extra field by its Iceberg path
+(`customer.email`, `items.element.color`), types it by the rules of schema evolution and
+says which records carry a value there. The extra columns are then cast away, so the rest
+of the decoder sees exactly the blocks it always did.
+
+Inference (JSON value -> Iceberg type): integer -> long, other number -> double (an integer
+and a fraction in one field -> double), string -> string (pyarrow reads ISO-8601 strings as
+timestamps; they stay strings: no guessing), boolean -> boolean, object -> struct of its
+members, array -> list of its elements' type. A field whose values carry no type (only
+nulls, empty arrays, empty objects) holds nothing to lose and is not reported. Values of
+conflicting types for one field (a number here, a string there) fail pyarrow's parse of the
+block: the decoder then parses such records alone, and a record that conflicts with itself
+(`[1, "a"]`) is dead-lettered with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.types import (
+    BooleanType,
+    DoubleType,
+    IcebergType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+)
+
+Path = tuple[str, ...]  # Iceberg names from the top, "element" for a list's elements
+
+
+def display(path: Path) -> str:
+    return ".".join(path)
+
+
+@dataclass
+class UnknownField:
+    """One field the schema lacks, as one decode batch found it."""
+
+    path: Path
+    type: IcebergType  # inferred
+    rows: np.ndarray  # batch indexes of the records carrying a value there (sorted, unique)
+
+
+def infer_type(arrow_type: pa.DataType) -> IcebergType | None:
+    """The Iceberg type of an inferred Arrow type (None: the values carry no type)."""
+    ids = itertools.count(1)  # placeholders: the schema update assigns the table's ids
+    return _infer(arrow_type, ids)
+
+
+def _infer(t: pa.DataType, ids: itertools.count) -> IcebergType | None:
+    if pa.types.is_boolean(t):
+        return BooleanType()
+    if pa.types.is_integer(t):
+        return LongType()
+    if pa.types.is_floating(t):
+        return DoubleType()
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return StringType()
+    if pa.types.is_struct(t):
+        fields = []
+        for child in t:
+            inner = _infer(child.type, ids)
+            if inner is not None:
+                fields.append(NestedField(next(ids), child.name, inner, required=False))
+        return StructType(*fields) if fields else None
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        element = _infer(t.value_type, ids)
+        return ListType(next(ids), element, element_required=False) if element is not None else None
+    return None  # null, and nothing else the JSON reader infers
+
+
+def _carried(values: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """The batch rows of the values that are not null."""
+    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    return rows[valid]
+
+
+def _walk(expected: pa.DataType, array: pa.Array, rows: np.ndarray, path: Path, skip: frozenset[Path],
+          out: dict[Path, tuple[IcebergType, list[np.ndarray]]]) -> None:
+    if pa.types.is_struct(array.type) and pa.types.is_struct(expected):
+        known = {f.name for f in expected}
+        children = array.flatten()  # with the struct's own nulls applied to its fields
+        for i, child in enumerate(array.type):
+            child_path = (*path, child.name)
+            if child_path in skip:
+                continue
+            if child.name in known:
+                _walk(expected.field(child.name).type, children[i], rows, child_path, skip, out)
+                continue
+            inferred = infer_type(child.type)
+            if inferred is None:
+                continue
+            carried = _carried(children[i], rows)
+            if len(carried):
+                merge_found(out, child_path, inferred, carried)
+    elif pa.types.is_list(array.type) and pa.types.is_list(expected):
+        if not pa.types.is_struct(expected.value_type) and not pa.types.is_list(expected.value_type):
+            return  # primitive elements: nothing unknown below
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        _walk(expected.value_type, array.flatten(), rows[parents], (*path, "element"), skip, out)
+
+
+def find_unknown(parse_schema: pa.Schema, parsed: pa.Table, rows: np.ndarray, skip: frozenset[Path],
+                 found: dict[Path, tuple[IcebergType, list[np.ndarray]]]) -> pa.Table:
+    """Record in `found` the fields of `parsed` that `parse_schema` lacks (with the batch rows,
+    `rows`, that carry them), and return `parsed` without them. `skip`: paths that are not
+    unknown although the parse schema lacks them (the maps, read outside the parse)."""
+    if parsed.schema.equals(parse_schema):
+        return parsed
+    _walk(pa.struct(list(parse_schema)), pa.StructArray.from_arrays(
+        [c.combine_chunks() for c in parsed.columns], fields=list(parsed.schema)), rows, (), skip, found)
+    return parsed.select(parse_schema.names).cast(parse_schema)
+
+
+def collect(found: dict[Path, tuple[IcebergType, list[np.ndarray]]]) -> list[UnknownField]:
+    return [UnknownField(path, t, np.unique(np.concatenate(parts))) for path, (t, parts) in found.items()]
+
+
+def merge_found(found: dict[Path, tuple[IcebergType, list[np.ndarray]]], path: Path, t: IcebergType,
+                rows: np.ndarray) -> None:
+    """Add one sighting to `found`; two types for one path merge (merge_types)."""
+    if path in found:
+        found[path] = (merge_types(found[path][0], t), found[path][1] + [rows])
+    else:
+        found[path] = (t, [rows])
+
+
+def merge_types(first: IcebergType, second: IcebergType) -> IcebergType:
+    """One type for a field two sightings typed: long and double make double, structs take
+    the union of their fields, lists merge their elements; any other pair keeps the first
+    (records of the other then fail the decode against it, with the reason)."""
+    if first == second:
+        return first
+    if {type(first), type(second)} == {LongType, DoubleType}:
+        return DoubleType()
+    if isinstance(first, StructType) and isinstance(second, StructType):
+        fields = {f.name: f for f in first.fields}
+        for f in second.fields:
+            fields[f.name] = (NestedField(f.field_id, f.name, merge_types(fields[f.name].field_type, f.field_type),
+                                          required=False) if f.name in fields else f)
+        ids = itertools.count(1)
+        return StructType(*[NestedField(next(ids), f.name, f.field_type, required=False) for f in fields.values()])
+    if isinstance(first, ListType) and isinstance(second, ListType):
+        return ListType(1, merge_types(first.element_type, second.element_type), element_required=False)
+    return first

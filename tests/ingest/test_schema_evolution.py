@@ -1,0 +1,252 @@
+"""Schema evolution from the records (ingest.schema_evolution), against a real SQLite catalog,
+real Parquet files and, end to end, a real broker and writer; DuckDB reads what was written.
+
+What must hold: a field the records carry and the table lacks, at any depth, becomes an
+optional column in the same commit as the first files that carry it, and its values land;
+a value that contradicts the table's type, or a field past a bound, is a dead letter with
+the reason; with `off` the fields are counted per path in every commit's summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import duckdb
+import yaml
+from pyiceberg.types import DoubleType, ListType, LongType, NestedField, StringType, StructType
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.field_sightings import added_fields_of, sightings_of
+from streamberg.common.offsets import summary_properties
+from streamberg.common.summary_keys import SummaryKeys
+from streamberg.ingest.committer import Committer
+from streamberg.ingest.dead_letters import open_tables
+from streamberg.ingest.decode import JsonDecoder
+from streamberg.ingest.evolution import plan_additions
+from streamberg.ingest.units import FlushUnit, HeldRecord
+from tests.helpers import config_at, dead_letters, write_config
+
+SCHEMA = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "customer", "type": "struct", "fields": [{"name": "cid", "type": "long"}]},
+    {"name": "items", "type": "list", "element": {"type": "struct", "fields": [{"name": "sku", "type": "string"}]}},
+    {"name": "attrs", "type": "map", "key": "string", "value": {"type": "struct", "fields": [{"name": "a", "type": "long"}]}},
+]
+
+
+def make_config(tmp_path: Path, broker: str, **ingest):
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1, **ingest})
+    document = yaml.safe_load(path.read_text())
+    document["table"]["schema"] = SCHEMA
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config = config_at(path)
+    open_tables(config)
+    return config
+
+
+def unit_of(config, records: list[dict], start: int = 0, epoch: int = 1) -> FlushUnit:
+    """A writer's unit: its records decoded against the table's schema as the writer does."""
+    from streamberg.common.catalog import load_catalog
+    from streamberg.ingest.evolution import merge_candidates
+    from streamberg.ingest.files import PartitionedFileWriter
+    from streamberg.ingest.records import RecordDecoder
+
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    values = [json.dumps(r).encode() for r in records]
+    result = RecordDecoder(table.schema(), 1 << 20, unknown="report").decode(values)
+    held_rows = set(result.rows_with_unknown().tolist())
+    import numpy as np
+    import pyarrow as pa
+
+    rows = result.table.filter(pa.array(~np.isin(result.kept, list(held_rows))))
+    files = PartitionedFileWriter(table.io, table.location(), table.schema(), table.spec(), table.properties,
+                                  1 << 30, 1000, f"test-{start}")
+    files.write(rows)
+    candidates: dict = {}
+    for u in result.unknown:
+        merge_candidates(candidates, u.path, u.type)
+    return FlushUnit(run_id="test", writer=0, epoch=epoch, topic=config.kafka.topic,
+                     ranges={0: (start, start + len(records))}, files=files.flush(), messages=len(records),
+                     held=[HeldRecord(0, start + i, None, None, values[i]) for i in sorted(held_rows)],
+                     new_fields=candidates)
+
+
+@contextlib.contextmanager
+def opened(config, run_id: str):
+    committer = Committer(config, parallelism=1, run_id=run_id)
+    committer.open()
+    try:
+        yield committer
+    finally:
+        committer.close()
+
+
+def duck_rows(table, sql_columns: str) -> list[tuple]:
+    con = duckdb.connect()
+    arrow = table.scan().to_arrow()
+    con.register("t", arrow)
+    return con.execute(f"SELECT {sql_columns} FROM t ORDER BY id").fetchall()
+
+
+def test_the_decoder_names_fields_the_schema_lacks_at_any_depth_with_inferred_types() -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import MapType
+
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "customer", StructType(NestedField(3, "cid", LongType()))),
+        NestedField(4, "items", ListType(5, StructType(NestedField(6, "sku", StringType())), element_required=False)),
+        NestedField(7, "attrs", MapType(8, StringType(), 9, StructType(NestedField(10, "a", LongType())), value_required=False)),
+    )
+    decoder = JsonDecoder(schema, 1 << 20, unknown="report")
+    result = decoder.decode([
+        b'{"id": 1, "customer": {"cid": 1, "email": "a@b", "geo": {"lat": 1.5, "tags": ["x"]}}}',
+        b'{"id": 2, "items": [{"sku": "s", "qty": 3}, {"sku": "t"}], "seen": "2026-11-25T10:00:00Z"}',
+        b'{"id": 3, "attrs": {"k": {"a": 1, "note": "n"}}, "empty": [], "none": null, "obj": {}}',
+        b'{"id": 4, "score": 1}',
+        b'{"id": 5, "score": 2.5}',
+        b'{"id": 6}',
+        b'{"id": 7, "mixed": [1, "a"]}',
+    ])
+    found = {".".join(u.path): (u.type, u.rows.tolist()) for u in result.unknown}
+    assert found == {
+        "customer.email": (StringType(), [0]),
+        "customer.geo": (StructType(NestedField(1, "lat", DoubleType()),
+                                    NestedField(3, "tags", ListType(2, StringType(), element_required=False))), [0]),
+        "items.element.qty": (LongType(), [1]),
+        "seen": (StringType(), [1]),  # an ISO string stays a string: no guessing of timestamps
+        "attrs.value.note": (StringType(), [2]),
+        "score": (DoubleType(), [3, 4]),  # an integer and a fraction: double
+    }
+    # Records without such fields, and the ones with, decode their known fields as before.
+    assert result.kept.tolist() == [0, 1, 2, 3, 4, 5]
+    assert result.rejected == [(6, "field 'mixed': values of different JSON types in one record; a field the table "
+                                   "lacks takes one type (declare it in table.schema to choose)")]
+    # The default drops them, as a decoder that is not asked to report.
+    assert JsonDecoder(schema, 1 << 20).decode([b'{"id": 1, "x": 1}']).unknown == []
+
+
+def test_fields_are_added_in_the_same_commit_as_the_records_that_carry_them(tmp_path: Path, broker: str) -> None:
+    config = make_config(tmp_path, broker)
+    records = [
+        {"id": 0, "customer": {"cid": 10}},
+        {"id": 1, "customer": {"cid": 11, "email": "a@b", "geo": {"lat": 1.5}}},
+        {"id": 2, "items": [{"sku": "s", "qty": 3}], "note": "hello"},
+        {"id": 3, "attrs": {"k": {"a": 1, "label": "L"}}},
+        {"id": 4, "score": 7},
+        {"id": 5, "score": "high"},  # contradicts the type the commit gives `score`
+    ]
+    with opened(config, "r1") as committer:
+        before = load_catalog(config.catalog).load_table(config.table.identifier)
+        result = committer.offer(unit_of(config, records))
+        assert result is not None and result.records == 5 and result.dead_letters == 1
+
+        table = load_catalog(config.catalog).load_table(config.table.identifier)
+        snapshot = table.current_snapshot()
+        assert len(table.snapshots()) == len(before.snapshots()) + 1  # one commit: schema and data together
+        assert snapshot.schema_id == table.schema().schema_id != before.schema().schema_id
+        summary = summary_properties(snapshot)
+        assert sorted(path for path, _ in added_fields_of(summary)) == [
+            "attrs.value.label", "customer.email", "customer.geo", "items.element.qty", "note", "score"]
+        assert summary[SummaryKeys.EVOLVED_RECORDS] == "4"
+        for name in ("customer.email", "customer.geo.lat", "items.element.qty", "note", "attrs.value.label", "score"):
+            assert not table.schema().find_field(name).required
+        rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+        assert sorted(rows) == [0, 1, 2, 3, 4]
+        assert rows[1]["customer"] == {"cid": 11, "email": "a@b", "geo": {"lat": 1.5}}
+        assert rows[2]["items"] == [{"sku": "s", "qty": 3}] and rows[2]["note"] == "hello"
+        assert rows[3]["attrs"] == [("k", {"a": 1, "label": "L"})]
+        assert rows[4]["score"] == 7 and rows[0]["score"] is None
+        # DuckDB, reading the same Arrow data through its own engine, agrees on the new columns.
+        assert duck_rows(table, "id, customer.email, note, score") == [
+            (0, None, None, None), (1, "a@b", None, None), (2, None, "hello", None), (3, None, None, None), (4, None, None, 7)]
+        dead = dead_letters(config).to_pylist()
+        assert [json.loads(d["value"])["id"] for d in dead] == [5]
+        assert "score" in dead[0]["reason"] and "long" in dead[0]["reason"]
+
+
+def test_a_record_past_the_bound_is_a_dead_letter_with_the_reason(tmp_path: Path, broker: str) -> None:
+    config = make_config(tmp_path, broker, max_new_fields_per_commit=3)
+    records = [{"id": 0, "a": 1, "b": 2}, {"id": 1, "c": {"x": 1, "y": 2}}, {"id": 2, "d": 1}]
+    with opened(config, "r1") as committer:
+        committer.offer(unit_of(config, records))
+        table = load_catalog(config.catalog).load_table(config.table.identifier)
+        assert [path for path, _ in added_fields_of(summary_properties(table.current_snapshot()))] == ["a", "b", "d"]
+        assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == [0, 2]
+        dead = dead_letters(config).to_pylist()
+        assert [json.loads(d["value"])["id"] for d in dead] == [1]
+        assert "more than 3 fields" in dead[0]["reason"] and "'c'" in dead[0]["reason"]
+
+
+def test_the_plan_refuses_names_engines_confuse_and_depth_past_the_bound() -> None:
+    from pyiceberg.schema import Schema
+
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "Name", StringType()))
+    deep: StructType | LongType = LongType()
+    for _ in range(20):
+        deep = StructType(NestedField(1, "n", deep))
+    plan = plan_additions(schema, {("name",): StringType(), ("a.b",): LongType(), ("deep",): deep,
+                                   ("ok",): LongType(), ("id",): LongType()}, max_new=100)
+    assert plan.added == [(("ok",), LongType())]
+    assert "differs only in case from 'Name'" in plan.refused[("name",)]
+    assert "without '.'" in plan.refused[("a.b",)]
+    assert "deeper than 16" in plan.refused[("deep",)]
+    assert ("id",) not in plan.refused  # the table has it: nothing to add
+
+
+def test_off_counts_the_fields_not_written_in_every_commit(tmp_path: Path, broker: str) -> None:
+    config = make_config(tmp_path, broker, schema_evolution="off")
+    from streamberg.common.field_sightings import FieldSighting
+
+    with opened(config, "r1") as committer:
+        first = unit_of(config, [{"id": 0, "x": 1}, {"id": 1}])
+        first.sightings, first.held, first.new_fields = {"x": FieldSighting(1, {0: 0}, {0: 0})}, [], {}
+        committer.offer(first)
+        second = FlushUnit(run_id="test", writer=0, epoch=2, topic=config.kafka.topic, ranges={0: (2, 4)}, messages=2,
+                           sightings={"x": FieldSighting(2, {0: 2}, {0: 3}), "customer.y": FieldSighting(1, {0: 3}, {0: 3})})
+        committer.offer(second)
+        table = load_catalog(config.catalog).load_table(config.table.identifier)
+        seen = sightings_of(summary_properties(table.current_snapshot()))
+        assert seen["x"].records == 3 and seen["x"].first == {0: 0} and seen["x"].last == {0: 3}
+        assert seen["customer.y"].records == 1
+        assert table.schema().find_field("id") and "x" not in [f.name for f in table.schema().fields]
+        # A new committer (a restart) carries the counts on.
+    with opened(config, "r2") as again:
+        assert again.sightings["x"].records == 3
+
+
+def test_a_lost_race_replans_against_the_table_it_reads_again(tmp_path: Path, broker: str) -> None:
+    """Another writer adds a field between the committer's read and its commit (as an operator's
+    `table --evolve` or a replay could): the retry plans against the new schema, adds only what
+    is still missing and the held records decode against the field the table now has."""
+    from pyiceberg.table import Transaction
+
+    config = make_config(tmp_path, broker)
+    with opened(config, "r1") as committer:
+        unit = unit_of(config, [{"id": 0, "note": "n", "extra": 5}])
+        real_commit = Transaction.commit_transaction
+        raced = []
+
+        def racing_commit(self):
+            if not raced:
+                raced.append(True)
+                other = load_catalog(config.catalog).load_table(config.table.identifier)
+                with other.update_schema() as update:
+                    update.add_column("note", StringType())
+            return real_commit(self)
+
+        Transaction.commit_transaction = racing_commit
+        try:
+            result = committer.offer(unit)
+        finally:
+            Transaction.commit_transaction = real_commit
+        assert result is not None and result.attempts == 2
+        table = load_catalog(config.catalog).load_table(config.table.identifier)
+        assert [path for path, _ in added_fields_of(summary_properties(table.current_snapshot()))] == ["extra"]
+        assert table.scan().to_arrow().to_pylist()[0]["note"] == "n"
+        # The first attempt's file is gone: only the committed one is in the data folder.
+        data = Path(table.location().removeprefix("file://")) / "data"
+        committed = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+        assert {str(p) for p in data.rglob("*.parquet")} == committed
