@@ -70,7 +70,9 @@ def test_every_malformed_record_is_dead_lettered_with_raw_bytes_and_reason(inges
     assert dlq.num_rows == sum(produced.bad.values()) > 0
     assert not duplicates(list(zip(dlq.column("partition").to_pylist(), dlq.column("offset").to_pylist())))
     reasons = Counter(r.split(":")[0] for r in dlq.column("reason").to_pylist())
-    assert set(reasons) >= {"oversized", "missing required field 'id'", "not valid JSON for the schema"}
+    assert set(reasons) >= {"oversized", "missing required field 'id'"}
+    # A value of the wrong JSON type names the field and both types.
+    assert any("where the table has long (not valid JSON for the schema" in r for r in dlq.column("reason").to_pylist())
     # The raw bytes are kept: each dead letter is the exact record at its offset.
     consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "verify"})
     sample = dlq.slice(0, 5).to_pylist()

@@ -1,6 +1,8 @@
 """Nested JSON end to end: the orders shape (maps at the top and inside a struct too) through the real `streamberg ingest` (PyFlink) into a
 table partitioned by a field inside a struct; Spark and pyiceberg read back the values produced,
-and records that break a rule at depth are dead-lettered with the field's path."""
+and records that break a rule at depth are dead-lettered with the field's path. The records
+also carry a nested field the declared schema lacks (`customer.geo.unknown`): the ingest adds
+it (ingest.schema_evolution: add, the default) and its values land too."""
 
 from __future__ import annotations
 
@@ -89,8 +91,7 @@ def test_nested_orders_land_as_nested_columns_read_alike_by_spark_and_pyiceberg(
         else:
             assert got["customer"]["cid"] == want["customer"]["cid"]
             assert got["customer"]["since"] == dt.datetime.fromtimestamp(want["customer"]["since"], dt.timezone.utc)
-            assert got["customer"]["geo"] == {"country": want["customer"]["geo"]["country"],
-                                              "lat": want["customer"]["geo"]["lat"]}
+            assert got["customer"]["geo"] == want["customer"]["geo"]  # the added field's values too
             assert got["customer"]["labels"] == list(want["customer"]["labels"].items())
         assert got["attrs"] == (None if want["attrs"] is None else list(want["attrs"].items()))
         assert got["tags"] == want["tags"]
@@ -106,6 +107,15 @@ def test_nested_orders_land_as_nested_columns_read_alike_by_spark_and_pyiceberg(
         assert task.file.partition[0] in COUNTRIES or task.file.partition[0] is None
     # Spark, an independent reader, sees the same nested values.
     name = f"{register_catalog(spark, config.catalog)}.{config.table.identifier}"
+    # The field the records added, in the commit that first carried it.
+    assert str(table.schema().find_type("customer.geo.unknown.deep")) == "list<long>"
+    added = [s for s in table.snapshots() if "streamberg.schema-added" in (s.summary.additional_properties or {})]
+    assert len(added) == 1 and "customer.geo.unknown" in added[0].summary.additional_properties["streamberg.schema-added"]
+    assert added[0].schema_id == table.schema().schema_id
+    spark_deep = spark.sql(f"SELECT id, customer.geo.unknown.deep AS deep FROM "
+                           f"{register_catalog(spark, config.catalog)}.{config.table.identifier}").collect()
+    assert sorted((r["id"], r["deep"]) for r in spark_deep) == sorted(
+        (o["id"], [1, 2] if o["customer"] else None) for o in good)
     spark_rows = spark.sql(f"SELECT id, customer.cid, customer.geo.country, size(items) AS n, "
                            f"aggregate(items, 0, (acc, it) -> acc + it.qty) AS qty, tags, attrs['a1'] AS a1, "
                            f"map_keys(customer.labels) AS labels FROM {name}").collect()
