@@ -148,13 +148,14 @@ class EvolvedBatch:
     dead_letters: list[DeadLetter]
     added: list[tuple[str, str]]  # (path, type) the commit adds
     records: int
+    landed: list[HeldRecord] = field(default_factory=list)  # the held records now written
 
 
 def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mapping[Path, IcebergType], max_new: int,
                      decoder_for: Callable[[Schema], RecordDecoder],
-                     files_for: Callable[[Schema], PartitionedFileWriter]) -> EvolvedBatch:
+                     files_for: Callable[[Schema], PartitionedFileWriter] | None) -> EvolvedBatch:
     """Add the planned fields to the transaction's schema, then decode `held` against it and
-    write the rows that decode. Records that still carry a field the schema lacks (not added:
+    write the rows that decode (`files_for` None: a dry run, nothing written). Records that still carry a field the schema lacks (not added:
     a bound, a name) or that contradict a type are returned as dead letters."""
     plan = plan_additions(tx.table_metadata.schema(), candidates, max_new)
     if plan.added:
@@ -172,12 +173,13 @@ def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mappin
             reasons.setdefault(int(row), why)
     dead = [DeadLetter(h.partition, h.offset, h.timestamp_ms, h.key, h.value, reasons[i])
             for i, h in enumerate(held) if i in reasons]
+    landed = [held[i] for i in range(len(held)) if i not in reasons]
     table = decoded.table
     still = decoded.rows_with_unknown()
     if len(still):
         table = table.filter(pa.array(~np.isin(decoded.kept, still)))
     files: list[WrittenFile] = []
-    if table.num_rows:
+    if table.num_rows and files_for is not None:
         writer = files_for(schema)
         try:
             writer.write(table)
@@ -185,5 +187,5 @@ def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mappin
         except BaseException:
             writer.abort()
             raise
-    return EvolvedBatch(files=files, dead_letters=dead, records=table.num_rows,
+    return EvolvedBatch(files=files, dead_letters=dead, records=table.num_rows, landed=landed,
                         added=[(display(path), str(schema.find_type(".".join(path)))) for path, _ in plan.added])

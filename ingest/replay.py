@@ -45,6 +45,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThan, Or
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
@@ -57,9 +58,11 @@ from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay
 from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.decode import epoch_units
+from streamberg.ingest.evolution import EvolvedBatch, evolve_and_write, merge_candidates
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.records import RecordDecoder
-from streamberg.ingest.units import DeadLetter
+from streamberg.ingest.units import DeadLetter, HeldRecord
+from streamberg.ingest.unknown_fields import display
 from streamberg.ingest.writer import consumer_settings
 
 # How long Kafka may return nothing before a range read gives up (the records exist:
@@ -85,6 +88,7 @@ class ReplayOutcome:
     dead_letters_added: int = 0  # range mode: still-bad records the DLQ did not hold yet
     removed_from_dlq: int = 0  # dead letters that landed in the table and left the DLQ
     beyond_committed: int = 0  # dead-letters mode: rows at or beyond the ingest's offsets, left out
+    fields_added: list[list[str]] = field(default_factory=list)  # [path, type] added for records that carry them
     snapshot_id: int | None = None
     files: int = 0
     seconds: float = 0.0
@@ -126,29 +130,89 @@ def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple
 
 # -- decoding and writing, as the ingest writer does --------------------------------------
 class _Batcher:
-    """Decodes batches of raw values and writes the valid rows into Parquet data files."""
+    """Decodes batches of raw values and writes the valid rows into Parquet data files.
+
+    Records carrying fields the table lacks are held, as the ingest's writers hold them
+    (ingest/evolution.py): with `ingest.schema_evolution: add`, `finish` adds the fields in a
+    schema-only commit (no file references them yet, so no snapshot holds a column its
+    schema lacks) and then decodes and writes the held records against the evolved schema;
+    with `off` they are written without those fields, which the log names.
+    """
 
     def __init__(self, config: StreambergConfig, table: Table, run_id: str, dry_run: bool):
-        self.decoder = RecordDecoder(table.schema(), config.ingest.max_record_bytes, epoch_units(config.table.schema_),
-                                     config.kafka.key_field)
-        self.files = None if dry_run else PartitionedFileWriter(
-            io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
-            properties=table.properties,
-            target_file_size=target_file_size(table, default=config.table.target_file_size_bytes),
-            row_group_rows=config.ingest.row_group_rows, name_prefix=f"replay-{run_id}",
-        )
+        self.config, self.table, self.run_id, self.dry_run = config, table, run_id, dry_run
+        self.log = get_logger("ingest.replay", table=config.table.identifier, run=run_id)
+        self.decoder = self._decoder(table.schema())
+        self.files = None if dry_run else self._files(table, table.schema())
         self.added = 0
+        self.held: list[HeldRecord] = []
+        self.candidates: dict = {}
+        self.not_written: Counter = Counter()  # schema_evolution: off, per path
+        self.fields_added: list[tuple[str, str]] = []
 
-    def decode(self, values: list[bytes | None], keys: list[bytes | None]) -> tuple[np.ndarray, list[tuple[int, str]]]:
-        """Write the rows that decode; return their indexes and the (index, reason) of the rest."""
+    def _decoder(self, schema: Schema) -> RecordDecoder:
+        return RecordDecoder(schema, self.config.ingest.max_record_bytes, epoch_units(self.config.table.schema_),
+                             self.config.kafka.key_field, unknown="report")
+
+    def _files(self, table: Table, schema: Schema) -> PartitionedFileWriter:
+        return PartitionedFileWriter(
+            io=table.io, location=table.location(), schema=schema, spec=table.spec(), properties=table.properties,
+            target_file_size=target_file_size(table, default=self.config.table.target_file_size_bytes),
+            row_group_rows=self.config.ingest.row_group_rows, name_prefix=f"replay-{self.run_id}-s{schema.schema_id}",
+        )
+
+    def decode(self, values: list[bytes | None], keys: list[bytes | None],
+               positions: list[tuple[int, int, int | None]]) -> tuple[np.ndarray, list[tuple[int, str]]]:
+        """Write the rows that decode; return their indexes and the (index, reason) of the rest.
+        Held rows are in neither: `finish` reports them. `positions`: (partition, offset,
+        timestamp ms) per value."""
         result = self.decoder.decode(values, keys)
-        if result.table.num_rows and self.files is not None:
-            self.files.write(result.table)
-        self.added += result.table.num_rows
-        return result.kept, result.rejected
+        table, kept = result.table, result.kept
+        if result.unknown and self.config.ingest.schema_evolution == "off":
+            self.not_written.update({display(u.path): len(u.rows) for u in result.unknown})
+        elif result.unknown:
+            held = result.rows_with_unknown()
+            for i in held:
+                partition, offset, ts = positions[int(i)]
+                self.held.append(HeldRecord(partition, offset, ts, keys[int(i)], values[int(i)]))
+            for u in result.unknown:
+                merge_candidates(self.candidates, u.path, u.type)
+            table, kept = table.filter(pa.array(~np.isin(kept, held))), kept[~np.isin(kept, held)]
+        if table.num_rows and self.files is not None:
+            self.files.write(table)
+        self.added += table.num_rows
+        return kept, result.rejected
 
-    def finish(self) -> list[WrittenFile]:
-        return self.files.flush() if self.files is not None else []
+    def finish(self, catalog: Catalog) -> tuple[list[WrittenFile], list[HeldRecord], list[DeadLetter]]:
+        """The files, and of the held records those written and those still refused."""
+        files = self.files.flush() if self.files is not None else []
+        if self.not_written:
+            self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
+                             fields=dict(self.not_written.most_common(TOP_REASONS)))
+        if not self.held:
+            return files, [], []
+        evolved = self._evolve(catalog)
+        self.added += evolved.records
+        return files + evolved.files, evolved.landed, evolved.dead_letters
+
+    def _evolve(self, catalog: Catalog) -> EvolvedBatch:
+        """Add the held records' fields in a schema-only commit (retried on a lost race), then
+        write the held records against it; a dry run plans the same without committing."""
+        max_new = self.config.ingest.max_new_fields_per_commit
+        for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException)):
+            with attempt:
+                table = catalog.load_table(self.config.table.identifier)
+                tx = table.transaction()
+                planned = evolve_and_write(tx, self.held, self.candidates, max_new, self._decoder, None)
+                self.fields_added = planned.added
+                if not self.dry_run and planned.added:
+                    tx.commit_transaction()
+                    self.log.info("schema evolved for held records", added=[f"{p} {t}" for p, t in planned.added])
+                if self.dry_run:
+                    return planned
+        table = catalog.load_table(self.config.table.identifier)
+        return evolve_and_write(table.transaction(), self.held, {}, max_new, self._decoder,
+                                lambda schema: self._files(table, schema))
 
     def abort(self) -> None:
         if self.files is not None:
@@ -241,6 +305,11 @@ def _reasons(reasons: list[str]) -> dict[str, int]:
 
 
 # -- range replay -------------------------------------------------------------------------
+def _position(message: Any) -> tuple[int, int, int | None]:
+    kind, ts = message.timestamp()
+    return message.partition(), message.offset(), ts if kind else None
+
+
 def _read_range(config: StreambergConfig, partition: int, start: int, end: int) -> Iterator[list]:
     """Batches of Kafka messages of one partition with offsets in [start, end)."""
     topic = config.kafka.topic
@@ -322,14 +391,18 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
     try:
         for messages in _read_range(config, partition, start, end):
             outcome.read += len(messages)
-            kept, rejected = batcher.decode([m.value() for m in messages], [m.key() for m in messages])
+            kept, rejected = batcher.decode([m.value() for m in messages], [m.key() for m in messages],
+                                            [_position(m) for m in messages])
             landed_from_dlq.update(messages[int(i)].offset() for i in kept if messages[int(i)].offset() in in_dlq)
             dead.extend(dead_letter_from_message(messages[i], reason) for i, reason in rejected)
-        files = batcher.finish()
+        files, held_landed, held_dead = batcher.finish(catalog)
+        landed_from_dlq.update(h.offset for h in held_landed if h.offset in in_dlq)
+        dead.extend(held_dead)
     except BaseException:
         batcher.abort()
         raise
     outcome.records_added = batcher.added
+    outcome.fields_added = [list(f) for f in batcher.fields_added]
     outcome.still_bad = len(dead)
     outcome.still_bad_by_reason = _reasons([d.reason for d in dead])
     fresh_dead = [d for d in dead if d.offset not in in_dlq]
@@ -420,15 +493,20 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
         for lo in range(0, rows.num_rows, step):
             chunk = rows.slice(lo, step)
             parts, offs = chunk.column("partition").to_pylist(), chunk.column("offset").to_pylist()
-            kept, rejected = batcher.decode(chunk.column("value").to_pylist(), chunk.column("key").to_pylist())
+            kept, rejected = batcher.decode(chunk.column("value").to_pylist(), chunk.column("key").to_pylist(),
+                                            [(p, o, None) for p, o in zip(parts, offs)])
             for i in kept:
                 landed.setdefault(parts[int(i)], set()).add(offs[int(i)])
             still_bad.extend(reason for _, reason in rejected)
-        files = batcher.finish()
+        files, held_landed, held_dead = batcher.finish(catalog)
+        for h in held_landed:
+            landed.setdefault(h.partition, set()).add(h.offset)
+        still_bad.extend(d.reason for d in held_dead)
     except BaseException:
         batcher.abort()
         raise
     outcome.records_added = batcher.added
+    outcome.fields_added = [list(f) for f in batcher.fields_added]
     outcome.still_bad = len(still_bad)
     outcome.still_bad_by_reason = _reasons(still_bad)
     outcome.files = len(files)

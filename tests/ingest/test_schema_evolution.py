@@ -250,3 +250,64 @@ def test_a_lost_race_replans_against_the_table_it_reads_again(tmp_path: Path, br
         data = Path(table.location().removeprefix("file://")) / "data"
         committed = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
         assert {str(p) for p in data.rglob("*.parquet")} == committed
+
+
+def test_a_running_writer_follows_the_evolved_schema_and_replay_adds_what_a_bound_refused(tmp_path: Path,
+                                                                                        broker: str) -> None:
+    """The real writer and committer on a real broker: the first records with a new field are
+    held and land through the committer's commit; the writer then decodes against the evolved
+    schema itself. A record refused by the bound lands by `replay --dead-letters` once the bound
+    is raised, with its fields added."""
+    import time
+
+    from streamberg.ingest.replay import replay_dead_letters
+    from streamberg.ingest.writer import IngestWriter
+    from tests.runbooks.inprocess import produce_values
+
+    config = make_config(tmp_path, broker, max_new_fields_per_commit=3, commit_interval_seconds=1)
+    first = [{"id": i, "device": {"os": "x", "v": i}} for i in range(50)] + [{"id": 50, "a": 1, "b": 2, "c": 3}]
+    produce_values(config, [json.dumps(r).encode() for r in first], partition=0, partitions=1)
+    writer = IngestWriter(config, 0, 1, "w1")
+    writer.open()
+    try:
+        with opened(config, "w1") as committer:
+            def run_until(offset: int) -> list:
+                units, deadline = [], time.monotonic() + 60
+                while writer.position.get(0, 0) < offset or not units or units[-1].ranges.get(0, (0, 0))[1] < offset:
+                    assert time.monotonic() < deadline, writer.position
+                    unit = writer.poll()
+                    if unit is not None and not unit.empty:
+                        units.append(unit)
+                        committer.offer(unit)
+                return units
+
+            units = run_until(51)
+            assert sum(len(u.held) for u in units) == 51  # every record carried a field the schema lacked
+            table = load_catalog(config.catalog).load_table(config.table.identifier)
+            assert str(table.schema().find_type("device")) .startswith("struct<")
+            time.sleep(1.1)  # past the writer's schema re-check interval
+            second = [{"id": 100 + i, "device": {"os": "y", "v": i}} for i in range(200)]
+            produce_values(config, [json.dumps(r).encode() for r in second[:100]], partition=0, partitions=1)
+            run_until(151)  # the batch that shows the writer its schema is stale is still held
+            assert writer.schema_id == table.schema().schema_id
+            produce_values(config, [json.dumps(r).encode() for r in second[100:]], partition=0, partitions=1)
+            later = run_until(251)
+            assert sum(len(u.held) for u in later) == 0  # the writer writes them itself now
+    finally:
+        writer.close()
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert sorted(rows) == list(range(50)) + list(range(100, 300))
+    assert rows[7]["device"] == {"os": "x", "v": 7} and rows[150]["device"] == {"os": "y", "v": 50}
+    dead = dead_letters(config).to_pylist()
+    assert [json.loads(d["value"])["id"] for d in dead] == [50]
+    assert "more than 3 fields" in dead[0]["reason"]
+
+    raised = config.model_copy(update={"ingest": config.ingest.model_copy(update={"max_new_fields_per_commit": 10})})
+    outcome = replay_dead_letters(raised)
+    assert (outcome.read, outcome.records_added, outcome.still_bad) == (1, 1, 0)
+    assert sorted(path for path, _ in outcome.fields_added) == ["a", "b", "c"]
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    landed = [r for r in table.scan().to_arrow().to_pylist() if r["id"] == 50]
+    assert [(r["a"], r["b"], r["c"]) for r in landed] == [(1, 2, 3)]
+    assert dead_letters(config).num_rows == 0

@@ -17,6 +17,7 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from streamberg.common.catalog import load_catalog
+from streamberg.common.field_sightings import sightings_of
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.common.summary_keys import dlq_replayed_key, replay_range_key
 from tests.helpers import config_at, dead_letters, duplicates, streamberg, table_ids, write_config
@@ -124,7 +125,8 @@ def _evolved_config(path: Path, **changes: dict) -> Path:
 
 
 def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str) -> None:
-    path = write_config(tmp_path, broker)
+    # The operator's path: the ingest does not add fields itself (ingest.schema_evolution: off).
+    path = write_config(tmp_path, broker, ingest={"schema_evolution": "off"})
     config = config_at(path)
     # Anonymous events (no user_id, required in the table) and events carrying a new field.
     values = schema_change_events(valid=range(40), anonymous=range(100, 112), with_device=range(200, 205),
@@ -133,6 +135,10 @@ def test_dead_letters_land_after_evolve_exactly_once(tmp_path: Path, broker: str
     ingest_until(config, {0: len(values)})
     before = _position(config)
     assert dead_letters(config).num_rows == 13
+    # The field not written is counted in the table, never dropped in silence.
+    seen = sightings_of(summary_properties(load_catalog(config.catalog).load_table(
+        config.table.identifier).current_snapshot()))
+    assert seen["device"].records == 5 and seen["device"].first == {0: 52} and seen["device"].last == {0: 56}
 
     dry = _json(cli("replay", "--config", str(path), "--dead-letters", "--dry-run"))
     assert dry["read"] == 13 and dry["records_added"] == 0  # nothing decodes yet
