@@ -19,16 +19,25 @@ from pyiceberg.table import Table
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
+from streamberg.common.field_sightings import added_fields_of, sightings_of
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
-from streamberg.common.offsets import CommittedPosition, committed_position
+from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import compute_lag, read_watermarks
-from streamberg.monitoring.model import DeadLetterFacts, IngestFacts, OffsetSkipFact, Reachability, Status
+from streamberg.monitoring.model import (
+    DeadLetterFacts,
+    IngestFacts,
+    OffsetSkipFact,
+    Reachability,
+    SchemaAdditionFact,
+    Status,
+    UnknownFieldFact,
+)
 
 
 class _Collector:
@@ -56,7 +65,8 @@ class _Collector:
         skips = [OffsetSkipFact(s.partition, s.from_offset, s.to_offset, s.kind, s.lost,
                                 iso_from_ms(s.at_ms, timespec="seconds") if s.at_ms else None)
                  for s in (position.skips if position is not None else ())]
-        recorded = {"offset_skips": skips, "lost_offsets": position.lost_total if position is not None else 0}
+        recorded = {"offset_skips": skips, "lost_offsets": position.lost_total if position is not None else 0,
+                    **(self.part("schema evolution", _schema_facts, table, position) or {} if table is not None else {})}
         try:
             marks = read_watermarks(config, config.monitoring.broker_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - e.g. a client setting librdkafka refuses: unreachable too
@@ -74,6 +84,32 @@ class _Collector:
     def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
         records = dead_letter_records(catalog, self.config.ingest_target.dead_letter_table)
         return DeadLetterFacts(table=self.config.ingest_target.dead_letter_table, exists=records is not None, records=records or 0)
+
+
+# The newest schema additions status lists (all are counted).
+SCHEMA_ADDITIONS_LISTED = 5
+
+
+def _schema_facts(table: Table, position: CommittedPosition | None) -> dict[str, Any]:
+    """Fields not written (counted by the newest ingest commit) and the commits that added fields."""
+    unknown: list[UnknownFieldFact] = []
+    if position is not None and position.snapshot_id is not None:
+        snapshot = table.snapshot_by_id(position.snapshot_id)
+        if snapshot is not None:
+            unknown = [UnknownFieldFact(path, seen.records, {str(p): o for p, o in sorted(seen.first.items())},
+                                        {str(p): o for p, o in sorted(seen.last.items())})
+                       for path, seen in sorted(sightings_of(summary_properties(snapshot)).items(),
+                                                key=lambda item: -item[1].records)]
+    additions: list[SchemaAdditionFact] = []
+    total = 0
+    for snapshot in ancestry(table):
+        added = added_fields_of(summary_properties(snapshot))
+        if added:
+            total += len(added)
+            if len(additions) < SCHEMA_ADDITIONS_LISTED:
+                additions.append(SchemaAdditionFact(snapshot.snapshot_id, iso_from_ms(snapshot.timestamp_ms, timespec="seconds"),
+                                                    [f"{path} {t}" for path, t in added]))
+    return {"unknown_fields": unknown, "schema_additions": additions, "fields_added": total}
 
 
 def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:

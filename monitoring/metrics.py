@@ -56,6 +56,7 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
                       collect_seconds)
     yield from _last_commit_metrics(status)
     yield from _lost_offset_metrics(status)
+    yield from _schema_metrics(status)
     yield from _lag_metrics(status)
     yield from _table_file_metrics(status)
     yield from _compactor_metrics(status)
@@ -101,6 +102,22 @@ def _lost_offset_metrics(status: Status) -> Iterator[Metric]:
         for (partition, kind), n in sorted(counted.items()):
             skips.add_metric([t, status.ingest.topic, partition, kind], float(n))
         yield skips
+
+
+def _schema_metrics(status: Status) -> Iterator[Metric]:
+    """Fields the records carry and the table lacks: not written (off) and added (add)."""
+    t = status.table
+    if not status.table_exists:
+        return
+    yield from _counter("streamberg_ingest_fields_added",
+                        "fields the ingest added to the table's schema from the records (ingest.schema_evolution: add)",
+                        t, status.ingest.fields_added)
+    unknown = GaugeMetricFamily("streamberg_ingest_unknown_field_records",
+                                "records that carried a field the table lacks, not written (ingest.schema_evolution: "
+                                "off), per field path; cumulative", labels=["table", "path"])
+    for field in status.ingest.unknown_fields:
+        unknown.add_metric([t, field.path], float(field.records))
+    yield unknown
 
 
 def _lag_metrics(status: Status) -> Iterator[Metric]:

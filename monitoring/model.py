@@ -73,6 +73,25 @@ class OffsetSkipFact:
 
 
 @dataclass(frozen=True)
+class UnknownFieldFact:
+    """A field the records carry and the table lacks, not written (ingest.schema_evolution: off)."""
+
+    path: str
+    records: int
+    first: dict[str, int]  # partition -> first offset seen
+    last: dict[str, int]  # partition -> last offset seen
+
+
+@dataclass(frozen=True)
+class SchemaAdditionFact:
+    """An ingest commit that added fields the records carried (ingest.schema_evolution: add)."""
+
+    snapshot_id: int
+    at: str  # ISO-8601 UTC
+    fields: list[str]  # "path type"
+
+
+@dataclass(frozen=True)
 class IngestFacts:
     last_commit: LastCommit | None
     broker: Reachability
@@ -83,6 +102,11 @@ class IngestFacts:
     # and the offsets they passed over, all ingest commits together.
     offset_skips: list[OffsetSkipFact] = field(default_factory=list)
     lost_offsets: int = 0
+    # Fields the records carry and the table lacks: counted when not written (off), and the
+    # latest commits that added them (add), newest first, with the total fields added.
+    unknown_fields: list[UnknownFieldFact] = field(default_factory=list)
+    schema_additions: list[SchemaAdditionFact] = field(default_factory=list)
+    fields_added: int = 0
 
 
 @dataclass(frozen=True)

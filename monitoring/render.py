@@ -43,7 +43,22 @@ def _ingest_lines(status: Status) -> list[str]:
             what = (f"[{skip.from_offset:,}, {skip.to_offset:,}) lost" if skip.kind == "lost"
                     else f"went back from {skip.from_offset:,} to {skip.to_offset:,}")
             lines.append(f"{'':<{_WIDTH}}partition {skip.partition}: {what} at {skip.at or '?'}")
+    if ingest.unknown_fields:
+        lines.append(_line("not written", f"{len(ingest.unknown_fields)} field(s) the records carry and the table "
+                                          "lacks (ingest.schema_evolution: off)"))
+        for unknown in ingest.unknown_fields[:_LISTED]:
+            where = ", ".join(f"p{p} {unknown.first[p]:,}..{unknown.last.get(p, unknown.first[p]):,}" for p in unknown.first)
+            lines.append(f"{'':<{_WIDTH}}{unknown.path}: {unknown.records:,} records ({where})")
+    if ingest.schema_additions:
+        lines.append(_line("fields added", f"{ingest.fields_added:,} by the ingest (ingest.schema_evolution: add); "
+                                           f"latest at {ingest.schema_additions[0].at}"))
+        for addition in ingest.schema_additions:
+            lines.append(f"{'':<{_WIDTH}}snapshot {addition.snapshot_id}: {', '.join(addition.fields[:_LISTED])}"
+                         + (f" and {len(addition.fields) - _LISTED} more" if len(addition.fields) > _LISTED else ""))
     return lines
+
+
+_LISTED = 10  # fields listed per line; the JSON output has them all
 
 
 def _table_lines(status: Status) -> list[str]:

@@ -26,6 +26,10 @@ from streamberg.ingest.dead_letters import open_tables
 from streamberg.ingest.decode import JsonDecoder
 from streamberg.ingest.evolution import plan_additions
 from streamberg.ingest.units import FlushUnit, HeldRecord
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.metrics import status_metrics
+from streamberg.monitoring.render import render_screen
 from tests.helpers import config_at, dead_letters, write_config
 
 SCHEMA = [
@@ -164,7 +168,14 @@ def test_fields_are_added_in_the_same_commit_as_the_records_that_carry_them(tmp_
             (0, None, None, None), (1, "a@b", None, None), (2, None, "hello", None), (3, None, None, None), (4, None, None, 7)]
         dead = dead_letters(config).to_pylist()
         assert [json.loads(d["value"])["id"] for d in dead] == [5]
-        assert "score" in dead[0]["reason"] and "long" in dead[0]["reason"]
+        assert "field 'score': a JSON string where the table has long" in dead[0]["reason"]
+    # Status and metrics tell what the ingest added.
+    status = with_health(collect_status(config), config)
+    assert status.ingest.fields_added == 6 and status.ingest.schema_additions[0].snapshot_id == snapshot.snapshot_id
+    assert "customer.email string" in status.ingest.schema_additions[0].fields
+    assert "fields added" in render_screen(status)
+    exported = {s.name: s.value for family in status_metrics(status, 0.0) for s in family.samples}
+    assert exported["streamberg_ingest_fields_added_total"] == 6
 
 
 def test_a_record_past_the_bound_is_a_dead_letter_with_the_reason(tmp_path: Path, broker: str) -> None:
@@ -215,6 +226,16 @@ def test_off_counts_the_fields_not_written_in_every_commit(tmp_path: Path, broke
         # A new committer (a restart) carries the counts on.
     with opened(config, "r2") as again:
         assert again.sightings["x"].records == 3
+    # Never silent: status warns and names them, metrics count them per path.
+    status = with_health(collect_status(config), config)
+    assert [(u.path, u.records, u.first, u.last) for u in status.ingest.unknown_fields] == [
+        ("x", 3, {"0": 0}, {"0": 3}), ("customer.y", 1, {"0": 3}, {"0": 3})]
+    finding = next(f for f in status.health.findings if f["check"] == "unknown_fields")
+    assert finding["severity"] == "warn" and "x, customer.y" in finding["reason"]
+    assert "x: 3 records (p0 0..3)" in render_screen(status)
+    samples = [(s.labels.get("path"), s.value) for family in status_metrics(status, 0.0) for s in family.samples
+               if s.name == "streamberg_ingest_unknown_field_records"]
+    assert sorted(samples) == [("customer.y", 1.0), ("x", 3.0)]
 
 
 def test_a_lost_race_replans_against_the_table_it_reads_again(tmp_path: Path, broker: str) -> None:
