@@ -59,10 +59,13 @@ from streamberg.ingest.json_values import (
     parse_type,
     timestamp_paths,
 )
-from streamberg.ingest.unknown_fields import UnknownField, collect, find_unknown, merge_found
+from streamberg.ingest.unknown_fields import UnknownField, carries_unknown, collect, find_unknown, merge_found
 
 # The decoder's API: callers check a schema and read epoch units through this module.
 __all__ = ["DecodeResult", "JsonDecoder", "check_supported", "epoch_units"]
+
+# Records nested deeper are refused by a decoder that reports unknown fields (see screen()).
+MAX_REPORTED_DEPTH = 256
 
 _ROW = re.compile(r" in row (\d+)$")
 _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|number to string)")
@@ -157,7 +160,7 @@ class JsonDecoder:
         # A timestamp field holds a string or an integer, which one JSON parse cannot read
         # into one column: records are grouped by which timestamp fields carry a number
         # (a regex over the bytes) and each group is parsed with its own schema.
-        self._options: dict[frozenset[str], pj.ParseOptions] = {}
+        self._options: dict[tuple[frozenset[str], bool], pj.ParseOptions] = {}
         # Maps, read outside the parse from the records' own bytes (ingest/json_maps.py).
         self.maps = map_columns(schema, self.file_schema, max_record_bytes, units, JsonDecoder, unknown)
         # Maps are not in the parse schema, yet they are no unknown fields.
@@ -168,22 +171,23 @@ class JsonDecoder:
         self._known = _field_types(schema)
 
     # -- parsing one block -------------------------------------------------------------
-    def _parse_options(self, numbers: frozenset[str]) -> pj.ParseOptions:
-        if numbers not in self._options:
+    def _parse_options(self, numbers: frozenset[str], infer: bool = True) -> pj.ParseOptions:
+        infer = infer and self.report_unknown
+        if (numbers, infer) not in self._options:
             fields = [pa.field(f.name, parse_type(f.name, f.field_type, af.type, numbers))
                       for f, af in zip(self.schema.fields, self.file_schema) if not isinstance(f.field_type, MapType)]
-            self._options[numbers] = pj.ParseOptions(explicit_schema=pa.schema(fields),
-                                                     unexpected_field_behavior="infer" if self.report_unknown else "ignore")
-        return self._options[numbers]
+            self._options[numbers, infer] = pj.ParseOptions(explicit_schema=pa.schema(fields),
+                                                            unexpected_field_behavior="infer" if infer else "ignore")
+        return self._options[numbers, infer]
 
-    def _parse(self, lines: pa.BinaryArray, numbers: frozenset[str]) -> pa.Table:
+    def _parse(self, lines: pa.BinaryArray, numbers: frozenset[str], infer: bool = True) -> pa.Table:
         """Parse a block of newline-terminated values; raise _BadBlock if it isn't clean."""
         # A sliced BinaryArray shares its parent's buffers: find this block's byte range.
         offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=len(lines) + 1, offset=lines.offset * 4)
         buffer = lines.buffers()[2][int(offsets[0]):int(offsets[-1])]
         try:
             # One parse block for the whole buffer, so a reported row number is absolute.
-            parsed = pj.read_json(pa.BufferReader(buffer), parse_options=self._parse_options(numbers),
+            parsed = pj.read_json(pa.BufferReader(buffer), parse_options=self._parse_options(numbers, infer),
                                   read_options=pj.ReadOptions(use_threads=False, block_size=max(len(buffer) + 1, 1 << 20)))
         except Exception as exc:  # noqa: BLE001 - any parser error is this block's fault, never the job's
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -241,7 +245,7 @@ class JsonDecoder:
 
     # -- splitting a failing block -----------------------------------------------------
     def _bisect(self, lines: pa.BinaryArray, index: np.ndarray, numbers: frozenset[str],
-                parsed: dict, rejected: list, tried: frozenset = frozenset()) -> None:
+                parsed: dict, rejected: list, tried: frozenset = frozenset(), infer: bool = True) -> None:
         """Parse `lines`; on failure isolate each bad record and parse the rest.
 
         The parser stops at the first bad value and names its row: the records before it
@@ -262,7 +266,7 @@ class JsonDecoder:
             size = min(window, len(lines) - start)
             block, block_index = lines.slice(start, size), index[start:start + size]
             try:
-                table = self._parse(block, numbers)
+                table = self._parse(block, numbers, infer)
             except _BadBlock as bad:
                 row = bad.row
                 if size == 1:
@@ -270,27 +274,29 @@ class JsonDecoder:
                     # or a nested key of the same name): try the record with the field flipped.
                     flip = self._flip(bad, tried)
                     if flip:
-                        self._bisect(block, block_index, numbers ^ {flip}, parsed, rejected, tried | {flip})
-                    elif self._unknown_conflict(bad):
-                        rejected.append((int(block_index[0]), self._unknown_conflict(bad)))
+                        self._bisect(block, block_index, numbers ^ {flip}, parsed, rejected, tried | {flip}, infer)
+                    elif self.report_unknown and infer:
+                        self._alone_without_inference(block, block_index, numbers, parsed, rejected, bad, tried)
                     else:
                         rejected.append((int(block_index[0]), self._reason(bad)))
                 elif row is None or not 0 <= row < size:
                     half = size // 2
-                    self._bisect(block.slice(0, half), block_index[:half], numbers, parsed, rejected, tried)
-                    self._bisect(block.slice(half), block_index[half:], numbers, parsed, rejected, tried)
+                    self._bisect(block.slice(0, half), block_index[:half], numbers, parsed, rejected, tried, infer)
+                    self._bisect(block.slice(half), block_index[half:], numbers, parsed, rejected, tried, infer)
                 else:
                     aligned = row == 0
                     if row:
                         try:
-                            self._keep(parsed, numbers, self._parse(block.slice(0, row), numbers), block_index[:row])
+                            self._keep(parsed, numbers, self._parse(block.slice(0, row), numbers, infer), block_index[:row])
                             aligned = True  # one row per record before `row`: the error is in record `row`
                         except _BadBlock:
-                            self._bisect(block.slice(0, row), block_index[:row], numbers, parsed, rejected, tried)
-                    if aligned and not self._flip(bad, tried) and not self._unknown_conflict(bad):
+                            self._bisect(block.slice(0, row), block_index[:row], numbers, parsed, rejected, tried, infer)
+                    # Reporting, a record's error may come from inferring what the schema lacks
+                    # (or a map, which the parse infers too): it is parsed alone to tell.
+                    if aligned and not self._flip(bad, tried) and not (self.report_unknown and infer):
                         rejected.append((int(block_index[row]), self._reason(bad)))
                     else:
-                        self._bisect(block.slice(row, 1), block_index[row:row + 1], numbers, parsed, rejected, tried)
+                        self._bisect(block.slice(row, 1), block_index[row:row + 1], numbers, parsed, rejected, tried, infer)
                     start, window = start + row + 1, max(16, 4 * (row + 1))
                     continue
                 start += size
@@ -317,20 +323,27 @@ class JsonDecoder:
             return str(bad)
         return f"field {name!r}: a JSON {change.group(3)} where the table has {declared} ({bad})"
 
-    def _unknown_conflict(self, bad: _BadBlock) -> str | None:
-        """With unknown fields inferred, a field the schema lacks holding values of two JSON
-        types fails the block: the records are parsed alone, and one that conflicts with
-        itself is refused with this reason."""
-        if not self.report_unknown:
-            return None
-        change = _TYPE_CHANGE.search(str(bad))
-        if change is None:
-            return None
-        name = ".".join(part for part in change.group(1).split("/") if part != "[]")
-        if name in self._known:
-            return None  # a declared field of the wrong JSON type: the parser's reason stands
-        return (f"field {name!r}: values of different JSON types in one record; a field the table lacks "
-                "takes one type (declare it in table.schema to choose)")
+    def _alone_without_inference(self, block: pa.BinaryArray, index: np.ndarray, numbers: frozenset[str],
+                                 parsed: dict, rejected: list, bad: _BadBlock, tried: frozenset) -> None:
+        """One record the reporting parse refused. Parsed as the plain decoder parses it
+        (fields the schema lacks ignored; timestamp guesses retried): if that refuses it too,
+        that reason stands; if not, the inference failed on it (values of two JSON types for
+        one field in one record, a field given twice, or a map's values, which the parse
+        infers too). Then the record is refused only if it really carries a field the schema
+        lacks (no type can be inferred for it), and otherwise kept."""
+        plain: dict = {}
+        self._bisect(block, index, numbers, plain, rejected, tried, infer=False)
+        if not plain:
+            return  # refused without inference too, with its reason
+        if not carries_unknown(self._raw[int(index[0])] or b"", self.schema):
+            for key, blocks in plain.items():
+                parsed.setdefault(key, []).extend(blocks)
+            return
+        change = _ANY_CHANGE.search(str(bad))
+        reason = self._reason(bad) if change is None else (
+            f"field {'.'.join(p for p in change.group(1).split('/') if p != '[]')!r}: values of different JSON types "
+            "in one record; a field the table lacks takes one type (declare it in table.schema to choose)")
+        rejected.append((int(index[0]), reason))
 
     def _flip(self, bad: _BadBlock, tried: frozenset) -> str | None:
         """The timestamp field whose string/number guess the error shows wrong, if not yet retried."""
@@ -364,7 +377,11 @@ class JsonDecoder:
     def screen(self, raw: pa.BinaryArray) -> np.ndarray:
         """Per-record reason (or None) from the checks over the bytes, before any parse
         (ingest/json_screen.py)."""
-        return json_screen.screen(raw, self.max_record_bytes, huge_exponents=self.has_decimals)
+        # Reporting infers a type for every field the schema lacks, recursively (pyarrow's
+        # inference crashes past ~10,000 levels; ours recurses in Python): deeper records are
+        # refused first. Nothing that deep can become a column (16 levels at most).
+        return json_screen.screen(raw, self.max_record_bytes, huge_exponents=self.has_decimals,
+                                  max_depth=MAX_REPORTED_DEPTH if self.report_unknown else None)
 
 
     def decode(self, values: list[bytes | None]) -> DecodeResult:

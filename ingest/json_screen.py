@@ -124,7 +124,20 @@ def _not_object_reason(value: bytes) -> str:
     return f"not a JSON object: the record is {kind}"
 
 
-def screen(raw: pa.BinaryArray, max_record_bytes: int, huge_exponents: bool) -> np.ndarray:
+def _screen_depth(raw: pa.BinaryArray, max_depth: int, flag: Callable[[np.ndarray, object], None]) -> None:
+    """Records nested deeper than `max_depth`: only those with more brackets than that can
+    be, so one Arrow count per bracket kind picks the few to measure."""
+    brackets = (pc.count_substring(raw, "[").to_numpy(zero_copy_only=False)
+                + pc.count_substring(raw, "{").to_numpy(zero_copy_only=False))
+    many = np.flatnonzero(brackets > max_depth)
+    deep = [int(i) for i in many if nesting_depth(raw[int(i)].as_py()) > max_depth]
+    if deep:
+        flag(np.isin(np.arange(len(raw)), deep),
+             f"nested more than {max_depth} levels deep (no table column nests that deep; its fields cannot be added)")
+
+
+def screen(raw: pa.BinaryArray, max_record_bytes: int, huge_exponents: bool,
+           max_depth: int | None = None) -> np.ndarray:
     """Per-record reason (or None) from the checks over the bytes, before any parse.
 
     The usual record starts with '{' and ends with '}' exactly: that is checked for the
@@ -185,6 +198,8 @@ def screen(raw: pa.BinaryArray, max_record_bytes: int, huge_exponents: bool) -> 
         flag(np.isin(np.arange(n), bad), "not valid JSON: NaN and Infinity are not JSON numbers")
     if huge_exponents:  # only decimal columns crash on them
         _screen_huge_exponents(raw, reasons, flag)
+    if max_depth is not None:
+        _screen_depth(raw, max_depth, flag)
     return reasons
 
 def _screen_huge_exponents(raw: pa.BinaryArray, reasons: np.ndarray,

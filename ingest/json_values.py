@@ -19,7 +19,8 @@ states the same rules with `json.loads`):
 - `string`: a JSON string. Strings anywhere in the record must not hold lone surrogates
   (`"\\ud800"`).
 - `struct`: a JSON object; its schema fields follow these rules, each at most once, a required
-  one present (when the struct is). Other members are ignored.
+  one present (when the struct is). Other members are fields the schema lacks: the decoder
+  names and types them (ingest/unknown_fields.py) for schema evolution, or ignores them.
 - `list`: a JSON array; its elements follow the element type (null only where elements are
   optional). A timestamp field inside list elements is written in one form per record (all
   epochs or all ISO strings); a timestamp that is itself a list element is an ISO string.

@@ -23,17 +23,21 @@ block: the decoder then parses such records alone, and a record that conflicts w
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BooleanType,
     DoubleType,
     IcebergType,
     ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
     StructType,
@@ -128,6 +132,35 @@ def find_unknown(parse_schema: pa.Schema, parsed: pa.Table, rows: np.ndarray, sk
 
 def collect(found: dict[Path, tuple[IcebergType, list[np.ndarray]]]) -> list[UnknownField]:
     return [UnknownField(path, t, np.unique(np.concatenate(parts))) for path, (t, parts) in found.items()]
+
+
+def carries_unknown(raw: bytes, schema: Schema) -> bool:
+    """Whether a record holds a value (not null, not empty) in a field the schema lacks, outside
+    maps: the check, in Python, for the rare record whose fields the parse could not infer."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return True  # the parse took it, so this is only a limit of json.loads: say yes, refuse
+    return _unknown_in(value, schema.as_struct())
+
+
+def _holds(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds(v) for v in value)
+    return value is not None
+
+
+def _unknown_in(value: Any, t: IcebergType) -> bool:
+    if isinstance(t, StructType) and isinstance(value, dict):
+        fields = {f.name: f.field_type for f in t.fields}
+        return any((_holds(v) if k not in fields else _unknown_in(v, fields[k])) for k, v in value.items())
+    if isinstance(t, ListType) and isinstance(value, list):
+        return any(_unknown_in(v, t.element_type) for v in value)
+    if isinstance(t, MapType) and isinstance(value, dict):
+        return any(_unknown_in(v, t.value_type) for v in value.values())
+    return False
 
 
 def merge_found(found: dict[Path, tuple[IcebergType, list[np.ndarray]]], path: Path, t: IcebergType,

@@ -66,7 +66,7 @@ def _ingest(status: Status, config: StreambergConfig, out: _Findings) -> None:
         out.add("unknown_fields", "warn", f"records carry {len(ingest.unknown_fields)} field(s) the table lacks, not "
                 f"written (ingest.schema_evolution: off): {records:,} records, e.g. "
                 f"{', '.join(u.path for u in ingest.unknown_fields[:3])}; add them (streamberg table --evolve, or "
-                f"schema_evolution: add) and replay the ranges (docs/runbooks/schema-evolution.md)")
+                f"schema_evolution: add) and replay the ranges (docs/runbooks/poison-or-schema-change.md)")
     lag = ingest.lag
     if lag is None:
         return

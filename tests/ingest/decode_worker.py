@@ -120,9 +120,15 @@ def decode(schema_name: str, batch: list[bytes | None]) -> tuple[list[int], list
         pj.read_json(pa.BufferReader(b"\n".join(v or b"" for v in batch) + b"\n"))
         return [], [], []
 
-    decoder = JsonDecoder(SCHEMAS[schema_name], MAX_RECORD_BYTES, UNITS[schema_name])
+    # "<schema>:report": the ingest's mode, which also names the fields the schema lacks; the
+    # reply then carries the rows holding such fields as a fourth item.
+    name, _, mode = schema_name.partition(":")
+    decoder = JsonDecoder(SCHEMAS[name], MAX_RECORD_BYTES, UNITS[name], unknown="report" if mode else "ignore")
     result = decoder.decode(batch)
-    return [int(i) for i in result.kept], result.rejected, normalise_table(result.table)
+    reply = [int(i) for i in result.kept], result.rejected, normalise_table(result.table)
+    if mode:
+        return (*reply, [int(i) for i in result.rows_with_unknown()])  # type: ignore[return-value]
+    return reply
 
 
 def main() -> None:

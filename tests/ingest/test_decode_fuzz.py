@@ -448,6 +448,48 @@ def test_fuzz_nested_records(child: DecoderChild) -> None:
     assert run_fuzz(child, "orders", examples=20, mutation_rate=0.1)["records"] >= 20_000
 
 
+def check_report_mode(child: DecoderChild, schema_name: str, batch: list[bytes | None]) -> dict[str, int]:
+    """The ingest's mode (fields the schema lacks named and typed, for schema evolution) against
+    the plain decoder on the same batch: the same rows with the same values, except records
+    whose unknown fields hold values of two JSON types in one record (no type takes them) or
+    that nest deeper than any column can, or give a field the schema lacks twice (which of the
+    two would become the column?), which it refuses with that reason; rows named as
+    carrying unknown fields are kept rows."""
+    child.submit(schema_name, batch)
+    kept_i, rejected_i, rows_i = child.result()
+    child.submit(f"{schema_name}:report", batch)
+    kept_r, rejected_r, rows_r, unknown_rows = child.result()
+    assert sorted(kept_r + [i for i, _ in rejected_r]) == list(range(len(batch)))
+    assert set(unknown_rows) <= set(kept_r)
+    plain, report, reasons = dict(zip(kept_i, rows_i)), dict(zip(kept_r, rows_r)), dict(rejected_r)
+    disagreements = []
+    for i, value in enumerate(batch):
+        if i in report and (i not in plain or not _same(report[i], plain[i])):
+            disagreements.append(f"record {i} {_show(value)}: report mode keeps {report[i]}, plain "
+                                 f"{plain.get(i) or 'rejects: ' + dict(rejected_i)[i]}")
+        elif i in plain and i not in report and not any(
+                allowed in reasons[i] for allowed in ("values of different JSON types in one record", "levels deep",
+                                                     "was specified twice")):
+            disagreements.append(f"record {i} {_show(value)}: report mode rejects ({reasons[i]}), plain keeps {plain[i]}")
+    assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements[:10])
+    return {"records": len(batch), "unknown": len(unknown_rows)}
+
+
+@pytest.mark.parametrize("schema_name", ["events", "orders"])
+def test_fuzz_report_mode_against_the_plain_decoder(child: DecoderChild, schema_name: str) -> None:
+    totals = {"records": 0, "unknown": 0}
+
+    @settings(max_examples=15, **FUZZ)
+    @given(seed=st.integers(0, 2 ** 63), drawn=st.lists(drawn_records(schema_name), max_size=40))
+    def fuzz(seed: int, drawn: list[bytes | None]) -> None:
+        stats = check_report_mode(child, schema_name, make_batch(random.Random(seed), schema_name, BATCH, 0.1, drawn))
+        for k in totals:
+            totals[k] += stats[k]
+
+    fuzz()
+    assert totals["records"] >= 15 * BATCH and totals["unknown"] > 0  # fields the schema lacks were there
+
+
 def test_fuzz_schema_without_required_fields(child: DecoderChild) -> None:
     # With no required field, a stray `null` row or `{}` would pass as an all-null row.
     assert run_fuzz(child, "loose", examples=30, mutation_rate=0.2)["records"] >= 30_000

@@ -189,7 +189,8 @@ def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None:
 
 @pytest.mark.flink
 def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
-    config_path = _config(tmp_path, broker)
+    # The page's operator path: the ingest does not add fields itself, it counts them.
+    config_path = _config(tmp_path, broker, ingest={"schema_evolution": "off"})
     config = config_at(config_path)
     # Producers start sending anonymous events (no user_id, required in the table) and a new
     # field `device`; one poison record.
@@ -201,6 +202,10 @@ def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
 
     status = drill.run("confirm").expect(0, 1).json()
     assert status["dead_letters"]["records"] == 13
+    # The new field is not written, and status says so (records 52..56 carried it).
+    assert status["ingest"]["unknown_fields"] == [
+        {"path": "device", "records": 5, "first": {"0": 52}, "last": {"0": 56}}]
+    assert any(f["check"] == "unknown_fields" for f in status["health"]["findings"])
     reasons = drill.run("reasons").expect(0).json()
     assert reasons["candidates_by_reason"]["missing required field 'user_id'"] == 12
     assert reasons["records_added"] == 0
@@ -232,7 +237,8 @@ def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
         selected_fields=("id", "device")).to_arrow().to_pylist()
     device = {r["id"]: r["device"] for r in rows}
     assert all(device[100 + i] == "tablet" for i in range(10))
-    # As the page says: a field sent before the column existed was dropped, not dead-lettered.
+    # As the page says: with schema_evolution off, a field sent before the column existed was
+    # not written (counted, above), not dead-lettered.
     assert all(device[52 + i] is None for i in range(5))
     assert dead_letters(config).column("value").to_pylist() == [b"\x00poison"]
 
