@@ -32,10 +32,11 @@ class FieldSighting:
     first: dict[int, int] = field(default_factory=dict)  # partition -> first offset seen
     last: dict[int, int] = field(default_factory=dict)  # partition -> last offset seen
 
-    def see(self, partition: int, offset: int, records: int = 1) -> None:
+    def see_range(self, partition: int, first: int, last: int, records: int) -> None:
+        """`records` records of `partition` between offsets `first` and `last` carried it."""
         self.records += records
-        self.first[partition] = min(self.first.get(partition, offset), offset)
-        self.last[partition] = max(self.last.get(partition, offset), offset)
+        self.first[partition] = min(self.first.get(partition, first), first)
+        self.last[partition] = max(self.last.get(partition, last), last)
 
     def add(self, other: FieldSighting) -> None:
         self.records += other.records
@@ -87,6 +88,21 @@ def sightings_of(summary: Mapping[str, str]) -> Sightings:
 
 def encode_added(added: list[tuple[str, str]]) -> str:
     return json.dumps([[path, type_name] for path, type_name in added], separators=(",", ":"))
+
+
+def encode_widened(widened: list[tuple[str, str, str]]) -> str:
+    return json.dumps([list(w) for w in widened], separators=(",", ":"))
+
+
+def widened_fields_of(summary: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """The columns a snapshot widened: (path, from, to)."""
+    text = summary.get(SummaryKeys.SCHEMA_WIDENED)
+    if not text:
+        return []
+    try:
+        return [(str(p), str(a), str(b)) for p, a, b in json.loads(text)]
+    except (ValueError, TypeError):
+        return []
 
 
 def added_fields_of(summary: Mapping[str, str]) -> list[tuple[str, str]]:

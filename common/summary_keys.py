@@ -44,6 +44,9 @@ class SummaryKeys:
     # JSON [["<path>", "<type>"], ...]: the fields this commit added to the schema, in the
     # same commit as the first files that carry them (ingest.schema_evolution: add).
     SCHEMA_ADDED = "streamberg.schema-added"
+    # JSON [["<path>", "<from>", "<to>"], ...]: columns this commit widened (int -> long, float
+    # -> double, a decimal's precision) for values the narrower type refused, in the same commit.
+    SCHEMA_WIDENED = "streamberg.schema-widened"
     # Records that carried fields the writers' schema lacked, decoded by the committer
     # against the evolved schema in this commit (ingest/evolution.py).
     EVOLVED_RECORDS = "streamberg.evolved-records"

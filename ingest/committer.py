@@ -32,7 +32,13 @@ from pyiceberg.table import Table, Transaction
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
-from streamberg.common.field_sightings import encode_added, encode_sightings, merge_sightings, sightings_of
+from streamberg.common.field_sightings import (
+    encode_added,
+    encode_sightings,
+    encode_widened,
+    merge_sightings,
+    sightings_of,
+)
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     FENCED_MESSAGE,
@@ -53,7 +59,7 @@ from streamberg.ingest.dead_letters import (
     write_dead_letter_file,
 )
 from streamberg.ingest.decode import epoch_units
-from streamberg.ingest.evolution import EvolvedBatch, evolve_and_write, merge_candidates
+from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.run_folder import RunFolder
@@ -241,10 +247,9 @@ class Committer:
         if sightings:
             properties[SummaryKeys.UNKNOWN_FIELDS] = encode_sightings(sightings)
         held = [h for u in units for h in u.held]
-        candidates: dict = {}
+        candidates = SchemaChanges()
         for u in units:
-            for path, t in u.new_fields.items():
-                merge_candidates(candidates, path, t)
+            candidates.merge(SchemaChanges(u.new_fields, u.widen))
         try:
             snapshot_id, attempts, evolved = self._append(files, properties, dead, held, candidates)
         except (FencedError, CommitRetriesExhausted):
@@ -256,9 +261,10 @@ class Committer:
         if evolved is not None:
             files, dead = files + evolved.files, dead + evolved.dead_letters
             records += evolved.records
-            if evolved.added:
-                self.log.info("schema evolved: fields added in the same commit as their first files",
+            if evolved.added or evolved.widened:
+                self.log.info("schema evolved in the same commit as the first files that need it",
                               snapshot=snapshot_id, added=[f"{path} {t}" for path, t in evolved.added],
+                              widened=[f"{path} {old} -> {new}" for path, old, new in evolved.widened],
                               held_records=len(held), written=evolved.records, dead_letters=len(evolved.dead_letters))
         fresh = sorted(set(sightings) - set(self.sightings))
         if fresh:
@@ -282,7 +288,7 @@ class Committer:
         return result
 
     def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter], held: list[HeldRecord],
-                candidates: dict) -> tuple[int, int, EvolvedBatch | None]:
+                candidates: SchemaChanges) -> tuple[int, int, EvolvedBatch | None]:
         """One fast append with `properties`, re-read, re-fenced and retried on a lost race;
         returns (snapshot id, attempts, the held records' batch). The dead letters' file is
         written after the first fence check (a fenced instance writes nothing) and named in
@@ -320,7 +326,7 @@ class Committer:
                 f"commit to {self.config.table.identifier} failed {attempts} times; last: {exc}") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _evolve(self, tx: Transaction, table: Table, held: list[HeldRecord], candidates: dict,
+    def _evolve(self, tx: Transaction, table: Table, held: list[HeldRecord], candidates: SchemaChanges,
                 properties: dict[str, str]) -> EvolvedBatch:
         """Schema update and the held records' files, in `tx` (ingest/evolution.py)."""
         config = self.config
@@ -339,10 +345,12 @@ class Committer:
 
         evolved = evolve_and_write(tx, held, candidates, config.ingest.max_new_fields_per_commit, decoder_for, files_for)
         properties[SummaryKeys.EVOLVED_RECORDS] = str(evolved.records)
-        if evolved.added:
-            properties[SummaryKeys.SCHEMA_ADDED] = encode_added(evolved.added)
-        else:
-            properties.pop(SummaryKeys.SCHEMA_ADDED, None)
+        for key, changed in ((SummaryKeys.SCHEMA_ADDED, encode_added(evolved.added) if evolved.added else None),
+                             (SummaryKeys.SCHEMA_WIDENED, encode_widened(evolved.widened) if evolved.widened else None)):
+            if changed is None:
+                properties.pop(key, None)
+            else:
+                properties[key] = changed
         return evolved
 
     def _discard(self, table: Table, evolved: EvolvedBatch, properties: dict[str, str]) -> None:

@@ -367,7 +367,8 @@ class JsonDecoder:
             return
         bad_rows = reasons != None  # noqa: E711
         if bad_rows.any():
-            rejected.extend((int(i), str(r)) for i, r in zip(index[bad_rows], reasons[bad_rows]))
+            # Reasons stay what they are (a Widening tells schema evolution what would take the value).
+            rejected.extend((int(i), r if isinstance(r, str) else str(r)) for i, r in zip(index[bad_rows], reasons[bad_rows]))
             index = index[~bad_rows]
         if converted.num_rows:
             good.append(converted)

@@ -31,10 +31,22 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Transaction
-from pyiceberg.types import IcebergType, ListType, MapType, StructType
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    StructType,
+)
 
 from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH
+from streamberg.ingest.decode import DecodeResult
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
+from streamberg.ingest.json_values import Widening
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter, HeldRecord
 from streamberg.ingest.unknown_fields import Path, display, merge_types
@@ -53,6 +65,101 @@ def merge_candidates(into: dict[Path, IcebergType], path: Path, t: IcebergType) 
         into[path] = merge_types(into[path], t)
     elif len(into) < MAX_CANDIDATES_PER_UNIT:
         into[path] = t
+
+
+def _wider_of(a: IcebergType, b: IcebergType) -> IcebergType:
+    if isinstance(a, DecimalType) and isinstance(b, DecimalType):
+        return a if a.precision >= b.precision else b
+    return a
+
+
+@dataclass
+class SchemaChanges:
+    """What records asked of the schema, in the order first seen: fields to add (Iceberg path
+    -> inferred type) and columns to widen (path -> the narrowest wider type that takes them)."""
+
+    add: dict[Path, IcebergType] = field(default_factory=dict)
+    widen: dict[Path, IcebergType] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.add or self.widen)
+
+    def add_field(self, path: Path, t: IcebergType) -> None:
+        merge_candidates(self.add, path, t)
+
+    def widen_to(self, path: Path, t: IcebergType) -> None:
+        self.widen[path] = _wider_of(self.widen[path], t) if path in self.widen else t
+
+    def merge(self, other: SchemaChanges) -> None:
+        for path, t in other.add.items():
+            self.add_field(path, t)
+        for path, t in other.widen.items():
+            self.widen_to(path, t)
+
+
+def iceberg_path(schema: Schema, dotted: str) -> Path | None:
+    """The Iceberg path of a field the decoder names by its dotted path (list levels left
+    out: `items.qty` is `items.element.qty`); None inside a map or when absent."""
+    t: IcebergType = schema.as_struct()
+    path: list[str] = []
+    for part in dotted.split("."):
+        while isinstance(t, ListType):
+            path.append("element")
+            t = t.element_type
+        if not isinstance(t, StructType):
+            return None
+        found = next((f for f in t.fields if f.name == part), None)
+        if found is None:
+            return None
+        path.append(part)
+        t = found.field_type
+    return tuple(path)
+
+
+@dataclass
+class HeldBack:
+    """A decoded batch split for schema evolution: the rows to write now, and the records to
+    hold for the committer (they carry a field the schema lacks, or a value a wider column
+    would take); `rejected` are the batch's dead letters."""
+
+    table: pa.Table
+    kept: np.ndarray
+    held: np.ndarray  # batch indexes
+    rejected: list[tuple[int, str]]
+
+
+def hold_back(result: DecodeResult, schema: Schema, changes: SchemaChanges) -> HeldBack:
+    """Split `result` (decoded with unknown="report"), noting what the held records ask of the
+    schema in `changes`."""
+    unknown_rows = result.rows_with_unknown()
+    for unknown in result.unknown:
+        changes.add_field(unknown.path, unknown.type)
+    widen_rows: list[int] = []
+    rejected: list[tuple[int, str]] = []
+    for index, reason in result.rejected:
+        path = iceberg_path(schema, reason.path) if isinstance(reason, Widening) else None
+        if path is None or not _widens(_resolve(schema, path), reason.wider):
+            rejected.append((index, str(reason)))
+            continue
+        changes.widen_to(path, reason.wider)
+        widen_rows.append(index)
+    held = np.union1d(unknown_rows, np.asarray(widen_rows, dtype=np.int64)).astype(np.int64)
+    if not len(unknown_rows):  # the usual batch: nothing to take out of the table
+        return HeldBack(result.table, result.kept, held, rejected)
+    keep = ~np.isin(result.kept, unknown_rows)
+    return HeldBack(result.table.filter(pa.array(keep)), result.kept[keep], held, rejected)
+
+
+def _widens(current: IcebergType | None, wider: IcebergType) -> bool:
+    """Whether Iceberg allows `current` to become `wider` (int -> long, float -> double,
+    decimal(P,S) -> decimal(P',S) with P' > P)."""
+    if isinstance(current, IntegerType):
+        return isinstance(wider, LongType)
+    if isinstance(current, FloatType):
+        return isinstance(wider, DoubleType)
+    if isinstance(current, DecimalType) and isinstance(wider, DecimalType):
+        return wider.scale == current.scale and wider.precision > current.precision
+    return False
 
 
 def _fields_in(t: IcebergType) -> int:
@@ -101,6 +208,7 @@ class AdditionPlan:
 
     added: list[tuple[Path, IcebergType]] = field(default_factory=list)
     refused: dict[Path, str] = field(default_factory=dict)
+    widened: list[tuple[Path, IcebergType, IcebergType]] = field(default_factory=list)  # (path, from, to)
 
 
 def plan_additions(schema: Schema, candidates: Mapping[Path, IcebergType], max_new: int) -> AdditionPlan:
@@ -148,23 +256,38 @@ class EvolvedBatch:
     dead_letters: list[DeadLetter]
     added: list[tuple[str, str]]  # (path, type) the commit adds
     records: int
+    widened: list[tuple[str, str, str]] = field(default_factory=list)  # (path, from, to)
     landed: list[HeldRecord] = field(default_factory=list)  # the held records now written
 
 
-def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mapping[Path, IcebergType], max_new: int,
+def plan_widenings(schema: Schema, widen: Mapping[Path, IcebergType]) -> list[tuple[Path, IcebergType, IcebergType]]:
+    """The columns to widen, as Iceberg allows: (path, from, to)."""
+    out = []
+    for path, wider in widen.items():
+        current = _resolve(schema, path)
+        if current is not None and _widens(current, wider):
+            out.append((path, current, wider))
+    return out
+
+
+def evolve_and_write(tx: Transaction, held: list[HeldRecord], changes: SchemaChanges, max_new: int,
                      decoder_for: Callable[[Schema], RecordDecoder],
                      files_for: Callable[[Schema], PartitionedFileWriter] | None) -> EvolvedBatch:
     """Add the planned fields to the transaction's schema, then decode `held` against it and
     write the rows that decode (`files_for` None: a dry run, nothing written). Records that still carry a field the schema lacks (not added:
     a bound, a name) or that contradict a type are returned as dead letters."""
-    plan = plan_additions(tx.table_metadata.schema(), candidates, max_new)
-    if plan.added:
+    before = tx.table_metadata.schema()
+    plan = plan_additions(before, changes.add, max_new)
+    plan.widened = plan_widenings(before, changes.widen)
+    if plan.added or plan.widened:
         with tx.update_schema() as update:
             for path, t in plan.added:
                 update.add_column(path, t)
+            for path, _, wider in plan.widened:
+                update.update_column(path, field_type=wider)
     schema = tx.table_metadata.schema()
     decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held])
-    reasons = dict(decoded.rejected)
+    reasons = {i: str(r) for i, r in decoded.rejected}
     for unknown in decoded.unknown:
         why = plan.refused.get(unknown.path) or (
             f"field {display(unknown.path)!r} is not in the table and was not added (over "
@@ -188,4 +311,5 @@ def evolve_and_write(tx: Transaction, held: list[HeldRecord], candidates: Mappin
             writer.abort()
             raise
     return EvolvedBatch(files=files, dead_letters=dead, records=table.num_rows, landed=landed,
+                        widened=[(display(path), str(old), str(new)) for path, old, new in plan.widened],
                         added=[(display(path), str(schema.find_type(".".join(path)))) for path, _ in plan.added])

@@ -48,6 +48,7 @@ from pyiceberg.types import (
     IcebergType,
     IntegerType,
     ListType,
+    LongType,
     MapType,
     NestedField,
     StringType,
@@ -57,6 +58,24 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.errors import UnsupportedSchemaError
+
+
+class Widening(str):
+    """A refusal that a wider column type would lift (int -> long, float -> double, a decimal of
+    more precision at the same scale, as Iceberg allows): the reason, the field's dotted path
+    and the narrowest type that takes the refused values. Schema evolution widens the column
+    and decodes the record again (ingest/evolution.py); otherwise it is a plain reason."""
+
+    path: str
+    wider: IcebergType
+
+    def __new__(cls, reason: str, path: str, wider: IcebergType) -> Widening:
+        made = super().__new__(cls, reason)
+        made.path, made.wider = path, wider
+        return made
+
+    def __reduce__(self) -> tuple:
+        return Widening, (str(self), self.path, self.wider)
 
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
@@ -301,15 +320,20 @@ def convert_column(f: NestedField, target: pa.DataType, column: pa.Array, is_num
     name = f.name
     if isinstance(t, IntegerType):
         out = mask_of(pc.or_(pc.less(column, -(2 ** 31)), pc.greater(column, 2 ** 31 - 1)))
-        return null_where(column, out).cast(target), [(out, f"field {name!r}: integer out of range for int")]
+        return null_where(column, out).cast(target), [
+            (out, Widening(f"field {name!r}: integer out of range for int", name, LongType()))]
     if isinstance(t, (FloatType, DoubleType)):
         values = column.cast(target) if isinstance(t, FloatType) else column
         out = ~mask_of(pc.is_finite(values)) & ~pc.is_null(column).to_numpy(zero_copy_only=False)
         kind = "float (32-bit)" if isinstance(t, FloatType) else "double"
-        return null_where(values, out), [(out, f"field {name!r}: not a finite {kind} (NaN, Infinity or out of range)")]
+        reason = f"field {name!r}: not a finite {kind} (NaN, Infinity or out of range)"
+        # The parse read a finite double (JSON has no NaN or Infinity): a double column takes it.
+        return null_where(values, out), [(out, Widening(reason, name, DoubleType()) if isinstance(t, FloatType) else reason)]
     if isinstance(t, DecimalType):
         values, out = cast_locate(column, target)
-        return values, [(out, f"field {name!r}: more digits than decimal({t.precision},{t.scale}) holds (precision)")]
+        reason = f"field {name!r}: more digits than decimal({t.precision},{t.scale}) holds (precision)"
+        wider = _wider_decimal(column, out, t)
+        return values, [(out, Widening(reason, name, wider) if wider is not None else reason)]
     if isinstance(t, DateType):
         malformed = ~mask_of(pc.match_substring_regex(column, _DATE_RE)) & column.is_valid().to_numpy(zero_copy_only=False)
         values, bad = cast_locate(null_where(column, malformed), target)
@@ -326,6 +350,16 @@ def convert_column(f: NestedField, target: pa.DataType, column: pa.Array, is_num
     if column.type != target:
         return column.cast(target), []
     return column, []
+
+def _wider_decimal(column: pa.Array, out: np.ndarray, t: DecimalType) -> DecimalType | None:
+    """The decimal of least precision (same scale, at most 38 digits) that holds the refused
+    values, or None."""
+    if not out.any():
+        return None
+    digits = max(len(str(abs(v.as_tuple().digits and int(v.scaleb(t.scale))))) if v is not None else 0
+                 for v in column.filter(pa.array(out)).to_pylist())
+    return DecimalType(digits, t.scale) if t.precision < digits <= 38 else None
+
 
 def epoch_micros(column: pa.Array, unit: str) -> tuple[pa.Array, np.ndarray]:
     valid = column.is_valid().to_numpy(zero_copy_only=False)

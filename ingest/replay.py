@@ -58,7 +58,7 @@ from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay
 from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.decode import epoch_units
-from streamberg.ingest.evolution import EvolvedBatch, evolve_and_write, merge_candidates
+from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter, HeldRecord
@@ -146,7 +146,7 @@ class _Batcher:
         self.files = None if dry_run else self._files(table, table.schema())
         self.added = 0
         self.held: list[HeldRecord] = []
-        self.candidates: dict = {}
+        self.changes = SchemaChanges()
         self.not_written: Counter = Counter()  # schema_evolution: off, per path
         self.fields_added: list[tuple[str, str]] = []
 
@@ -167,21 +167,19 @@ class _Batcher:
         Held rows are in neither: `finish` reports them. `positions`: (partition, offset,
         timestamp ms) per value."""
         result = self.decoder.decode(values, keys)
-        table, kept = result.table, result.kept
-        if result.unknown and self.config.ingest.schema_evolution == "off":
+        if self.config.ingest.schema_evolution == "off":
             self.not_written.update({display(u.path): len(u.rows) for u in result.unknown})
-        elif result.unknown:
-            held = result.rows_with_unknown()
-            for i in held:
+            table, kept, rejected = result.table, result.kept, [(i, str(r)) for i, r in result.rejected]
+        else:
+            split = hold_back(result, self.decoder.schema, self.changes)
+            table, kept, rejected = split.table, split.kept, split.rejected
+            for i in split.held:
                 partition, offset, ts = positions[int(i)]
                 self.held.append(HeldRecord(partition, offset, ts, keys[int(i)], values[int(i)]))
-            for u in result.unknown:
-                merge_candidates(self.candidates, u.path, u.type)
-            table, kept = table.filter(pa.array(~np.isin(kept, held))), kept[~np.isin(kept, held)]
         if table.num_rows and self.files is not None:
             self.files.write(table)
         self.added += table.num_rows
-        return kept, result.rejected
+        return kept, rejected
 
     def finish(self, catalog: Catalog) -> tuple[list[WrittenFile], list[HeldRecord], list[DeadLetter]]:
         """The files, and of the held records those written and those still refused."""
@@ -203,15 +201,15 @@ class _Batcher:
             with attempt:
                 table = catalog.load_table(self.config.table.identifier)
                 tx = table.transaction()
-                planned = evolve_and_write(tx, self.held, self.candidates, max_new, self._decoder, None)
+                planned = evolve_and_write(tx, self.held, self.changes, max_new, self._decoder, None)
                 self.fields_added = planned.added
-                if not self.dry_run and planned.added:
+                if not self.dry_run and (planned.added or planned.widened):
                     tx.commit_transaction()
                     self.log.info("schema evolved for held records", added=[f"{p} {t}" for p, t in planned.added])
                 if self.dry_run:
                     return planned
         table = catalog.load_table(self.config.table.identifier)
-        return evolve_and_write(table.transaction(), self.held, {}, max_new, self._decoder,
+        return evolve_and_write(table.transaction(), self.held, SchemaChanges(), max_new, self._decoder,
                                 lambda schema: self._files(table, schema))
 
     def abort(self) -> None:

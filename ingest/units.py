@@ -57,6 +57,8 @@ class FlushUnit:
     # that the writer's schema lacks (Iceberg path -> inferred type), in the order first seen
     held: list[HeldRecord] = field(default_factory=list)
     new_fields: dict[tuple[str, ...], IcebergType] = field(default_factory=dict)
+    # ... and the columns their values need widened (path -> the wider type)
+    widen: dict[tuple[str, ...], IcebergType] = field(default_factory=dict)
     # ingest.schema_evolution: off — fields not written, per path (common/field_sightings.py)
     sightings: dict[str, FieldSighting] = field(default_factory=dict)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyiceberg.table import Table
 
@@ -34,7 +33,7 @@ from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode import DecodeResult, epoch_units
-from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, merge_candidates
+from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
 from streamberg.ingest.records import RecordDecoder
@@ -100,7 +99,7 @@ class IngestWriter:
         self.evolution = config.ingest.schema_evolution
         self.held: list[HeldRecord] = []
         self.held_bytes = 0
-        self.new_fields: dict = {}
+        self.changes = SchemaChanges()
         self.rolled: list[WrittenFile] = []
         self.sightings: dict[str, FieldSighting] = {}
         self.schema_checked = 0.0
@@ -285,41 +284,42 @@ class IngestWriter:
             self._check_first_offsets(partitions, offsets)
         keys = [m.key() for m in messages] if self.decoder.key_field is not None else None
         result = self.decoder.decode(values, keys)
-        table = self._unknown_fields(result, messages, partitions, offsets) if result.unknown else result.table
+        if self.evolution == "add":
+            split = hold_back(result, self.decoder.schema, self.changes)
+            table, rejected = split.table, split.rejected
+            if len(split.held):
+                self._hold(messages, split.held)
+        else:
+            table, rejected = result.table, [(i, str(reason)) for i, reason in result.rejected]
+            if result.unknown:
+                self._count_unknown(result, partitions, offsets)
         if table.num_rows:
             self.files.write(table)
-        self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in result.rejected)
+        self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in rejected)
         # Within a partition messages arrive in offset order: the last one seen is the highest.
         for p, last in dict(zip(partitions, offsets)).items():
             self.position[p] = last + 1
 
-    def _unknown_fields(self, result: DecodeResult, messages: list, partitions: list[int],
-                        offsets: list[int]) -> pa.Table:
-        """Records carrying fields the schema lacks: held for the committer (add), or written
-        without them and counted per path (off). Returns the rows to write now."""
-        if self.evolution == "off":
-            parts, offs = np.asarray(partitions), np.asarray(offsets)
-            batch: dict[str, FieldSighting] = {}
-            for unknown in result.unknown:
-                seen = batch.setdefault(display(unknown.path), FieldSighting())
-                for p in np.unique(parts[unknown.rows]):
-                    mine = offs[unknown.rows][parts[unknown.rows] == p]
-                    seen.see(int(p), int(mine.min()), 0)
-                    seen.see(int(p), int(mine.max()), 0)
-                seen.records += len(unknown.rows)
-            merge_sightings(self.sightings, batch)
-            return result.table
-        rows = result.rows_with_unknown()
+    def _count_unknown(self, result: DecodeResult, partitions: list[int], offsets: list[int]) -> None:
+        """schema_evolution off: fields the schema lacks are not written, but counted per path."""
+        parts, offs = np.asarray(partitions), np.asarray(offsets)
+        batch: dict[str, FieldSighting] = {}
+        for unknown in result.unknown:
+            seen = batch.setdefault(display(unknown.path), FieldSighting())
+            for p in np.unique(parts[unknown.rows]):
+                mine = offs[unknown.rows][parts[unknown.rows] == p]
+                seen.see_range(int(p), int(mine.min()), int(mine.max()), len(mine))
+        merge_sightings(self.sightings, batch)
+
+    def _hold(self, messages: list, rows: np.ndarray) -> None:
+        """schema_evolution add: records the committer decodes after changing the schema."""
         for i in rows:
             m = messages[int(i)]
             kind, ts = m.timestamp()
             value = m.value()
             self.held.append(HeldRecord(m.partition(), m.offset(), ts if kind else None, m.key(), value))
             self.held_bytes += len(value or b"") + len(m.key() or b"")
-        for unknown in result.unknown:
-            merge_candidates(self.new_fields, unknown.path, unknown.type)
         self._recheck_schema()
-        return result.table.filter(pa.array(~np.isin(result.kept, rows)))
 
     def _drop_errors(self, messages: list, errors: list) -> tuple[list, list[int]]:
         """The records, and the partitions whose position the broker refused."""
@@ -345,9 +345,10 @@ class IngestWriter:
         ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
-                         messages=self.messages, skips=self.skips, held=self.held, new_fields=self.new_fields,
+                         messages=self.messages, skips=self.skips, held=self.held, new_fields=self.changes.add,
+                         widen=self.changes.widen,
                          sightings=self.sightings)
-        self.held, self.held_bytes, self.new_fields, self.sightings = [], 0, {}, {}
+        self.held, self.held_bytes, self.changes, self.sightings = [], 0, SchemaChanges(), {}
         self.unit_start = dict(self.position)
         self.skips, self.unrecorded = {}, set()
         self.dead_letters = []

@@ -19,7 +19,7 @@ from pyiceberg.table import Table
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
-from streamberg.common.field_sightings import added_fields_of, sightings_of
+from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
@@ -103,12 +103,13 @@ def _schema_facts(table: Table, position: CommittedPosition | None) -> dict[str,
     additions: list[SchemaAdditionFact] = []
     total = 0
     for snapshot in ancestry(table):
-        added = added_fields_of(summary_properties(snapshot))
-        if added:
-            total += len(added)
-            if len(additions) < SCHEMA_ADDITIONS_LISTED:
-                additions.append(SchemaAdditionFact(snapshot.snapshot_id, iso_from_ms(snapshot.timestamp_ms, timespec="seconds"),
-                                                    [f"{path} {t}" for path, t in added]))
+        summary = summary_properties(snapshot)
+        added, widened = added_fields_of(summary), widened_fields_of(summary)
+        total += len(added)
+        if (added or widened) and len(additions) < SCHEMA_ADDITIONS_LISTED:
+            additions.append(SchemaAdditionFact(
+                snapshot.snapshot_id, iso_from_ms(snapshot.timestamp_ms, timespec="seconds"),
+                [f"{path} {t}" for path, t in added] + [f"{path} {old} -> {new}" for path, old, new in widened]))
     return {"unknown_fields": unknown, "schema_additions": additions, "fields_added": total}
 
 

@@ -84,11 +84,12 @@ class UnknownFieldFact:
 
 @dataclass(frozen=True)
 class SchemaAdditionFact:
-    """An ingest commit that added fields the records carried (ingest.schema_evolution: add)."""
+    """An ingest commit that added fields the records carried, or widened columns for their
+    values (ingest.schema_evolution: add)."""
 
     snapshot_id: int
     at: str  # ISO-8601 UTC
-    fields: list[str]  # "path type"
+    fields: list[str]  # "path type" added, "path from -> to" widened
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.ingest.decode import JsonDecoder
 from streamberg.ingest.evolution import plan_additions
-from streamberg.ingest.units import FlushUnit, HeldRecord
+from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
@@ -52,29 +52,22 @@ def make_config(tmp_path: Path, broker: str, **ingest):
 
 def unit_of(config, records: list[dict], start: int = 0, epoch: int = 1) -> FlushUnit:
     """A writer's unit: its records decoded against the table's schema as the writer does."""
-    from streamberg.common.catalog import load_catalog
-    from streamberg.ingest.evolution import merge_candidates
+    from streamberg.ingest.evolution import SchemaChanges, hold_back
     from streamberg.ingest.files import PartitionedFileWriter
     from streamberg.ingest.records import RecordDecoder
 
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     values = [json.dumps(r).encode() for r in records]
-    result = RecordDecoder(table.schema(), 1 << 20, unknown="report").decode(values)
-    held_rows = set(result.rows_with_unknown().tolist())
-    import numpy as np
-    import pyarrow as pa
-
-    rows = result.table.filter(pa.array(~np.isin(result.kept, list(held_rows))))
+    changes = SchemaChanges()
+    split = hold_back(RecordDecoder(table.schema(), 1 << 20, unknown="report").decode(values), table.schema(), changes)
     files = PartitionedFileWriter(table.io, table.location(), table.schema(), table.spec(), table.properties,
                                   1 << 30, 1000, f"test-{start}")
-    files.write(rows)
-    candidates: dict = {}
-    for u in result.unknown:
-        merge_candidates(candidates, u.path, u.type)
+    files.write(split.table)
     return FlushUnit(run_id="test", writer=0, epoch=epoch, topic=config.kafka.topic,
                      ranges={0: (start, start + len(records))}, files=files.flush(), messages=len(records),
-                     held=[HeldRecord(0, start + i, None, None, values[i]) for i in sorted(held_rows)],
-                     new_fields=candidates)
+                     held=[HeldRecord(0, start + int(i), None, None, values[int(i)]) for i in split.held],
+                     dead_letters=[DeadLetter(0, start + i, None, None, values[i], r) for i, r in split.rejected],
+                     new_fields=changes.add, widen=changes.widen)
 
 
 @contextlib.contextmanager
@@ -332,3 +325,78 @@ def test_a_running_writer_follows_the_evolved_schema_and_replay_adds_what_a_boun
     landed = [r for r in table.scan().to_arrow().to_pylist() if r["id"] == 50]
     assert [(r["a"], r["b"], r["c"]) for r in landed] == [(1, 2, 3)]
     assert dead_letters(config).num_rows == 0
+
+
+WIDE = [{"name": "id", "type": "long", "required": True}, {"name": "n", "type": "int"}, {"name": "f", "type": "float"},
+        {"name": "d", "type": "decimal(5,2)"},
+        {"name": "items", "type": "list", "element": {"type": "struct", "fields": [{"name": "q", "type": "int"}]}}]
+
+
+def test_values_a_wider_type_takes_widen_the_column_in_the_same_commit(tmp_path: Path, broker: str) -> None:
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1})
+    document = yaml.safe_load(path.read_text())
+    document["table"]["schema"] = WIDE
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config = config_at(path)
+    open_tables(config)
+    records = [{"id": 0, "n": 1, "f": 1.5, "d": "1.25"},
+               {"id": 1, "n": 3_000_000_000},  # past int: long
+               {"id": 2, "f": 1e300},  # past float: double
+               {"id": 3, "d": "123456.78"},  # 8 digits: decimal(8,2)
+               {"id": 4, "items": [{"q": 1}, {"q": -5_000_000_000}]},  # inside list elements
+               {"id": 5, "d": "1.234"}]  # a third decimal place: a scale no widening changes
+    with opened(config, "r1") as committer:
+        committer.offer(unit_of(config, records))
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    schema = table.schema()
+    assert [str(schema.find_type(name)) for name in ("n", "f", "d", "items.element.q")] == [
+        "long", "double", "decimal(8, 2)", "long"]
+    summary = summary_properties(table.current_snapshot())
+    assert table.current_snapshot().schema_id == schema.schema_id
+    assert sorted(json.loads(summary[SummaryKeys.SCHEMA_WIDENED])) == [
+        ["d", "decimal(5, 2)", "decimal(8, 2)"], ["f", "float", "double"], ["items.element.q", "int", "long"],
+        ["n", "int", "long"]]
+    rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert rows[1]["n"] == 3_000_000_000 and rows[2]["f"] == 1e300 and str(rows[3]["d"]) == "123456.78"
+    assert rows[4]["items"] == [{"q": 1}, {"q": -5_000_000_000}] and rows[0]["f"] == 1.5
+    dead = dead_letters(config).to_pylist()
+    assert [json.loads(d["value"])["id"] for d in dead] == [5]
+    status = collect_status(config)
+    assert "n int -> long" in status.ingest.schema_additions[0].fields
+
+
+def test_off_never_changes_the_schema_through_the_real_writer(tmp_path: Path, broker: str) -> None:
+    import time
+
+    from streamberg.ingest.writer import IngestWriter
+    from tests.runbooks.inprocess import produce_values
+
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1, "schema_evolution": "off",
+                                                   "commit_interval_seconds": 1})
+    document = yaml.safe_load(path.read_text())
+    document["table"]["schema"] = WIDE
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config = config_at(path)
+    open_tables(config)
+    produce_values(config, [b'{"id": 1, "n": 3000000000}', b'{"id": 2, "n": 7, "extra": {"k": 1}}'],
+                   partition=0, partitions=1)
+    before = load_catalog(config.catalog).load_table(config.table.identifier).schema()
+    writer = IngestWriter(config, 0, 1, "w1")
+    writer.open()
+    try:
+        with opened(config, "w1") as committer:
+            deadline = time.monotonic() + 60
+            while committer.expected.get(0, 0) < 2:
+                assert time.monotonic() < deadline
+                unit = writer.poll()
+                if unit is not None:
+                    committer.offer(unit)
+    finally:
+        writer.close()
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert table.schema() == before
+    assert [r["id"] for r in table.scan().to_arrow().to_pylist()] == [2]
+    assert [d["reason"] for d in dead_letters(config).to_pylist()] == ["field 'n': integer out of range for int"]
+    seen = sightings_of(summary_properties(table.current_snapshot()))
+    assert {p: (v.records, v.first, v.last) for p, v in seen.items()} == {"extra": (1, {0: 1}, {0: 1})}
