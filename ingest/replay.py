@@ -45,7 +45,6 @@ from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThan, Or
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
@@ -55,14 +54,10 @@ from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
-from streamberg.common.table_files import target_file_size
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
-from streamberg.ingest.decode import epoch_units
-from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write, hold_back
-from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
-from streamberg.ingest.records import RecordDecoder
-from streamberg.ingest.units import DeadLetter, HeldRecord
-from streamberg.ingest.unknown_fields import display
+from streamberg.ingest.files import WrittenFile
+from streamberg.ingest.replay_batch import ReplayBatcher
+from streamberg.ingest.units import DeadLetter
 from streamberg.ingest.writer import consumer_settings
 
 # How long Kafka may return nothing before a range read gives up (the records exist:
@@ -126,95 +121,6 @@ def replayed_dead_letters(table: Table, topic: str) -> dict[int, set[int]]:
 
 def _overlaps(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in ranges if a < end and start < b]
-
-
-# -- decoding and writing, as the ingest writer does --------------------------------------
-class _Batcher:
-    """Decodes batches of raw values and writes the valid rows into Parquet data files.
-
-    Records carrying fields the table lacks are held, as the ingest's writers hold them
-    (ingest/evolution.py): with `ingest.schema_evolution: add`, `finish` adds the fields in a
-    schema-only commit (no file references them yet, so no snapshot holds a column its
-    schema lacks) and then decodes and writes the held records against the evolved schema;
-    with `off` they are written without those fields, which the log names.
-    """
-
-    def __init__(self, config: StreambergConfig, table: Table, run_id: str, dry_run: bool):
-        self.config, self.table, self.run_id, self.dry_run = config, table, run_id, dry_run
-        self.log = get_logger("ingest.replay", table=config.table.identifier, run=run_id)
-        self.decoder = self._decoder(table.schema())
-        self.files = None if dry_run else self._files(table, table.schema())
-        self.added = 0
-        self.held: list[HeldRecord] = []
-        self.changes = SchemaChanges()
-        self.not_written: Counter = Counter()  # schema_evolution: off, per path
-        self.fields_added: list[tuple[str, str]] = []
-
-    def _decoder(self, schema: Schema) -> RecordDecoder:
-        return RecordDecoder(schema, self.config.ingest.max_record_bytes, epoch_units(self.config.table.schema_),
-                             self.config.kafka.key_field, unknown="report")
-
-    def _files(self, table: Table, schema: Schema) -> PartitionedFileWriter:
-        return PartitionedFileWriter(
-            io=table.io, location=table.location(), schema=schema, spec=table.spec(), properties=table.properties,
-            target_file_size=target_file_size(table, default=self.config.table.target_file_size_bytes),
-            row_group_rows=self.config.ingest.row_group_rows, name_prefix=f"replay-{self.run_id}-s{schema.schema_id}",
-        )
-
-    def decode(self, values: list[bytes | None], keys: list[bytes | None],
-               positions: list[tuple[int, int, int | None]]) -> tuple[np.ndarray, list[tuple[int, str]]]:
-        """Write the rows that decode; return their indexes and the (index, reason) of the rest.
-        Held rows are in neither: `finish` reports them. `positions`: (partition, offset,
-        timestamp ms) per value."""
-        result = self.decoder.decode(values, keys)
-        if self.config.ingest.schema_evolution == "off":
-            self.not_written.update({display(u.path): len(u.rows) for u in result.unknown})
-            table, kept, rejected = result.table, result.kept, [(i, str(r)) for i, r in result.rejected]
-        else:
-            split = hold_back(result, self.decoder.schema, self.changes)
-            table, kept, rejected = split.table, split.kept, split.rejected
-            for i in split.held:
-                partition, offset, ts = positions[int(i)]
-                self.held.append(HeldRecord(partition, offset, ts, keys[int(i)], values[int(i)]))
-        if table.num_rows and self.files is not None:
-            self.files.write(table)
-        self.added += table.num_rows
-        return kept, rejected
-
-    def finish(self, catalog: Catalog) -> tuple[list[WrittenFile], list[HeldRecord], list[DeadLetter]]:
-        """The files, and of the held records those written and those still refused."""
-        files = self.files.flush() if self.files is not None else []
-        if self.not_written:
-            self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
-                             fields=dict(self.not_written.most_common(TOP_REASONS)))
-        if not self.held:
-            return files, [], []
-        evolved = self._evolve(catalog)
-        self.added += evolved.records
-        return files + evolved.files, evolved.landed, evolved.dead_letters
-
-    def _evolve(self, catalog: Catalog) -> EvolvedBatch:
-        """Add the held records' fields in a schema-only commit (retried on a lost race), then
-        write the held records against it; a dry run plans the same without committing."""
-        max_new = self.config.ingest.max_new_fields_per_commit
-        for attempt in commit_retrying(self.config.ingest.commit_retries, is_instance(CommitFailedException)):
-            with attempt:
-                table = catalog.load_table(self.config.table.identifier)
-                tx = table.transaction()
-                planned = evolve_and_write(tx, self.held, self.changes, max_new, self._decoder, None)
-                self.fields_added = planned.added
-                if not self.dry_run and (planned.added or planned.widened):
-                    tx.commit_transaction()
-                    self.log.info("schema evolved for held records", added=[f"{p} {t}" for p, t in planned.added])
-                if self.dry_run:
-                    return planned
-        table = catalog.load_table(self.config.table.identifier)
-        return evolve_and_write(table.transaction(), self.held, SchemaChanges(), max_new, self._decoder,
-                                lambda schema: self._files(table, schema))
-
-    def abort(self) -> None:
-        if self.files is not None:
-            self.files.abort()  # files already closed are orphans; maintenance removes them
 
 
 def _commit_append(catalog: Catalog, config: StreambergConfig, files: list[WrittenFile],
@@ -383,7 +289,7 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
                             request={"partition": partition, "from_offset": start, "to_offset": end, "force": force})
     dlq = _load_dlq(catalog, config)
     in_dlq = _dead_letters_in_range(dlq, topic, partition, start, end)
-    batcher = _Batcher(config, table, run_id, dry_run)
+    batcher = ReplayBatcher(config, table, run_id, dry_run)
     landed_from_dlq: set[int] = set()
     dead: list[DeadLetter] = []
     try:
@@ -483,7 +389,7 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
                     count=outcome.beyond_committed)
     outcome.read = rows.num_rows
     outcome.candidates_by_reason = _reasons(rows.column("reason").to_pylist()) if rows.num_rows else {}
-    batcher = _Batcher(config, table, run_id, dry_run)
+    batcher = ReplayBatcher(config, table, run_id, dry_run)
     landed: dict[int, set[int]] = {}
     still_bad: list[str] = []
     step = config.ingest.max_poll_records
