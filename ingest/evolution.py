@@ -43,7 +43,8 @@ from pyiceberg.types import (
     StructType,
 )
 
-from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH
+from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
+from streamberg.common.schema import type_spec
 from streamberg.ingest.decode import DecodeResult
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.json_values import Widening
@@ -162,28 +163,6 @@ def _widens(current: IcebergType | None, wider: IcebergType) -> bool:
     return False
 
 
-def _fields_in(t: IcebergType) -> int:
-    """Iceberg fields a type brings (itself not counted): struct fields, list elements, map
-    keys and values, recursively."""
-    if isinstance(t, StructType):
-        return sum(1 + _fields_in(f.field_type) for f in t.fields)
-    if isinstance(t, ListType):
-        return 1 + _fields_in(t.element_type)
-    if isinstance(t, MapType):
-        return 2 + _fields_in(t.key_type) + _fields_in(t.value_type)
-    return 0
-
-
-def _depth(t: IcebergType) -> int:
-    if isinstance(t, StructType):
-        return 1 + max((_depth(f.field_type) for f in t.fields), default=0)
-    if isinstance(t, ListType):
-        return 1 + _depth(t.element_type)
-    if isinstance(t, MapType):
-        return 1 + _depth(t.value_type)
-    return 0
-
-
 def _resolve(schema: Schema, path: Path) -> IcebergType | None:
     """The type at an Iceberg path (`element`, `key` and `value` step into lists and maps)."""
     t: IcebergType = schema.as_struct()
@@ -231,10 +210,11 @@ def plan_additions(schema: Schema, candidates: Mapping[Path, IcebergType], max_n
                    if clash is not None else "a column name must be non-empty and without '.'")
             plan.refused[path] = f"field {where!r} cannot be added: {why}"
             continue
-        if len(path) + _depth(t) > MAX_TYPE_DEPTH:
+        spec = type_spec(t)  # the config's view of a type counts fields and levels as the bounds do
+        if len(path) + depth(spec) > MAX_TYPE_DEPTH:
             plan.refused[path] = f"field {where!r} cannot be added: it would nest deeper than {MAX_TYPE_DEPTH} levels"
             continue
-        count = 1 + _fields_in(t)
+        count = 1 + count_fields(spec)
         if new + count > max_new:
             plan.refused[path] = (f"field {where!r} was not added: the commit would add more than {max_new} fields "
                                   "(ingest.max_new_fields_per_commit); an object whose keys are ids belongs in a map "
