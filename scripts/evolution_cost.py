@@ -75,8 +75,8 @@ def main() -> None:
         }
         base = None
         for name, batch in batches.items():
-            t_plain = median_seconds(lambda batch=batch: plain.decode(batch))
-            t_report = median_seconds(lambda batch=batch: report.decode(batch))
+            t_plain = median_seconds(lambda batch=batch, plain=plain: plain.decode(batch))
+            t_report = median_seconds(lambda batch=batch, report=report: report.decode(batch))
             base = base or t_plain
             print(f"{shape:6} {name:34} plain {t_plain * 1e3:7.2f} ms  report {t_report * 1e3:7.2f} ms  "
                   f"= {t_report / t_plain:.2f}x plain ({t_report / base:.2f}x the clean plain batch)")

@@ -141,3 +141,54 @@ def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_pa
     ingest.close()
     failures = [e for e in logs if e["event"].startswith("group")  and e["log_level"] == "error"]
     assert settle["groups_failed"] == 0 and outcome["groups_failed"] == 0, [(e["event"], e.get("error")) for e in failures]
+
+
+def test_a_schema_evolution_between_plan_and_commit_is_kept_and_the_next_pass_reads_both_schemas(
+        spark, spark_catalog, tmp_path) -> None:
+    """The ingest's committer adds a field (records that carry it, held by a writer) while a
+    rewrite is in flight: the rewrite, planned against the old schema, still commits over it,
+    and the next pass rewrites files of both schemas into one, every value kept."""
+    import json
+
+    from streamberg.ingest.evolution import SchemaChanges, hold_back
+    from streamberg.ingest.records import RecordDecoder
+    from streamberg.ingest.units import FlushUnit, HeldRecord
+
+    config, _ = setup_table(tmp_path)
+    spark_catalog(config)
+    ingest = CommitterIngest(config, seed=23)
+    try:
+        for _ in range(3):
+            ingest.append(200, days=1)
+        plan, results, manager = _rewritten_but_not_committed(spark, config)
+        schema = reload(config).schema()
+        values = [json.dumps({"id": 10_000 + i, "ts": "2024-03-01T10:00:00Z", "user_id": f"user-{i % 7:05d}",
+                              "city": "city-01", "device": {"os": "android", "version": i}}).encode() for i in range(50)]
+        changes = SchemaChanges()
+        split = hold_back(RecordDecoder(schema, 1 << 20, unknown="report").decode(values), schema, changes)
+        unit = FlushUnit(run_id=ingest.committer.run_id, writer=0, epoch=ingest.commits + 1, topic=TOPIC,
+                         ranges={0: (ingest.offset, ingest.offset + 50)}, messages=50,
+                         held=[HeldRecord(0, ingest.offset + int(i), None, None, values[int(i)]) for i in split.held],
+                         new_fields=changes.add)
+        evolution = ingest.committer.commit([unit])
+    finally:
+        ingest.close()
+    evolved = reload(config)
+    assert evolved.schema().find_field("device.version") and evolution.records == 50
+    def rows(table) -> collections.Counter:  # values nested in a struct: compared as JSON
+        return collections.Counter(json.dumps(r, sort_keys=True, default=str) for r in table.scan().to_arrow().to_pylist())
+
+    expected = rows(evolved)
+
+    outcome = manager.commit(results, {"streamberg.compactor.run-id": "test"})
+
+    assert outcome.committed and outcome.rebased_over == [evolution.snapshot_id]
+    after = reload(config)
+    assert rows(after) == expected
+    assert after.schema() == evolved.schema()  # the rewrite's commit keeps the evolved schema
+    # The next full pass reads old-schema files (rewritten) and the evolution's file together.
+    run_compact(config, CompactOptions(full=True), spark=spark)
+    final = reload(config)
+    assert rows(final) == expected
+    devices = {r["id"]: r["device"] for r in final.scan().to_arrow().to_pylist()}
+    assert devices[10_007] == {"os": "android", "version": 7} and devices[0] is None
