@@ -316,6 +316,11 @@ def test_a_running_writer_follows_the_evolved_schema_and_replay_adds_what_a_boun
     dead = dead_letters(config).to_pylist()
     assert [json.loads(d["value"])["id"] for d in dead] == [50]
     assert "more than 3 fields" in dead[0]["reason"]
+    # Held records count like any other: table rows + dead letters = records consumed.
+    from tests.runbooks.inprocess import cli
+
+    facts = json.loads(cli("table", "--config", str(tmp_path / "streamberg.yaml"), "--json").stdout)
+    assert facts["reconciles"] is True and facts["consumed"] == 251
 
     raised = config.model_copy(update={"ingest": config.ingest.model_copy(update={"max_new_fields_per_commit": 10})})
     outcome = replay_dead_letters(raised)
