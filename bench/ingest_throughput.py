@@ -18,7 +18,11 @@ baseline, same topic, same run.
    strings, a list of structs with decimals) to a topic of their own, ingested at the highest
    parallelism; records/s and MB/s set against the flat run of that parallelism
    (`--no-nested-run` skips it).
-5. Freshness: with the ingest running, events are produced at a fixed rate; for every
+5. Schema evolution: the same orders into a table declared without `customer.geo`, which every
+   record carries: the ingest adds it (ingest.schema_evolution: add; the writers hold the records
+   until the committer's first commit added it, then decode them themselves); records/s set
+   against the nested run of the same records (`--no-evolving-run` skips it).
+6. Freshness: with the ingest running, events are produced at a fixed rate; for every
    record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
    field) gives p50/p95, set against the commit interval.
 
@@ -189,6 +193,8 @@ def main() -> None:
     parser.add_argument("--fresh-rate", type=int, default=10_000, help="events/s during the freshness run (0: skip)")
     parser.add_argument("--fresh-seconds", type=int, default=30)
     parser.add_argument("--no-nested-run", action="store_true", help="skip the nested-JSON (orders) run")
+    parser.add_argument("--no-evolving-run", action="store_true",
+                        help="skip the run whose table lacks a field the orders carry (schema evolution)")
     parser.add_argument("--no-unforked-run", action="store_true",
                         help="skip the comparison run whose Python workers start fresh interpreters "
                              "(ingest.fork_python_workers=false)")
@@ -235,6 +241,20 @@ def main() -> None:
                 nested_bytes = produce_events(load_config(orders_config), args.records).bytes
                 print(f"streamberg ingest, parallelism {parallelism}, nested JSON ...", file=sys.stderr)
                 nested = {**run_streamberg(orders_config, args.records, parallelism), "bytes": nested_bytes}
+            evolving = None
+            if nested is not None and not args.no_evolving_run:
+                lacking = [{**f, "fields": [g for g in f["fields"] if g["name"] != "geo"]} if f["name"] == "customer"
+                           else f for f in ORDERS_SCHEMA]
+                evolve_config = write_config(directory / "orders-evolving", info.bootstrap, orders_topic,
+                                             args.interval, nested["parallelism"], lacking)
+                print(f"streamberg ingest, parallelism {nested['parallelism']}, nested JSON into a table lacking "
+                      "customer.geo ...", file=sys.stderr)
+                evolving = run_streamberg(evolve_config, args.records, nested["parallelism"])
+                evolved = load_catalog(load_config(evolve_config).catalog).load_table(
+                    load_config(evolve_config).table.identifier)
+                held = [int(summary_properties(s).get("streamberg.evolved-records", 0)) for s in evolved.snapshots()]
+                evolving.update({"field_added": str(evolved.schema().find_type("customer.geo")),
+                                 "held_records": sum(held)})
             fresh = None
             if args.fresh_rate:
                 print("freshness ...", file=sys.stderr)
@@ -262,7 +282,7 @@ def main() -> None:
         "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
-        "unforked_workers": unforked, "nested": nested,
+        "unforked_workers": unforked, "nested": nested, "evolving": evolving,
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -294,6 +314,11 @@ def main() -> None:
               f"({nested['records_ratio_to_flat']:.2f}x); {nested['mb_per_s']:.1f} vs {flat['mb_per_s']:.1f} MB/s "
               f"({nested['mb_ratio_to_flat']:.2f}x); steady {nested['steady_records_per_s']:,.0f} vs "
               f"{flat['steady_records_per_s']:,.0f} records/s")
+    if evolving is not None:
+        print(f"p={evolving['parallelism']} nested JSON into a table lacking customer.geo (added by the ingest: "
+              f"{evolving['field_added']}): {evolving['records_per_s']:,.0f} vs {nested['records_per_s']:,.0f} "
+              f"records/s end to end ({evolving['records_per_s'] / nested['records_per_s']:.2f}x the nested run); "
+              f"{evolving['held_records']:,} records decoded by the committer after the change")
     if fresh:
         print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
               f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over "
