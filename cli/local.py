@@ -44,6 +44,9 @@ def _produce(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if not 0 <= args.bad_fraction < 1:
         raise CommandError("--bad-fraction must be in [0, 1)")
+    value_format = args.format or config.kafka.value_format
+    if value_format == "avro" and config.kafka.schema_registry is None:
+        raise CommandError("--format avro needs kafka.schema_registry (its url) in the config")
     try:
         ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions)
     except BrokerError as exc:
@@ -51,7 +54,7 @@ def _produce(args: argparse.Namespace) -> int:
     with tqdm(total=args.count, unit="rec", unit_scale=True, desc=f"produce {config.kafka.topic}",
               disable=args.quiet or None, file=sys.stderr) as bar:
         result = produce_events(config, args.count, rate=args.rate, bad_fraction=args.bad_fraction,
-                                start_id=args.start_id, seed=args.seed, progress=bar.update)
+                                start_id=args.start_id, seed=args.seed, progress=bar.update, value_format=value_format)
     print(json.dumps({"topic": config.kafka.topic, **result.summary()}))
     return 0
 
@@ -154,11 +157,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     broker.set_defaults(func=_broker)
 
     produce = subparsers.add_parser(
-        "produce", help="produce sample JSON events shaped by the table schema",
-        description="Produce N sample JSON events to kafka.topic, creating the topic when absent. A field named "
+        "produce", help="produce sample events (JSON or Avro) shaped by the table schema",
+        description="Produce N sample events to kafka.topic, creating the topic when absent. A field named "
                     "`id` gets unique increasing numbers, timestamps get the produce time. --bad-fraction injects "
-                    "malformed records (not JSON, wrong type, missing required field, oversized, not an object). "
-                    "Prints a JSON summary on stdout.",
+                    "malformed records (JSON: not JSON, wrong type, missing required field, oversized, not an object; "
+                    "Avro: another magic byte, a record cut short). Prints a JSON summary on stdout.",
     )
     produce.add_argument("--config", required=True, help="the streamberg YAML config")
     produce.add_argument("--count", type=int, required=True, help="number of records to produce")
@@ -167,6 +170,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     produce.add_argument("--partitions", type=int, default=4, help="partitions when the topic is created (default 4)")
     produce.add_argument("--start-id", type=int, default=0, help="first id (default 0)")
     produce.add_argument("--seed", type=int, default=7, help="random seed of the generated values")
+    produce.add_argument("--format", choices=["json", "avro"], default=None,
+                         help="value format (default: the config's kafka.value_format); avro writes Confluent-framed "
+                              "Avro through kafka.schema_registry, the writer schema made from the table's schema")
     produce.add_argument("--quiet", action="store_true", help="no progress bar")
     produce.set_defaults(func=_produce)
 

@@ -15,6 +15,7 @@ import sqlalchemy
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
@@ -146,18 +147,25 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
         pass
 
 
-def ensure_table(catalog: Catalog, table: TableConfig) -> Table:
-    """Create the table from the config when absent; when present, check it can take our records."""
+def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Schema] | None = None) -> Table:
+    """Create the table from the config when absent; when present, check it can take our records.
+
+    `derive`: where the schema of a table to create comes from when the config declares none
+    (the registry's writer schema of an Avro topic); asked only then."""
     log = get_logger("catalog", table=table.identifier)
     ensure_namespace(catalog, table.namespace)
     try:
         existing = catalog.load_table(table.identifier)
     except NoSuchTableError:
-        if table.schema_ is None:
+        if table.schema_ is None and derive is None:
             raise SchemaMismatchError(
                 f"table {table.identifier} does not exist and the config declares no table.schema to create it "
                 "from: declare the schema (the table is the truth only once it exists)") from None
-        expected = schema_from_config(table)
+        if table.schema_ is not None:
+            expected = schema_from_config(table)
+        else:
+            assert derive is not None  # checked above
+            expected = derive()
         properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **table.properties}
         try:
             created = catalog.create_table(

@@ -65,6 +65,11 @@ class BrokerUnreachable(StreambergError):
     """Raised when the broker did not answer within the timeout; the message says what failed."""
 
 
+class RegistryUnavailable(StreambergError):
+    """Raised when the schema registry did not give a writer schema after its retries (down,
+    refusing the credentials, or not knowing the schema id): the records stay in Kafka."""
+
+
 # -- ingest -------------------------------------------------------------------------------------
 class FencedError(StreambergError):
     """Raised when another committer moved the table's offsets: committing now would duplicate."""

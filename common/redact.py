@@ -34,7 +34,7 @@ MASK = "***"
 _SECRET_KEY_WORDS = (
     r"password|passwd|passphrase|pwd|secret|token|credential|"
     r"access[-_.]?key|account[-_.]?key|api[-_.]?key|private[-_.]?key|sas[-_.]?key|sse[-_.]?key|"
-    r"signature|bearer|authorization|key[-_.]?pem"
+    r"signature|bearer|authorization|key[-_.]?pem|basic[-_.]?auth[-_.]?user[-_.]?info"
 )
 _SECRET_KEY = re.compile(rf"(?:{_SECRET_KEY_WORDS})", re.IGNORECASE)
 

@@ -10,6 +10,7 @@ through the kinds of bad input the ingest must dead-letter.
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import random
 import time
@@ -33,6 +34,8 @@ SAMPLE_EVENT_SCHEMA = [
 ]
 
 BAD_KINDS = ("not_json", "wrong_type", "missing_required", "oversized", "not_an_object")
+# Avro events: another magic byte, a record cut in half.
+AVRO_BAD_KINDS = ("not_avro", "truncated")
 
 
 @dataclass
@@ -102,6 +105,48 @@ def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, floa
     return lambda i, now: rng.choice(vocab)
 
 
+def _avro_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...]) -> Callable[[dict[str, Any]], bytes]:
+    """Events (as the makers build them for JSON) as Confluent-framed Avro bytes."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import StructType
+
+    from streamberg.common.avro_schema import avro_schema
+    from streamberg.common.registry import registry_client
+    from streamberg.common.schema import iceberg_type
+
+    if config.kafka.schema_registry is None:
+        raise ValueError("--format avro needs kafka.schema_registry in the config")
+    struct = iceberg_type(StructOf(tuple(fields)))
+    assert isinstance(struct, StructType)
+    schema = Schema(*struct.fields)
+    serializer = AvroSerializer(registry_client(config.kafka.schema_registry), json.dumps(avro_schema(schema, "Event")))
+    context = SerializationContext(config.kafka.topic, MessageField.VALUE)
+    specs = StructOf(tuple(fields))
+    return lambda event: serializer(_as_avro(event, specs), context)
+
+
+def _as_avro(value: Any, spec: TypeSpec) -> Any:
+    """A JSON-shaped sample value as the Python value Avro's serializer takes for its type."""
+    if value is None:
+        return None
+    if isinstance(spec, StructOf):
+        return {f.name: _as_avro(value.get(f.name), f.type) for f in spec.fields}
+    if isinstance(spec, ListOf):
+        return [_as_avro(v, spec.element) for v in value]
+    if isinstance(spec, MapOf):
+        return {k: _as_avro(v, spec.value) for k, v in value.items()}
+    kind = str(spec)
+    if kind == "date":
+        return dt.date.fromisoformat(value)
+    if kind in ("timestamptz", "timestamp"):
+        return dt.datetime.fromisoformat(value)
+    if kind.startswith("decimal"):
+        return decimal.Decimal(str(value)).quantize(decimal.Decimal(1).scaleb(-int(kind[kind.index(",") + 1: -1])))
+    return value
+
+
 def _malformed(kind: str, good: dict[str, Any], config: StreambergConfig, fields: tuple[FieldSpec, ...]) -> bytes:
     if kind == "not_json":
         return b"this is not json {" + str(good.get("id")).encode()
@@ -132,11 +177,17 @@ def produce_events(
     seed: int = 7,
     progress: Callable[[int], None] | None = None,
     producer_config: dict[str, Any] | None = None,
+    value_format: str | None = None,
 ) -> ProduceResult:
-    """Produce `count` JSON events to the configured topic; return what was produced."""
+    """Produce `count` events to the configured topic; return what was produced.
+
+    `value_format` (default: the config's kafka.value_format): `json`, or `avro` written with
+    confluent-kafka's AvroSerializer through kafka.schema_registry (the writer schema made
+    from the table's schema, registered under `<topic>-value`)."""
     rng = random.Random(seed)
     fields = event_fields(config)
     makers = {f.name: _value_maker(f, rng) for f in fields}
+    avro = _avro_writer(config, fields) if (value_format or config.kafka.value_format) == "avro" else None
     producer = Producer({
         "bootstrap.servers": config.kafka.bootstrap_servers,
         "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
@@ -158,11 +209,16 @@ def produce_events(
         event = {name: make(i, now) for name, make in makers.items()}
         n = i - start_id
         if bad_every and n % bad_every == bad_every - 1:
-            kind = BAD_KINDS[(n // bad_every) % len(BAD_KINDS)]
-            value = _malformed(kind, event, config, fields)
+            if avro is not None:
+                kind = AVRO_BAD_KINDS[(n // bad_every) % len(AVRO_BAD_KINDS)]
+                good_bytes = avro(event)
+                value = bytes([5]) + good_bytes[1:] if kind == "not_avro" else good_bytes[: max(6, len(good_bytes) // 2)]
+            else:
+                kind = BAD_KINDS[(n // bad_every) % len(BAD_KINDS)]
+                value = _malformed(kind, event, config, fields)
             result.bad[kind] += 1
         else:
-            value = json.dumps(event, separators=(",", ":")).encode()
+            value = avro(event) if avro is not None else json.dumps(event, separators=(",", ":")).encode()
             result.valid_ids.append(i)
         while True:
             try:

@@ -58,7 +58,6 @@ from streamberg.ingest.dead_letters import (
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
-from streamberg.ingest.decode import epoch_units
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.records import RecordDecoder
@@ -332,8 +331,7 @@ class Committer:
         config = self.config
 
         def decoder_for(schema: Schema) -> RecordDecoder:
-            return RecordDecoder(schema, config.ingest.max_record_bytes, epoch_units(config.table.schema_),
-                                 config.kafka.key_field, unknown="report")
+            return RecordDecoder.for_config(config, schema)
 
         def files_for(schema: Schema) -> PartitionedFileWriter:
             return PartitionedFileWriter(

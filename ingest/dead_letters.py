@@ -42,9 +42,12 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
+from streamberg.common.avro_schema import iceberg_schema
 from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, summary_properties
+from streamberg.common.registry import WriterSchemas, value_subject
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
@@ -78,7 +81,19 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
     catalog = load_catalog(config.catalog)
-    return catalog, ensure_table(catalog, config.table), ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)
+    derive = (lambda: registry_schema(config)) if config.kafka.value_format == "avro" else None
+    return (catalog, ensure_table(catalog, config.table, derive),
+            ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table))
+
+
+def registry_schema(config: StreambergConfig) -> Schema:
+    """The table's schema from the registry: the latest writer schema of the topic's values."""
+    assert config.kafka.schema_registry is not None  # the config requires it with avro
+    subject = value_subject(config.kafka.topic)
+    schema_id, text = WriterSchemas(config.kafka.schema_registry).latest(subject)
+    get_logger("ingest", table=config.table.identifier).info(
+        "table schema derived from the registry", subject=subject, schema_id=schema_id)
+    return iceberg_schema(text)
 
 
 def dead_letter_rows(dead: Sequence[DeadLetter], topic: str, job_id: str) -> pa.Table:

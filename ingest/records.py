@@ -19,8 +19,11 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import StringType
 
+from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.ingest.decode import DecodeResult, JsonDecoder
+from streamberg.common.registry import WriterSchemas
+from streamberg.ingest.avro_decode import AvroDecoder
+from streamberg.ingest.decode import DecodeResult, JsonDecoder, epoch_units
 
 
 def check_key_field(schema: Schema, key_field: str | None) -> None:
@@ -39,15 +42,31 @@ def check_key_field(schema: Schema, key_field: str | None) -> None:
 class RecordDecoder:
     """Decodes batches of (key, value) into the table's Arrow schema."""
 
+    @classmethod
+    def for_config(cls, config: StreambergConfig, schema: Schema,
+                   unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
+        """The ingest's decoder for `schema`: the value format, epoch units and key column the
+        config sets, fields the schema lacks reported."""
+        registry = None
+        if config.kafka.value_format == "avro":
+            assert config.kafka.schema_registry is not None  # the config's own validator
+            registry = WriterSchemas(config.kafka.schema_registry)
+        return cls(schema, config.ingest.max_record_bytes, epoch_units(config.table.schema_), config.kafka.key_field,
+                   unknown=unknown, registry=registry)
+
     def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
-                 key_field: str | None = None, unknown: Literal["ignore", "report"] = "ignore") -> None:
+                 key_field: str | None = None, unknown: Literal["ignore", "report"] = "ignore",
+                 registry: WriterSchemas | None = None) -> None:
         check_key_field(schema, key_field)
         self.key_field = key_field
         self.file_schema = schema_to_pyarrow(schema)
         value_schema = schema if key_field is None else Schema(
             *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
         self.schema = schema
-        self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown)
+        # Avro values when a registry is given (kafka.value_format: avro), JSON otherwise.
+        self.values: JsonDecoder | AvroDecoder = (
+            JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown) if registry is None
+            else AvroDecoder(value_schema, max_record_bytes, registry, unknown))
         self.key_required = key_field is not None and schema.find_field(key_field).required
 
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None) -> DecodeResult:

@@ -20,7 +20,6 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.table_files import target_file_size
-from streamberg.ingest.decode import epoch_units
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.records import RecordDecoder
@@ -53,8 +52,7 @@ class ReplayBatcher:
         self.fields_added: list[tuple[str, str]] = []
 
     def _decoder(self, schema: Schema) -> RecordDecoder:
-        return RecordDecoder(schema, self.config.ingest.max_record_bytes, epoch_units(self.config.table.schema_),
-                             self.config.kafka.key_field, unknown="report")
+        return RecordDecoder.for_config(self.config, schema)
 
     def _files(self, table: Table, schema: Schema) -> PartitionedFileWriter:
         return PartitionedFileWriter(

@@ -32,7 +32,7 @@ from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode import DecodeResult, epoch_units
+from streamberg.ingest.decode import DecodeResult
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
@@ -136,9 +136,7 @@ class IngestWriter:
     def _decode_with(self, table: Table) -> None:
         """Decode and write against the table's current schema."""
         self.schema_id = table.schema().schema_id
-        self.decoder = RecordDecoder(table.schema(), self.config.ingest.max_record_bytes,
-                                     epoch_units(self.config.table.schema_), self.config.kafka.key_field,
-                                     unknown="report")
+        self.decoder = RecordDecoder.for_config(self.config, table.schema())
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,

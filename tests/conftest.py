@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.s3",
     "tests.fixtures.mock_kafka",
+    "tests.fixtures.registry",
 ]
 
 EXPECTED_SKIPS: frozenset[str] = frozenset()

@@ -267,6 +267,9 @@ def _register_secrets(config: StreambergConfig) -> None:
     register_uri_secrets(config.catalog.uri)
     register_mapping_secrets(config.catalog.properties)
     register_mapping_secrets(config.kafka.consumer)
+    if config.kafka.schema_registry is not None:
+        register_uri_secrets(config.kafka.schema_registry.url)
+        register_mapping_secrets(config.kafka.schema_registry.properties)
     register_mapping_secrets(config.compactor.spark_conf)
     register_mapping_secrets(config.ingest.flink)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
     PlainValidator,
     field_validator,
+    model_validator,
 )
 
 from streamberg.common.config.bounds import (
@@ -31,6 +33,25 @@ from streamberg.common.config.bounds import (
 )
 from streamberg.common.config.types import MAX_SCHEMA_FIELDS
 
+_HTTP_URL = re.compile(r"https?://[!-~]+")
+
+
+class SchemaRegistryConfig(_Section):
+    # The registry's base URL (Confluent's REST API: Confluent, Karapace, Redpanda, Apicurio's
+    # compatibility endpoint). Credentials in it are redacted wherever printed.
+    url: Annotated[str, _text(2048, _HTTP_URL, "must be an http:// or https:// URL")]
+    # confluent-kafka SchemaRegistryClient settings besides the URL: `basic.auth.user.info`,
+    # `basic.auth.credentials.source`, `ssl.ca.location`, `ssl.certificate.location`,
+    # `ssl.key.location`, `bearer.auth.*`, ... Secret values are redacted everywhere.
+    properties: Properties = Field(default_factory=dict)
+
+    @field_validator("properties")
+    @classmethod
+    def _not_the_url(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "url" in value:
+            raise ValueError("set the registry's URL as kafka.schema_registry.url")
+        return value
+
 
 class KafkaConfig(_Section):
     bootstrap_servers: Text = "127.0.0.1:19092"
@@ -45,6 +66,17 @@ class KafkaConfig(_Section):
                         Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     # A top-level string column the record's key is written into (UTF-8); null: keys are not kept.
     key_field: Identifier | None = None
+    # How record values are written: `json` (UTF-8 JSON objects) or `avro` (Confluent's wire
+    # format: magic byte 0, a 4-byte schema id, Avro binary; the writer schema comes from
+    # kafka.schema_registry).
+    value_format: Literal["json", "avro"] = "json"
+    schema_registry: SchemaRegistryConfig | None = None
+
+    @model_validator(mode="after")
+    def _registry_for_avro(self) -> KafkaConfig:
+        if self.value_format == "avro" and self.schema_registry is None:
+            raise ValueError("kafka.value_format avro needs kafka.schema_registry (its url) for the writer schemas")
+        return self
 
     @field_validator("topic")
     @classmethod

@@ -1,0 +1,181 @@
+"""Avro schemas as Iceberg types and back: what a registry's writer schema means for the table.
+
+Avro -> Iceberg (a visitor over the parsed JSON schema):
+- record -> struct, array -> list, map -> map<string, V>;
+- a union of "null" and one type -> that type, optional (a field, an array element, a map
+  value); any other union has no Iceberg type and is refused with its path;
+- enum -> string; bytes -> binary; fixed -> fixed[n];
+- logical types: date -> date, time-millis/-micros -> time, timestamp-millis/-micros ->
+  timestamptz (Avro's timestamps are UTC instants), local-timestamp-millis/-micros ->
+  timestamp, decimal (on bytes or fixed) -> decimal(P,S), uuid -> string (every engine reads
+  a string; Iceberg's uuid type is not read alike by Spark, DuckDB and pyiceberg 0.8.1);
+- a field is required when its type is not nullable and it has no default of null.
+
+Iceberg -> Avro (`avro_schema`) is the inverse, for `streamberg produce --format avro` and the
+tests: every optional type becomes ["null", T] with a null default.
+
+Field ids are placeholders (a table assigns its own); names are kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from streamberg.common.errors import UnsupportedSchemaError
+
+_PRIMITIVES: dict[str, IcebergType] = {
+    "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
+    "double": DoubleType(), "string": StringType(), "bytes": BinaryType(),
+}
+_LOGICAL: dict[str, IcebergType] = {
+    "date": DateType(), "time-millis": TimeType(), "time-micros": TimeType(),
+    "timestamp-millis": TimestamptzType(), "timestamp-micros": TimestamptzType(),
+    "local-timestamp-millis": TimestampType(), "local-timestamp-micros": TimestampType(),
+    "uuid": StringType(),
+}
+# Iceberg types written as an Avro primitive with a logical type (Iceberg -> Avro).
+_AVRO_LOGICAL: dict[type, tuple[str, str]] = {
+    DateType: ("int", "date"), TimeType: ("long", "time-micros"), TimestamptzType: ("long", "timestamp-micros"),
+    TimestampType: ("long", "local-timestamp-micros"), UUIDType: ("string", "uuid"),
+}
+# How deep a writer schema may nest (the table's own bound, common/config/types.py).
+MAX_AVRO_DEPTH = 16
+
+
+class _Converter:
+    """One writer schema, visited once; named types may be referenced by name later on."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count(1)
+        self.named: dict[str, Any] = {}
+
+    def nullable(self, schema: Any) -> tuple[Any, bool]:
+        """(the type inside an optional union, True) or (the schema, False)."""
+        if isinstance(schema, list):
+            others = [s for s in schema if s != "null"]
+            if len(others) == 1 and len(schema) == 2:
+                return others[0], True
+        return schema, False
+
+    def convert(self, schema: Any, path: str, depth: int = 0) -> IcebergType:
+        if depth > MAX_AVRO_DEPTH:
+            raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'} nests more than {MAX_AVRO_DEPTH} levels")
+        if isinstance(schema, str):
+            if schema in _PRIMITIVES:
+                return _PRIMITIVES[schema]
+            if schema in self.named:
+                return self.convert(self.named[schema], path, depth)
+            raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'} has type {schema!r}, which a table "
+                                         "column cannot hold (null alone, or an unknown name)")
+        if isinstance(schema, list):
+            inner, _ = self.nullable(schema)
+            if inner is schema:
+                raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'} is a union of {len(schema)} types "
+                                             f"({', '.join(json.dumps(s)[:40] for s in schema)}); only [\"null\", T] maps "
+                                             "to a column")
+            return self.convert(inner, path, depth)
+        if not isinstance(schema, dict):
+            raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'}: {json.dumps(schema)[:80]} is not a type")
+        kind, logical = schema.get("type"), schema.get("logicalType")
+        if isinstance(schema.get("name"), str) and kind in ("record", "enum", "fixed"):
+            self.named[schema["name"]] = schema
+            if isinstance(schema.get("namespace"), str):
+                self.named[f"{schema['namespace']}.{schema['name']}"] = schema
+        if logical == "decimal" and kind in ("bytes", "fixed"):
+            return DecimalType(int(schema["precision"]), int(schema.get("scale", 0)))
+        if logical in _LOGICAL:
+            return _LOGICAL[logical]
+        if kind == "record":
+            return StructType(*self.fields(schema.get("fields", []), path, depth + 1))
+        if kind == "array":
+            element, optional = self.nullable(schema["items"])
+            return ListType(next(self.ids), self.convert(element, f"{path}[]", depth + 1), element_required=not optional)
+        if kind == "map":
+            value, optional = self.nullable(schema["values"])
+            return MapType(next(self.ids), StringType(), next(self.ids), self.convert(value, f"{path}{{}}", depth + 1),
+                           value_required=not optional)
+        if kind == "enum":
+            return StringType()
+        if kind == "fixed":
+            return FixedType(int(schema["size"]))
+        return self.convert(kind, path, depth)
+
+    def fields(self, fields: list[dict], path: str, depth: int) -> Iterator[NestedField]:
+        for f in fields:
+            name = f["name"]
+            child = f"{path}.{name}" if path else name
+            inner, optional = self.nullable(f["type"])
+            optional = optional or ("default" in f and f["default"] is None)
+            yield NestedField(next(self.ids), name, self.convert(inner, child, depth), required=not optional,
+                              doc=f.get("doc") if isinstance(f.get("doc"), str) else None)
+
+
+def iceberg_schema(avro: str | dict) -> Schema:
+    """The Iceberg schema of an Avro record schema (JSON text or parsed)."""
+    parsed = json.loads(avro) if isinstance(avro, str) else avro
+    if not isinstance(parsed, dict) or parsed.get("type") != "record":
+        raise UnsupportedSchemaError("Avro schema: a table is made from a record schema (the value's type is "
+                                     f"{json.dumps(parsed)[:60]})")
+    struct = _Converter().convert(parsed, "")
+    assert isinstance(struct, StructType)
+    return Schema(*struct.fields)
+
+
+def avro_schema(schema: Schema, name: str = "Record") -> dict:
+    """An Avro record schema for records of `schema` (every optional type nullable)."""
+    names = itertools.count()
+
+    def of(t: IcebergType, required: bool, hint: str) -> Any:
+        avro = _avro_type(t, hint)
+        return avro if required else ["null", avro]
+
+    def _avro_type(t: IcebergType, hint: str) -> Any:
+        if isinstance(t, StructType):
+            return {"type": "record", "name": f"{hint}_{next(names)}",
+                    "fields": [{"name": f.name, "type": of(f.field_type, f.required, f.name),
+                                **({} if f.required else {"default": None})} for f in t.fields]}
+        if isinstance(t, ListType):
+            return {"type": "array", "items": of(t.element_type, t.element_required, hint)}
+        if isinstance(t, MapType):
+            return {"type": "map", "values": of(t.value_type, t.value_required, hint)}
+        if isinstance(t, DecimalType):
+            return {"type": "bytes", "logicalType": "decimal", "precision": t.precision, "scale": t.scale}
+        if isinstance(t, FixedType):
+            return {"type": "fixed", "name": f"{hint}_{next(names)}", "size": len(t)}
+        logical = _AVRO_LOGICAL.get(type(t))
+        if logical is not None:
+            return {"type": logical[0], "logicalType": logical[1]}
+        primitive = next((k for k, v in _PRIMITIVES.items() if v == t), None)
+        if primitive is None:
+            raise UnsupportedSchemaError(f"column type {t} has no Avro counterpart here")
+        return primitive
+
+    record = _avro_type(schema.as_struct(), name)
+    record["name"] = name
+    return record

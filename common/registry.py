@@ -1,0 +1,70 @@
+"""The schema registry, as streamberg asks it: writer schemas by id, the latest by subject.
+
+confluent-kafka's `SchemaRegistryClient` speaks the registry's REST API and caches what it
+fetched (a schema id never changes meaning); this module builds it from
+`kafka.schema_registry` and puts the one retry policy around it: a registry that is down,
+slow, or answers an error is asked again with exponential backoff, then the caller gets a
+RegistryUnavailable naming the registry (credentials redacted) and the last answer. Nothing
+is skipped meanwhile: the records wait in Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from streamberg.common.config.sections import SchemaRegistryConfig
+from streamberg.common.errors import RegistryUnavailable
+from streamberg.common.redact import redact
+from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
+
+# Attempts before a lookup gives up (about a minute with the backoff's cap).
+REGISTRY_RETRIES = 8
+T = TypeVar("T")
+
+
+def registry_client(config: SchemaRegistryConfig):  # noqa: ANN201 - confluent_kafka's own type, imported lazily
+    """A SchemaRegistryClient for the configured registry (imported here: only Avro needs it)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": config.url, **config.properties})
+
+
+class WriterSchemas:
+    """Writer schemas from one registry, cached by the client, each lookup retried."""
+
+    def __init__(self, config: SchemaRegistryConfig, retries: int = REGISTRY_RETRIES,
+                 max_backoff_seconds: float = BACKGROUND_MAX_BACKOFF_SECONDS) -> None:
+        self.config, self.retries, self.max_backoff = config, retries, max_backoff_seconds
+        self.client = registry_client(config)
+
+    def _ask(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            for attempt in commit_retrying(self.retries, lambda exc: True, max_backoff_seconds=self.max_backoff,
+                                           event="schema registry did not answer; retrying"):
+                with attempt:
+                    return call()
+        except Exception as exc:  # noqa: BLE001 - any failure to answer is the registry's, after the retries
+            raise RegistryUnavailable(
+                f"schema registry {redact(self.config.url)}: {what} failed {self.retries + 1} times; last: "
+                f"{type(exc).__name__}: {redact(str(exc))[:300]}") from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def by_id(self, schema_id: int) -> str:
+        """The schema text registered under `schema_id`."""
+        schema = self._ask(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id))
+        if schema.schema_type not in (None, "AVRO"):
+            raise RegistryUnavailable(f"schema id {schema_id} is a {schema.schema_type} schema, not Avro "
+                                      "(kafka.value_format: avro)")
+        return schema.schema_str
+
+    def latest(self, subject: str) -> tuple[int, str]:
+        """(id, schema text) of the subject's latest version."""
+        registered = self._ask(f"the latest version of subject {subject!r}",
+                               lambda: self.client.get_latest_version(subject))
+        return registered.schema_id, registered.schema.schema_str
+
+
+def value_subject(topic: str) -> str:
+    """The subject of a topic's values under the default TopicNameStrategy."""
+    return f"{topic}-value"
