@@ -18,8 +18,6 @@ from streamberg.common.errors import RegistryUnavailable
 from streamberg.common.redact import redact
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 
-# Attempts before a lookup gives up (about a minute with the backoff's cap).
-REGISTRY_RETRIES = 8
 T = TypeVar("T")
 
 
@@ -33,9 +31,8 @@ def registry_client(config: SchemaRegistryConfig):  # noqa: ANN201 - confluent_k
 class WriterSchemas:
     """Writer schemas from one registry, cached by the client, each lookup retried."""
 
-    def __init__(self, config: SchemaRegistryConfig, retries: int = REGISTRY_RETRIES,
-                 max_backoff_seconds: float = BACKGROUND_MAX_BACKOFF_SECONDS) -> None:
-        self.config, self.retries, self.max_backoff = config, retries, max_backoff_seconds
+    def __init__(self, config: SchemaRegistryConfig, max_backoff_seconds: float = BACKGROUND_MAX_BACKOFF_SECONDS) -> None:
+        self.config, self.retries, self.max_backoff = config, config.retries, max_backoff_seconds
         self.client = registry_client(config)
 
     def _ask(self, what: str, call: Callable[[], T]) -> T:

@@ -250,23 +250,47 @@ def plan_widenings(schema: Schema, widen: Mapping[Path, IcebergType]) -> list[tu
     return out
 
 
+# Rounds of plan-and-decode in one commit: held records may ask more once decoded against the
+# changed schema (a record held to widen a column also carries a new field, say).
+EVOLUTION_ROUNDS = 3
+
+
 def evolve_and_write(tx: Transaction, held: list[HeldRecord], changes: SchemaChanges, max_new: int,
                      decoder_for: Callable[[Schema], RecordDecoder],
                      files_for: Callable[[Schema], PartitionedFileWriter] | None) -> EvolvedBatch:
-    """Add the planned fields to the transaction's schema, then decode `held` against it and
-    write the rows that decode (`files_for` None: a dry run, nothing written). Records that still carry a field the schema lacks (not added:
-    a bound, a name) or that contradict a type are returned as dead letters."""
-    before = tx.table_metadata.schema()
-    plan = plan_additions(before, changes.add, max_new)
-    plan.widened = plan_widenings(before, changes.widen)
-    if plan.added or plan.widened:
-        with tx.update_schema() as update:
-            for path, t in plan.added:
-                update.add_column(path, t)
-            for path, _, wider in plan.widened:
-                update.update_column(path, field_type=wider)
-    schema = tx.table_metadata.schema()
-    decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held])
+    """Add the planned fields to the transaction's schema (and widen the planned columns),
+    then decode `held` against it and write the rows that decode (`files_for` None: a dry run,
+    nothing written). What the decode against the changed schema still asks for is planned
+    again, within the same bounds, for a few rounds. Records that still carry a field the
+    schema lacks (not added: a bound, a name) or that contradict a type are returned as dead
+    letters."""
+    plan = AdditionPlan()
+    wanted = SchemaChanges()
+    wanted.merge(changes)
+    for _ in range(EVOLUTION_ROUNDS):
+        current = tx.table_metadata.schema()
+        done = {path for path, _ in plan.added} | set(plan.refused)
+        step = plan_additions(current, {p: t for p, t in wanted.add.items() if p not in done},
+                              max_new - sum(1 + count_fields(type_spec(t)) for _, t in plan.added))
+        widened = plan_widenings(current, wanted.widen)
+        if step.added or widened:
+            with tx.update_schema() as update:
+                for path, t in step.added:
+                    update.add_column(path, t)
+                for path, _, wider in widened:
+                    update.update_column(path, field_type=wider)
+        plan.added += step.added
+        plan.refused.update(step.refused)
+        plan.widened += widened
+        schema = tx.table_metadata.schema()
+        decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held])
+        asked = SchemaChanges()
+        hold_back(decoded, schema, asked)
+        fresh_adds = {p: t for p, t in asked.add.items() if p not in plan.refused and p not in wanted.add}
+        fresh_widen = {p: t for p, t in asked.widen.items() if _widens(_resolve(schema, p), t)}
+        if not fresh_adds and not fresh_widen:
+            break
+        wanted.merge(SchemaChanges(fresh_adds, fresh_widen))
     reasons = {i: str(r) for i, r in decoded.rejected}
     for unknown in decoded.unknown:
         why = plan.refused.get(unknown.path) or (

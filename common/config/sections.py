@@ -44,6 +44,10 @@ class SchemaRegistryConfig(_Section):
     # `basic.auth.credentials.source`, `ssl.ca.location`, `ssl.certificate.location`,
     # `ssl.key.location`, `bearer.auth.*`, ... Secret values are redacted everywhere.
     properties: Properties = Field(default_factory=dict)
+    # A lookup the registry does not answer (down, an error, an unknown schema id) is asked
+    # again this many times with exponential backoff (capped at 30 s), then the ingest stops
+    # with the reason; the records wait in Kafka.
+    retries: Annotated[int, _int(0, 100)] = 8
 
     @field_validator("properties")
     @classmethod
