@@ -205,3 +205,52 @@ def test_streamberg_produce_and_ingest_avro_end_to_end(tmp_path: Path, broker: s
     ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 2970
     assert dead_letters(config).num_rows == 30
+
+
+def test_any_bytes_and_any_registry_answer_give_a_row_or_a_dead_letter(registry) -> None:
+    """Fuzz: valid records mutated byte by byte, random bytes behind a real header, and writer
+    schemas a registry might answer (not JSON, not a record, recursive, a union of three):
+    the decoder never raises, and every record is a row or a dead letter with a reason."""
+    import random
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from streamberg.common.config.sections import SchemaRegistryConfig
+    from streamberg.common.registry import WriterSchemas
+    from streamberg.ingest.avro_decode import AvroDecoder
+
+    client = SchemaRegistryClient({"url": registry.url})
+    context = SerializationContext("fuzz", MessageField.VALUE)
+    good = [AvroSerializer(client, json.dumps(ORDER_V1))(order(i), context) for i in range(20)]
+    hostile = ["not json", json.dumps({"type": "array", "items": "int"}),
+               json.dumps({"type": "record", "name": "L", "fields": [{"name": "next", "type": ["null", "L"]}]}),
+               json.dumps({"type": "record", "name": "U", "fields": [{"name": "u", "type": ["null", "int", "string"]}]})]
+    hostile_ids = [registry.register("hostile", text) for text in hostile]
+    decoder = AvroDecoder(iceberg_schema(ORDER_V1), 1 << 16,
+                          WriterSchemas(SchemaRegistryConfig(url=registry.url, retries=0)), unknown="report")
+    seen = {"kept": 0, "rejected": 0}
+
+    @settings(max_examples=60, deadline=None, derandomize=True)
+    @given(seed=st.integers(0, 2 ** 32), noise=st.lists(st.binary(max_size=60), max_size=20))
+    def fuzz(seed: int, noise: list[bytes]) -> None:
+        rng = random.Random(seed)
+        batch: list[bytes | None] = []
+        for value in good:
+            b = bytearray(value)
+            for _ in range(rng.randrange(3)):
+                at = rng.randrange(len(b))
+                b[at] = rng.randrange(256) if at >= 5 else b[at]  # keep the header: mutate the body
+            batch.append(bytes(b) if rng.random() < 0.7 else bytes(b[: rng.randrange(1, len(b))]))
+        batch += [b"\x00" + rng.choice(hostile_ids).to_bytes(4, "big") + n for n in noise]
+        batch += [b"\x00\x00\x00\x00\x01" + n for n in noise] + [None]
+        result = decoder.decode(batch)
+        rejected = [i for i, _ in result.rejected]
+        assert sorted(result.kept.tolist() + rejected) == list(range(len(batch)))
+        assert all(isinstance(r, str) and r for _, r in result.rejected)
+        assert result.table.num_rows == len(result.kept)
+        seen["kept"] += len(result.kept)
+        seen["rejected"] += len(rejected)
+
+    fuzz()
+    assert seen["kept"] > 0 and seen["rejected"] > 0
