@@ -125,11 +125,18 @@ def _not_object_reason(value: bytes) -> str:
 
 
 def _screen_depth(raw: pa.BinaryArray, max_depth: int, flag: Callable[[np.ndarray, object], None]) -> None:
-    """Records nested deeper than `max_depth`: only those with more brackets than that can
-    be, so one Arrow count per bracket kind picks the few to measure."""
-    brackets = (pc.count_substring(raw, "[").to_numpy(zero_copy_only=False)
-                + pc.count_substring(raw, "{").to_numpy(zero_copy_only=False))
-    many = np.flatnonzero(brackets > max_depth)
+    """Records nested deeper than `max_depth`: only records longer than twice that can be
+    (each level takes an opening and a closing bracket), and of those only the ones with more
+    brackets than that; one Arrow count per bracket kind over the long ones picks the few to
+    measure, and a batch of short records costs one comparison of lengths."""
+    offsets = np.frombuffer(raw.buffers()[1], dtype=np.int32, count=len(raw) + 1, offset=raw.offset * 4)
+    long = np.flatnonzero(np.diff(offsets) > 2 * max_depth)
+    if not len(long):
+        return
+    candidates = raw.take(pa.array(long))
+    brackets = (pc.count_substring(candidates, "[").to_numpy(zero_copy_only=False)
+                + pc.count_substring(candidates, "{").to_numpy(zero_copy_only=False))
+    many = long[brackets > max_depth]
     deep = [int(i) for i in many if nesting_depth(raw[int(i)].as_py()) > max_depth]
     if deep:
         flag(np.isin(np.arange(len(raw)), deep),
