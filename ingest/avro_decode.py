@@ -48,7 +48,7 @@ from pyiceberg.types import (
 from streamberg.common.avro_schema import iceberg_schema
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.decode import DecodeResult
-from streamberg.ingest.json_values import Widening
+from streamberg.ingest.json_values import Widening, widens
 from streamberg.ingest.unknown_fields import Path, UnknownField, display
 
 
@@ -86,16 +86,6 @@ def _promotes(writer: IcebergType, table: IcebergType) -> bool:
     if isinstance(table, DecimalType) and isinstance(writer, DecimalType):
         return writer.scale == table.scale and writer.precision <= table.precision
     return False
-
-
-def _wider(writer: IcebergType, table: IcebergType) -> IcebergType | None:
-    if isinstance(table, IntegerType) and isinstance(writer, LongType):
-        return LongType()
-    if isinstance(table, FloatType) and isinstance(writer, DoubleType):
-        return DoubleType()
-    if isinstance(table, DecimalType) and isinstance(writer, DecimalType) and writer.scale == table.scale:
-        return writer if writer.precision > table.precision else None
-    return None
 
 
 class AvroDecoder:
@@ -149,10 +139,10 @@ class AvroDecoder:
             self._compare(schema_id, (*path, "value"), writer.value_type, table.value_type, fit)
         elif _promotes(writer, table):
             return
-        elif (wider := _wider(writer, table)) is not None and fit.widen is None:
+        elif widens(table, writer) and fit.widen is None:
             dotted = ".".join(p for p in path if p != "element")
             fit.widen = Widening(f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table "
-                                 f"has {table}", dotted, wider)
+                                 f"has {table}", dotted, writer)
         elif fit.refusal is None:
             fit.refusal = f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table has {table}"
 

@@ -240,7 +240,7 @@ class Committer:
         if skips:
             properties[kafka_skips_key(self.topic)] = encode_skips(skips)
             properties[SummaryKeys.LOST_OFFSETS_TOTAL] = str(lost_total)
-        sightings = merge_sightings(copy.deepcopy(self.sightings), {})
+        sightings = copy.deepcopy(self.sightings)
         for u in units:
             merge_sightings(sightings, u.sightings)
         if sightings:

@@ -33,12 +33,8 @@ from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Transaction
 from pyiceberg.types import (
     DecimalType,
-    DoubleType,
-    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     MapType,
     StructType,
 )
@@ -47,7 +43,7 @@ from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, co
 from streamberg.common.schema import type_spec
 from streamberg.ingest.decode import DecodeResult
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
-from streamberg.ingest.json_values import Widening
+from streamberg.ingest.json_values import Widening, widens
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter, HeldRecord
 from streamberg.ingest.unknown_fields import Path, display, merge_types
@@ -139,7 +135,7 @@ def hold_back(result: DecodeResult, schema: Schema, changes: SchemaChanges) -> H
     rejected: list[tuple[int, str]] = []
     for index, reason in result.rejected:
         path = iceberg_path(schema, reason.path) if isinstance(reason, Widening) else None
-        if path is None or not _widens(_resolve(schema, path), reason.wider):
+        if path is None or not widens(_resolve(schema, path), reason.wider):
             rejected.append((index, str(reason)))
             continue
         changes.widen_to(path, reason.wider)
@@ -149,18 +145,6 @@ def hold_back(result: DecodeResult, schema: Schema, changes: SchemaChanges) -> H
         return HeldBack(result.table, result.kept, held, rejected)
     keep = ~np.isin(result.kept, unknown_rows)
     return HeldBack(result.table.filter(pa.array(keep)), result.kept[keep], held, rejected)
-
-
-def _widens(current: IcebergType | None, wider: IcebergType) -> bool:
-    """Whether Iceberg allows `current` to become `wider` (int -> long, float -> double,
-    decimal(P,S) -> decimal(P',S) with P' > P)."""
-    if isinstance(current, IntegerType):
-        return isinstance(wider, LongType)
-    if isinstance(current, FloatType):
-        return isinstance(wider, DoubleType)
-    if isinstance(current, DecimalType) and isinstance(wider, DecimalType):
-        return wider.scale == current.scale and wider.precision > current.precision
-    return False
 
 
 def _resolve(schema: Schema, path: Path) -> IcebergType | None:
@@ -245,7 +229,7 @@ def plan_widenings(schema: Schema, widen: Mapping[Path, IcebergType]) -> list[tu
     out = []
     for path, wider in widen.items():
         current = _resolve(schema, path)
-        if current is not None and _widens(current, wider):
+        if current is not None and widens(current, wider):
             out.append((path, current, wider))
     return out
 
@@ -287,7 +271,7 @@ def evolve_and_write(tx: Transaction, held: list[HeldRecord], changes: SchemaCha
         asked = SchemaChanges()
         hold_back(decoded, schema, asked)
         fresh_adds = {p: t for p, t in asked.add.items() if p not in plan.refused and p not in wanted.add}
-        fresh_widen = {p: t for p, t in asked.widen.items() if _widens(_resolve(schema, p), t)}
+        fresh_widen = {p: t for p, t in asked.widen.items() if widens(_resolve(schema, p), t)}
         if not fresh_adds and not fresh_widen:
             break
         wanted.merge(SchemaChanges(fresh_adds, fresh_widen))

@@ -77,6 +77,18 @@ class Widening(str):
     def __reduce__(self) -> tuple:
         return Widening, (str(self), self.path, self.wider)
 
+
+def widens(current: IcebergType | None, wider: IcebergType) -> bool:
+    """Whether Iceberg allows a column of type `current` to become `wider` (int -> long,
+    float -> double, decimal(P,S) -> decimal(P',S) with P' > P)."""
+    if isinstance(current, IntegerType):
+        return isinstance(wider, LongType)
+    if isinstance(current, FloatType):
+        return isinstance(wider, DoubleType)
+    if isinstance(current, DecimalType) and isinstance(wider, DecimalType):
+        return wider.scale == current.scale and wider.precision > current.precision
+    return False
+
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
 # Decimals are parsed at 76 digits, then checked against the declared precision: pyarrow's
