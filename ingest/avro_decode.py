@@ -139,10 +139,16 @@ class AvroDecoder:
             self._compare(schema_id, (*path, "value"), writer.value_type, table.value_type, fit)
         elif _promotes(writer, table):
             return
-        elif widens(table, writer) and fit.widen is None:
+        elif widens(table, writer):
+            # Every column this writer schema needs wider goes in the one reason: the
+            # committer widens them all in the same commit.
             dotted = ".".join(p for p in path if p != "element")
-            fit.widen = Widening(f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table "
-                                 f"has {table}", dotted, writer)
+            if fit.widen is None:
+                fit.widen = Widening(f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the "
+                                     f"table has {table}", dotted, writer)
+            else:
+                fit.widen = Widening(str(fit.widen), fit.widen.path, fit.widen.wider,
+                                     (*fit.widen.also, (dotted, writer)))
         elif fit.refusal is None:
             fit.refusal = f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table has {table}"
 

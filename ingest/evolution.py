@@ -134,17 +134,30 @@ def hold_back(result: DecodeResult, schema: Schema, changes: SchemaChanges) -> H
     widen_rows: list[int] = []
     rejected: list[tuple[int, str]] = []
     for index, reason in result.rejected:
-        path = iceberg_path(schema, reason.path) if isinstance(reason, Widening) else None
-        if path is None or not widens(_resolve(schema, path), reason.wider):
+        wanted = _widenings(schema, reason) if isinstance(reason, Widening) else None
+        if wanted is None:
             rejected.append((index, str(reason)))
             continue
-        changes.widen_to(path, reason.wider)
+        for path, wider in wanted:
+            changes.widen_to(path, wider)
         widen_rows.append(index)
     held = np.union1d(unknown_rows, np.asarray(widen_rows, dtype=np.int64)).astype(np.int64)
     if not len(unknown_rows):  # the usual batch: nothing to take out of the table
         return HeldBack(result.table, result.kept, held, rejected)
     keep = ~np.isin(result.kept, unknown_rows)
     return HeldBack(result.table.filter(pa.array(keep)), result.kept[keep], held, rejected)
+
+
+def _widenings(schema: Schema, reason: Widening) -> list[tuple[Path, IcebergType]] | None:
+    """The columns a Widening asks for, as Iceberg paths; None when one of them is not a
+    widening the schema allows (the record is then a dead letter with the reason)."""
+    out = []
+    for dotted, wider in reason.columns():
+        path = iceberg_path(schema, dotted)
+        if path is None or not widens(_resolve(schema, path), wider):
+            return None
+        out.append((path, wider))
+    return out
 
 
 def _resolve(schema: Schema, path: Path) -> IcebergType | None:

@@ -68,14 +68,20 @@ class Widening(str):
 
     path: str
     wider: IcebergType
+    also: tuple[tuple[str, IcebergType], ...]  # further columns the same records need wider
 
-    def __new__(cls, reason: str, path: str, wider: IcebergType) -> Widening:
+    def __new__(cls, reason: str, path: str, wider: IcebergType,
+                also: tuple[tuple[str, IcebergType], ...] = ()) -> Widening:
         made = super().__new__(cls, reason)
-        made.path, made.wider = path, wider
+        made.path, made.wider, made.also = path, wider, tuple(also)
         return made
 
+    def columns(self) -> tuple[tuple[str, IcebergType], ...]:
+        """Every (dotted path, wider type) the refused records need."""
+        return ((self.path, self.wider), *self.also)
+
     def __reduce__(self) -> tuple:
-        return Widening, (str(self), self.path, self.wider)
+        return Widening, (str(self), self.path, self.wider, self.also)
 
 
 def widens(current: IcebergType | None, wider: IcebergType) -> bool:

@@ -52,11 +52,13 @@ def order(i: int) -> dict:
 
 
 def v2(schema: dict) -> dict:
-    """The producers' next version: a new optional field inside the customer record, and qty as long."""
+    """The producers' next version: a new optional field inside the customer record, and two
+    wider columns (qty as long, price with more digits)."""
     nxt = json.loads(json.dumps(schema))
     customer = next(f for f in nxt["fields"] if f["name"] == "customer")
     customer["type"][1]["fields"].append({"name": "email", "type": ["null", "string"], "default": None})
     next(f for f in nxt["fields"] if f["name"] == "qty")["type"] = "long"
+    next(f for f in nxt["fields"] if f["name"] == "price")["type"]["precision"] = 14
     return nxt
 
 
@@ -130,20 +132,22 @@ def test_avro_records_land_the_table_evolves_with_the_writer_schema_and_bad_byte
     assert reasons[1].startswith("not Confluent Avro: the header is cut short")
     assert reasons[2].startswith("not valid Avro for writer schema id 1")
 
-    # The producers move to v2: a new nested field, and a wider qty. The table follows in the
-    # commit that first carries them, and the values land.
-    newer = [{**order(i), "customer": {"cid": 1, "tags": [], "email": f"c{i}@x"}, "qty": 2 ** 40 + i}
-             for i in range(100, 110)]
+    # The producers move to v2: a new nested field, and two wider columns. The table follows
+    # in the commit that first carries them, and the values land.
+    newer = [{**order(i), "customer": {"cid": 1, "tags": [], "email": f"c{i}@x"}, "qty": 2 ** 40 + i,
+              "price": Decimal(f"123456789{i:03d}.25")} for i in range(100, 110)]
     produce(config, v2(ORDER_V1), newer)
     ingest_until(config, {0: 53})
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert str(table.schema().find_type("qty")) == "long"
+    assert str(table.schema().find_type("price")) == "decimal(14, 2)"
     assert str(table.schema().find_type("customer.email")) == "string"
     evolved = [s for s in table.snapshots() if added_fields_of(summary_properties(s))]
     assert len(evolved) == 1 and evolved[0].schema_id == table.schema().schema_id
     landed = {r["id"]: r for r in table.scan().to_arrow().to_pylist() if r["id"] >= 100}
     assert sorted(landed) == list(range(100, 110))
     assert landed[105]["customer"]["email"] == "c105@x" and landed[105]["qty"] == 2 ** 40 + 105
+    assert landed[105]["price"] == Decimal("123456789105.25")
 
     # A version whose type contradicts the table's: its records are dead letters naming both types.
     v3 = json.loads(json.dumps(ORDER_V1))
