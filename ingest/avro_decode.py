@@ -4,62 +4,23 @@ The wire format: magic byte 0, the writer schema's 4-byte id (big-endian), the A
 body. The header is read by confluent-kafka's own `SchemaId`, the writer schema fetched from
 the registry by id (common/registry.py: cached, retried, then a clear RegistryUnavailable:
 the records stay in Kafka), and the body read by fastavro's `schemaless_reader`: no wire
-decoder is written here.
+decoder is written here. How a writer schema is matched with the table, and what happens to
+records that do not fit, is the same for every registry format (ingest/registry_decode.py).
 
-Against the table, each writer schema is looked at once (`_Fit`): its fields at every depth
-are matched with the table's by name, and
-- a field the table lacks is reported as unknown, typed from the writer schema (schema
-  evolution adds it, ingest/evolution.py, or counts it);
-- a writer type the table's column takes as Avro's promotion rules say (int -> long, float
-  -> double, an integer -> double, a decimal of less precision) is read as it is;
-- a wider writer type Iceberg can widen the column to (long over int, double over float, a
-  decimal of more precision) refuses the records with a Widening reason (ingest/json_values.py);
-- any other difference dead-letters the schema's records with both types named.
-
-Records whose bytes are not that format (another magic byte, a header cut short, a body that
-fastavro cannot read for the schema, bytes left after the record) are dead-lettered with the
-reason. Every record ends up in the table or in `rejected`; only a registry that cannot
-answer stops the decoder (and the job, which then re-reads the records after a restart).
+Avro's promotions (int -> long, float -> double, an integer -> double, a decimal of less
+precision) are read as they come. Bytes left after the record refuse it.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
-import pyarrow as pa
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import (
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    MapType,
-    StructType,
-)
 
 from streamberg.common.avro_schema import iceberg_schema
-from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.decode import DecodeResult
-from streamberg.ingest.json_values import Widening, widens
-from streamberg.ingest.unknown_fields import Path, UnknownField, display
-
-
-@dataclass
-class _Fit:
-    """How one writer schema's records fit the table."""
-
-    parsed: Any = None  # fastavro's parsed writer schema
-    refusal: str | None = None  # every record of the schema is refused with it
-    widen: Widening | None = None  # ... or held for a wider column
-    unknown: list[tuple[Path, IcebergType]] = field(default_factory=list)
+from streamberg.ingest.registry_decode import FitKey, RegistryDecoder
 
 
 def _without_uuid(schema: Any) -> Any:
@@ -73,177 +34,22 @@ def _without_uuid(schema: Any) -> Any:
     return schema
 
 
-def _promotes(writer: IcebergType, table: IcebergType) -> bool:
-    """Avro's promotions the table's column takes as the values come."""
-    if writer == table:
-        return True
-    if isinstance(table, LongType):
-        return isinstance(writer, IntegerType)
-    if isinstance(table, DoubleType):
-        return isinstance(writer, (IntegerType, LongType, FloatType))
-    if isinstance(table, FloatType):
-        return isinstance(writer, (IntegerType, LongType))
-    if isinstance(table, DecimalType) and isinstance(writer, DecimalType):
-        return writer.scale == table.scale and writer.precision <= table.precision
-    return False
+class AvroDecoder(RegistryDecoder):
+    """Decodes Confluent-framed Avro values against an Iceberg schema."""
 
+    FORMAT = "AVRO"
+    NAME = "Avro"
 
-class AvroDecoder:
-    """Decodes Confluent-framed Avro values against an Iceberg schema (the JsonDecoder's API)."""
-
-    def __init__(self, schema: Schema, max_record_bytes: int, registry: WriterSchemas,
-                 unknown: Literal["ignore", "report"] = "ignore") -> None:
-        self.schema = schema
-        self.file_schema = schema_to_pyarrow(schema)
-        self.max_record_bytes = max_record_bytes
-        self.registry = registry
-        self.report_unknown = unknown == "report"
-        self._fits: dict[int, _Fit] = {}
-
-    # -- one writer schema against the table -------------------------------------------
-    def _fit(self, schema_id: int) -> _Fit:
-        if schema_id not in self._fits:
-            self._fits[schema_id] = self._judge(schema_id, self.registry.by_id(schema_id))
-        return self._fits[schema_id]
-
-    def _judge(self, schema_id: int, text: str) -> _Fit:
+    def _writer(self, key: FitKey) -> tuple[Schema, Any]:
         from fastavro import parse_schema
 
-        fit = _Fit()
-        try:
-            parsed_json = json.loads(text)
-            writer = iceberg_schema(parsed_json)
-            fit.parsed = parse_schema(_without_uuid(parsed_json))
-        except Exception as exc:  # noqa: BLE001 - whatever the registry answered, its records are refused, not the job
-            fit.refusal = f"writer schema id {schema_id} has no table form: {type(exc).__name__}: {exc}"[:300]
-            return fit
-        self._compare(schema_id, (), writer.as_struct(), self.schema.as_struct(), fit)
-        return fit
+        parsed_json = json.loads(self.registry.by_id(key[0]))
+        return iceberg_schema(parsed_json), parse_schema(_without_uuid(parsed_json))
 
-    def _compare(self, schema_id: int, path: Path, writer: IcebergType, table: IcebergType, fit: _Fit) -> None:
-        where = display(path)
-        if isinstance(writer, StructType) and isinstance(table, StructType):
-            theirs = {f.name: f for f in table.fields}
-            mine = {f.name for f in writer.fields}
-            for f in writer.fields:
-                if f.name in theirs:
-                    self._compare(schema_id, (*path, f.name), f.field_type, theirs[f.name].field_type, fit)
-                else:
-                    fit.unknown.append(((*path, f.name), f.field_type))
-            for f in table.fields:
-                if f.required and f.name not in mine and fit.refusal is None:
-                    fit.refusal = f"missing required field {display((*path, f.name))!r} (writer schema id {schema_id} lacks it)"
-        elif isinstance(writer, ListType) and isinstance(table, ListType):
-            self._compare(schema_id, (*path, "element"), writer.element_type, table.element_type, fit)
-        elif isinstance(writer, MapType) and isinstance(table, MapType):
-            self._compare(schema_id, (*path, "value"), writer.value_type, table.value_type, fit)
-        elif _promotes(writer, table):
-            return
-        elif widens(table, writer):
-            # Every column this writer schema needs wider goes in the one reason: the
-            # committer widens them all in the same commit.
-            dotted = ".".join(p for p in path if p != "element")
-            if fit.widen is None:
-                fit.widen = Widening(f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the "
-                                     f"table has {table}", dotted, writer)
-            else:
-                fit.widen = Widening(str(fit.widen), fit.widen.path, fit.widen.wider,
-                                     (*fit.widen.also, (dotted, writer)))
-        elif fit.refusal is None:
-            fit.refusal = f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table has {table}"
-
-    # -- a batch -----------------------------------------------------------------------------
-    def decode(self, values: list[bytes | None]) -> DecodeResult:
-        from confluent_kafka.schema_registry.common.serde import SchemaId
+    def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
         from fastavro import schemaless_reader
 
-        rejected: list[tuple[int, str]] = []
-        rows: list[dict] = []
-        kept: list[int] = []
-        by_schema: dict[int, list[int]] = {}
-        for i, value in enumerate(values):
-            if value is None:
-                rejected.append((i, "null value (tombstone)"))
-                continue
-            if len(value) > self.max_record_bytes:
-                rejected.append((i, f"oversized: {len(value)} bytes > max_record_bytes {self.max_record_bytes}"))
-                continue
-            header = SchemaId("AVRO")
-            try:
-                body = header.from_bytes(io.BytesIO(value))
-            except Exception as exc:  # noqa: BLE001 - any framing fault is the record's
-                rejected.append((i, f"not Confluent Avro: {_framing(value, exc)}"))
-                continue
-            if header.id is None:
-                rejected.append((i, "not Confluent Avro with a schema id: a GUID-framed record (magic byte 1)"))
-                continue
-            fit = self._fit(header.id)
-            if fit.refusal is not None or fit.widen is not None:
-                rejected.append((i, fit.refusal if fit.refusal is not None else fit.widen))
-                continue
-            try:
-                record = schemaless_reader(body, fit.parsed, None)
-            except Exception as exc:  # noqa: BLE001 - bytes that fastavro cannot read for the schema
-                rejected.append((i, f"not valid Avro for writer schema id {header.id}: {type(exc).__name__}: "
-                                    f"{str(exc)[:200]}"))
-                continue
-            if body.tell() != len(value):
-                rejected.append((i, f"not valid Avro for writer schema id {header.id}: "
-                                    f"{len(value) - body.tell()} bytes after the record"))
-                continue
-            rows.append(record)
-            kept.append(i)
-            by_schema.setdefault(header.id, []).append(i)
-        table, kept_index, refused = self._arrow(rows, np.asarray(kept, dtype=np.int64))
-        rejected.extend(refused)
-        rejected.sort()
-        unknown: list[UnknownField] = []
-        if self.report_unknown:
-            kept_set = set(kept_index.tolist())
-            for schema_id, members in by_schema.items():
-                carried = np.asarray([m for m in members if m in kept_set], dtype=np.int64)
-                for path, t in self._fits[schema_id].unknown:
-                    if len(carried):
-                        unknown.append(UnknownField(path, t, carried))
-        return DecodeResult(table=table, kept=kept_index, rejected=rejected, unknown=unknown)
-
-    def _arrow(self, rows: list[dict], kept: np.ndarray) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]]:
-        """The rows in the table's Arrow schema; a row that does not convert (a value out of
-        its column's range, a null in a required column) is refused alone."""
-        try:
-            table = pa.Table.from_pylist(rows, schema=self.file_schema)
-            if not self._nulls_in_required(table).any():
-                return table, kept, []
-        except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            pass
-        good, refused = [], []
-        for row, index in zip(rows, kept):
-            try:
-                one = pa.Table.from_pylist([row], schema=self.file_schema)
-                missing = [f.name for f in self.schema.fields if f.required and one.column(f.name).null_count]
-                if missing:
-                    refused.append((int(index), f"missing required field {missing[0]!r}"))
-                    continue
-                good.append(index)
-            except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-                refused.append((int(index), f"a value does not fit the table's column: {type(exc).__name__}: "
-                                            f"{str(exc)[:200]}"))
-        keep = np.isin(kept, good)
-        table = pa.Table.from_pylist([r for r, k in zip(rows, keep) if k], schema=self.file_schema)
-        return table, kept[keep], refused
-
-    def _nulls_in_required(self, table: pa.Table) -> np.ndarray:
-        """Per row: a required top-level column is null."""
-        out = np.zeros(table.num_rows, dtype=bool)
-        for f in self.schema.fields:
-            if f.required and table.column(f.name).null_count:
-                out |= ~table.column(f.name).is_valid().to_numpy(zero_copy_only=False)
-        return out
-
-
-def _framing(value: bytes, exc: Exception) -> str:
-    if not value:
-        return "an empty value"
-    if value[0] not in (0, 1):
-        return f"magic byte {value[0]} (a Confluent-framed record starts with 0)"
-    return f"the header is cut short ({len(value)} bytes; {type(exc).__name__})"
+        record = schemaless_reader(body, reader, None)
+        if body.tell() != length:
+            raise ValueError(f"{length - body.tell()} bytes after the record")
+        return record
