@@ -45,8 +45,8 @@ def _produce(args: argparse.Namespace) -> int:
     if not 0 <= args.bad_fraction < 1:
         raise CommandError("--bad-fraction must be in [0, 1)")
     value_format = args.format or config.kafka.value_format
-    if value_format == "avro" and config.kafka.schema_registry is None:
-        raise CommandError("--format avro needs kafka.schema_registry (its url) in the config")
+    if value_format != "json" and config.kafka.schema_registry is None:
+        raise CommandError(f"--format {value_format} needs kafka.schema_registry (its url) in the config")
     try:
         ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions)
     except BrokerError as exc:
@@ -170,9 +170,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     produce.add_argument("--partitions", type=int, default=4, help="partitions when the topic is created (default 4)")
     produce.add_argument("--start-id", type=int, default=0, help="first id (default 0)")
     produce.add_argument("--seed", type=int, default=7, help="random seed of the generated values")
-    produce.add_argument("--format", choices=["json", "avro"], default=None,
-                         help="value format (default: the config's kafka.value_format); avro writes Confluent-framed "
-                              "Avro through kafka.schema_registry, the writer schema made from the table's schema")
+    produce.add_argument("--format", choices=["json", "avro", "protobuf"], default=None,
+                         help="value format (default: the config's kafka.value_format); avro and protobuf write "
+                              "Confluent-framed records through kafka.schema_registry, the writer schema made from "
+                              "the table's schema")
     produce.add_argument("--quiet", action="store_true", help="no progress bar")
     produce.set_defaults(func=_produce)
 

@@ -48,18 +48,37 @@ class WriterSchemas:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def by_id(self, schema_id: int) -> str:
-        """The schema text registered under `schema_id`."""
-        schema = self._ask(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id))
-        if schema.schema_type not in (None, "AVRO"):
-            raise RegistryUnavailable(f"schema id {schema_id} is a {schema.schema_type} schema, not Avro "
-                                      "(kafka.value_format: avro)")
-        return schema.schema_str
+        """The Avro schema text registered under `schema_id`."""
+        return self.schema(schema_id, "AVRO").schema_str
+
+    def schema(self, schema_id: int, kind: str):  # noqa: ANN201 - confluent_kafka's Schema
+        """The schema registered under `schema_id`, of type `kind` (AVRO or PROTOBUF; a
+        Protobuf schema in the serialized form, a base64 FileDescriptorProto, as
+        confluent-kafka's own deserializer asks for it). Another type refuses the records."""
+        fmt = "serialized" if kind == "PROTOBUF" else None
+        schema = self._ask(f"schema id {schema_id}", lambda: self.client.get_schema(schema_id, fmt=fmt))
+        if (schema.schema_type or "AVRO") != kind:
+            raise ValueError(f"schema id {schema_id} is a {schema.schema_type} schema, not {kind.title()} "
+                             f"(kafka.value_format: {kind.lower()})")
+        return schema
+
+    def version(self, subject: str, version: int, kind: str):  # noqa: ANN201 - confluent_kafka's Schema
+        """A subject's version (what a schema reference names), in the form `schema` gives."""
+        fmt = "serialized" if kind == "PROTOBUF" else None
+        return self._ask(f"version {version} of subject {subject!r}",
+                         lambda: self.client.get_version(subject, version, True, fmt)).schema
 
     def latest(self, subject: str) -> tuple[int, str]:
         """(id, schema text) of the subject's latest version."""
+        schema_id, schema = self.latest_schema(subject, "AVRO")
+        return schema_id, schema.schema_str
+
+    def latest_schema(self, subject: str, kind: str):  # noqa: ANN201 - (id, confluent_kafka's Schema)
+        """(id, schema) of the subject's latest version, in the form `schema` gives."""
+        fmt = "serialized" if kind == "PROTOBUF" else None
         registered = self._ask(f"the latest version of subject {subject!r}",
-                               lambda: self.client.get_latest_version(subject))
-        return registered.schema_id, registered.schema.schema_str
+                               lambda: self.client.get_latest_version(subject, fmt))
+        return registered.schema_id, registered.schema
 
 
 def value_subject(topic: str) -> str:

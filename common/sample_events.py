@@ -34,8 +34,8 @@ SAMPLE_EVENT_SCHEMA = [
 ]
 
 BAD_KINDS = ("not_json", "wrong_type", "missing_required", "oversized", "not_an_object")
-# Avro events: another magic byte, a record cut in half.
-AVRO_BAD_KINDS = ("not_avro", "truncated")
+# Registry-framed (Avro, Protobuf) events: another magic byte, a record cut in half.
+FRAMED_BAD_KINDS = ("bad_magic", "truncated")
 
 
 @dataclass
@@ -105,26 +105,71 @@ def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, floa
     return lambda i, now: rng.choice(vocab)
 
 
-def _avro_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...]) -> Callable[[dict[str, Any]], bytes]:
-    """Events (as the makers build them for JSON) as Confluent-framed Avro bytes."""
-    from confluent_kafka.schema_registry.avro import AvroSerializer
+def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
+                     value_format: str) -> Callable[[dict[str, Any]], bytes]:
+    """Events (as the makers build them for JSON) as Confluent-framed Avro or Protobuf bytes,
+    written by confluent-kafka's own serializers (the writer schema registered under
+    `<topic>-value`)."""
     from confluent_kafka.serialization import MessageField, SerializationContext
     from pyiceberg.schema import Schema
     from pyiceberg.types import StructType
 
-    from streamberg.common.avro_schema import avro_schema
     from streamberg.common.registry import registry_client
     from streamberg.common.schema import iceberg_type
 
     if config.kafka.schema_registry is None:
-        raise ValueError("--format avro needs kafka.schema_registry in the config")
+        raise ValueError(f"--format {value_format} needs kafka.schema_registry in the config")
     struct = iceberg_type(StructOf(tuple(fields)))
     assert isinstance(struct, StructType)
     schema = Schema(*struct.fields)
-    serializer = AvroSerializer(registry_client(config.kafka.schema_registry), json.dumps(avro_schema(schema, "Event")))
+    client = registry_client(config.kafka.schema_registry)
     context = SerializationContext(config.kafka.topic, MessageField.VALUE)
     specs = StructOf(tuple(fields))
+    if value_format == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from google.protobuf import json_format
+        from google.protobuf.descriptor_pool import DescriptorPool
+        from google.protobuf.message_factory import GetMessageClass
+
+        from streamberg.common.protobuf_schema import file_descriptor_proto
+
+        pool = DescriptorPool()
+        from confluent_kafka.schema_registry.common.protobuf import _init_pool
+
+        _init_pool(pool)  # the well-known files the message imports (Timestamp, Date)
+        file = file_descriptor_proto(schema, "Event", "streamberg.sample")
+        pool.Add(file)
+        message_class = GetMessageClass(pool.FindMessageTypeByName("streamberg.sample.Event"))
+        proto_serializer = ProtobufSerializer(message_class, client)
+        return lambda event: proto_serializer(
+            json_format.ParseDict(_as_protobuf_json(event, specs), message_class()), context)
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    from streamberg.common.avro_schema import avro_schema
+
+    serializer = AvroSerializer(client, json.dumps(avro_schema(schema, "Event")))
     return lambda event: serializer(_as_avro(event, specs), context)
+
+
+def _as_protobuf_json(value: Any, spec: TypeSpec) -> Any:
+    """A JSON-shaped sample value in protobuf's JSON mapping for its type."""
+    if value is None:
+        return None
+    if isinstance(spec, StructOf):
+        return {f.name: _as_protobuf_json(value[f.name], f.type) for f in spec.fields if value.get(f.name) is not None}
+    if isinstance(spec, ListOf):
+        return [_as_protobuf_json(v, spec.element) for v in value]
+    if isinstance(spec, MapOf):
+        return {k: _as_protobuf_json(v, spec.value) for k, v in value.items()}
+    kind = str(spec)
+    if kind == "date":
+        day = dt.date.fromisoformat(value)
+        return {"year": day.year, "month": day.month, "day": day.day}
+    if kind in ("timestamptz", "timestamp"):
+        moment = dt.datetime.fromisoformat(value)
+        moment = moment.astimezone(dt.timezone.utc) if moment.tzinfo else moment
+        return moment.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return value
 
 
 def _as_avro(value: Any, spec: TypeSpec) -> Any:
@@ -181,13 +226,15 @@ def produce_events(
 ) -> ProduceResult:
     """Produce `count` events to the configured topic; return what was produced.
 
-    `value_format` (default: the config's kafka.value_format): `json`, or `avro` written with
-    confluent-kafka's AvroSerializer through kafka.schema_registry (the writer schema made
-    from the table's schema, registered under `<topic>-value`)."""
+    `value_format` (default: the config's kafka.value_format): `json`, or `avro` or `protobuf`
+    written with confluent-kafka's AvroSerializer or ProtobufSerializer through
+    kafka.schema_registry (the writer schema made from the table's schema, registered under
+    `<topic>-value`)."""
     rng = random.Random(seed)
     fields = event_fields(config)
     makers = {f.name: _value_maker(f, rng) for f in fields}
-    avro = _avro_writer(config, fields) if (value_format or config.kafka.value_format) == "avro" else None
+    value_format = value_format or config.kafka.value_format
+    framed = _registry_writer(config, fields, value_format) if value_format != "json" else None
     producer = Producer({
         "bootstrap.servers": config.kafka.bootstrap_servers,
         "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
@@ -209,16 +256,19 @@ def produce_events(
         event = {name: make(i, now) for name, make in makers.items()}
         n = i - start_id
         if bad_every and n % bad_every == bad_every - 1:
-            if avro is not None:
-                kind = AVRO_BAD_KINDS[(n // bad_every) % len(AVRO_BAD_KINDS)]
-                good_bytes = avro(event)
-                value = bytes([5]) + good_bytes[1:] if kind == "not_avro" else good_bytes[: max(6, len(good_bytes) // 2)]
+            if framed is not None:
+                kind = FRAMED_BAD_KINDS[(n // bad_every) % len(FRAMED_BAD_KINDS)]
+                good_bytes = framed(event)
+                # Cut inside an Avro body; a Protobuf body cut at a field boundary would still
+                # parse (fewer fields), so a Protobuf record is cut inside its header.
+                cut = max(6, len(good_bytes) // 2) if value_format == "avro" else 3
+                value = bytes([5]) + good_bytes[1:] if kind == "bad_magic" else good_bytes[:cut]
             else:
                 kind = BAD_KINDS[(n // bad_every) % len(BAD_KINDS)]
                 value = _malformed(kind, event, config, fields)
             result.bad[kind] += 1
         else:
-            value = avro(event) if avro is not None else json.dumps(event, separators=(",", ":")).encode()
+            value = framed(event) if framed is not None else json.dumps(event, separators=(",", ":")).encode()
             result.valid_ids.append(i)
         while True:
             try:

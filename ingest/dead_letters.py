@@ -42,11 +42,14 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.common.avro_schema import iceberg_schema
+from streamberg.common.avro_schema import iceberg_schema as avro_iceberg_schema
 from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, summary_properties
+from streamberg.common.protobuf_schema import iceberg_schema as protobuf_iceberg_schema
+from streamberg.common.protobuf_schema import message_descriptor
 from streamberg.common.registry import WriterSchemas, value_subject
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
@@ -81,19 +84,32 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
     catalog = load_catalog(config.catalog)
-    derive = (lambda: registry_schema(config)) if config.kafka.value_format == "avro" else None
+    derive = (lambda: registry_schema(config)) if config.kafka.value_format != "json" else None
     return (catalog, ensure_table(catalog, config.table, derive),
             ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table))
 
 
 def registry_schema(config: StreambergConfig) -> Schema:
     """The table's schema from the registry: the latest writer schema of the topic's values."""
-    assert config.kafka.schema_registry is not None  # the config requires it with avro
+    assert config.kafka.schema_registry is not None  # the config requires it with avro and protobuf
     subject = value_subject(config.kafka.topic)
-    schema_id, text = WriterSchemas(config.kafka.schema_registry).latest(subject)
+    registry = WriterSchemas(config.kafka.schema_registry)
+    kind = config.kafka.value_format.upper()
+    schema_id, registered = registry.latest_schema(subject, kind)
     get_logger("ingest", table=config.table.identifier).info(
         "table schema derived from the registry", subject=subject, schema_id=schema_id)
-    return iceberg_schema(text)
+    try:
+        if kind == "AVRO":
+            return avro_iceberg_schema(registered.schema_str)
+        # Protobuf: the file's first message (the one a record without message indexes is).
+        message = message_descriptor(registered.schema_str, list(registered.references or []), (),
+                                     lambda subject, version: registry.version(subject, version, kind))
+        return protobuf_iceberg_schema(message)
+    except (UnsupportedSchemaError, RegistryUnavailable):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the registry answered: a clear refusal, not a traceback
+        raise UnsupportedSchemaError(f"schema id {schema_id} (the latest of subject {subject!r}) has no table form: "
+                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def dead_letter_rows(dead: Sequence[DeadLetter], topic: str, job_id: str) -> pa.Table:

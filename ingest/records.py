@@ -1,7 +1,8 @@
 """A Kafka record (key and value) as a row of the table: the one decoder the writer, the range
 replay and the dead-letter replay use.
 
-The value is decoded by its format's decoder (JSON today: ingest/decode.py) against the table's
+The value is decoded by its format's decoder (JSON: ingest/decode.py; Avro and Protobuf
+through a registry: ingest/registry_decode.py) against the table's
 schema without the key column. With `kafka.key_field` set, the record's key fills that column,
 as a UTF-8 string: a key that is not valid UTF-8, or a missing key for a required column,
 dead-letters the record with the reason; a value field of the same name is ignored (the key
@@ -24,6 +25,8 @@ from streamberg.common.errors import UnsupportedSchemaError
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
 from streamberg.ingest.decode import DecodeResult, JsonDecoder, epoch_units
+from streamberg.ingest.protobuf_decode import ProtobufDecoder
+from streamberg.ingest.registry_decode import RegistryDecoder
 
 
 def check_key_field(schema: Schema, key_field: str | None) -> None:
@@ -48,25 +51,29 @@ class RecordDecoder:
         """The ingest's decoder for `schema`: the value format, epoch units and key column the
         config sets, fields the schema lacks reported."""
         registry = None
-        if config.kafka.value_format == "avro":
+        if config.kafka.value_format != "json":
             assert config.kafka.schema_registry is not None  # the config's own validator
             registry = WriterSchemas(config.kafka.schema_registry)
         return cls(schema, config.ingest.max_record_bytes, epoch_units(config.table.schema_), config.kafka.key_field,
-                   unknown=unknown, registry=registry)
+                   unknown=unknown, registry=registry, value_format=config.kafka.value_format)
 
     def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
                  key_field: str | None = None, unknown: Literal["ignore", "report"] = "ignore",
-                 registry: WriterSchemas | None = None) -> None:
+                 registry: WriterSchemas | None = None, value_format: str = "avro") -> None:
         check_key_field(schema, key_field)
         self.key_field = key_field
         self.file_schema = schema_to_pyarrow(schema)
         value_schema = schema if key_field is None else Schema(
             *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
         self.schema = schema
-        # Avro values when a registry is given (kafka.value_format: avro), JSON otherwise.
-        self.values: JsonDecoder | AvroDecoder = (
-            JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown) if registry is None
-            else AvroDecoder(value_schema, max_record_bytes, registry, unknown))
+        # Registry-framed values when a registry is given (kafka.value_format: avro or
+        # protobuf), JSON otherwise.
+        self.values: JsonDecoder | RegistryDecoder
+        if registry is None:
+            self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown)
+        else:
+            framed = ProtobufDecoder if value_format == "protobuf" else AvroDecoder
+            self.values = framed(value_schema, max_record_bytes, registry, unknown)
         self.key_required = key_field is not None and schema.find_field(key_field).required
 
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None) -> DecodeResult:

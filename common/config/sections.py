@@ -70,16 +70,17 @@ class KafkaConfig(_Section):
                         Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
     # A top-level string column the record's key is written into (UTF-8); null: keys are not kept.
     key_field: Identifier | None = None
-    # How record values are written: `json` (UTF-8 JSON objects) or `avro` (Confluent's wire
-    # format: magic byte 0, a 4-byte schema id, Avro binary; the writer schema comes from
-    # kafka.schema_registry).
-    value_format: Literal["json", "avro"] = "json"
+    # How record values are written: `json` (UTF-8 JSON objects), `avro` or `protobuf`
+    # (Confluent's wire format: magic byte 0, a 4-byte schema id, for Protobuf the message
+    # indexes, then the binary body; the writer schema comes from kafka.schema_registry).
+    value_format: Literal["json", "avro", "protobuf"] = "json"
     schema_registry: SchemaRegistryConfig | None = None
 
     @model_validator(mode="after")
     def _registry_for_avro(self) -> KafkaConfig:
-        if self.value_format == "avro" and self.schema_registry is None:
-            raise ValueError("kafka.value_format avro needs kafka.schema_registry (its url) for the writer schemas")
+        if self.value_format != "json" and self.schema_registry is None:
+            raise ValueError(f"kafka.value_format {self.value_format} needs kafka.schema_registry (its url) for the "
+                             "writer schemas")
         return self
 
     @field_validator("topic")
