@@ -22,10 +22,11 @@ baseline, same topic, same run.
    record carries: the ingest adds it (ingest.schema_evolution: add; the writers hold the records
    until the committer's first commit added it, then decode them themselves); records/s set
    against the nested run of the same records (`--no-evolving-run` skips it).
-6. Avro: the same number of flat events written as Confluent-framed Avro (confluent-kafka's
-   AvroSerializer) through a registry stand-in (tests/fixtures/registry.py: no registry server
-   is installable here), ingested with kafka.value_format: avro at the highest parallelism;
-   records/s set against the flat JSON run (`--no-avro-run` skips it).
+6. Avro and Protobuf: the same number of flat events written as Confluent-framed Avro and
+   Protobuf (confluent-kafka's AvroSerializer and ProtobufSerializer) through a registry
+   stand-in (tests/fixtures/registry.py: no registry server is installable here), ingested
+   with kafka.value_format avro, then protobuf, at the highest parallelism; records/s set
+   against the flat JSON run (`--no-avro-run`, `--no-protobuf-run` skip them).
 7. Freshness: with the ingest running, events are produced at a fixed rate; for every
    record, (commit time of the snapshot that made it visible) - (its produce time, the `ts`
    field) gives p50/p95, set against the commit interval.
@@ -78,11 +79,11 @@ ORDERS_SCHEMA = [
 
 
 def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int,
-                 schema: list | None = None, registry_url: str | None = None) -> Path:
+                 schema: list | None = None, registry_url: str | None = None, value_format: str = "avro") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     doc = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic,
-                  **({"value_format": "avro", "schema_registry": {"url": registry_url}} if registry_url else {})},
+                  **({"value_format": value_format, "schema_registry": {"url": registry_url}} if registry_url else {})},
         "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "table": {"identifier": f"bench.{topic.replace('-', '_')}", "schema": schema or SCHEMA},
         "ingest": {"commit_interval_seconds": interval, "parallelism": parallelism, "state_dir": "state",
@@ -199,6 +200,7 @@ def main() -> None:
     parser.add_argument("--fresh-seconds", type=int, default=30)
     parser.add_argument("--no-nested-run", action="store_true", help="skip the nested-JSON (orders) run")
     parser.add_argument("--no-avro-run", action="store_true", help="skip the Avro (schema registry) run")
+    parser.add_argument("--no-protobuf-run", action="store_true", help="skip the Protobuf (schema registry) run")
     parser.add_argument("--no-evolving-run", action="store_true",
                         help="skip the run whose table lacks a field the orders carry (schema evolution)")
     parser.add_argument("--no-unforked-run", action="store_true",
@@ -261,21 +263,25 @@ def main() -> None:
                 held = [int(summary_properties(s).get("streamberg.evolved-records", 0)) for s in evolved.snapshots()]
                 evolving.update({"field_added": str(evolved.schema().find_type("customer.geo")),
                                  "held_records": sum(held)})
-            avro = None
-            if not args.no_avro_run:
+            framed: dict[str, dict] = {}
+            formats = [f for f, skip in (("avro", args.no_avro_run), ("protobuf", args.no_protobuf_run)) if not skip]
+            if formats:
                 from tests.fixtures.registry import start_registry
 
                 registry, registry_server = start_registry()
                 try:
                     parallelism = max(parallelisms)
-                    avro_topic = "bench-avro"
-                    ensure_topic(info.bootstrap, avro_topic, args.partitions)
-                    avro_config = write_config(directory / "avro", info.bootstrap, avro_topic, args.interval,
-                                               parallelism, registry_url=registry.url)
-                    print(f"producing {args.records:,} events as Avro ...", file=sys.stderr)
-                    avro_bytes = produce_events(load_config(avro_config), args.records).bytes
-                    print(f"streamberg ingest, parallelism {parallelism}, Avro ...", file=sys.stderr)
-                    avro = {**run_streamberg(avro_config, args.records, parallelism), "bytes": avro_bytes}
+                    for value_format in formats:
+                        framed_topic = f"bench-{value_format}"
+                        ensure_topic(info.bootstrap, framed_topic, args.partitions)
+                        framed_config = write_config(directory / value_format, info.bootstrap, framed_topic,
+                                                     args.interval, parallelism, registry_url=registry.url,
+                                                     value_format=value_format)
+                        print(f"producing {args.records:,} events as {value_format} ...", file=sys.stderr)
+                        framed_bytes = produce_events(load_config(framed_config), args.records).bytes
+                        print(f"streamberg ingest, parallelism {parallelism}, {value_format} ...", file=sys.stderr)
+                        framed[value_format] = {**run_streamberg(framed_config, args.records, parallelism),
+                                                "bytes": framed_bytes}
                 finally:
                     registry_server.shutdown()
             fresh = None
@@ -305,7 +311,7 @@ def main() -> None:
         "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
-        "unforked_workers": unforked, "nested": nested, "evolving": evolving, "avro": avro,
+        "unforked_workers": unforked, "nested": nested, "evolving": evolving, **framed,
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -342,12 +348,12 @@ def main() -> None:
               f"{evolving['field_added']}): {evolving['records_per_s']:,.0f} vs {nested['records_per_s']:,.0f} "
               f"records/s end to end ({evolving['records_per_s'] / nested['records_per_s']:.2f}x the nested run); "
               f"{evolving['held_records']:,} records decoded by the committer after the change")
-    if avro is not None:
-        flat = by_p[avro["parallelism"]]
-        print(f"p={avro['parallelism']} Avro through a registry vs JSON, same events, end to end: "
-              f"{avro['records_per_s']:,.0f} vs {flat['records_per_s']:,.0f} records/s "
-              f"({avro['records_per_s'] / flat['records_per_s']:.2f}x); steady {avro['steady_records_per_s']:,.0f} vs "
-              f"{flat['steady_records_per_s']:,.0f} records/s; {avro['bytes'] / args.records:.0f} vs "
+    for value_format, run in framed.items():
+        flat = by_p[run["parallelism"]]
+        print(f"p={run['parallelism']} {value_format} through a registry vs JSON, same events, end to end: "
+              f"{run['records_per_s']:,.0f} vs {flat['records_per_s']:,.0f} records/s "
+              f"({run['records_per_s'] / flat['records_per_s']:.2f}x); steady {run['steady_records_per_s']:,.0f} vs "
+              f"{flat['steady_records_per_s']:,.0f} records/s; {run['bytes'] / args.records:.0f} vs "
               f"{flat_bytes / args.records:.0f} bytes a record")
     if fresh:
         print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
