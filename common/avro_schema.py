@@ -136,6 +136,12 @@ class _Converter:
                               doc=f.get("doc") if isinstance(f.get("doc"), str) else None)
 
 
+def iceberg_type(avro: str | dict | list) -> IcebergType:
+    """The Iceberg type of any Avro schema (a Kafka key's: a primitive often; parsed JSON)."""
+    inner, _ = _Converter().nullable(avro)
+    return _Converter().convert(inner, "")
+
+
 def iceberg_schema(avro: str | dict) -> Schema:
     """The Iceberg schema of an Avro record schema (JSON text or parsed)."""
     parsed = json.loads(avro) if isinstance(avro, str) else avro

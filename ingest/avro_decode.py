@@ -17,9 +17,9 @@ import io
 import json
 from typing import Any
 
-from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
 
-from streamberg.common.avro_schema import iceberg_schema
+from streamberg.common.avro_schema import iceberg_schema, iceberg_type
 from streamberg.ingest.registry_decode import FitKey, RegistryDecoder
 
 
@@ -40,11 +40,13 @@ class AvroDecoder(RegistryDecoder):
     FORMAT = "AVRO"
     NAME = "Avro"
 
-    def _writer(self, key: FitKey) -> tuple[Schema, Any]:
+    def _writer(self, key: FitKey) -> tuple[IcebergType, Any]:
         from fastavro import parse_schema
 
         parsed_json = json.loads(self.registry.by_id(key[0]))
-        return iceberg_schema(parsed_json), parse_schema(_without_uuid(parsed_json))
+        # A value is a record; a key (wrap) may be any Avro type, a primitive often.
+        table_form = iceberg_type(parsed_json) if self.wrap is not None else iceberg_schema(parsed_json).as_struct()
+        return table_form, parse_schema(_without_uuid(parsed_json))
 
     def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
         from fastavro import schemaless_reader

@@ -210,7 +210,7 @@ def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     from streamberg.ingest.records import check_key_field
 
     catalog, table, _ = open_tables(config)
-    check_key_field(table.schema(), config.kafka.key_field)
+    check_key_field(table.schema(), config.kafka.key_field, config.kafka.key_format)
     if config.kafka.value_format == "json":  # Avro carries every column type a writer schema maps to
         check_supported(table.schema())
     return catalog, table

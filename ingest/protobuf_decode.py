@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
 
 from streamberg.common.protobuf_schema import iceberg_schema, message_descriptor, reader
 from streamberg.ingest.registry_decode import FitKey, RegistryDecoder
@@ -28,7 +28,7 @@ class ProtobufDecoder(RegistryDecoder):
     FORMAT = "PROTOBUF"
     NAME = "Protobuf"
 
-    def _writer(self, key: FitKey) -> tuple[Schema, Any]:
+    def _writer(self, key: FitKey) -> tuple[IcebergType, Any]:
         from google.protobuf.message_factory import GetMessageClass
 
         schema_id, indexes = key
@@ -36,7 +36,7 @@ class ProtobufDecoder(RegistryDecoder):
         message = message_descriptor(registered.schema_str, list(registered.references or []), indexes,
                                      lambda subject, version: self.registry.version(subject, version, "PROTOBUF"))
         table_form = iceberg_schema(message)  # refuses recursive and too-deep messages first
-        return table_form, (GetMessageClass(message), reader(message))
+        return table_form.as_struct(), (GetMessageClass(message), reader(message))
 
     def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
         message_class, row = reader

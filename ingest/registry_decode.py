@@ -44,6 +44,7 @@ from pyiceberg.types import (
     ListType,
     LongType,
     MapType,
+    NestedField,
     StructType,
 )
 
@@ -88,7 +89,11 @@ class RegistryDecoder:
     NAME = ""  # as reasons say it
 
     def __init__(self, schema: Schema, max_record_bytes: int, registry: WriterSchemas,
-                 unknown: Literal["ignore", "report"] = "ignore") -> None:
+                 unknown: Literal["ignore", "report"] = "ignore", wrap: str | None = None) -> None:
+        # `wrap`: the records are Kafka keys, each the one field `wrap` of a row (the key
+        # column; RecordDecoder with kafka.key_format: value), of whatever type its writer
+        # schema has.
+        self.wrap = wrap
         self.schema = schema
         self.file_schema = schema_to_pyarrow(schema)
         self.max_record_bytes = max_record_bytes
@@ -97,9 +102,10 @@ class RegistryDecoder:
         self._fits: dict[FitKey, _Fit] = {}
 
     # -- what a format says ----------------------------------------------------------------
-    def _writer(self, key: FitKey) -> tuple[Schema, Any]:
-        """(the writer schema as an Iceberg schema, the format's reader for it); any exception
-        refuses the schema's records with its message."""
+    def _writer(self, key: FitKey) -> tuple[IcebergType, Any]:
+        """(the writer schema as an Iceberg type: a struct, or any type when `wrap` is set;
+        the format's reader for it); any exception refuses the schema's records with its
+        message."""
         raise NotImplementedError
 
     def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
@@ -121,7 +127,9 @@ class RegistryDecoder:
         except Exception as exc:  # noqa: BLE001 - whatever the registry answered, its records are refused, not the job
             fit.refusal = f"writer schema id {key[0]} has no table form: {type(exc).__name__}: {exc}"[:300]
             return fit
-        self._compare(key[0], (), writer.as_struct(), self.schema.as_struct(), fit)
+        if self.wrap is not None:
+            writer = StructType(NestedField(1, self.wrap, writer, required=False))
+        self._compare(key[0], (), writer, self.schema.as_struct(), fit)
         return fit
 
     def _compare(self, schema_id: int, path: Path, writer: IcebergType, table: IcebergType, fit: _Fit) -> None:
@@ -190,6 +198,8 @@ class RegistryDecoder:
                 continue
             try:
                 record = self._read(body, fit.reader, len(value))
+                if self.wrap is not None:
+                    record = {self.wrap: record}
             except Exception as exc:  # noqa: BLE001 - bytes the reader cannot read for the schema
                 rejected.append((i, f"not valid {self.NAME} for writer schema id {header.id}: {type(exc).__name__}: "
                                     f"{str(exc)[:200]}"))

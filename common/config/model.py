@@ -109,9 +109,11 @@ class StreambergConfig(BaseSettings):
             declared = next((f for f in self.table.schema_ if f.name == key), None)
             if declared is None:
                 raise ValueError(f"kafka.key_field: {key!r} is not a column of table.schema")
-            if declared.type != "string":
+            if declared.type != "string" and self.kafka.key_format == "text":
                 raise ValueError(f"kafka.key_field: column {key!r} is {declared.type}; the key is written as a "
-                                 "string, so the column must be a string")
+                                 "string (kafka.key_format: text), so the column must be a string")
+        if key is None and self.kafka.key_format != "text":
+            raise ValueError("kafka.key_format: value needs kafka.key_field, the column the key is decoded into")
         return self
 
     @classmethod

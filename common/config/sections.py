@@ -68,8 +68,12 @@ class KafkaConfig(_Section):
     # Extra librdkafka settings passed to every consumer (security, fetch sizes, ...).
     consumer: Annotated[dict[Key, Annotated[str | int | float | bool, PlainValidator(_check_setting)]],
                         Field(max_length=MAX_MAP_ENTRIES)] = Field(default_factory=dict)
-    # A top-level string column the record's key is written into (UTF-8); null: keys are not kept.
+    # A top-level column the record's key is written into; null: keys are not kept.
     key_field: Identifier | None = None
+    # How the key is read into key_field: `text` (UTF-8, a string column) or `value` (decoded
+    # with value_format: a JSON value, or a Confluent-framed Avro/Protobuf key with its own
+    # writer schema, into a column of any type, a struct for a record key).
+    key_format: Literal["text", "value"] = "text"
     # How record values are written: `json` (UTF-8 JSON objects), `avro` or `protobuf`
     # (Confluent's wire format: magic byte 0, a 4-byte schema id, for Protobuf the message
     # indexes, then the binary body; the writer schema comes from kafka.schema_registry).
