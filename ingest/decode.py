@@ -17,7 +17,7 @@ bisects a failing block to the records that fail.
 Nested columns: structs and lists, to any depth, parse into nested Arrow in the same one
 parse, and every rule below holds at every depth (json_values.convert_value); a refused part
 refuses its record, named by its dotted path (`items.qty`). Maps, which pyarrow's reader
-cannot parse, are read from the records' bytes in ingest/json_maps.py (not inside lists yet).
+cannot parse, are read from the records' bytes in ingest/json_maps.py (lists holding maps too).
 
 Keys: a schema field that appears twice in an object (at the top level or inside a struct)
 is refused (json.loads would silently keep the last one); duplicate keys outside the
@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import IcebergType, ListType, MapType, StructType
+from pyiceberg.types import IcebergType, ListType, StructType
 
 from streamberg.ingest import json_screen
 from streamberg.ingest.json_maps import map_columns
@@ -56,6 +56,7 @@ from streamberg.ingest.json_values import (
     convert_value,
     epoch_units,
     has_decimals,
+    outside_parse,
     parse_type,
     timestamp_paths,
 )
@@ -175,7 +176,7 @@ class JsonDecoder:
         infer = infer and self.report_unknown
         if (numbers, infer) not in self._options:
             fields = [pa.field(f.name, parse_type(f.name, f.field_type, af.type, numbers))
-                      for f, af in zip(self.schema.fields, self.file_schema) if not isinstance(f.field_type, MapType)]
+                      for f, af in zip(self.schema.fields, self.file_schema) if not outside_parse(f.field_type)]
             self._options[numbers, infer] = pj.ParseOptions(explicit_schema=pa.schema(fields),
                                                             unexpected_field_behavior="infer" if infer else "ignore")
         return self._options[numbers, infer]
@@ -193,6 +194,11 @@ class JsonDecoder:
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             row = _ROW.search(message)
             raise _BadBlock(_clean_reason(_ROW.sub("", message)), int(row.group(1)) if row else None) from None
+        if parsed.num_columns == 0:
+            # Every field is read outside the parse (a map's value that is itself a map or a
+            # list of maps): the parse only checked the syntax; the rows are the records.
+            parsed = pa.Table.from_batches([pa.RecordBatch.from_struct_array(
+                pa.array([{}] * len(lines), type=pa.struct([])))])
         if parsed.num_rows != len(lines):
             # Every record starts with '{' and ends with '}', so each gives at least one row
             # and none runs into the next: extra rows mean a record holding several values.
@@ -203,7 +209,7 @@ class JsonDecoder:
     def _convert(self, parsed: pa.Table, numbers: frozenset[str], index: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Cast to the file schema; return (table of the good rows, per-row reason or None).
         `index`: the rows' places in the batch (maps are read from those records' bytes)."""
-        n = parsed.num_rows
+        n = len(index)  # a parse of no columns (every field read outside it) has no rows of its own
         reasons = np.full(n, None, dtype=object)
 
         def flag(mask: np.ndarray, reason: str) -> None:
@@ -358,8 +364,9 @@ class JsonDecoder:
         try:
             converted, reasons = self._convert(table, numbers, index)
         except Exception as exc:  # noqa: BLE001 - a conversion failure must not stop the job
-            if table.num_rows == 1:
-                rejected.append((int(index[0]), f"decode error: {type(exc).__name__}: {_clean_reason(str(exc))}"))
+            if table.num_rows <= 1:  # nothing left to split
+                rejected.extend((int(i), f"decode error: {type(exc).__name__}: {_clean_reason(str(exc))}")
+                                for i in index)
                 return
             half = table.num_rows // 2
             self._convert_rows(table.slice(0, half), index[:half], numbers, good, kept, rejected)

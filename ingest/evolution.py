@@ -95,14 +95,21 @@ class SchemaChanges:
 
 
 def iceberg_path(schema: Schema, dotted: str) -> Path | None:
-    """The Iceberg path of a field the decoder names by its dotted path (list levels left
-    out: `items.qty` is `items.element.qty`); None inside a map or when absent."""
+    """The Iceberg path of a value the decoder names by its dotted path (list and map levels
+    left out: `items.qty` is `items.element.qty`, `attrs.n` is `attrs.value.n`, and `scores`
+    names the primitive inside: `scores.element`); None when absent."""
     t: IcebergType = schema.as_struct()
     path: list[str] = []
+
+    def step_in() -> IcebergType:
+        inner = t
+        while isinstance(inner, (ListType, MapType)):
+            path.append("element" if isinstance(inner, ListType) else "value")
+            inner = inner.element_type if isinstance(inner, ListType) else inner.value_type
+        return inner
+
     for part in dotted.split("."):
-        while isinstance(t, ListType):
-            path.append("element")
-            t = t.element_type
+        t = step_in()
         if not isinstance(t, StructType):
             return None
         found = next((f for f in t.fields if f.name == part), None)
@@ -110,6 +117,7 @@ def iceberg_path(schema: Schema, dotted: str) -> Path | None:
             return None
         path.append(part)
         t = found.field_type
+    step_in()
     return tuple(path)
 
 

@@ -1,19 +1,20 @@
 """Map columns from JSON objects: the one part of a record the vectorised parse cannot read.
 
 pyarrow's JSON reader has no map type (an object with keys it does not know becomes a
-struct). So the parse leaves map fields out, and for the rows of a parsed block each map is
-read here:
+struct). So the parse leaves map fields out, and lists whose elements hold a map at any
+depth, and for the rows of a parsed block each such column is read here:
 
 1. the record is parsed with `json.loads`, keeping every member (duplicates too) and every
    number's literal text;
-2. the map's object is found by its path (through structs; a map inside a list is not read
-   from JSON, refused when the decoder starts), its keys checked (strings, each once);
-3. every value is written back as its own one-field record `{"v": <value as written>}` and
-   decoded by a JsonDecoder for the map's value type, so values follow exactly the rules of
-   any other field (types, ranges, decimals, timestamps, structs and lists inside), each
-   value on its own (a timestamp value's epoch-or-string form is its own);
-4. the entries are assembled into the column's MapArray; a refused key or value refuses its
-   record, with the reason named by the map's path.
+2. the column's value is found by its path (through structs): a map's object, its keys
+   checked (strings, each once); a list's array;
+3. every map value or list element is written back as its own one-field record
+   `{"v": <value as written>}` and decoded by a JsonDecoder for the value's or element's type,
+   so values follow exactly the rules of any other field (types, ranges, decimals,
+   timestamps, structs, lists and maps inside: a list element's own maps are that decoder's),
+   each value on its own (a timestamp value's epoch-or-string form is its own);
+4. the entries are assembled into the column's MapArray or ListArray; a refused key, value or
+   element refuses its record, with the reason named by the column's path.
 
 The cost is a Python parse of each record of a schema that has maps; schemas without maps
 never come here.
@@ -31,7 +32,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema
-from pyiceberg.types import IcebergType, MapType, NestedField, StringType, StructType
+from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StringType, StructType
+
+from streamberg.ingest.json_values import Widening, outside_parse
 
 _VALUE = "v"
 _DEEP = threading.Lock()
@@ -99,14 +102,15 @@ def _member(obj: _Pairs, name: str) -> tuple[Any, int]:
     return (found[-1] if found else None), len(found)
 
 
-def map_paths(t: IcebergType, path: str = "") -> list[tuple[str, MapType]]:
-    """Every map reached through structs, by dotted path (maps inside maps are the inner
-    decoder's)."""
-    out: list[tuple[str, MapType]] = []
+def map_paths(t: IcebergType, path: str = "") -> list[tuple[str, MapType | ListType]]:
+    """Every column read outside the parse, reached through structs, by dotted path (what
+    is inside them is the inner decoder's)."""
+    out: list[tuple[str, MapType | ListType]] = []
     if isinstance(t, StructType):
         for f in t.fields:
             child = f"{path}.{f.name}" if path else f.name
-            if isinstance(f.field_type, MapType):
+            if outside_parse(f.field_type):
+                assert isinstance(f.field_type, (MapType, ListType))
                 out.append((child, f.field_type))
             else:
                 out += map_paths(f.field_type, child)
@@ -115,17 +119,23 @@ def map_paths(t: IcebergType, path: str = "") -> list[tuple[str, MapType]]:
 
 @dataclass
 class MapColumn:
-    """One map of the schema: its path, and the decoder of its values."""
+    """One column read outside the parse (a map, or a list whose elements hold maps): its
+    path, and the decoder of its values or elements."""
 
     path: str
-    map_type: MapType
+    map_type: MapType | ListType
     target: pa.DataType
     values: Any  # JsonDecoder of {"v": value}
 
     def rename(self, reason: str) -> str:
-        """An inner reason in the record's terms: the value is the map's path."""
-        return (reason.replace(f"'{_VALUE}.", f"'{self.path}.").replace(f"'{_VALUE}'", f"'{self.path}'")
-                .replace(f"Column(/{_VALUE}", "Column(/" + self.path.replace(".", "/")))
+        """An inner reason in the record's terms: the value is the column's path. A widening
+        keeps its type (schema evolution widens the column inside the map or list)."""
+        renamed = (reason.replace(f"'{_VALUE}.", f"'{self.path}.").replace(f"'{_VALUE}'", f"'{self.path}'")
+                   .replace(f"Column(/{_VALUE}", "Column(/" + self.path.replace(".", "/")))
+        if isinstance(reason, Widening):
+            inner = reason.path.split(".")[1:]
+            return Widening(renamed, ".".join([self.path, *inner]), reason.wider)
+        return renamed
 
     def read(self, raws: list[bytes]) -> tuple[pa.Array, np.ndarray, list[tuple[tuple[str, ...], IcebergType, np.ndarray]]]:
         """The column for these records (their raw values), per record a reason or None, and
@@ -157,15 +167,22 @@ class MapColumn:
             if reasons[row] is not None or value is None:
                 null[row] = True
                 continue
-            if not isinstance(value, _Pairs):
-                reasons[row] = f"field {self.path!r}: not a JSON object (a map is read from an object)"
-                continue
-            names = [k for k, _ in value]
-            if len(set(names)) != len(names):
-                twice = sorted({k for k in names if names.count(k) > 1})
-                reasons[row] = f"field {self.path!r}: key {twice[0]!r} twice in one map"
-                continue
-            for key, item in value:
+            if self.is_list:
+                if isinstance(value, _Pairs) or not isinstance(value, list):
+                    reasons[row] = f"field {self.path!r}: not a JSON array (a list is read from an array)"
+                    continue
+                entries: list[tuple[str, Any]] = [("", item) for item in value]
+            else:
+                if not isinstance(value, _Pairs):
+                    reasons[row] = f"field {self.path!r}: not a JSON object (a map is read from an object)"
+                    continue
+                names = [k for k, _ in value]
+                if len(set(names)) != len(names):
+                    twice = sorted({k for k in names if names.count(k) > 1})
+                    reasons[row] = f"field {self.path!r}: key {twice[0]!r} twice in one map"
+                    continue
+                entries = list(value)
+            for key, item in entries:
                 keys.append(key)
                 lines.append(b'{"v":' + _dumps(item).encode("utf-8", "surrogatepass") + b"}")
                 owner.append(row)
@@ -178,21 +195,32 @@ class MapColumn:
         ends = np.concatenate([[0], np.cumsum(counts)])
         # A null offset marks its slot null (pyarrow): the slot before it ends at the next one.
         offsets = [None if null[r] or bad[r] else int(ends[r]) for r in range(n)] + [int(ends[n])]
-        kept_keys = pa.array([k for k, keep in zip(keys, kept) if keep], self.target.key_type)
         kept_items = items.filter(pa.array((~bad[owners])[good])) if len(items) else items
+        if self.is_list:
+            large = pa.types.is_large_list(self.target)
+            kind = pa.LargeListArray if large else pa.ListArray
+            column = kind.from_arrays(pa.array(offsets, pa.int64() if large else pa.int32()), kept_items,
+                                      type=self.target)
+            return column, reasons, unknown
+        kept_keys = pa.array([k for k, keep in zip(keys, kept) if keep], self.target.key_type)
         column = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), kept_keys, kept_items, type=self.target)
         return column, reasons, unknown
+
+    @property
+    def is_list(self) -> bool:
+        return isinstance(self.map_type, ListType)
 
     def _items(self, lines: list[bytes], owner: list[int],
                reasons: np.ndarray) -> tuple[pa.Array, np.ndarray, list[tuple[tuple[str, ...], IcebergType, np.ndarray]]]:
         """Decode every entry's value; flag the rows of refused ones. Returns the decoded values
         (one per entry that decoded, in entry order), which entries decoded, and the unknown
         fields of the values, named from the top (`attrs.value.note`) with their records."""
+        item_type = self.target.value_type if self.is_list else self.target.item_type
         if not lines:
-            return pa.array([], self.target.item_type), np.zeros(0, dtype=bool), []
+            return pa.array([], item_type), np.zeros(0, dtype=bool), []
         result = self.values.decode(lines)
         owners = np.asarray(owner, dtype=np.int64)
-        prefix = (*self.path.split("."), "value")
+        prefix = (*self.path.split("."), "element" if self.is_list else "value")
         unknown = [((*prefix, *u.path[1:]), u.type, np.unique(owners[u.rows])) for u in result.unknown]
         good = np.zeros(len(lines), dtype=bool)
         good[result.kept] = True
@@ -205,11 +233,15 @@ class MapColumn:
 
 def map_columns(schema: Schema, file_schema: pa.Schema, max_record_bytes: int, units: Mapping[str, str],
                 decoder: type, unknown: str = "ignore") -> list[MapColumn]:
-    """A MapColumn per map of the schema (reached through structs)."""
+    """A MapColumn per column read outside the parse (reached through structs)."""
     columns = []
     for path, map_type in map_paths(schema.as_struct()):
-        value = NestedField(field_id=map_type.value_id, name=_VALUE, field_type=map_type.value_type,
-                            required=map_type.value_required)
+        if isinstance(map_type, ListType):
+            value = NestedField(field_id=map_type.element_id, name=_VALUE, field_type=map_type.element_type,
+                                required=map_type.element_required)
+        else:
+            value = NestedField(field_id=map_type.value_id, name=_VALUE, field_type=map_type.value_type,
+                                required=map_type.value_required)
         prefix = path + "."
         inner_units = {_VALUE + p[len(path):]: u for p, u in units.items() if p.startswith(prefix) or p == path}
         target = _target_type(file_schema, path)

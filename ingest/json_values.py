@@ -118,15 +118,28 @@ _TIME = r"[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,9})?)?"
 _TS_RE = rf"^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:{_TIME}{_ZONE}?)?$"
 _ZONED_RE = rf"{_TIME}{_ZONE}$"
 
+def holds_map(t: IcebergType) -> bool:
+    """Whether a map is anywhere inside `t`."""
+    if isinstance(t, MapType):
+        return True
+    if isinstance(t, ListType):
+        return holds_map(t.element_type)
+    if isinstance(t, StructType):
+        return any(holds_map(f.field_type) for f in t.fields)
+    return False
+
+
+def outside_parse(t: IcebergType) -> bool:
+    """A column the vectorised parse leaves out and ingest/json_maps.py reads: a map, or a list
+    whose elements hold a map."""
+    return isinstance(t, MapType) or (isinstance(t, ListType) and holds_map(t.element_type))
+
+
 def check_supported(schema: Schema) -> None:
     """Every column, at every depth, is a type JSON records can carry (structs, lists and maps
     of them included); UnsupportedSchemaError names the first that is not."""
-    for path, t, in_list in _leaves(schema.as_struct(), "", False):
+    for path, t, _in_list in _leaves(schema.as_struct(), "", False):
         if isinstance(t, MapType):
-            if in_list:
-                raise UnsupportedSchemaError(
-                    f"column {path!r} is {t} inside a list: the JSON decoder does not read maps inside lists yet "
-                    "(maps in structs and at the top it does); the table can hold them, the ingest cannot fill them")
             if not isinstance(t.key_type, StringType):
                 raise UnsupportedSchemaError(
                     f"column {path!r} is {t}: a map read from JSON has string keys (JSON object keys)")
@@ -182,10 +195,11 @@ def has_decimals(schema: Schema) -> bool:
 def parse_type(path: str, t: IcebergType, target: pa.DataType, numbers: frozenset[str]) -> pa.DataType:
     """The type pyarrow's JSON reader parses a value into before the rules convert it."""
     if isinstance(t, StructType):
-        # Maps are left out: the reader has no map type (ingest/json_maps.py reads them).
+        # Maps are left out, and lists holding maps: the reader has no map type
+        # (ingest/json_maps.py reads them).
         return pa.struct([pa.field(f.name, parse_type(f"{path}.{f.name}" if path else f.name, f.field_type,
                                                       target.field(i).type, numbers))
-                          for i, f in enumerate(t.fields) if not isinstance(f.field_type, MapType)])
+                          for i, f in enumerate(t.fields) if not outside_parse(f.field_type)])
     if isinstance(t, ListType):
         return pa.list_(parse_type(path, t.element_type, target.value_type, numbers))
     if isinstance(t, DateType):
@@ -217,7 +231,7 @@ def convert_value(path: str, t: IcebergType, target: pa.DataType, column: pa.Arr
         children, problems = [], []
         for i, f in enumerate(t.fields):
             child_path = f"{path}.{f.name}"
-            if isinstance(f.field_type, MapType):
+            if outside_parse(f.field_type):
                 mapped = (maps or {})[child_path]
                 if f.required:
                     missing = valid & ~mapped.is_valid().to_numpy(zero_copy_only=False)

@@ -125,8 +125,16 @@ def find_unknown(parse_schema: pa.Schema, parsed: pa.Table, rows: np.ndarray, sk
     unknown although the parse schema lacks them (the maps, read outside the parse)."""
     if parsed.schema.equals(parse_schema):
         return parsed
-    _walk(pa.struct(list(parse_schema)), pa.StructArray.from_arrays(
-        [c.combine_chunks() for c in parsed.columns], fields=list(parsed.schema)), rows, (), skip, found)
+    # Chunk by chunk, and without the top-level columns read outside the parse: what the
+    # parser inferred for those is never looked at (and pyarrow 16 cannot always concatenate
+    # the lists of objects it infers for them).
+    fields = [(i, f) for i, f in enumerate(parsed.schema) if (f.name,) not in skip]
+    offset = 0
+    for batch in parsed.to_batches():
+        _walk(pa.struct(list(parse_schema)), pa.StructArray.from_arrays(
+            [batch.column(i) for i, _ in fields], fields=[f for _, f in fields]),
+            rows[offset:offset + batch.num_rows], (), skip, found)
+        offset += batch.num_rows
     return parsed.select(parse_schema.names).cast(parse_schema)
 
 

@@ -85,6 +85,13 @@ SCHEMAS = {
                 NestedField(46, "at", TimestamptzType()), NestedField(47, "n", IntegerType(), required=True)),
                 value_required=False)),
         )),
+        # Maps inside lists: a list of structs holding a map, and a list of maps.
+        NestedField(9, "lines", ListType(50, StructType(
+            NestedField(51, "sku", StringType()),
+            NestedField(52, "opts", MapType(53, StringType(), 54, IntegerType(), value_required=False))),
+            element_required=False)),
+        NestedField(15, "grid", ListType(55, MapType(56, StringType(), 57, DoubleType(), value_required=True),
+                                         element_required=True)),
     ),
 }
 UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose": {"ts": "s"},
@@ -135,7 +142,7 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--replay":
         with open(sys.argv[2], "rb") as f:
             schema_name, batch = pickle.load(f)
-        kept, rejected, _ = decode(schema_name, batch)
+        kept, rejected = decode(schema_name, batch)[:2]
         print(f"decoded {len(batch)} records: {len(kept)} kept, {len(rejected)} rejected")
         return
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

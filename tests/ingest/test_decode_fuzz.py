@@ -443,8 +443,8 @@ def test_fuzz_byte_mutations(child: DecoderChild) -> None:
 
 def test_fuzz_nested_records(child: DecoderChild) -> None:
     """Structs in structs, lists of strings, of structs and of required booleans, maps at the
-    top and inside a struct (with struct values): every rule at every depth, against the
-    reference decoder."""
+    top, inside a struct (with struct values) and inside lists (a list of structs holding a
+    map, a list of maps): every rule at every depth, against the reference decoder."""
     assert run_fuzz(child, "orders", examples=20, mutation_rate=0.1)["records"] >= 20_000
 
 

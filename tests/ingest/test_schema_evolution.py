@@ -405,3 +405,52 @@ def test_off_never_changes_the_schema_through_the_real_writer(tmp_path: Path, br
     assert [d["reason"] for d in dead_letters(config).to_pylist()] == ["field 'n': integer out of range for int"]
     seen = sightings_of(summary_properties(table.current_snapshot()))
     assert {p: (v.records, v.first, v.last) for p, v in seen.items()} == {"extra": (1, {0: 1}, {0: 1})}
+
+
+MAPS_IN_LISTS = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "orders", "type": "list", "element": {"type": "struct", "fields": [
+        {"name": "sku", "type": "string"}, {"name": "attrs", "type": "map<string,int>"}]}},
+    {"name": "scores", "type": "list<int>"},
+    {"name": "counts", "type": "map<string,int>"},
+    {"name": "grid", "type": "list", "element": {"type": "map", "key": "string", "value": "long"}, "element_required": True},
+]
+
+
+def test_maps_inside_lists_are_read_and_evolve_like_any_column(tmp_path: Path, broker: str) -> None:
+    """A list whose elements hold a map (list<struct<.., map>>, list<map>) is read from JSON
+    with every rule; a field new inside such elements is added; a value past int inside a
+    map's values or a list's elements widens that column, in the same commit."""
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1})
+    document = yaml.safe_load(path.read_text())
+    document["table"]["schema"] = MAPS_IN_LISTS
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config = config_at(path)
+    open_tables(config)
+    records = [{"id": 0, "orders": [{"sku": "a", "attrs": {"x": 1}}, {"sku": "b"}], "grid": [{"r": 1}, {}]},
+               {"id": 1, "orders": [{"sku": "c", "attrs": {"x": 5_000_000_000}}]},  # inside a map in a list: widen
+               {"id": 2, "orders": [{"sku": "d", "gift": True}]},  # a new field inside the elements: add
+               {"id": 3, "scores": [1, 6_000_000_000]},  # list<int>: widen its elements
+               {"id": 4, "counts": {"k": 7_000_000_000}},  # map<string,int>: widen its values
+               {"id": 5, "orders": {"sku": "not a list"}},  # a contradiction: dead letter
+               {"id": 6, "grid": [None]}]  # a null element where they are required: dead letter
+    with opened(config, "r1") as committer:
+        committer.offer(unit_of(config, records))
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    schema = table.schema()
+    assert [str(schema.find_type(p)) for p in ("orders.element.attrs.value", "orders.element.gift",
+                                               "scores.element", "counts.value")] == ["long", "boolean", "long", "long"]
+    assert table.current_snapshot().schema_id == schema.schema_id  # one commit: schema and rows
+    rows = {r["id"]: r for r in table.scan().to_arrow().to_pylist()}
+    assert sorted(rows) == [0, 1, 2, 3, 4]
+    assert rows[0]["orders"] == [{"sku": "a", "attrs": [("x", 1)], "gift": None}, {"sku": "b", "attrs": None, "gift": None}]
+    assert rows[0]["grid"] == [[("r", 1)], []]
+    assert rows[1]["orders"][0]["attrs"] == [("x", 5_000_000_000)] and rows[2]["orders"][0]["gift"] is True
+    assert rows[3]["scores"] == [1, 6_000_000_000] and rows[4]["counts"] == [("k", 7_000_000_000)]
+    # DuckDB reads the same nested values from the data files.
+    files = [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]
+    assert duckdb.connect().execute(
+        f"SELECT sum(len(orders)), sum(len(grid)) FROM read_parquet({files!r}, union_by_name=true)").fetchone() == (4, 2)
+    dead = {json.loads(d["value"])["id"]: d["reason"] for d in dead_letters(config).to_pylist()}
+    assert dead[5] == "field 'orders': not a JSON array (a list is read from an array)"
+    assert sorted(dead) == [5, 6] and "grid" in dead[6]
