@@ -39,6 +39,7 @@ from streamberg.common.field_sightings import (
     merge_sightings,
     sightings_of,
 )
+from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     FENCED_MESSAGE,
@@ -314,6 +315,8 @@ class Committer:
                     with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
                         for f in files + (evolved.files if evolved is not None else []):
                             append.append_data_file(f.to_data_file())
+                    if evolved is not None:
+                        pause_point(EVOLUTION_COMMIT)  # crash tests kill -9 here (common/faults.py)
                     # The append asserted main was at the snapshot we read, so the new current one is ours.
                     return tx.commit_transaction().current_snapshot().snapshot_id, attempts, evolved
         except (CommitFailedException, FencedError) as exc:

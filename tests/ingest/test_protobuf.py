@@ -306,3 +306,24 @@ def _zigzag(n: int) -> bytes:
         out.append(byte | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def test_a_registry_outage_stops_the_protobuf_ingest_and_advances_nothing(tmp_path: Path, broker: str,
+                                                                          registry) -> None:
+    from streamberg.common.errors import RegistryUnavailable
+    from streamberg.ingest.dead_letters import open_tables
+
+    config = config_at(make_config(tmp_path, broker, registry.url.replace("http://", "http://reader:pw-s3cret@")))
+    write = serializer(registry.url)
+    produce(config, [write(order(i), config.kafka.topic) for i in range(5)])
+    open_tables(config)  # the table exists (made while the registry answered) ...
+    registry.down = True  # ... then the registry goes down: the reference and the file cannot be fetched
+    with pytest.raises(RegistryUnavailable) as refused:
+        ingest_until(config, {0: 5}, timeout=120)
+    assert "failed 2 times" in str(refused.value) and "pw-s3cret" not in str(refused.value)
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert committed_position(table, config.kafka.topic).offsets.get(0, 0) == 0 and dead_letters(config).num_rows == 0
+    registry.down = False  # back: the same records land, once
+    ingest_until(config, {0: 5})
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert sorted(r["id"] for r in table.scan().to_arrow().to_pylist()) == list(range(5))
