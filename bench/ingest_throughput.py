@@ -65,6 +65,7 @@ from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
 from streamberg.common.offsets import summary_properties  # noqa: E402
 from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
+from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
 
 SCHEMA = SAMPLE_EVENT_SCHEMA
 # The orders shape of the real-records issue: nested objects, a list, a list of objects.
@@ -169,12 +170,19 @@ def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int
             raise SystemExit(f"freshness run did not start: {(directory / 'fresh.log').read_text()[-2000:]}")
         time.sleep(0.5)
     produce_events(config, rate * seconds, rate=rate, start_id=0)
+    # Then the producers add a field the table lacks: a few seconds of records carrying it, at
+    # the same rate. The ingest adds the column in the commit that first carries them.
+    evolve_start, evolve_seconds = rate * seconds, 5
+    evolving = load_config(write_config(directory / "evolving", bootstrap, topic, interval, parallelism,
+                                        schema=[*SCHEMA, {"name": "added_later", "type": "string"}]))
+    produce_events(evolving, rate * evolve_seconds, rate=rate, start_id=evolve_start)
     # Let the last records become visible, then stop gracefully.
     time.sleep(3 * interval + 2)
     proc.send_signal(2)
     proc.wait(120)
     table = load_catalog(config.catalog).load_table(config.table.identifier)
-    lag_ms = []
+    lag_ms, evolved_lag_ms = [], []
+    first_carrier_us = None
     for snapshot in table.metadata.snapshots:
         for manifest in snapshot.manifests(table.io):
             if manifest.added_snapshot_id != snapshot.snapshot_id:
@@ -182,12 +190,24 @@ def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int
             for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
                 data = pq.read_table(entry.data_file.file_path.removeprefix("file://"), columns=["id", "ts"])
                 measured = data.filter(pa.compute.less(data.column("id"), warmup_id))
+                ids = measured.column("id").to_numpy()
                 micros = measured.column("ts").cast(pa.int64()).to_numpy()
-                lag_ms.append(snapshot.timestamp_ms - micros / 1000)
+                lag_ms.append(snapshot.timestamp_ms - micros[ids < evolve_start] / 1000)
+                carriers = micros[ids >= evolve_start]
+                evolved_lag_ms.append(snapshot.timestamp_ms - carriers / 1000)
+                if len(carriers):
+                    first_carrier_us = min(first_carrier_us or carriers.min(), carriers.min())
     lag = np.concatenate(lag_ms) / 1000
+    evolved_lag = np.concatenate(evolved_lag_ms) / 1000
+    # The snapshot that added the column, against the produce time of the first record carrying it.
+    added = [s for s in table.metadata.snapshots if SummaryKeys.SCHEMA_ADDED in summary_properties(s)]
+    column_after_s = (added[0].timestamp_ms / 1000 - first_carrier_us / 1e6) if added and first_carrier_us else None
     return {"records": int(lag.size), "rate": rate, "commit_interval_s": interval,
             "p50_s": float(np.percentile(lag, 50)), "p95_s": float(np.percentile(lag, 95)),
-            "max_s": float(lag.max())}
+            "max_s": float(lag.max()), "evolving_records": int(evolved_lag.size),
+            "evolving_p50_s": float(np.percentile(evolved_lag, 50)),
+            "evolving_p95_s": float(np.percentile(evolved_lag, 95)),
+            "column_visible_after_s": column_after_s, "column_added": bool(added)}
 
 
 def main() -> None:
@@ -354,11 +374,19 @@ def main() -> None:
               f"{run['records_per_s']:,.0f} vs {flat['records_per_s']:,.0f} records/s "
               f"({run['records_per_s'] / flat['records_per_s']:.2f}x); steady {run['steady_records_per_s']:,.0f} vs "
               f"{flat['steady_records_per_s']:,.0f} records/s; {run['bytes'] / args.records:.0f} vs "
-              f"{flat_bytes / args.records:.0f} bytes a record")
+              f"{flat_bytes / args.records:.0f} bytes a record, {run['bytes'] / run['seconds'] / 1e6:.1f} vs "
+              f"{flat_bytes / flat['seconds'] / 1e6:.1f} MB/s "
+              f"({run['bytes'] / run['seconds'] / (flat_bytes / flat['seconds']):.2f}x)")
     if fresh:
         print(f"freshness at {fresh['rate']:,}/s, commit interval {fresh['commit_interval_s']}s: "
               f"p50 {fresh['p50_s']:.2f}s  p95 {fresh['p95_s']:.2f}s  max {fresh['max_s']:.2f}s over "
               f"{fresh['records']:,} records")
+        visible = fresh["column_visible_after_s"]
+        print(f"then records with a field the table lacks: the column visible "
+              f"{'never' if visible is None else f'{visible:.2f}s'} "
+              f"after the first such record was produced; their lag p50 {fresh['evolving_p50_s']:.2f}s "
+              f"p95 {fresh['evolving_p95_s']:.2f}s over {fresh['evolving_records']:,} records "
+              f"({fresh['evolving_p95_s'] / fresh['p95_s']:.2f}x the p95 before)")
 
 
 if __name__ == "__main__":

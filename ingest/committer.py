@@ -32,6 +32,7 @@ from pyiceberg.table import Table, Transaction
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
+from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
 from streamberg.common.field_sightings import (
     encode_added,
     encode_sightings,
@@ -39,7 +40,6 @@ from streamberg.common.field_sightings import (
     merge_sightings,
     sightings_of,
 )
-from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import (
     FENCED_MESSAGE,
