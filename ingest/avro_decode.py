@@ -41,17 +41,16 @@ class AvroDecoder(RegistryDecoder):
     NAME = "Avro"
 
     def _writer(self, key: FitKey) -> tuple[IcebergType, Any]:
-        from fastavro import parse_schema
+        from fastavro import parse_schema, schemaless_reader
 
         parsed_json = json.loads(self.registry.by_id(key[0]))
         # A value is a record; a key (wrap) may be any Avro type, a primitive often.
         table_form = iceberg_type(parsed_json) if self.wrap is not None else iceberg_schema(parsed_json).as_struct()
-        return table_form, parse_schema(_without_uuid(parsed_json))
+        return table_form, (parse_schema(_without_uuid(parsed_json)), schemaless_reader)
 
     def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
-        from fastavro import schemaless_reader
-
-        record = schemaless_reader(body, reader, None)
+        parsed, schemaless_reader = reader
+        record = schemaless_reader(body, parsed, None)
         if body.tell() != length:
             raise ValueError(f"{length - body.tell()} bytes after the record")
         return record

@@ -100,6 +100,12 @@ class RegistryDecoder:
         self.registry = registry
         self.report_unknown = unknown == "report"
         self._fits: dict[FitKey, _Fit] = {}
+        # Headers seen (their bytes -> (fit key, length)): most records of a topic share a
+        # few, so SchemaId reads each once. Confluent headers are prefix-free (a magic byte,
+        # 4 or 16 bytes, then complete varints), so a known header that starts a value is
+        # exactly its header.
+        self._headers: dict[bytes, tuple[FitKey, int]] = {}
+        self._header_lengths: list[int] = []
 
     # -- what a format says ----------------------------------------------------------------
     def _writer(self, key: FitKey) -> tuple[IcebergType, Any]:
@@ -182,16 +188,24 @@ class RegistryDecoder:
             if len(value) > self.max_record_bytes:
                 rejected.append((i, f"oversized: {len(value)} bytes > max_record_bytes {self.max_record_bytes}"))
                 continue
-            header = SchemaId(self.FORMAT)
-            try:
-                body = header.from_bytes(io.BytesIO(value))
-            except Exception as exc:  # noqa: BLE001 - any framing fault is the record's
-                rejected.append((i, f"not Confluent {self.NAME}: {_framing(value, exc)}"))
-                continue
-            if header.id is None:
-                rejected.append((i, f"not Confluent {self.NAME} with a schema id: a GUID-framed record (magic byte 1)"))
-                continue
-            key = (header.id, tuple(header.message_indexes or ()))
+            known = next((self._headers[value[:n]] for n in self._header_lengths if value[:n] in self._headers), None)
+            if known is not None:
+                key, length = known
+                body = io.BytesIO(value)
+                body.seek(length)
+            else:
+                header = SchemaId(self.FORMAT)
+                try:
+                    body = header.from_bytes(io.BytesIO(value))
+                except Exception as exc:  # noqa: BLE001 - any framing fault is the record's
+                    rejected.append((i, f"not Confluent {self.NAME}: {_framing(value, exc)}"))
+                    continue
+                if header.id is None:
+                    rejected.append((i, f"not Confluent {self.NAME} with a schema id: a GUID-framed record "
+                                        "(magic byte 1)"))
+                    continue
+                key = (header.id, tuple(header.message_indexes or ()))
+                self._remember(value[:body.tell()], key)
             fit = self._fit(key)
             if fit.refusal is not None or fit.widen is not None:
                 rejected.append((i, fit.refusal if fit.refusal is not None else fit.widen))
@@ -201,7 +215,7 @@ class RegistryDecoder:
                 if self.wrap is not None:
                     record = {self.wrap: record}
             except Exception as exc:  # noqa: BLE001 - bytes the reader cannot read for the schema
-                rejected.append((i, f"not valid {self.NAME} for writer schema id {header.id}: {type(exc).__name__}: "
+                rejected.append((i, f"not valid {self.NAME} for writer schema id {key[0]}: {type(exc).__name__}: "
                                     f"{str(exc)[:200]}"))
                 continue
             rows.append(record)
@@ -219,6 +233,12 @@ class RegistryDecoder:
                     if len(carried):
                         unknown.append(UnknownField(path, t, carried))
         return DecodeResult(table=table, kept=kept_index, rejected=rejected, unknown=unknown)
+
+    def _remember(self, header: bytes, key: FitKey) -> None:
+        if len(self._headers) < 1024:  # a bound on what hostile headers can fill
+            self._headers[header] = (key, len(header))
+            if len(header) not in self._header_lengths:
+                self._header_lengths.append(len(header))
 
     def _arrow(self, rows: list[dict], kept: np.ndarray) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]]:
         """The rows in the table's Arrow schema; a row that does not convert (a value out of
