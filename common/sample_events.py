@@ -142,26 +142,31 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
         message_class = GetMessageClass(pool.FindMessageTypeByName("streamberg.sample.Event"))
         proto_serializer = ProtobufSerializer(message_class, client)
         return lambda event: proto_serializer(
-            json_format.ParseDict(_as_protobuf_json(event, specs), message_class()), context)
+            json_format.ParseDict(_shaped(event, specs, _protobuf_leaf), message_class()), context)
     from confluent_kafka.schema_registry.avro import AvroSerializer
 
     from streamberg.common.avro_schema import avro_schema
 
     serializer = AvroSerializer(client, json.dumps(avro_schema(schema, "Event")))
-    return lambda event: serializer(_as_avro(event, specs), context)
+    return lambda event: serializer(_shaped(event, specs, _avro_leaf), context)
 
 
-def _as_protobuf_json(value: Any, spec: TypeSpec) -> Any:
-    """A JSON-shaped sample value in protobuf's JSON mapping for its type."""
+def _shaped(value: Any, spec: TypeSpec, leaf: Callable[[str, Any], Any]) -> Any:
+    """A JSON-shaped sample value with every primitive given to `leaf(type name, value)`;
+    structs keep only the fields that hold a value (null and absent read alike)."""
     if value is None:
         return None
     if isinstance(spec, StructOf):
-        return {f.name: _as_protobuf_json(value[f.name], f.type) for f in spec.fields if value.get(f.name) is not None}
+        return {f.name: _shaped(value[f.name], f.type, leaf) for f in spec.fields if value.get(f.name) is not None}
     if isinstance(spec, ListOf):
-        return [_as_protobuf_json(v, spec.element) for v in value]
+        return [_shaped(v, spec.element, leaf) for v in value]
     if isinstance(spec, MapOf):
-        return {k: _as_protobuf_json(v, spec.value) for k, v in value.items()}
-    kind = str(spec)
+        return {k: _shaped(v, spec.value, leaf) for k, v in value.items()}
+    return leaf(str(spec), value)
+
+
+def _protobuf_leaf(kind: str, value: Any) -> Any:
+    """A primitive in protobuf's JSON mapping."""
     if kind == "date":
         day = dt.date.fromisoformat(value)
         return {"year": day.year, "month": day.month, "day": day.day}
@@ -172,17 +177,8 @@ def _as_protobuf_json(value: Any, spec: TypeSpec) -> Any:
     return value
 
 
-def _as_avro(value: Any, spec: TypeSpec) -> Any:
-    """A JSON-shaped sample value as the Python value Avro's serializer takes for its type."""
-    if value is None:
-        return None
-    if isinstance(spec, StructOf):
-        return {f.name: _as_avro(value.get(f.name), f.type) for f in spec.fields}
-    if isinstance(spec, ListOf):
-        return [_as_avro(v, spec.element) for v in value]
-    if isinstance(spec, MapOf):
-        return {k: _as_avro(v, spec.value) for k, v in value.items()}
-    kind = str(spec)
+def _avro_leaf(kind: str, value: Any) -> Any:
+    """A primitive as the Python value Avro's serializer takes for its type."""
     if kind == "date":
         return dt.date.fromisoformat(value)
     if kind in ("timestamptz", "timestamp"):

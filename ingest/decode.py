@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +85,16 @@ class DecodeResult:
         if not self.unknown:
             return np.empty(0, dtype=np.int64)
         return np.unique(np.concatenate([u.rows for u in self.unknown]))
+
+
+class ValueDecoder(Protocol):
+    """What every value format's decoder is (JSON here; Avro and Protobuf in
+    ingest/registry_decode.py): a batch of Kafka values in, the rows in the table's Arrow
+    schema, the dead letters with their reasons, and the fields the schema lacks out."""
+
+    schema: Schema
+
+    def decode(self, values: list[bytes | None]) -> DecodeResult: ...
 
 
 class _BadBlock(Exception):

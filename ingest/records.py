@@ -34,10 +34,9 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import UnsupportedSchemaError
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.decode import DecodeResult, JsonDecoder, epoch_units
+from streamberg.ingest.decode import DecodeResult, JsonDecoder, ValueDecoder, epoch_units
 from streamberg.ingest.json_values import Widening
 from streamberg.ingest.protobuf_decode import ProtobufDecoder
-from streamberg.ingest.registry_decode import RegistryDecoder
 from streamberg.ingest.unknown_fields import UnknownField
 
 KeyFormat = Literal["text", "value"]
@@ -87,8 +86,8 @@ class RecordDecoder:
         self.max_record_bytes = max_record_bytes
         # Registry-framed values when a registry is given (kafka.value_format: avro or
         # protobuf), JSON otherwise.
-        self.values: JsonDecoder | RegistryDecoder
-        self.keys: JsonDecoder | RegistryDecoder | None = None
+        self.values: ValueDecoder
+        self.keys: ValueDecoder | None = None
         framed = ProtobufDecoder if value_format == "protobuf" else AvroDecoder
         if registry is None:
             self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown)

@@ -185,3 +185,14 @@ class BackgroundProducer:
     def stop(self) -> None:
         self._stop.set()
         self.join()
+
+
+def account_for_every_record(result, size: int, seen: dict[str, int]) -> None:
+    """A decoded batch of `size` records: each one a row or a dead letter with a reason, once;
+    the counts added to `seen` (kept, rejected)."""
+    rejected = [i for i, _ in result.rejected]
+    assert sorted(result.kept.tolist() + rejected) == list(range(size))
+    assert all(isinstance(r, str) and r for _, r in result.rejected)
+    assert result.table.num_rows == len(result.kept)
+    seen["kept"] += len(result.kept)
+    seen["rejected"] += len(rejected)

@@ -1,8 +1,8 @@
 """Two ingests on one table: the second is fenced, says so, stops at once and is not restarted.
 
 The first runs as `streamberg ingest` with 1 s commits while a producer writes; the second
-runs under `streamberg run --components ingest` (6 s commits, so its first commit comes
-after the first ingest has moved the offsets it read). Its committer refuses (fence), the
+runs under `streamberg run --components ingest` (20 s commits, started just after a 20 s
+boundary, so its first commit comes well after the first ingest has moved the offsets it read). Its committer refuses (fence), the
 driver stops the whole run before Flink would restart the committer, and it exits 1 with the
 fencing message, reporting only what it committed itself (nothing); the supervisor does not
 restart it. The first ingest carries on: every valid id exactly once.
@@ -27,6 +27,8 @@ from tests.helpers import BackgroundProducer, config_at, duplicates, json_events
 
 pytestmark = pytest.mark.flink
 
+SECOND_INTERVAL = 20  # seconds between the second ingest's commits
+
 
 def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: Path, broker: str) -> None:
     path = write_config(tmp_path, broker, ingest={"commit_interval_seconds": 1, "max_poll_records": 500})
@@ -45,9 +47,16 @@ def test_second_ingest_on_a_table_is_fenced_and_stops_without_restart(tmp_path: 
             assert first.poll() is None and time.monotonic() < deadline, first_log.read_text()[-3000:]
             time.sleep(0.5)
         second_log, second_out = tmp_path / "second.log", tmp_path / "second.out"
+        # Commits flush at wall-clock multiples of the interval. Started just after a 20 s
+        # boundary, the second reads the committed offsets at least several seconds before its
+        # first commit, by when the first (1 s commits) has moved them. (With 6 s commits
+        # and no alignment, a slow start-up could open it just before a boundary that the
+        # first shares, and the second could win the race.)
+        time.sleep((-time.time()) % SECOND_INTERVAL + 0.2)
         second = subprocess.Popen(
             [exe, "run", "--config", str(path), "--components", "ingest", "--no-status"], stdout=second_out.open("w"),
-            stderr=second_log.open("w"), env={**env, "STREAMBERG_INGEST__COMMIT_INTERVAL_SECONDS": "6"})
+            stderr=second_log.open("w"),
+            env={**env, "STREAMBERG_INGEST__COMMIT_INTERVAL_SECONDS": str(SECOND_INTERVAL)})
         try:
             second.wait(240)
         except subprocess.TimeoutExpired:
