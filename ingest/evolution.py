@@ -41,7 +41,7 @@ from pyiceberg.types import (
 
 from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
 from streamberg.common.schema import type_spec
-from streamberg.ingest.decode import DecodeResult
+from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.json_values import Widening, widens
 from streamberg.ingest.records import RecordDecoder

@@ -206,7 +206,7 @@ def new_run_id() -> str:
 def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     """Create or check the table and the dead-letter table before any worker starts."""
     from streamberg.ingest.dead_letters import open_tables
-    from streamberg.ingest.decode import check_supported
+    from streamberg.ingest.json_decode import check_supported
     from streamberg.ingest.records import check_key_field
 
     catalog, table, _ = open_tables(config)

@@ -29,7 +29,7 @@ states the same rules with `json.loads`):
   its own (null only where values are optional). Not inside a list (refused at start).
 
 The fuzz suite's reference decoder (tests/ingest/json_oracle.py) states the same rules with
-`json.loads`; ingest/decode.py applies them to each parsed column.
+`json.loads`; ingest/json_decode.py applies them to each parsed column.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A Kafka record (key and value) as a row of the table: the one decoder the writer, the range
 replay and the dead-letter replay use.
 
-The value is decoded by its format's decoder (JSON: ingest/decode.py; Avro and Protobuf
+The value is decoded by its format's decoder (JSON: ingest/json_decode.py; Avro and Protobuf
 through a registry: ingest/registry_decode.py) against the table's schema without the key
 column. With `kafka.key_field` set, the record's key fills that column:
 - `kafka.key_format: text` (the default): as a UTF-8 string; a key that is not valid UTF-8
@@ -34,7 +34,8 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import UnsupportedSchemaError
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.decode import DecodeResult, JsonDecoder, ValueDecoder, epoch_units
+from streamberg.ingest.decoding import DecodeResult, ValueDecoder
+from streamberg.ingest.json_decode import JsonDecoder, epoch_units
 from streamberg.ingest.json_values import Widening
 from streamberg.ingest.protobuf_decode import ProtobufDecoder
 from streamberg.ingest.unknown_fields import UnknownField

@@ -50,7 +50,7 @@ from pyiceberg.types import (
 
 from streamberg.common.errors import RegistryUnavailable
 from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.decode import DecodeResult
+from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.json_values import Widening, widens
 from streamberg.ingest.unknown_fields import Path, UnknownField, display
 

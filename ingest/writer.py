@@ -32,7 +32,7 @@ from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode import DecodeResult
+from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal

@@ -1,6 +1,6 @@
 """The reference decoder for the fuzz suite: `json.loads` plus the schema's rules, record by record.
 
-Plain Python, written from the rules in the docstring of streamberg.ingest.decode, with no code
+Plain Python, written from the rules in the docstring of streamberg.ingest.json_decode, with no code
 shared with the decoder: where the two disagree, one of them is wrong. Returns, per record,
 either ("ok", row) with the row normalised as `normalise_table` normalises the decoder's
 output, or ("bad", reason), or ("either", row) for a record the rules accept but that holds

@@ -23,8 +23,8 @@ from streamberg.common.offsets import summary_properties
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
-from streamberg.ingest.decode import JsonDecoder
 from streamberg.ingest.evolution import plan_additions
+from streamberg.ingest.json_decode import JsonDecoder
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +47,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, StructType
 
 from streamberg.ingest import json_screen
+from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.json_maps import map_columns
 from streamberg.ingest.json_values import (
     DEFAULT_EPOCH_UNIT,
@@ -60,7 +60,7 @@ from streamberg.ingest.json_values import (
     parse_type,
     timestamp_paths,
 )
-from streamberg.ingest.unknown_fields import UnknownField, carries_unknown, collect, find_unknown, merge_found
+from streamberg.ingest.unknown_fields import carries_unknown, collect, find_unknown, merge_found
 
 # The decoder's API: callers check a schema and read epoch units through this module.
 __all__ = ["DecodeResult", "JsonDecoder", "check_supported", "epoch_units"]
@@ -71,31 +71,6 @@ MAX_REPORTED_DEPTH = 256
 _ROW = re.compile(r" in row (\d+)$")
 _TYPE_CHANGE = re.compile(r"Column\(/(.+)\) changed from (?:string to number|number to string)")
 _ANY_CHANGE = re.compile(r"Column\(/(.+)\) changed from (\w+) to (\w+)")
-
-@dataclass
-class DecodeResult:
-    table: pa.Table  # decoded rows, in the table's Arrow schema (with field ids)
-    kept: np.ndarray  # indexes (into the input batch) of the decoded rows, in order
-    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
-    # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
-    unknown: list[UnknownField] = field(default_factory=list)
-
-    def rows_with_unknown(self) -> np.ndarray:
-        """Indexes (into the batch) of the decoded rows that carry a field the schema lacks."""
-        if not self.unknown:
-            return np.empty(0, dtype=np.int64)
-        return np.unique(np.concatenate([u.rows for u in self.unknown]))
-
-
-class ValueDecoder(Protocol):
-    """What every value format's decoder is (JSON here; Avro and Protobuf in
-    ingest/registry_decode.py): a batch of Kafka values in, the rows in the table's Arrow
-    schema, the dead letters with their reasons, and the fields the schema lacks out."""
-
-    schema: Schema
-
-    def decode(self, values: list[bytes | None]) -> DecodeResult: ...
-
 
 class _BadBlock(Exception):
     """A block of records failed a check; carries the reason, and the row when known."""

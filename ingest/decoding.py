@@ -1,0 +1,42 @@
+"""What every value format's decoder gives back, and the one interface they share.
+
+A decoder per format: JSON (ingest/json_decode.py), Avro and Protobuf through a schema
+registry (ingest/registry_decode.py with ingest/avro_decode.py and ingest/protobuf_decode.py).
+Each takes a batch of Kafka values and returns a DecodeResult: the rows in the table's Arrow
+schema, the dead letters with their reasons, and the fields the schema lacks (for schema
+evolution, ingest/evolution.py, which all formats share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+from pyiceberg.schema import Schema
+
+from streamberg.ingest.unknown_fields import UnknownField
+
+
+@dataclass
+class DecodeResult:
+    table: pa.Table  # decoded rows, in the table's Arrow schema (with field ids)
+    kept: np.ndarray  # indexes (into the input batch) of the decoded rows, in order
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
+    # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
+    unknown: list[UnknownField] = field(default_factory=list)
+
+    def rows_with_unknown(self) -> np.ndarray:
+        """Indexes (into the batch) of the decoded rows that carry a field the schema lacks."""
+        if not self.unknown:
+            return np.empty(0, dtype=np.int64)
+        return np.unique(np.concatenate([u.rows for u in self.unknown]))
+
+
+class ValueDecoder(Protocol):
+    """What every value format's decoder is: a batch of Kafka values in, a DecodeResult out."""
+
+    schema: Schema
+
+    def decode(self, values: list[bytes | None]) -> DecodeResult: ...
