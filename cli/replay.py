@@ -7,6 +7,7 @@ import datetime as dt
 import json
 
 from streamberg.cli.errors import CommandError
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 
 DESCRIPTION = """\
@@ -46,7 +47,7 @@ def _replay(args: argparse.Namespace) -> int:
     from streamberg.ingest.replay import replay_dead_letters, replay_range
 
     validate(args)
-    config = load_config(args.config)
+    config = ingest_config(load_config(args.config))  # a primary-key table: its change log
     try:
         if args.dead_letters:
             outcome = replay_dead_letters(config, reason_like=args.reason_like, since=args.since, dry_run=args.dry_run)

@@ -79,7 +79,10 @@ def _nested_fields(fields: tuple[FieldSpec, ...], ids: Iterator[int]) -> list[Ne
 
 
 def schema_from_config(table: TableConfig) -> Schema:
-    return Schema(*_nested_fields(table.field_specs, count(1)))
+    """The declared schema; table.primary_key becomes its identifier fields."""
+    fields = _nested_fields(table.field_specs, count(1))
+    keys = [next(f.field_id for f in fields if f.name == k) for k in table.primary_key]
+    return Schema(*fields, identifier_field_ids=keys)
 
 
 def type_spec(iceberg: IcebergType) -> TypeSpec:

@@ -27,6 +27,9 @@ class SummaryKeys:
     COMMIT_STARTED_MS = "streamberg.commit-started-ms"
     # Dead letters the commit carries (its dead-letter file's rows).
     DEAD_LETTERS = "streamberg.dead-letters"
+    # Records the commit covers that are neither rows nor dead letters: the tombstones Kafka
+    # sends after Debezium deletes (kafka.envelope debezium, ingest/envelopes.py).
+    SKIPPED_TOMBSTONES = "streamberg.skipped-tombstones"
     # The Parquet file, in the dead-letter table's location, holding this commit's dead
     # letters. It joins the dead-letter table only after this snapshot committed (an outbox:
     # the main commit decides for both tables, ingest/dead_letters.py).
@@ -78,6 +81,16 @@ class SummaryKeys:
     COMPACTOR_PLAN_SNAPSHOT_ID = COMPACTOR_PREFIX + "plan-snapshot-id"  # commits are validated against it
     COMPACTOR_COVERED_SNAPSHOTS = COMPACTOR_PREFIX + "covered-snapshots"  # ingest snapshots rewritten
     COMPACTOR_BATCH_ID = COMPACTOR_PREFIX + "batch-id"  # the streaming micro-batch (absent for --full)
+
+    # -- merges of a change log into a primary-key table (merge/) ----------------------------
+    # The change-log snapshot whose changes (and every older one's) this merge applied: the
+    # next merge reads the change log after it, so none is applied twice (docs/cdc.md).
+    CHANGELOG_APPLIED = "streamberg.changelog-applied"
+    MERGE_RUN_ID = "streamberg.merge.run-id"
+    MERGE_CHANGES = "streamberg.merge.changes"  # change-log rows this merge read
+    MERGE_KEYS = "streamberg.merge.keys"  # distinct keys they touched (the last change of each applied)
+    MERGE_DELETES = "streamberg.merge.deletes"  # keys whose last change is a delete
+    MERGE_CHANGELOG_SNAPSHOTS = "streamberg.merge.changelog-snapshots"  # change-log snapshots applied
 
     # -- benchmarks (bench/) ----------------------------------------------------------------
     BENCH_LAYOUT = "streamberg.bench.layout"

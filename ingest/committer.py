@@ -238,6 +238,8 @@ class Committer:
             SummaryKeys.COMMIT_STARTED_MS: str(started_ms),
             SummaryKeys.DEAD_LETTERS: str(len(dead)),
         }
+        if skipped := sum(u.skipped for u in units):
+            properties[SummaryKeys.SKIPPED_TOMBSTONES] = str(skipped)
         if skips:
             properties[kafka_skips_key(self.topic)] = encode_skips(skips)
             properties[SummaryKeys.LOST_OFFSETS_TOTAL] = str(lost_total)

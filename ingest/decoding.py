@@ -26,6 +26,9 @@ class DecodeResult:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
     # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
     unknown: list[UnknownField] = field(default_factory=list)
+    # Records that are neither a row nor a dead letter: the tombstone Kafka sends after a
+    # Debezium delete (ingest/envelopes.py), counted in the commit that covers it.
+    skipped: int = 0
 
     def rows_with_unknown(self) -> np.ndarray:
         """Indexes (into the batch) of the decoded rows that carry a field the schema lacks."""

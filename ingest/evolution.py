@@ -288,7 +288,8 @@ def evolve_and_write(tx: Transaction, held: list[HeldRecord], changes: SchemaCha
         plan.refused.update(step.refused)
         plan.widened += widened
         schema = tx.table_metadata.schema()
-        decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held])
+        decoded = decoder_for(schema).decode([h.value for h in held], [h.key for h in held],
+                                             ([h.partition for h in held], [h.offset for h in held]))
         asked = SchemaChanges()
         hold_back(decoded, schema, asked)
         fresh_adds = {p: t for p, t in asked.add.items() if p not in plan.refused and p not in wanted.add}

@@ -66,6 +66,13 @@ class RecordDecoder:
                    unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
         """The ingest's decoder for `schema`: the value format, epoch units and key column the
         config sets, fields the schema lacks reported."""
+        if config.kafka.envelope != "none":
+            from streamberg.common.changelog import required_columns
+            from streamberg.ingest.envelopes import EnvelopeDecoder
+
+            return EnvelopeDecoder(schema, config.ingest.max_record_bytes, config.kafka.envelope,
+                                   epoch_units=epoch_units(config.table.schema_), key_format=config.kafka.key_format,
+                                   required=required_columns(config.table.properties), unknown=unknown)
         registry = None
         if config.kafka.value_format != "json":
             assert config.kafka.schema_registry is not None  # the config's own validator
@@ -101,7 +108,15 @@ class RecordDecoder:
                          else framed(key_schema, max_record_bytes, registry, unknown, wrap=key_field))
         self.key_required = key_field is not None and schema.find_field(key_field).required
 
-    def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None) -> DecodeResult:
+    @property
+    def needs_keys(self) -> bool:
+        """Whether decode needs the records' Kafka keys."""
+        return self.key_field is not None
+
+    def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
+               positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
+        """`positions`: the records' (partitions, offsets), which a change log records
+        (ingest/envelopes.py); rows of an append do not carry them."""
         result = self.values.decode(values)
         if self.key_field is None:
             return result

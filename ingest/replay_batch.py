@@ -66,7 +66,7 @@ class ReplayBatcher:
         """Write the rows that decode; return their indexes and the (index, reason) of the rest.
         Held rows are in neither: `finish` reports them. `positions`: (partition, offset,
         timestamp ms) per value."""
-        result = self.decoder.decode(values, keys)
+        result = self.decoder.decode(values, keys, ([p for p, _, _ in positions], [o for _, o, _ in positions]))
         if self.config.ingest.schema_evolution == "off":
             self.not_written.update({display(u.path): len(u.rows) for u in result.unknown})
             table, kept, rejected = result.table, result.kept, [(i, str(r)) for i, r in result.rejected]

@@ -94,6 +94,7 @@ class IngestWriter:
         self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
         self.dead_letters: list[DeadLetter] = []
         self.messages = 0  # records read into the open unit
+        self.skipped = 0  # of them, neither rows nor dead letters (ingest/envelopes.py)
         # ingest.schema_evolution (ingest/evolution.py): records held for the committer and
         # the fields they carry; files closed when the schema changed mid-unit; sightings (off)
         self.evolution = config.ingest.schema_evolution
@@ -280,8 +281,9 @@ class IngestWriter:
         offsets = [m.offset() for m in messages]
         if self.expect_first:
             self._check_first_offsets(partitions, offsets)
-        keys = [m.key() for m in messages] if self.decoder.key_field is not None else None
-        result = self.decoder.decode(values, keys)
+        keys = [m.key() for m in messages] if self.decoder.needs_keys else None
+        result = self.decoder.decode(values, keys, (partitions, offsets))
+        self.skipped += result.skipped
         if self.evolution == "add":
             split = hold_back(result, self.decoder.schema, self.changes)
             table, rejected = split.table, split.rejected
@@ -343,14 +345,14 @@ class IngestWriter:
         ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
-                         messages=self.messages, skips=self.skips, held=self.held, new_fields=self.changes.add,
+                         messages=self.messages, skipped=self.skipped, skips=self.skips, held=self.held, new_fields=self.changes.add,
                          widen=self.changes.widen,
                          sightings=self.sightings)
         self.held, self.held_bytes, self.changes, self.sightings = [], 0, SchemaChanges(), {}
         self.unit_start = dict(self.position)
         self.skips, self.unrecorded = {}, set()
         self.dead_letters = []
-        self.messages = 0
+        self.messages = self.skipped = 0
         if not unit.empty:
             self.log.debug("unit flushed", epoch=unit.epoch, files=len(files), records=unit.records,
                            dead_letters=len(unit.dead_letters), ranges=ranges)

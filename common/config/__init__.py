@@ -28,6 +28,7 @@ from streamberg.common.config.components import (
     ExpireConfig,
     MaintenanceConfig,
     ManifestsConfig,
+    MergeConfig,
     MonitoringConfig,
     OrphanConfig,
     RetentionConfig,
@@ -35,7 +36,13 @@ from streamberg.common.config.components import (
 )
 from streamberg.common.config.loading import config_from_dump, dump_config, load_config
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
-from streamberg.common.config.sections import DeadLetterConfig, IngestConfig, KafkaConfig
+from streamberg.common.config.sections import (
+    CHANGELOG_COLUMNS,
+    CHANGELOG_TARGET_PROPERTY,
+    DeadLetterConfig,
+    IngestConfig,
+    KafkaConfig,
+)
 from streamberg.common.config.table import (
     CatalogConfig,
     FieldConfig,
@@ -46,9 +53,9 @@ from streamberg.common.config.table import (
 from streamberg.common.config.types import PRIMITIVE_TYPES
 
 __all__ = [
-    "ENV_PREFIX", "LAYOUT_STRATEGIES", "MAX_CONFIG_BYTES", "MAX_RECORD_BYTES", "ORPHAN_SAFETY_FLOOR_SECONDS",
+    "CHANGELOG_COLUMNS", "CHANGELOG_TARGET_PROPERTY", "ENV_PREFIX", "LAYOUT_STRATEGIES", "MAX_CONFIG_BYTES", "MAX_RECORD_BYTES", "ORPHAN_SAFETY_FLOOR_SECONDS",
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
-    "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MonitoringConfig", "OrphanConfig",
+    "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MergeConfig", "MonitoringConfig", "OrphanConfig",
     "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -20,6 +20,7 @@ from streamberg.common.config.bounds import (
     FieldPath,
     OptionalFieldPath,
     Properties,
+    TableIdentifier,
     Text,
     _float,
     _int,
@@ -264,7 +265,24 @@ class MaintenanceConfig(_Section):
     allow_location_outside_warehouse: Bool = False
 
 
-Component = Literal["ingest", "compact", "maintain"]
+class MergeConfig(_Section):
+    """The merge stage (`streamberg merge`, merge/): applies the change log that the ingest
+    appends (kafka.envelope debezium or upsert) to the primary-key table on Spark."""
+
+    # Seconds between merges: with the ingest's commit interval, the table's freshness.
+    interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 30.0
+    # The change-log table; null: <table.identifier>_changelog.
+    changelog_table: TableIdentifier | None = None
+    spark_master: Text = "local[*]"
+    spark_conf: Properties = Field(default_factory=dict)
+    # Retries (with backoff) of a merge whose commit lost to a concurrent one (the compactor
+    # rewrote files it deletes from, or another commit won); each retry re-reads the state.
+    commit_retries: Annotated[int, _int(0, 1000)] = 5
+    # The continuous merge waits this long for the ingest to create the change log.
+    wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
+
+
+Component = Literal["ingest", "compact", "maintain", "merge"]
 COMPONENTS: tuple[Component, ...] = get_args(Component)
 
 

@@ -14,10 +14,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from streamberg.common.config.components import (
     CompactorConfig,
     MaintenanceConfig,
+    MergeConfig,
     MonitoringConfig,
     RunConfig,
 )
 from streamberg.common.config.sections import (
+    CHANGELOG_COLUMNS,
+    CHANGELOG_TARGET_PROPERTY,
     DeadLetterConfig,
     IngestConfig,
     KafkaConfig,
@@ -94,6 +97,7 @@ class StreambergConfig(BaseSettings):
     compactor: CompactorConfig = Field(default_factory=CompactorConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
@@ -112,9 +116,43 @@ class StreambergConfig(BaseSettings):
             if declared.type != "string" and self.kafka.key_format == "text":
                 raise ValueError(f"kafka.key_field: column {key!r} is {declared.type}; the key is written as a "
                                  "string (kafka.key_format: text), so the column must be a string")
-        if key is None and self.kafka.key_format != "text":
+        if key is None and self.kafka.key_format != "text" and self.kafka.envelope != "upsert":
             raise ValueError("kafka.key_format: value needs kafka.key_field, the column the key is decoded into")
+        self._check_envelope()
         return self
+
+    def _check_envelope(self) -> None:
+        """A change-data-capture table (docs/cdc.md): a key, a declared schema, JSON records."""
+        envelope, keys = self.kafka.envelope, self.table.primary_key
+        if CHANGELOG_TARGET_PROPERTY in self.table.properties:
+            return  # the ingest's view: its table is the change log, built from a checked config
+        if envelope == "none":
+            if keys:
+                raise ValueError("table.primary_key: needs kafka.envelope debezium or upsert (a primary-key table is "
+                                 "kept by the merge stage from a change stream; an append table has no key)")
+            return
+        if not keys:
+            raise ValueError(f"kafka.envelope {envelope}: needs table.primary_key, the columns that identify a row")
+        if self.table.schema_ is None:
+            raise ValueError(f"kafka.envelope {envelope}: needs table.schema declared (the change log is built from it)")
+        if self.kafka.value_format != "json":
+            raise ValueError(f"kafka.envelope {envelope}: value_format {self.kafka.value_format} is not supported "
+                             "with an envelope yet; use json")
+        if self.kafka.key_field is not None:
+            raise ValueError(f"kafka.envelope {envelope}: kafka.key_field does not apply (the key columns come from "
+                             "the records; an upsert tombstone's from its Kafka key)")
+        if clash := sorted({f.name for f in self.table.schema_} & set(CHANGELOG_COLUMNS)):
+            raise ValueError(f"table.schema: {', '.join(clash)} are the change log's own columns; rename them")
+        if envelope == "upsert" and self.kafka.key_format == "text":
+            declared = {f.name: f for f in self.table.schema_}
+            if len(keys) != 1 or declared[keys[0]].type != "string":
+                raise ValueError("kafka.envelope upsert with kafka.key_format text: the key is the text of one string "
+                                 "key column; use kafka.key_format value for JSON keys (an object of the key "
+                                 "columns, or one JSON value for a one-column key)")
+        identifier = self.merge.changelog_table or f"{self.table.identifier}_changelog"
+        taken = {self.table.identifier.lower(), self.ingest_target.dead_letter_table.lower()}
+        if identifier.lower() in taken:
+            raise ValueError(f"merge.changelog_table: {identifier} must differ from the table and its dead letters")
 
     @classmethod
     def settings_customise_sources(

@@ -35,6 +35,13 @@ from streamberg.common.config.types import MAX_SCHEMA_FIELDS
 
 _HTTP_URL = re.compile(r"https?://[!-~]+")
 
+# The columns the change log (<table>_changelog) adds to the table's own (common/changelog.py
+# builds them); a table column may not take one of these names.
+CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts")
+# The change log's table property naming the table it feeds: a configuration whose table
+# carries it is the ingest's view of a primary-key table (common/changelog.py derives it).
+CHANGELOG_TARGET_PROPERTY = "streamberg.changelog.target"
+
 
 class SchemaRegistryConfig(_Section):
     # The registry's base URL (Confluent's REST API: Confluent, Karapace, Redpanda, Apicurio's
@@ -79,6 +86,12 @@ class KafkaConfig(_Section):
     # indexes, then the binary body; the writer schema comes from kafka.schema_registry).
     value_format: Literal["json", "avro", "protobuf"] = "json"
     schema_registry: SchemaRegistryConfig | None = None
+    # What a record is (docs/cdc.md): `none`, a row to append (the default); `debezium`, a
+    # Debezium change event (before, after, op, source), with or without the JsonConverter
+    # schema/payload wrapper; `upsert`, the whole row, and a null value (tombstone) deletes
+    # the row of the record's key. With an envelope the ingest appends the change log to
+    # <table>_changelog and `streamberg merge` applies it to the table (table.primary_key).
+    envelope: Literal["none", "debezium", "upsert"] = "none"
 
     @model_validator(mode="after")
     def _registry_for_avro(self) -> KafkaConfig:

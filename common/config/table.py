@@ -45,6 +45,8 @@ from streamberg.common.config.types import (
 _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[([0-9]{1,12})\]|truncate\[([0-9]{1,12})\])$")
 _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
+# Key columns compare by equality in the merge: floating point does not (NaN, -0.0).
+_UNKEYABLE = {"float", "double"}
 
 # The table's write.target-file-size-bytes unless set (not pyiceberg's 512 MiB: streaming
 # commits are small, and compaction makes files this size); common/table_files.py applies it.
@@ -184,6 +186,10 @@ class TableConfig(_Section):
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list, max_length=64)
     target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = DEFAULT_TARGET_FILE_SIZE_BYTES
     properties: Properties = Field(default_factory=dict)
+    # The primary key of a change-data-capture table (kafka.envelope debezium or upsert):
+    # top-level required primitive columns, the table's Iceberg identifier fields. The table
+    # then holds the last state of each key (docs/cdc.md).
+    primary_key: list[Identifier] = Field(default_factory=list, max_length=16)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -208,6 +214,7 @@ class TableConfig(_Section):
         if dupes := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"schema: duplicate field names {dupes}")
         fields = self.field_specs
+        self._check_primary_key(fields)
         total = sum(1 + count_fields(f.type) for f in fields)
         if total > MAX_SCHEMA_FIELDS:
             raise ValueError(f"schema: {total} fields at all depths; at most {MAX_SCHEMA_FIELDS} (declare a JSON "
@@ -230,6 +237,21 @@ class TableConfig(_Section):
             if base == "hour" and kind == "date":
                 raise ValueError(f"partition_spec.{i}.transform: hour needs a timestamp field, {part.source!r} is a date")
         return self
+
+    def _check_primary_key(self, fields: tuple[FieldSpec, ...]) -> None:
+        if dupes := sorted({k for k in self.primary_key if self.primary_key.count(k) > 1}):
+            raise ValueError(f"primary_key: columns listed twice {dupes}")
+        by_name = {f.name: f for f in fields}
+        for key in self.primary_key:
+            column = by_name.get(key)
+            if column is None:
+                raise ValueError(f"primary_key: {key!r} is not a top-level column of table.schema")
+            if not isinstance(column.type, Primitive) or column.type.name in _UNKEYABLE:
+                raise ValueError(f"primary_key: column {key!r} is {column.type}; a key column is a primitive other "
+                                 f"than {', '.join(sorted(_UNKEYABLE))}")
+            if not column.required:
+                raise ValueError(f"primary_key: column {key!r} must be declared required: true (Iceberg's "
+                                 "identifier fields are required)")
 
     @property
     def field_specs(self) -> tuple[FieldSpec, ...]:

@@ -1,0 +1,165 @@
+"""The change log of a primary-key table (docs/cdc.md): its name, its columns, the ingest's
+configuration for it, and where the merge stage stands in it.
+
+With `kafka.envelope` debezium or upsert, the ingest does not write the table itself: it
+appends every change, exactly-once as any append, to `<table>_changelog`. That table holds
+the table's columns (every one optional but the key: a delete's before-image may carry only
+the key) and the change log's own:
+
+- `_op`: c, u, d or r (Debezium's create, update, delete, snapshot read); an upsert record is
+  `u`, its tombstone `d`;
+- `_before_key`: the key before an update that changed it (Debezium `u` whose before and after
+  keys differ), else null;
+- `_kafka_partition`, `_kafka_offset`: where the change was read; the merge orders the changes
+  of a key by them (a key lives in one partition);
+- `_source_ts`: Debezium's `source.ts_ms`, when the change happened in the source.
+
+The merge stage (merge/) applies the change log to the table and records the change-log
+snapshot it applied in its own snapshot's summary (SummaryKeys.CHANGELOG_APPLIED); monitoring
+reads the lag from the same place (`merge_position`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyiceberg.table import Table
+
+from streamberg.common.config import CHANGELOG_COLUMNS, CHANGELOG_TARGET_PROPERTY, FieldConfig, StreambergConfig
+from streamberg.common.summary_keys import SummaryKeys
+
+OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS = CHANGELOG_COLUMNS
+OPS = ("c", "u", "d", "r")
+DELETE = "d"
+# Change-log table properties: the table it feeds, and the table's required columns (the
+# change log relaxes them, the ingest still holds a row image to them).
+TARGET_PROPERTY = CHANGELOG_TARGET_PROPERTY
+REQUIRED_PROPERTY = "streamberg.changelog.required-columns"
+
+
+def changelog_identifier(config: StreambergConfig) -> str:
+    return config.merge.changelog_table or f"{config.table.identifier}_changelog"
+
+
+def ingest_config(config: StreambergConfig) -> StreambergConfig:
+    """What the ingest writes: the table itself, or a primary-key table's change log."""
+    if config.kafka.envelope == "none" or TARGET_PROPERTY in config.table.properties:
+        return config
+    return changelog_config(config)
+
+
+def changelog_config(config: StreambergConfig) -> StreambergConfig:
+    """The ingest's configuration for a primary-key table: the same job, consumer group, dead
+    letters and state, writing the change log instead of the table.
+
+    Every name the ingest derives from the table identifier is pinned to the table's own, so
+    `status`, replay and the runbooks see one ingest per table whichever table it appends to.
+    """
+    table = config.table
+    assert table.schema_ is not None and table.primary_key  # the config's own validator
+    keys = set(table.primary_key)
+    columns = [_field({**f.model_dump(by_alias=True, exclude_none=True), "required": f.name in keys})
+               for f in table.schema_]
+    key_fields = [f.model_dump(by_alias=True, exclude_none=True) for f in table.schema_ if f.name in keys]
+    columns += [
+        _field({"name": OP, "type": "string", "required": True}),
+        _field({"name": BEFORE_KEY, "type": "struct", "fields": key_fields}),
+        _field({"name": PARTITION, "type": "int", "required": True}),
+        _field({"name": OFFSET, "type": "long", "required": True}),
+        _field({"name": SOURCE_TS, "type": "timestamptz"}),
+    ]
+    required = [f.name for f in table.schema_ if f.required and f.name not in keys]
+    properties = {**table.properties, TARGET_PROPERTY: table.identifier, REQUIRED_PROPERTY: json.dumps(required)}
+    changelog = table.model_copy(update={
+        "identifier": changelog_identifier(config), "schema_": columns, "partition_spec": [], "primary_key": [],
+        "properties": properties})
+    target = config.ingest_target
+    return config.model_copy(update={
+        "table": changelog,
+        "ingest": config.ingest.model_copy(update={"job_id": target.job_id}),
+        "kafka": config.kafka.model_copy(update={"group_id": target.consumer_group}),
+        "dead_letter": config.dead_letter.model_copy(update={"table": target.dead_letter_table}),
+    })
+
+
+def _field(spec: dict[str, Any]) -> FieldConfig:
+    return FieldConfig.model_validate(spec)
+
+
+def required_columns(properties: dict[str, str]) -> list[str]:
+    """The table's required non-key columns, as the change log's properties record them."""
+    try:
+        names = json.loads(properties.get(REQUIRED_PROPERTY, "[]"))
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+@dataclass(frozen=True)
+class MergePosition:
+    """Where the merge stands: the change-log snapshot it applied last, and what is newer."""
+
+    applied_snapshot_id: int | None  # None: nothing applied yet
+    changelog_snapshot_id: int | None  # the change log's current snapshot (None: empty)
+    pending_snapshots: int  # change-log snapshots with records, newer than the applied one
+    pending_records: int
+    oldest_pending_ms: int | None  # commit time of the oldest of them
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.pending_records == 0
+
+
+def applied_snapshot_id(target: Table | None) -> int | None:
+    """The change-log snapshot the newest merge recorded in the table (None: none yet).
+
+    The table's own history is walked from its current snapshot through its parents: a merge
+    snapshot is an ancestor of every later one (the compactor's, maintenance's), and the
+    newest merge's position is the one that counts."""
+    if target is None:
+        return None
+    snapshot = target.current_snapshot()
+    while snapshot is not None:
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        if (value := summary.get(SummaryKeys.CHANGELOG_APPLIED)) is not None:
+            return int(value)
+        snapshot = target.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return None
+
+
+def unapplied_snapshots(changelog: Table, applied: int | None) -> list[Any]:
+    """The change-log snapshots after `applied`, oldest first (all of them when None).
+
+    ValueError when `applied` is not an ancestor of the change log's current snapshot: it was
+    expired, or the change log was dropped and made again (docs/runbooks/upsert-table-behind.md)."""
+    snapshot = changelog.current_snapshot()
+    newer: list[Any] = []
+    while snapshot is not None and snapshot.snapshot_id != applied:
+        newer.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        snapshot = changelog.snapshot_by_id(parent) if parent is not None else None
+    if applied is not None and snapshot is None:
+        raise ValueError(f"the change-log snapshot {applied} the table last applied is not in the change log's "
+                         "history (expired, or the change log was recreated)")
+    return newer[::-1]
+
+
+def merge_position(changelog: Table, target: Table | None) -> MergePosition:
+    applied = applied_snapshot_id(target)
+    newer = unapplied_snapshots(changelog, applied)
+    with_records = [s for s in newer if _added_records(s) > 0]
+    current = changelog.current_snapshot()
+    return MergePosition(
+        applied_snapshot_id=applied, changelog_snapshot_id=current.snapshot_id if current is not None else None,
+        pending_snapshots=len(with_records), pending_records=sum(_added_records(s) for s in with_records),
+        oldest_pending_ms=with_records[0].timestamp_ms if with_records else None)
+
+
+def _added_records(snapshot: Any) -> int:
+    summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    try:
+        return int(summary.get("added-records", 0))
+    except ValueError:
+        return 0

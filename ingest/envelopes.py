@@ -1,0 +1,243 @@
+"""Change events (kafka.envelope debezium or upsert) as rows of the change log.
+
+The change log (common/changelog.py) holds each change's row image in the table's columns
+plus its own: the operation, the key before a key change, the Kafka position and the
+source's time. This decoder reads the envelope of each record in Python (one `json.loads`),
+then hands the row images to the JSON decoder (ingest/json_decode.py) in one batch, so the
+table's types, schema evolution and every dead-letter reason of an append apply unchanged:
+
+- `debezium`: `{"before", "after", "op", "source": {"ts_ms"}}`, or the same inside the
+  JsonConverter's `{"schema", "payload"}` wrapper. c, u and r take the after image, d the
+  before image. An update whose before and after keys differ records the before key (the
+  merge deletes it). The tombstone Kafka sends after a delete (a null value) is skipped and
+  counted: it carries nothing the delete did not.
+- `upsert`: the value is the whole row (`u`); a null value (tombstone) deletes the row whose
+  key the Kafka key carries (`d`): with `kafka.key_format: text` the key's text is the one
+  string key column, with `value` it is JSON (an object of the key columns, or one value for
+  a one-column key).
+
+A change whose image is not a row of the table is a dead letter with the reason: no
+envelope, an unknown op, no image for its op, a missing key column, a value that does not fit
+its column. A delete's image needs only the key columns; every other image is held to the
+table's required columns (the change log relaxes them, the table does not).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import NestedField, StructType
+
+from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS
+from streamberg.common.config import CHANGELOG_COLUMNS
+from streamberg.ingest.decoding import DecodeResult
+from streamberg.ingest.json_decode import JsonDecoder
+from streamberg.ingest.records import RecordDecoder
+from streamberg.ingest.unknown_fields import UnknownField
+
+Envelope = Literal["debezium", "upsert"]
+# source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
+_MAX_TS_MS = 10**15
+
+
+class _Refused(Exception):
+    """A change that is no row: its reason goes to the dead-letter table."""
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise _Refused(f"{what} is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def _dumps(row: Mapping[str, Any]) -> bytes:
+    return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[NestedField]:
+    return [NestedField(field_id=f.field_id, name=f.name, field_type=f.field_type,
+                        required=f.required or f.name in names, doc=f.doc) for f in fields]
+
+
+class EnvelopeDecoder(RecordDecoder):
+    """Decodes batches of change events into the change log's Arrow schema."""
+
+    def __init__(self, schema: Schema, max_record_bytes: int, envelope: Envelope, *,
+                 epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
+                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore") -> None:
+        self.schema = schema
+        self.file_schema = schema_to_pyarrow(schema)
+        self.key_field = None
+        self.keys = None
+        self.max_record_bytes = max_record_bytes
+        self.envelope = envelope
+        self.key_format = key_format
+        before = schema.find_field(BEFORE_KEY).field_type
+        assert isinstance(before, StructType)
+        self.key_columns = [f.name for f in before.fields]
+        rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
+        self.row_schema = pa.schema([self.file_schema.field(f.name) for f in rows])
+        # Inserts and updates: the table's own required columns; deletes: the key alone.
+        self.images = JsonDecoder(Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id),
+                                  max_record_bytes, epoch_units, unknown)
+        self.deletes = JsonDecoder(Schema(*rows, schema_id=schema.schema_id), max_record_bytes, epoch_units, unknown)
+        self.before_keys = JsonDecoder(Schema(*before.fields), max_record_bytes, epoch_units, "ignore")
+
+    @property
+    def needs_keys(self) -> bool:
+        return self.envelope == "upsert"
+
+    def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
+               positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
+        if positions is None:
+            raise ValueError("the change log records each change's Kafka position: positions are needed")
+        partitions, offsets = positions
+        ops: dict[int, str] = {}
+        times: dict[int, int] = {}
+        images: list[tuple[int, bytes]] = []
+        deletes: list[tuple[int, bytes]] = []
+        moved: list[tuple[int, bytes]] = []
+        rejected: list[tuple[int, Any]] = []
+        skipped = 0
+        for i, value in enumerate(values):
+            try:
+                if self.envelope == "debezium":
+                    change = self._debezium(value)
+                else:
+                    change = self._upsert(value, None if keys is None else keys[i])
+            except _Refused as exc:
+                rejected.append((i, str(exc)))
+                continue
+            if change is None:
+                skipped += 1
+                continue
+            op, image, before_key, ts = change
+            ops[i] = op
+            if ts is not None:
+                times[i] = ts
+            (deletes if op == DELETE else images).append((i, image))
+            if before_key is not None:
+                moved.append((i, before_key))
+        before = self._before_keys(moved, rejected)
+        if before.rejected:
+            gone = {i for i, _ in before.rejected}
+            images = [(i, v) for i, v in images if i not in gone]
+        parts: list[pa.Table] = []
+        kept_parts: list[np.ndarray] = []
+        unknown: list[UnknownField] = []
+        for decoder, batch in ((self.images, images), (self.deletes, deletes)):
+            if not batch:
+                continue
+            at = np.asarray([i for i, _ in batch], dtype=np.int64)
+            result = decoder.decode([v for _, v in batch])
+            # A Widening keeps its type: schema evolution widens the change log's column.
+            rejected += [(int(at[j]), reason) for j, reason in result.rejected]
+            unknown += [UnknownField(u.path, u.type, at[u.rows]) for u in result.unknown]
+            kept_parts.append(at[result.kept])
+            parts.append(result.table.cast(self.row_schema))
+        kept = np.concatenate(kept_parts) if kept_parts else np.empty(0, dtype=np.int64)
+        order = np.argsort(kept, kind="stable")
+        kept = kept[order]
+        table = pa.concat_tables(parts).take(pa.array(order)) if parts else self.row_schema.empty_table()
+        columns = {name: table.column(name) for name in table.column_names}
+        columns[OP] = pa.array([ops[int(i)] for i in kept], pa.string())
+        columns[BEFORE_KEY] = self._before_column(before, kept)
+        columns[PARTITION] = pa.array(np.asarray(partitions, dtype=np.int32)[kept], pa.int32())
+        columns[OFFSET] = pa.array(np.asarray(offsets, dtype=np.int64)[kept], pa.int64())
+        ms = pa.array([times.get(int(i)) for i in kept], pa.int64())
+        columns[SOURCE_TS] = pc.multiply(ms, 1000).cast(pa.timestamp("us", tz="UTC"))
+        # Cast only what differs: a struct with null entries over required children (the
+        # before key) cannot be cast, and is built in its exact type already.
+        out = pa.Table.from_arrays([columns[f.name] if columns[f.name].type == f.type else columns[f.name].cast(f.type)
+                                    for f in self.file_schema], schema=self.file_schema)
+        return DecodeResult(table=out, kept=kept, rejected=sorted(rejected, key=lambda r: r[0]), unknown=unknown,
+                            skipped=skipped)
+
+    # -- one record's envelope --------------------------------------------------------
+    def _debezium(self, value: bytes | None) -> tuple[str, bytes, bytes | None, int | None] | None:
+        if value is None:
+            return None  # the tombstone after a delete: log compaction's, not a change
+        self._size(value, "record")
+        event = _loads(value, "the change event")
+        if isinstance(event, dict) and "payload" in event and "schema" in event:
+            event = event["payload"]  # the JsonConverter's schemas.enable wrapper
+        if not isinstance(event, dict):
+            raise _Refused(f"not a Debezium change event: a JSON {type(event).__name__}, not an object with "
+                           "before, after and op")
+        op = event.get("op")
+        if op not in OPS:
+            shown = json.dumps(op)[:40] if op is not None else "none"
+            raise _Refused(f"unknown op {shown}: a Debezium change event's op is c, u, d or r")
+        image = event.get("before" if op == DELETE else "after")
+        if not isinstance(image, dict):
+            which = "before" if op == DELETE else "after"
+            raise _Refused(f"op {op} without its {which} image (an object of the row's columns)")
+        before_key = None
+        before = event.get("before")
+        if op == "u" and isinstance(before, dict) and all(k in before for k in self.key_columns) \
+                and any(before[k] != image.get(k) for k in self.key_columns):
+            before_key = _dumps({k: before[k] for k in self.key_columns})
+        source = event.get("source")
+        ts = source.get("ts_ms") if isinstance(source, dict) else None
+        if not isinstance(ts, int) or isinstance(ts, bool) or abs(ts) > _MAX_TS_MS:
+            ts = None
+        return op, _dumps(image), before_key, ts
+
+    def _upsert(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None]:
+        if value is not None:
+            return "u", value, None, None
+        if key is None:
+            raise _Refused("a tombstone (null value) without a key: no row to delete")
+        key = bytes(key)
+        self._size(key, "key")
+        if self.key_format == "text":
+            try:
+                return DELETE, _dumps({self.key_columns[0]: key.decode("utf-8")}), None, None
+            except UnicodeDecodeError:
+                raise _Refused("the tombstone's key is not valid UTF-8") from None
+        parsed = _loads(key, "the tombstone's key")
+        if isinstance(parsed, dict):
+            if missing := [k for k in self.key_columns if k not in parsed]:
+                raise _Refused(f"the tombstone's key lacks the key column(s) {', '.join(missing)}")
+            return DELETE, _dumps({k: parsed[k] for k in self.key_columns}), None, None
+        if len(self.key_columns) == 1 and not isinstance(parsed, list):
+            return DELETE, _dumps({self.key_columns[0]: parsed}), None, None
+        raise _Refused(f"the tombstone's key is a JSON {type(parsed).__name__}; it must be an object of the key "
+                       f"columns ({', '.join(self.key_columns)})")
+
+    def _size(self, data: bytes, what: str) -> None:
+        if len(data) > self.max_record_bytes:
+            raise _Refused(f"oversized: {len(data)} bytes > max_record_bytes {self.max_record_bytes} ({what})")
+
+    # -- the key before a key change ---------------------------------------------------
+    def _before_keys(self, moved: list[tuple[int, bytes]], rejected: list[tuple[int, Any]]) -> DecodeResult:
+        """The before keys of key-changing updates, decoded to the key columns' types; an
+        update whose before key does not fit them is refused (its reason added)."""
+        at = np.asarray([i for i, _ in moved], dtype=np.int64)
+        result = self.before_keys.decode([v for _, v in moved])
+        result.kept = at[result.kept] if len(moved) else result.kept
+        result.rejected = [(int(at[j]), f"before: {reason}") for j, reason in result.rejected]
+        rejected += result.rejected
+        return result
+
+    def _before_column(self, before: DecodeResult, kept: np.ndarray) -> pa.Array:
+        struct = self.file_schema.field(BEFORE_KEY).type
+        if not len(before.kept):
+            return pa.nulls(len(kept), struct)
+        where = {int(i): j for j, i in enumerate(before.kept)}
+        take = np.asarray([where.get(int(i), -1) for i in kept], dtype=np.int64)
+        rows = pa.array(np.where(take < 0, 0, take))
+        return pa.StructArray.from_arrays([before.table.column(f.name).combine_chunks().take(rows) for f in struct],
+                                          fields=list(struct), mask=pa.array(take < 0))
