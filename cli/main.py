@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "streamberg.cli.ingest",
     "streamberg.cli.replay",
     "streamberg.cli.compact",
+    "streamberg.cli.merge",
     "streamberg.cli.maintain",
     "streamberg.cli.status",
     "streamberg.cli.run",

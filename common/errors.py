@@ -133,6 +133,10 @@ class CompactError(StreambergError):
     """Raised for an operator-facing compactor failure (missing table, failed stream)."""
 
 
+class MergeError(StreambergError):
+    """Raised for an operator-facing merge failure (no change log, a failed merge)."""
+
+
 # -- maintenance --------------------------------------------------------------------------------
 class LocationRefused(StreambergError):
     """Raised when a maintenance step would delete outside the table's location: orphan removal

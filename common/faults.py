@@ -18,6 +18,7 @@ from streamberg.common.log import get_logger
 
 # The points the code offers (a test names one).
 EVOLUTION_COMMIT = "evolution-commit"  # ingest committer: schema update and files staged, not yet committed
+MERGE_COMMIT = "merge-commit"  # merge stage: the last changes read, the MERGE not yet run
 
 
 def pause_point(name: str) -> None:

@@ -54,10 +54,11 @@ COMMANDS = {
     "ingest": ["ingest", "--quiet"],
     "compact": ["compact"],
     "maintain": ["maintain"],
+    "merge": ["merge"],
 }
 # Stop order: ingest first (records in flight, the longest drain), then the compactor
 # (finishes its pass), then maintenance. They stop concurrently; only the signals are ordered.
-STOP_ORDER = ("ingest", "compact", "maintain")
+STOP_ORDER = ("ingest", "merge", "compact", "maintain")
 
 EXIT_OK, EXIT_FENCED, EXIT_CONFIG = ExitCode.OK, ExitCode.FENCED, ExitCode.USAGE
 
@@ -198,6 +199,8 @@ class Supervisor:
         self.log = get_logger("supervisor", table=config.table.identifier)
         self.status_collector = status_collector if status else None
         names = components or list(self.settings.components)
+        if config.kafka.envelope == "none":  # no change log: an append table has nothing to merge
+            names = [n for n in names if n != "merge"]
         # Not `python -m streamberg.cli.main`: that module would run as __main__, a second copy
         # whose CommandError the subcommands do not raise (tracebacks instead of messages).
         base = [sys.executable, "-c", "import sys; from streamberg.cli.main import main; sys.exit(main())"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("ingest", "compactor", "maintenance", "monitoring")
+COMPONENTS = ("ingest", "compactor", "maintenance", "merge", "monitoring")
 # Besides itself, what each folder may import from streamberg.
 ALLOWED = {**{c: {"common"} for c in COMPONENTS}, "common": set(), "supervisor": {"common"}}
 
@@ -56,10 +56,11 @@ SECTIONS = {
     "compactor": {"catalog", "table", "compactor"},
     "maintenance": {"catalog", "table", "kafka", "maintenance", "compactor"},  # compactor: its Spark settings
     "monitoring": {"kafka", "catalog", "table", "ingest", "dead_letter", "compactor", "monitoring"},
+    "merge": {"catalog", "table", "kafka", "merge"},  # kafka: the envelope says whether there is a change log
 }
 # Where the whole configuration is taken apart: a component's services are given their
 # section and the TableTarget, not the whole StreambergConfig.
-COMPOSERS = {"compactor": {"app.py"}, "maintenance": {"app.py"}}
+COMPOSERS = {"compactor": {"app.py"}, "maintenance": {"app.py"}, "merge": {"app.py"}}
 
 
 def _sections_read(path: Path) -> set[str]:

@@ -1,0 +1,65 @@
+"""`streamberg merge`: the merge stage of a primary-key table (docs/cdc.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+
+from streamberg.cli.errors import CommandError
+from streamberg.common.config import load_config
+from streamberg.common.redact import redact
+
+DESCRIPTION = """\
+Keep a primary-key table (table.primary_key, kafka.envelope debezium or upsert) at the
+source's current rows: apply the change log the ingest appends (<table>_changelog, or
+merge.changelog_table) to it, every merge.interval_seconds.
+
+Each merge reads the change-log snapshots after the one the table last applied, keeps the
+last change of each key in Kafka order (partition, offset), and runs one Spark MERGE INTO
+(Iceberg merge-on-read: position deletes, which Spark, DuckDB and pyiceberg read). The
+change-log snapshot applied is recorded in the merge's own snapshot summary
+(streamberg.changelog-applied) in the same atomic commit, so a merge killed at any moment
+applies nothing twice and loses nothing: the next one starts where the table says. A
+commit that loses to a concurrent one (the compactor) is retried (merge.commit_retries).
+
+The table is created on the first start (format v2, merge-on-read, identifier fields =
+table.primary_key) when absent. Columns the ingest added to the change log are added to the
+table before the merge that first carries them.
+
+Freshness: a change is in the table within about ingest.commit_interval_seconds +
+merge.interval_seconds of its record. `streamberg status` shows the merge lag
+(docs/runbooks/upsert-table-behind.md).
+
+Prints one JSON summary line on stdout when it stops; structured logs go to stderr.
+Examples:
+  streamberg merge --config examples/cdc.yaml --once   # apply what is pending, then exit
+  streamberg merge --config examples/cdc.yaml          # keep merging (Ctrl-C stops)
+"""
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from streamberg.common.errors import MergeError
+    from streamberg.common.stop import install_stop_handlers
+    from streamberg.merge.app import MergeOptions, run_merge
+
+    config = load_config(args.config)
+    stop = threading.Event()
+    if not args.once:
+        install_stop_handlers(stop)
+    try:
+        summary = run_merge(config, MergeOptions(once=args.once), stop=stop)
+    except MergeError as exc:
+        raise CommandError(str(exc)) from exc
+    print(redact(json.dumps(summary)))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "merge", help="apply a primary-key table's change log to it (Spark MERGE INTO, merge-on-read)",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", required=True, help="the streamberg YAML config (catalog, table, kafka, merge)")
+    parser.add_argument("--once", action="store_true", help="apply what is pending now, then exit; for cron and tests")
+    parser.set_defaults(func=_merge)

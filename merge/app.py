@@ -1,0 +1,72 @@
+"""Entry point shared by `streamberg merge`, `streamberg run` and tests: the primary-key table,
+Spark, then one merge or a merge every merge.interval_seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyiceberg.exceptions import NoSuchTableError
+
+from streamberg.common.catalog import wait_for_catalog, wait_for_table
+from streamberg.common.changelog import changelog_identifier
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import CatalogUnreachable, MergeError
+from streamberg.common.jvm import java_message
+from streamberg.common.log import get_logger
+from streamberg.common.redact import redact
+from streamberg.common.spark import session_for
+from streamberg.merge.merger import Merger
+from streamberg.merge.tables import ensure_target
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    once: bool = False  # apply what is pending now, then exit
+
+
+def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = None,
+              stop: threading.Event | None = None) -> dict[str, Any]:
+    """Run the merge stage as the CLI does; returns the summary it prints."""
+    if config.kafka.envelope == "none":
+        raise MergeError("kafka.envelope is none: the table is an append table, there is no change log to merge "
+                         "(set kafka.envelope debezium or upsert and table.primary_key)")
+    stop = stop or threading.Event()
+    changelog = changelog_identifier(config)
+    wait = 0.0 if options.once else config.merge.wait_for_table_seconds
+    log = get_logger("merge", table=config.table.identifier, changelog=changelog)
+    try:
+        catalog = wait_for_catalog(config.catalog, wait, "merge", stop)
+        if catalog is None:
+            return {"table": config.table.identifier, "merges": 0, "stopped_before_table_existed": True}
+        if wait_for_table(catalog, changelog, wait, "merge", stop) is None:
+            return {"table": config.table.identifier, "merges": 0, "stopped_before_table_existed": True}
+    except (CatalogUnreachable, NoSuchTableError) as exc:
+        raise MergeError(f"change log {changelog} not found in {redact(config.catalog.uri)} ({exc}); it is created by "
+                         "`streamberg ingest`") from None
+    ensure_target(catalog, config.table)
+    summary: dict[str, Any] = {"table": config.table.identifier, "changelog": changelog, "merges": 0, "changes": 0}
+    started = time.monotonic()
+    with session_for(config.catalog, config.merge.spark_master, config.merge.spark_conf, given=spark,
+                     app_name="streamberg-merge") as session:
+        merger = Merger(session, catalog, config.target, changelog, config.merge)
+        summary["run_id"] = merger.run_id
+        log.info("merge stage started", run=merger.run_id, interval_seconds=config.merge.interval_seconds,
+                 once=options.once)
+        while not stop.is_set():
+            try:
+                outcome = merger.merge()
+            except Py4JError as exc:
+                raise MergeError(f"merge into {config.table.identifier} failed: {java_message(exc)[:2000]}") from None
+            if outcome is not None:
+                summary["merges"] += 1
+                summary["changes"] += outcome.changes
+                summary["last"] = outcome.to_dict()
+            if options.once:
+                break
+            stop.wait(config.merge.interval_seconds)
+    summary["seconds"] = round(time.monotonic() - started, 1)
+    return summary

@@ -1,0 +1,90 @@
+"""The upsert envelope: the value is the row, a tombstone deletes its key's row.
+
+Records go through the real writer and committer in process (tests/runbooks/inprocess.py:
+the same decode, files and commits as the Flink job, which tests/cdc/test_debezium.py runs)
+into the change log; the merge stage runs on the shared Spark session. The table is read
+back by Spark, DuckDB's iceberg_scan and pyiceberg, each compared with the state this test
+computes itself.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.changelog import applied_snapshot_id, ingest_config, merge_position
+from streamberg.merge.app import MergeOptions, run_merge
+from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
+from tests.helpers import dead_letters
+from tests.runbooks.inprocess import ingest_until, produce_values
+
+PARTITIONS = 3
+
+
+def _changes(rng: random.Random, keys: int, count: int, state: dict[int, dict]) -> list[list[tuple[bytes, bytes | None]]]:
+    """Upserts and tombstones over `keys` keys, per partition (a key lives in one); `state`
+    is updated to the last state of each key."""
+    out: list[list[tuple[bytes, bytes | None]]] = [[] for _ in range(PARTITIONS)]
+    for n in range(count):
+        key = rng.randrange(keys)
+        if key in state and rng.random() < 0.15:
+            state.pop(key)
+            value = None
+        else:
+            row = {"id": key, "name": f"n{key}-{n}", "score": rng.randrange(-1000, 1000),
+                   "city": rng.choice(["ams", "bcn", None])}
+            state[key] = row
+            value = json.dumps(row).encode()
+        out[key % PARTITIONS].append((json.dumps({"id": key}).encode(), value))
+    return out
+
+
+def _produce(config, batches) -> None:
+    from confluent_kafka import Producer
+
+    from streamberg.common.broker import ensure_topic
+
+    ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap_servers, "linger.ms": 5})
+    for p, batch in enumerate(batches):
+        for key, value in batch:
+            producer.produce(config.kafka.topic, key=key, value=value, partition=p)
+    assert producer.flush(30) == 0
+
+
+def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: Path, broker: str, spark) -> None:
+    config = cdc_config(tmp_path, broker, "upsert", key_format="value")
+    rng = random.Random(21)
+    state: dict[int, dict] = {}
+    ends = [0] * PARTITIONS
+    for round_ in range(2):
+        batches = _changes(rng, 300, 3000, state)
+        if round_ == 1:  # hostile records: each a dead letter with its reason, none lost
+            batches[0] += [(b'{"id": 1}', b'{"id": "one", "name": "x"}'), (None, None), (b'[1, 2]', None),
+                           (b'{"nope": 1}', None), (b'{"id": 2}', b'{"name": "no key"}')]
+        _produce(config, batches)
+        ends = [e + len(b) for e, b in zip(ends, batches)]
+        ingest_until(ingest_config(config), dict(enumerate(ends)))
+        summary = run_merge(config, MergeOptions(once=True), spark=spark)
+        assert summary["merges"] == 1 and summary["changes"] == sum(len(b) for b in batches) - 5 * round_
+
+    expected = {k: {**v} for k, v in state.items()}
+    assert rows_by_pyiceberg(config) == expected
+    assert rows_by_spark(spark, config) == expected
+    assert rows_by_duckdb(config) == expected
+    assert delete_files(config) > 0  # the second merge updated and deleted by position deletes
+    catalog = load_catalog(config.catalog)
+    changelog = catalog.load_table(f"{config.table.identifier}_changelog")
+    target = catalog.load_table(config.table.identifier)
+    assert applied_snapshot_id(target) == changelog.current_snapshot().snapshot_id
+    assert merge_position(changelog, target).up_to_date
+    reasons = sorted(d["reason"] for d in dead_letters(config).to_pylist())
+    assert len(reasons) == 5, reasons
+    assert any("field 'id'" in r for r in reasons) and any("without a key" in r for r in reasons)
+    assert any("lacks the key column(s) id" in r for r in reasons) and any("JSON list" in r for r in reasons)
+    assert any("missing required field 'id'" in r for r in reasons)
+    # Nothing more to apply: a rerun commits nothing.
+    assert run_merge(config, MergeOptions(once=True), spark=spark)["merges"] == 0
+    assert catalog.load_table(config.table.identifier).current_snapshot().snapshot_id == target.current_snapshot().snapshot_id
