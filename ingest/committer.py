@@ -59,6 +59,7 @@ from streamberg.ingest.dead_letters import (
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
+from streamberg.ingest.envelopes import record_decoder
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.records import RecordDecoder
@@ -336,7 +337,7 @@ class Committer:
         config = self.config
 
         def decoder_for(schema: Schema) -> RecordDecoder:
-            return RecordDecoder.for_config(config, schema)
+            return record_decoder(config, schema)
 
         def files_for(schema: Schema) -> PartitionedFileWriter:
             return PartitionedFileWriter(

@@ -35,10 +35,10 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StructType
 
-from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS
-from streamberg.common.config import CHANGELOG_COLUMNS
+from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS, required_columns
+from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
 from streamberg.ingest.decoding import DecodeResult
-from streamberg.ingest.json_decode import JsonDecoder
+from streamberg.ingest.json_decode import JsonDecoder, epoch_units
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.unknown_fields import UnknownField
 
@@ -69,6 +69,17 @@ def _dumps(row: Mapping[str, Any]) -> bytes:
 def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[NestedField]:
     return [NestedField(field_id=f.field_id, name=f.name, field_type=f.field_type,
                         required=f.required or f.name in names, doc=f.doc) for f in fields]
+
+
+def record_decoder(config: StreambergConfig, schema: Schema,
+                   unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
+    """The ingest's decoder for `schema`: change events into a change log when the config sets
+    an envelope (its table is then the change log, common/changelog.py), rows otherwise."""
+    if config.kafka.envelope == "none":
+        return RecordDecoder.for_config(config, schema, unknown)
+    return EnvelopeDecoder(schema, config.ingest.max_record_bytes, config.kafka.envelope,
+                           epoch_units=epoch_units(config.table.schema_), key_format=config.kafka.key_format,
+                           required=required_columns(config.table.properties), unknown=unknown)
 
 
 class EnvelopeDecoder(RecordDecoder):

@@ -66,13 +66,6 @@ class RecordDecoder:
                    unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
         """The ingest's decoder for `schema`: the value format, epoch units and key column the
         config sets, fields the schema lacks reported."""
-        if config.kafka.envelope != "none":
-            from streamberg.common.changelog import required_columns
-            from streamberg.ingest.envelopes import EnvelopeDecoder
-
-            return EnvelopeDecoder(schema, config.ingest.max_record_bytes, config.kafka.envelope,
-                                   epoch_units=epoch_units(config.table.schema_), key_format=config.kafka.key_format,
-                                   required=required_columns(config.table.properties), unknown=unknown)
         registry = None
         if config.kafka.value_format != "json":
             assert config.kafka.schema_registry is not None  # the config's own validator

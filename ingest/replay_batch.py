@@ -20,6 +20,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.table_files import target_file_size
+from streamberg.ingest.envelopes import record_decoder
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.records import RecordDecoder
@@ -52,7 +53,7 @@ class ReplayBatcher:
         self.fields_added: list[tuple[str, str]] = []
 
     def _decoder(self, schema: Schema) -> RecordDecoder:
-        return RecordDecoder.for_config(self.config, schema)
+        return record_decoder(self.config, schema)
 
     def _files(self, table: Table, schema: Schema) -> PartitionedFileWriter:
         return PartitionedFileWriter(

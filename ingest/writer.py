@@ -33,10 +33,10 @@ from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decoding import DecodeResult
+from streamberg.ingest.envelopes import record_decoder
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
-from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 from streamberg.ingest.unknown_fields import display
 
@@ -137,7 +137,7 @@ class IngestWriter:
     def _decode_with(self, table: Table) -> None:
         """Decode and write against the table's current schema."""
         self.schema_id = table.schema().schema_id
-        self.decoder = RecordDecoder.for_config(self.config, table.schema())
+        self.decoder = record_decoder(self.config, table.schema())
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,

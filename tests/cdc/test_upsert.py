@@ -18,7 +18,7 @@ from streamberg.common.changelog import applied_snapshot_id, ingest_config, merg
 from streamberg.merge.app import MergeOptions, run_merge
 from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
 from tests.helpers import dead_letters
-from tests.runbooks.inprocess import ingest_until, produce_values
+from tests.runbooks.inprocess import ingest_until
 
 PARTITIONS = 3
 
