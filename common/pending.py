@@ -19,6 +19,7 @@ from streamberg.common.table_files import (
     DataFileInfo,
     ManifestCache,
     live_data_files,
+    live_delete_files,
     partition_path,
     pending_files,
     sealed_key,
@@ -35,11 +36,39 @@ class DueRules:
     min_bytes: int | None = None
     max_delay_seconds: float | None = 600.0
     every_n_snapshots: int | None = 5
+    # A partition with this many live delete files, or this share of deleted rows, is due
+    # whole (its deletes folded), new files or not.
+    delete_files_threshold: int | None = 8
+    deleted_ratio_threshold: float | None = 0.1
 
     @classmethod
     def from_config(cls, config: CompactorConfig) -> DueRules:
         return cls(min_files=config.min_files, min_bytes=config.min_bytes,
-                   max_delay_seconds=config.max_delay_seconds, every_n_snapshots=config.every_n_snapshots)
+                   max_delay_seconds=config.max_delay_seconds, every_n_snapshots=config.every_n_snapshots,
+                   delete_files_threshold=config.delete_files_threshold,
+                   deleted_ratio_threshold=config.deleted_ratio_threshold)
+
+    def delete_reasons(self, deletes: DeleteStats) -> tuple[str, ...]:
+        """Why a partition's deletes make it due (empty: they do not)."""
+        reasons = []
+        if self.delete_files_threshold is not None and deletes.files >= self.delete_files_threshold:
+            reasons.append(f"delete_files: {deletes.files} >= {self.delete_files_threshold}")
+        if self.deleted_ratio_threshold is not None and deletes.files and deletes.ratio >= self.deleted_ratio_threshold:
+            reasons.append(f"deleted_ratio: {deletes.ratio:.3f} >= {self.deleted_ratio_threshold:g}")
+        return tuple(reasons)
+
+
+@dataclass(frozen=True)
+class DeleteStats:
+    """A partition's live delete files against its rows."""
+
+    files: int = 0
+    deleted_rows: int = 0  # deletes they hold (position deletes: rows)
+    rows: int = 0  # rows of its live data files, deleted ones included
+
+    @property
+    def ratio(self) -> float:
+        return self.deleted_rows / self.rows if self.rows else 0.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +81,9 @@ class CandidatePartition:
     files: tuple[DataFileInfo, ...]
     reasons: tuple[str, ...]
     oldest_age_seconds: float | None
+    # Its deletes, and why they make it due: then every live file of it is rewritten.
+    deletes: DeleteStats = DeleteStats()
+    delete_reasons: tuple[str, ...] = ()
 
     @property
     def size_bytes(self) -> int:
@@ -94,6 +126,7 @@ def select_partitions(table: Table, rules: DueRules, *, mode: Mode = "incrementa
     if snapshot is None:
         return Candidates(None, None, (), 0, 0, False, now_ms)
     files, has_deletes = live_data_files(table, cache)
+    deletes = delete_stats(table, files, cache) if has_deletes else {}
     all_pending = pending_files(table, files)
     pending_paths = frozenset(f.path for f in all_pending)
     if mode == "full":
@@ -132,7 +165,22 @@ def select_partitions(table: Table, rules: DueRules, *, mode: Mode = "incrementa
                 reasons.append(f"min_bytes: {size} >= {rules.min_bytes}")
             if rules.max_delay_seconds is not None and oldest is not None and oldest >= rules.max_delay_seconds:
                 reasons.append(f"max_delay_seconds: {oldest:.0f} >= {rules.max_delay_seconds:g}")
+        stats = deletes.get((spec_id, part), DeleteStats())
         partitions.append(CandidatePartition(spec_id, part, partition_path(table, spec_id, part), tuple(part_files),
-                                             tuple(reasons), oldest))
+                                             tuple(reasons), oldest, stats,
+                                             rules.delete_reasons(stats) if mode == "incremental" else ()))
     return Candidates(snapshot.snapshot_id, snapshot.sequence_number, tuple(partitions), pending_snapshots,
                       len(files), has_deletes, now_ms, tuple(files), pending_paths)
+
+
+def delete_stats(table: Table, files: list[DataFileInfo],
+                 cache: ManifestCache | None = None) -> dict[tuple[int, tuple[Any, ...]], DeleteStats]:
+    """Per partition (spec id, values): its live delete files, their deletes and its rows."""
+    rows: dict[tuple[int, tuple[Any, ...]], int] = defaultdict(int)
+    for f in files:
+        rows[(f.spec_id, f.partition)] += f.record_count
+    counts: dict[tuple[int, tuple[Any, ...]], list[int]] = defaultdict(lambda: [0, 0])
+    for d in live_delete_files(table, cache):
+        counts[(d.spec_id, d.partition)][0] += 1
+        counts[(d.spec_id, d.partition)][1] += d.record_count
+    return {key: DeleteStats(n, deleted, rows.get(key, 0)) for key, (n, deleted) in counts.items()}

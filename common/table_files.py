@@ -3,7 +3,8 @@
 partition names and the record of sealed runs.
 
 Pending files are derived from the table itself, never from a side ledger: a live data file
-is *pending* when the snapshot that added it is an ``append`` (ingest). Files added by
+is *pending* when the snapshot that added it is an ``append`` (ingest) or a merge of a
+primary-key table's change log (SummaryKeys.CHANGELOG_APPLIED, an ``overwrite``). Files added by
 ``replace`` snapshots (the compactor, or any other rewrite) are optimized and an incremental
 pass never touches them again. (A file whose adding snapshot has been expired cannot be
 classified and is treated as optimized.) Maintenance never expires the snapshots that added
@@ -21,7 +22,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
 from pyiceberg.table import Table, TableProperties
 
 from streamberg.common.config.table import DEFAULT_TARGET_FILE_SIZE_BYTES
-from streamberg.common.summary_keys import TablePropertyKeys
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 
 APPEND = "append"
 TARGET_SIZE_PROPERTY = TableProperties.WRITE_TARGET_FILE_SIZE_BYTES
@@ -56,13 +57,46 @@ class DataFileInfo:
     upper_bounds: dict[int, bytes] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
+@dataclass(frozen=True)
+class DeleteFileInfo:
+    """One live delete file (position or equality deletes) and the partition it applies to."""
+
+    path: str
+    spec_id: int
+    partition: tuple[Any, ...]
+    record_count: int  # deletes it holds (a position delete file: rows deleted)
+
+
+def adds_new_data(snapshot: Any) -> bool:
+    """Whether a snapshot brings new data the compactor has not laid out: an ingest append, or
+    a merge into a primary-key table (its inserted and updated rows)."""
+    summary = snapshot.summary
+    if summary is None:
+        return False
+    return summary.operation.value == APPEND or SummaryKeys.CHANGELOG_APPLIED in summary.additional_properties
+
+
 class ManifestCache:
     """Parsed live entries per manifest file. Manifests are immutable, so a long-running
     process reads each one once and later listings only read the manifests that are new."""
 
     def __init__(self, max_manifests: int = 4096) -> None:
         self._entries: dict[str, list[tuple[Any, ...]]] = {}
+        self._deletes: dict[str, list[DeleteFileInfo]] = {}
         self._max = max_manifests
+
+    def delete_entries(self, table: Table, manifest: ManifestFile) -> list[DeleteFileInfo]:
+        cached = self._deletes.get(manifest.manifest_path)
+        if cached is not None:
+            return cached
+        rows = [DeleteFileInfo(entry.data_file.file_path, manifest.partition_spec_id,
+                               tuple(entry.data_file.partition[i] for i in range(len(entry.data_file.partition))),
+                               entry.data_file.record_count)
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
+        if len(self._deletes) >= self._max:
+            self._deletes.pop(next(iter(self._deletes)))
+        self._deletes[manifest.manifest_path] = rows
+        return rows
 
     def entries(self, table: Table, manifest: ManifestFile) -> list[tuple[Any, ...]]:
         cached = self._entries.get(manifest.manifest_path)
@@ -111,10 +145,20 @@ def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[l
     return files, has_deletes
 
 
+def live_delete_files(table: Table, cache: ManifestCache | None = None) -> list[DeleteFileInfo]:
+    """All live delete files of the current snapshot (a primary-key table's merges write them)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    cache = cache or ManifestCache()
+    return [d for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES
+            for d in cache.delete_entries(table, m)]
+
+
 def pending_files(table: Table, files: list[DataFileInfo]) -> list[DataFileInfo]:
-    """The files among `files` that an append snapshot added: not optimized yet."""
-    ops = {s.snapshot_id: (s.summary.operation.value if s.summary else None) for s in table.metadata.snapshots}
-    return [f for f in files if ops.get(f.snapshot_id) == APPEND]
+    """The files among `files` that new data brought (adds_new_data): not optimized yet."""
+    fresh = {s.snapshot_id for s in table.metadata.snapshots if adds_new_data(s)}
+    return [f for f in files if f.snapshot_id in fresh]
 
 
 def partition_path(table: Table, spec_id: int, partition: tuple[Any, ...]) -> str:

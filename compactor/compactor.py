@@ -21,7 +21,7 @@ from pyiceberg.table import Table as PyTable
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CompactorConfig, TableTarget
 from streamberg.common.errors import GroupRewriteError
-from streamberg.common.jvm import load_table
+from streamberg.common.jvm import iterate, java_message, load_table
 from streamberg.common.log import get_logger
 from streamberg.common.pending import Mode
 from streamberg.common.spark import activate
@@ -176,9 +176,33 @@ class Compactor:
                 break
         if sealed:
             self._record_sealed(plan, sealed, log)
+        if plan.has_delete_files and any(c.status == "committed" for c in report.commits):
+            self._remove_dangling_deletes(jtable, log)
         report.seconds = time.monotonic() - started
         log.info("pass done", seconds=round(report.seconds, 3), **report.totals())
         return report
+
+    def _remove_dangling_deletes(self, jtable: Any, log: Any) -> None:
+        """Drop the delete files that no live data file can match any more: the rewrite read
+        through them, so the rows they deleted are gone from the new files (Iceberg's
+        RemoveDanglingDeleteFiles: by data sequence number per partition). A metadata commit
+        under the same lease as the rewrite; skipped, not retried, when it loses a race (the
+        next pass that commits tries again)."""
+        if self.lease is not None:
+            try:
+                self.lease.check()
+            except Exception as exc:  # noqa: BLE001 - any lease problem means: do not commit
+                log.error("lease lost; dangling delete files left for the next pass", error=str(exc))
+                return
+        try:
+            jtable.refresh()
+            result = self.spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+                self.spark._jsparkSession).removeDanglingDeleteFiles(jtable).execute()
+            removed = len(iterate(result.removedDeleteFiles()))
+        except Exception as exc:  # noqa: BLE001 - Py4JJavaError: logged, the next pass tries again
+            log.warning("dangling delete files not removed", error=java_message(exc)[:500])
+            return
+        log.info("dangling delete files removed", files=removed)
 
     def _record_sealed(self, plan: Plan, keys: list[str], log: Any) -> None:
         """Record finished partitions as sealed up to the plan's data sequence number.

@@ -41,7 +41,8 @@ from streamberg.common.pending import Mode, select_partitions
 from streamberg.common.table_files import DataFileInfo, ManifestCache, target_file_size
 from streamberg.compactor.runs import PlanningRules, Run, RunCandidate, RunLayout, without_runs
 
-GroupKind = Literal["cluster", "merge", "finish", "full"]
+# deletes: a partition whose deletes passed a threshold, rewritten whole (docs/cdc.md)
+GroupKind = Literal["cluster", "merge", "finish", "full", "deletes"]
 # Size tiers start at one output file, but at most at this size: with large target files
 # (128 MiB) every run of a partition would otherwise sit in tier 0, and the new files of
 # each pass would be merged into the partition's whole data, pass after pass.
@@ -182,6 +183,16 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
                 groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
                                         partition_path=part.path, files=tuple(chunk), reasons=part.reasons,
                                         kind="full", files_per_point_before=before))
+            continue
+        if part.delete_reasons:  # fold the deletes: every live file of the partition, runs and all
+            before = _files_per_point(part, schema, columns)
+            every = list(part.files) + [f for r in part.runs for f in r.files]
+            for chunk in _split(every, rules.max_group_bytes):
+                groups.append(FileGroup(index=len(groups), spec_id=part.spec_id, partition=part.partition,
+                                        partition_path=part.path, files=tuple(chunk),
+                                        reasons=part.reasons + part.delete_reasons, kind="deletes",
+                                        merged_runs=tuple(r.snapshot_id for r in part.runs),
+                                        files_per_point_before=before))
             continue
         unsealed = [r for r in part.runs if not r.sealed]
         if _finished(part, rules):

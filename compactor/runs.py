@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 
 from streamberg.common.config import CompactorConfig
 from streamberg.common.pending import CandidatePartition, Candidates, DueRules
-from streamberg.common.table_files import APPEND, DataFileInfo, sealed_key, sealed_sequence_numbers
+from streamberg.common.table_files import DataFileInfo, adds_new_data, sealed_key, sealed_sequence_numbers
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class PlanningRules(DueRules):
             min_files=config.min_files, min_bytes=config.min_bytes, max_delay_seconds=config.max_delay_seconds,
             every_n_snapshots=config.every_n_snapshots, max_group_bytes=config.max_group_bytes,
             merge_factor=config.merge_factor, seal_after_commits=config.seal_after_commits,
-            seal_after_seconds=config.seal_after_seconds,
+            seal_after_seconds=config.seal_after_seconds, delete_files_threshold=config.delete_files_threshold,
+            deleted_ratio_threshold=config.deleted_ratio_threshold,
         )
 
 
@@ -92,8 +93,7 @@ class RunLayout:
                 runs[key][f.snapshot_id].append(f)
         self.runs, self.newest = runs, newest
         snapshots = table.metadata.snapshots
-        self.append_sequences = sorted(s.sequence_number or 0 for s in snapshots
-                                       if s.summary is not None and s.summary.operation.value == APPEND)
+        self.append_sequences = sorted(s.sequence_number or 0 for s in snapshots if adds_new_data(s))
         self.time_of_sequence = {s.sequence_number or 0: s.timestamp_ms for s in snapshots}
 
     def candidate(self, part: CandidatePartition, now_ms: int) -> RunCandidate:

@@ -181,6 +181,12 @@ class Merger:
     def _run_recording(self, sql: str, properties: dict[str, str], end: int) -> None:
         """Run the MERGE with `properties` in its snapshot's summary (CommitMetadata keeps them
         in a thread-local of the JVM thread that runs the statement)."""
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        # PySpark's own callback server (foreachBatch uses it too): a Java callback made any
+        # other way leaves py4j in a state where a later foreachBatch in this process (the
+        # compactor on a shared session) cannot start it.
+        ensure_callback_server_started(self.spark.sparkContext._gateway)
         jvm = self.spark._jvm
         props = jvm.java.util.HashMap()
         for key, value in properties.items():

@@ -70,6 +70,14 @@ class CompactorConfig(_Section):
     seal_after_commits: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
     seal_after_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 3600.0
 
+    # -- deletes (primary-key tables, docs/cdc.md) --
+    # A partition whose live delete files reach this count, or whose deleted rows reach this
+    # share of its rows, is rewritten whole with the deletes folded into the new files, even
+    # without new data (as Amoro's major optimizing at a 0.1 duplicate ratio); null: that rule
+    # is off. Delete files left dangling by any rewrite are removed after it.
+    delete_files_threshold: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 8
+    deleted_ratio_threshold: Annotated[float | None, _float(0, 1, optional=True)] = 0.1
+
     # -- rewriting --
     # Size of the files the rewrite writes; null: the table's write.target-file-size-bytes.
     target_file_size_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = None

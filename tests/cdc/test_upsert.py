@@ -15,6 +15,10 @@ from pathlib import Path
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import applied_snapshot_id, ingest_config, merge_position
+from streamberg.common.offsets import summary_properties
+from streamberg.common.pending import DueRules, select_partitions
+from streamberg.common.summary_keys import SummaryKeys
+from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.merge.app import MergeOptions, run_merge
 from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
 from tests.helpers import dead_letters
@@ -88,3 +92,24 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     # Nothing more to apply: a rerun commits nothing.
     assert run_merge(config, MergeOptions(once=True), spark=spark)["merges"] == 0
     assert catalog.load_table(config.table.identifier).current_snapshot().snapshot_id == target.current_snapshot().snapshot_id
+
+    # Delete compaction: the deleted-row ratio is past compactor.deleted_ratio_threshold, so
+    # the compactor rewrites the partition whole, its deletes folded in; none is left live.
+    stats = select_partitions(target, DueRules()).partitions[0]
+    assert stats.delete_reasons and stats.deletes.ratio >= 0.1, stats.deletes
+    summary = run_compact(config, CompactOptions(once=True), spark=spark)
+    assert summary["commits"] >= 1, summary
+    rewritten = catalog.load_table(config.table.identifier)
+    kinds = [summary_properties(s).get(SummaryKeys.COMPACTOR_GROUP_KINDS, "") for s in rewritten.snapshots()]
+    assert any("deletes" in k for k in kinds), kinds
+    assert delete_files(config) == 0
+    assert rows_by_pyiceberg(config) == expected
+    assert rows_by_spark(spark, config) == expected
+    assert rows_by_duckdb(config) == expected
+    # The merge goes on over the rewritten files: one more round, applied on top.
+    batches = _changes(rng, 300, 500, state)
+    _produce(config, batches)
+    ends = [e + len(b) for e, b in zip(ends, batches)]
+    ingest_until(ingest_config(config), dict(enumerate(ends)))
+    run_merge(config, MergeOptions(once=True), spark=spark)
+    assert rows_by_pyiceberg(config) == state
