@@ -17,6 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from streamberg.common.changelog import changelog_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
@@ -113,6 +114,13 @@ def _schema_facts(table: Table, position: CommittedPosition | None) -> dict[str,
     return {"unknown_fields": unknown, "schema_additions": additions, "fields_added": total}
 
 
+def _load_if_present(catalog: Catalog, identifier: str) -> Table | None:
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
 def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:
     """The last `streamberg maintain` run, if this installation can tell.
 
@@ -157,11 +165,18 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         return Status(**empty, catalog=Reachability(True), table_exists=True, ingest=run.ingest(None, None),
                       maintenance=last_maintenance(config, catalog), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
-    position = run.part("committed offsets", committed_position, table, config.kafka.topic)
+    # A primary-key table's ingest writes its change log: the ingest's facts are read there.
+    ingest_table, merge = table, None
+    if config.kafka.envelope != "none":
+        changelog_name = changelog_identifier(config)
+        ingest_table = run.part("change log", _load_if_present, catalog, changelog_name)
+        merge = run.part("merge", table_stats.merge_facts, config, ingest_table, changelog_name, table, run.cache, now_ms)
+    position = run.part("committed offsets", committed_position, ingest_table, config.kafka.topic) \
+        if ingest_table is not None else None
     files = run.part("data files", lambda: live_data_files(table, run.cache)[0])
     return Status(
         table=identifier, checked_at=checked_at, catalog=Reachability(True), table_exists=True,
-        ingest=run.ingest(position, table),
+        ingest=run.ingest(position, ingest_table), merge=merge,
         files=run.part("file sizes", table_stats.file_facts, config, table, files) if files is not None else None,
         compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
         clustering=run.part("clustering", table_stats.clustering_facts, config, table, files) if files is not None else None,

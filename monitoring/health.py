@@ -138,12 +138,33 @@ def _table(status: Status, config: StreambergConfig, out: _Findings) -> None:
                                        f"{last_run.get('finished_at')}) ended {last_run.get('status')}")
 
 
+def _merge(status: Status, config: StreambergConfig, out: _Findings) -> None:
+    merge, thresholds = status.merge, config.monitoring
+    if merge is None:
+        return
+    if not merge.changelog_exists:
+        out.add("merge", "warn", f"the change log {merge.changelog} does not exist yet (is `streamberg ingest` running?)")
+        return
+    if merge.oldest_pending_age_seconds is None:
+        return
+    interval = max(config.merge.interval_seconds, config.ingest.commit_interval_seconds, 1.0)
+    intervals = merge.oldest_pending_age_seconds / interval
+    severity = _grade(intervals, thresholds.merge_lag_warn_intervals, thresholds.merge_lag_critical_intervals)
+    if severity:
+        out.add("merge", severity,
+                f"{merge.pending_records:,} changes in {merge.pending_snapshots} change-log snapshot(s) wait for the "
+                f"merge, the oldest committed {merge.oldest_pending_age_seconds:.0f} s ago ({intervals:.1f} merge "
+                f"intervals of {interval:g} s; {_threshold(severity, thresholds.merge_lag_warn_intervals, thresholds.merge_lag_critical_intervals)}): "
+                f"the merge stage is behind or not running (docs/runbooks/upsert-table-behind.md)")
+
+
 def judge(status: Status, config: StreambergConfig) -> Health:
     """The verdict and its reasons, worst first."""
     out = _Findings()
     _reachability(status, config, out)
     _ingest(status, config, out)
     _table(status, config, out)
+    _merge(status, config, out)
     findings = sorted(out.items, key=lambda f: -SEVERITY[f["severity"]])
     verdict: Verdict = max((f["severity"] for f in findings), key=SEVERITY.__getitem__, default="ok")  # type: ignore[assignment]
     return Health(verdict=verdict, reasons=[f["reason"] for f in findings], findings=findings)

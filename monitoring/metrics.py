@@ -62,6 +62,26 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
     yield from _compactor_metrics(status)
     yield from _clustering_metrics(status)
     yield from _snapshot_metrics(status)
+    yield from _merge_metrics(status)
+
+
+def _merge_metrics(status: Status) -> Iterator[Metric]:
+    """A primary-key table: the merge lag and the deletes waiting for compaction."""
+    t, merge = status.table, status.merge
+    if merge is None or not merge.changelog_exists:
+        return
+    yield from _gauge("streamberg_merge_pending_records", "change-log records the merge has not applied yet", t,
+                      merge.pending_records)
+    yield from _gauge("streamberg_merge_pending_snapshots", "change-log snapshots the merge has not applied yet", t,
+                      merge.pending_snapshots)
+    yield from _gauge("streamberg_merge_oldest_pending_age_seconds",
+                      "seconds since the oldest change-log snapshot not yet merged was committed (0: none)", t,
+                      merge.oldest_pending_age_seconds or 0.0)
+    yield from _gauge("streamberg_merge_last_age_seconds", "seconds since the last merge", t,
+                      merge.last_merge_age_seconds)
+    yield from _gauge("streamberg_table_delete_files", "live delete files of the table", t, merge.delete_files)
+    yield from _gauge("streamberg_table_deleted_row_ratio", "rows deleted by live delete files, over the data files' rows",
+                      t, merge.deleted_row_ratio)
 
 
 def _last_commit_metrics(status: Status) -> Iterator[Metric]:

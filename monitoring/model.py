@@ -177,6 +177,25 @@ class DeadLetterFacts:
 
 
 @dataclass(frozen=True)
+class MergeFacts:
+    """A primary-key table kept from its change log by the merge stage (docs/cdc.md)."""
+
+    changelog: str
+    changelog_exists: bool
+    applied_snapshot_id: int | None  # the change-log snapshot the newest merge applied
+    pending_snapshots: int  # change-log snapshots with records not applied yet
+    pending_records: int
+    oldest_pending_age_seconds: float | None  # since the oldest of them was committed
+    last_merge_at: str | None
+    last_merge_age_seconds: float | None
+    last_merge_changes: int | None
+    delete_files: int  # live delete files of the table (the merges' position deletes)
+    deleted_rows: int  # deletes they hold
+    deleted_row_ratio: float  # of the rows in the data files
+    partitions_due_for_deletes: int  # partitions the compactor will rewrite for their deletes
+
+
+@dataclass(frozen=True)
 class Health:
     verdict: Verdict
     reasons: list[str]
@@ -200,6 +219,8 @@ class Status:
     # Parts of the table that could not be read although the catalog answered.
     errors: list[str] = field(default_factory=list)
     health: Health | None = None
+    # A primary-key table's merge stage (kafka.envelope debezium or upsert); None otherwise.
+    merge: MergeFacts | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -90,6 +90,20 @@ def _table_lines(status: Status) -> list[str]:
         lines.append(_line("snapshots", f"{snaps.count:,} (oldest {human_age(snaps.oldest_age_seconds)}), metadata "
                                         f"{human_bytes(snaps.metadata_bytes)} in the metadata file, manifest list "
                                         f"and {snaps.manifests} manifests"))
+    merge = status.merge
+    if merge is not None:
+        if not merge.changelog_exists:
+            lines.append(_line("merge", f"change log {merge.changelog} does not exist yet"))
+        else:
+            behind = "up to date" if not merge.pending_records else (
+                f"{merge.pending_records:,} changes in {merge.pending_snapshots} change-log snapshot(s) to merge, "
+                f"oldest {human_age(merge.oldest_pending_age_seconds)}")
+            last = "never" if merge.last_merge_age_seconds is None else (
+                f"last {human_age(merge.last_merge_age_seconds)} ago ({merge.last_merge_changes or 0:,} changes)")
+            lines.append(_line("merge", f"{behind}; {last}; from {merge.changelog}"))
+        lines.append(_line("deletes", f"{merge.delete_files:,} delete files, {merge.deleted_rows:,} rows deleted "
+                                      f"({merge.deleted_row_ratio:.1%} of the data files' rows); "
+                                      f"{merge.partitions_due_for_deletes} partition(s) due for delete compaction"))
     dead = status.dead_letters
     if dead is not None:
         lines.append(_line("dead letters", f"{dead.records:,} in {dead.table}" + ("" if dead.exists else " (no table yet)")))

@@ -11,14 +11,16 @@ from __future__ import annotations
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from streamberg.common.changelog import merge_position
 from streamberg.common.clustering import health, health_by_partition
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
-from streamberg.common.pending import DueRules, select_partitions
+from streamberg.common.pending import DueRules, delete_stats, select_partitions
 from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
 from streamberg.common.table_files import (
     DataFileInfo,
     ManifestCache,
+    live_data_files,
     partition_path,
     pending_files,
     sealed_sequence_numbers,
@@ -31,6 +33,7 @@ from streamberg.monitoring.model import (
     FileFacts,
     LastCommit,
     LastOptimize,
+    MergeFacts,
     SnapshotFacts,
 )
 
@@ -147,4 +150,29 @@ def clustering_facts(config: StreambergConfig, table: Table, files: list[DataFil
         worst_partitions=[{"partition": partition_path(table, spec_id, part),
                            **{c: round(h.files_per_point, 3) for c, h in cols.items()}}
                           for (spec_id, part), cols in worst],
+    )
+
+
+def merge_facts(config: StreambergConfig, changelog: Table | None, changelog_name: str, table: Table,
+                cache: ManifestCache, now_ms: int) -> MergeFacts:
+    """The merge lag (change-log snapshots and records not applied, and their age), the last
+    merge, and the table's deletes against its rows."""
+    position = merge_position(changelog, table) if changelog is not None else None
+    last = next((s for s in ancestry(table) if SummaryKeys.CHANGELOG_APPLIED in summary_properties(s)), None)
+    files, has_deletes = live_data_files(table, cache)
+    stats = delete_stats(table, files, cache) if has_deletes else {}
+    rules = DueRules.from_config(config.compactor)
+    return MergeFacts(
+        changelog=changelog_name, changelog_exists=changelog is not None,
+        applied_snapshot_id=position.applied_snapshot_id if position is not None else None,
+        pending_snapshots=position.pending_snapshots if position is not None else 0,
+        pending_records=position.pending_records if position is not None else 0,
+        oldest_pending_age_seconds=_age(now_ms, position.oldest_pending_ms)
+        if position is not None and position.oldest_pending_ms is not None else None,
+        last_merge_at=iso_from_ms(last.timestamp_ms) if last is not None else None,
+        last_merge_age_seconds=_age(now_ms, last.timestamp_ms) if last is not None else None,
+        last_merge_changes=_int(summary_properties(last), SummaryKeys.MERGE_CHANGES) if last is not None else None,
+        delete_files=sum(s.files for s in stats.values()), deleted_rows=sum(s.deleted_rows for s in stats.values()),
+        deleted_row_ratio=round(sum(s.deleted_rows for s in stats.values()) / max(1, sum(f.record_count for f in files)), 4),
+        partitions_due_for_deletes=sum(1 for s in stats.values() if rules.delete_reasons(s)),
     )

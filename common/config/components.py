@@ -154,6 +154,10 @@ class MonitoringConfig(_Section):
     # Snapshot count from which the verdict is warn / critical (maintenance expires them).
     snapshots_warn: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 2000
     snapshots_critical: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 20000
+    # A primary-key table: the oldest change waiting for the merge stage, in merge intervals
+    # (merge.interval_seconds), from which the verdict is warn / critical.
+    merge_lag_warn_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 4.0
+    merge_lag_critical_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 40.0
     # Dead letters from which the verdict is warn (null: off; bad producers are expected).
     dead_letters_warn: Annotated[int | None, _int(1, MAX_INT64, optional=True)] = None
     # Where `streamberg metrics` listens (Prometheus scrapes http://host:port/metrics).
@@ -166,7 +170,8 @@ class MonitoringConfig(_Section):
         pairs = [("lag_warn_records", "lag_critical_records"),
                  ("commit_age_warn_intervals", "commit_age_critical_intervals"),
                  ("pending_age_warn_factor", "pending_age_critical_factor"),
-                 ("snapshots_warn", "snapshots_critical")]
+                 ("snapshots_warn", "snapshots_critical"),
+                 ("merge_lag_warn_intervals", "merge_lag_critical_intervals")]
         for warn, critical in pairs:
             low, high = getattr(self, warn), getattr(self, critical)
             if low is not None and high is not None and low > high:

@@ -20,6 +20,10 @@ from streamberg.common.pending import DueRules, select_partitions
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.merge.app import MergeOptions, run_merge
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.metrics import status_metrics
+from streamberg.monitoring.render import render_screen
 from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
 from tests.helpers import dead_letters
 from tests.runbooks.inprocess import ingest_until
@@ -71,6 +75,13 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
         _produce(config, batches)
         ends = [e + len(b) for e, b in zip(ends, batches)]
         ingest_until(ingest_config(config), dict(enumerate(ends)))
+        if round_ == 1:  # status tells the merge lag, and reads the ingest's facts from the change log
+            waiting = with_health(collect_status(config), config)
+            assert waiting.merge is not None and waiting.merge.pending_records == 3000
+            assert waiting.merge.pending_snapshots == 1 and waiting.merge.oldest_pending_age_seconds is not None
+            assert waiting.ingest.lag is not None and waiting.ingest.lag.total == 0
+            assert waiting.ingest.last_commit is not None and waiting.ingest.last_commit.dead_letters == 5
+            assert "3,000 changes in 1 change-log snapshot(s) to merge" in render_screen(waiting)
         summary = run_merge(config, MergeOptions(once=True), spark=spark)
         assert summary["merges"] == 1 and summary["changes"] == sum(len(b) for b in batches) - 5 * round_
 
@@ -84,6 +95,12 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     target = catalog.load_table(config.table.identifier)
     assert applied_snapshot_id(target) == changelog.current_snapshot().snapshot_id
     assert merge_position(changelog, target).up_to_date
+    merged = with_health(collect_status(config), config)
+    assert merged.merge is not None and merged.merge.pending_records == 0 and merged.merge.last_merge_changes == 3000
+    assert merged.merge.delete_files == delete_files(config) and merged.merge.deleted_rows > 0
+    assert not [f for f in merged.health.findings if f["check"] == "merge"]
+    names = {m.name for m in status_metrics(merged, 0.1)}
+    assert {"streamberg_merge_pending_records", "streamberg_table_delete_files"} <= names
     reasons = sorted(d["reason"] for d in dead_letters(config).to_pylist())
     assert len(reasons) == 5, reasons
     assert any("field 'id'" in r for r in reasons) and any("without a key" in r for r in reasons)
