@@ -55,7 +55,7 @@ SECTIONS = {
     "ingest": {"kafka", "catalog", "table", "ingest", "dead_letter"},
     "compactor": {"catalog", "table", "compactor"},
     "maintenance": {"catalog", "table", "kafka", "maintenance", "compactor"},  # compactor: its Spark settings
-    "monitoring": {"kafka", "catalog", "table", "ingest", "dead_letter", "compactor", "monitoring"},
+    "monitoring": {"kafka", "catalog", "table", "ingest", "dead_letter", "compactor", "monitoring", "merge"},
     "merge": {"catalog", "table", "kafka", "merge"},  # kafka: the envelope says whether there is a change log
 }
 # Where the whole configuration is taken apart: a component's services are given their
