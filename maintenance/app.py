@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.catalog import open_existing_table
+from streamberg.common.changelog import changelog_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
@@ -106,7 +107,8 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                      app_name="streamberg-maintenance") as spark:
         from streamberg.maintenance.maintainer import Maintainer
 
-        maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark,
+        changelog = changelog_identifier(config) if config.kafka.envelope != "none" else None
+        maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark, changelog=changelog,
                                 **({"clock": clock} if clock is not None else {}))
         while not stop.is_set():
             try:

@@ -7,6 +7,9 @@ that must survive and why:
   newest snapshot on the current lineage that has it (``common/offsets.py``). The current
   snapshot and every ancestor back to and including that one are kept: ``retain_last`` is at
   least that depth + 1 and ``older_than`` is never after that snapshot's timestamp.
+- **merge position** (a primary-key table, docs/cdc.md): the merge resumes after the
+  change-log snapshot named by the newest snapshot carrying ``streamberg.changelog-applied``;
+  it and every newer snapshot on the lineage are kept, as for the ingest position.
 - **compactor pending files**: the compactor treats a live file as pending only while the
   snapshot that added it is an ``append`` it can still see; expiring that snapshot would
   make the file look optimized forever. The pending set is the one the compactor plans from
@@ -36,9 +39,9 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.config import ExpireConfig
 from streamberg.common.errors import LocationRefused
-from streamberg.common.offsets import ancestors, ancestry, committed_position
+from streamberg.common.offsets import ancestors, ancestry, committed_position, summary_properties
 from streamberg.common.redact import redact
-from streamberg.common.summary_keys import kafka_offsets_key
+from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
 from streamberg.common.table_files import live_data_files, pending_files
 from streamberg.common.times import iso_from_ms
 from streamberg.maintenance.confine import outside_reason
@@ -92,6 +95,17 @@ def ingest_chain(table: Table, topic: str) -> list[Snapshot]:
         if snapshot.snapshot_id == position.snapshot_id:
             return chain
     return []  # unreachable: committed_position walks the same ancestry
+
+
+def merge_chain(table: Table) -> list[Snapshot]:
+    """The current snapshot back to and including the newest merge of a change log (empty when
+    the table has none: an append table)."""
+    chain = []
+    for snapshot in ancestry(table):
+        chain.append(snapshot)
+        if SummaryKeys.CHANGELOG_APPLIED in summary_properties(snapshot):
+            return chain
+    return []
 
 
 def pending_append_snapshots(table: Table) -> dict[int, int]:
@@ -159,6 +173,17 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
                       else "on the lineage from the current snapshot back to the ingest position")
             protected[snapshot.snapshot_id] = ProtectedSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms, reason)
 
+    merged = merge_chain(table)
+    if merged:
+        position = merged[-1]
+        retain_last = max(retain_last, len(merged))
+        older_than = min(older_than, position.timestamp_ms)
+        for snapshot in merged:
+            reason = ("merge position: newest snapshot with the change-log snapshot applied" if snapshot is position
+                      else "on the lineage from the current snapshot back to the merge position")
+            protected.setdefault(snapshot.snapshot_id, ProtectedSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
+                                                                         reason))
+
     if settings.keep_pending_for_compactor:
         pending = pending_append_snapshots(table)
         if pending:
@@ -210,7 +235,7 @@ def by_kind(counts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _timestamp_literal(ms: int) -> str:
+def timestamp_literal(ms: int) -> str:
     moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
     return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S.%f')}'"
 
@@ -275,7 +300,7 @@ class ExpireStep(Step):
             out.deleted_by_kind = by_kind({k: kinds.count(k) for k in set(kinds)})
             out.bytes_freed = sum(r.size_bytes for r in doomed.values())
             return out
-        row = context.spark.call("expire_snapshots", older_than=_timestamp_literal(plan.older_than_ms),
+        row = context.spark.call("expire_snapshots", older_than=timestamp_literal(plan.older_than_ms),
                                  retain_last=str(plan.retain_last))
         counts = {k: int(v or 0) for k, v in row.items()}
         after = context.load()

@@ -4,7 +4,8 @@ the maintainer runs them in order, retries a lost commit race, and records the r
 Steps, in this order, each planned against the table as the previous step left it:
 
 1. retention   delete rows older than the cutoff (first, so later steps see the final data);
-2. expire      drop old snapshots, keeping what ingest and the compactor need;
+2. expire      drop old snapshots, keeping what ingest, the merge and the compactor need;
+   changelog   a primary-key table's change log: trim what the merge applied (changelog.py);
 3. orphans     delete unreferenced files older than the safety age (after expiry, so files
                expiry dereferences are deleted and counted by expiry itself);
 4. manifests   rewrite the manifests when past a threshold (last, over the final file set).
@@ -29,6 +30,7 @@ from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import record_run
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.times import iso_from_epoch
+from streamberg.maintenance.changelog import ChangelogStep
 from streamberg.maintenance.expire import ExpireStep
 from streamberg.maintenance.manifests import ManifestsStep
 from streamberg.maintenance.orphans import OrphansStep
@@ -36,23 +38,23 @@ from streamberg.maintenance.retention import RetentionStep
 from streamberg.maintenance.step import SparkTable, Step, StepContext, StepResult, lost_commit_race
 
 # In execution order (module docstring).
-STEPS: tuple[type[Step], ...] = (RetentionStep, ExpireStep, OrphansStep, ManifestsStep)
+STEPS: tuple[type[Step], ...] = (RetentionStep, ExpireStep, ChangelogStep, OrphansStep, ManifestsStep)
 # The keys of the run's JSON object, in their documented order.
-_REPORTED = ("expire_snapshots", "orphan_files", "rewrite_manifests", "retention")
+_REPORTED = ("expire_snapshots", "orphan_files", "rewrite_manifests", "retention", "changelog")
 
 
 class Maintainer:
     """Runs maintenance passes on one table with one SparkSession."""
 
     def __init__(self, settings: MaintenanceConfig, target: TableTarget, topic: str, spark: Any, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, changelog: str | None = None) -> None:
         """`settings`: the `maintenance` section; `target`: the catalog and table; `topic`: the
         Kafka topic whose committed offsets expiry must keep reachable."""
         self.settings = settings
         self.target = target
         self.identifier = target.identifier
         self.catalog = load_catalog(target.catalog)
-        self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock)
+        self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock, changelog)
         self.steps = [step(self.context) for step in STEPS]
         self.log = get_logger("maintenance", table=self.identifier)
 

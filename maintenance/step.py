@@ -98,6 +98,8 @@ class StepContext:
     catalog: Catalog
     spark: SparkTable
     clock: Callable[[], float] = time.time
+    # A primary-key table's change log (maintenance/changelog.py trims it); None: none.
+    changelog: str | None = None
 
     def load(self) -> Table:
         return self.catalog.load_table(self.target.identifier)

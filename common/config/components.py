@@ -258,6 +258,17 @@ class RetentionConfig(_Section):
         return self
 
 
+class ChangelogTrimConfig(_Section):
+    """maintenance.changelog: a primary-key table's change log (docs/cdc.md), trimmed of what
+    the merge has applied."""
+
+    enabled: Bool = True
+    # Applied changes are kept this long after their ingest commit (to read back what was
+    # merged, or replay it by hand); then their files leave the change log, and the change
+    # log's snapshots older than the one the merge applied last are expired.
+    keep_applied_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS, lo_open=False)] = 86400.0
+
+
 class MaintenanceConfig(_Section):
     """Settings of `streamberg maintain` (maintenance/). See docs/maintenance.md."""
 
@@ -273,6 +284,7 @@ class MaintenanceConfig(_Section):
     orphan: OrphanConfig = Field(default_factory=OrphanConfig)
     manifests: ManifestsConfig = Field(default_factory=ManifestsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    changelog: ChangelogTrimConfig = Field(default_factory=ChangelogTrimConfig)
     # Orphan removal deletes unreferenced files under the table location: it refuses a table
     # located outside catalog.warehouse unless this is true (maintenance/confine.py).
     allow_location_outside_warehouse: Bool = False

@@ -20,7 +20,8 @@ USERS_SCHEMA = [
 ]
 
 
-def cdc_config(directory: Path, bootstrap: str, envelope: str, **kafka: Any) -> StreambergConfig:
+def cdc_config(directory: Path, bootstrap: str, envelope: str, sections: dict | None = None,
+               **kafka: Any) -> StreambergConfig:
     directory.mkdir(parents=True, exist_ok=True)
     document = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": f"cdc-{uuid.uuid4().hex[:8]}", "envelope": envelope,
@@ -29,6 +30,7 @@ def cdc_config(directory: Path, bootstrap: str, envelope: str, **kafka: Any) -> 
         "table": {"identifier": "db.users", "schema": USERS_SCHEMA, "primary_key": ["id"]},
         "ingest": {"commit_interval_seconds": 1, "parallelism": 2, "state_dir": "state"},
         "merge": {"interval_seconds": 1},
+        **(sections or {}),
     }
     path = directory / "streamberg.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))

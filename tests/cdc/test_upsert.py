@@ -19,6 +19,7 @@ from streamberg.common.offsets import summary_properties
 from streamberg.common.pending import DueRules, select_partitions
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.merge.app import MergeOptions, run_merge
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
@@ -63,7 +64,9 @@ def _produce(config, batches) -> None:
 
 
 def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: Path, broker: str, spark) -> None:
-    config = cdc_config(tmp_path, broker, "upsert", key_format="value")
+    config = cdc_config(tmp_path, broker, "upsert", {"maintenance": {"changelog": {"keep_applied_seconds": 0},
+                                                                     "orphan": {"enabled": False}}},
+                        key_format="value")
     rng = random.Random(21)
     state: dict[int, dict] = {}
     ends = [0] * PARTITIONS
@@ -123,10 +126,20 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     assert rows_by_pyiceberg(config) == expected
     assert rows_by_spark(spark, config) == expected
     assert rows_by_duckdb(config) == expected
-    # The merge goes on over the rewritten files: one more round, applied on top.
+
+    # Maintenance trims the change log of what the merge applied (kept 0 s here) and expires
+    # its older snapshots; the table keeps its merge position.
+    run = run_maintain(config, MaintainOptions(once=True), spark=spark).last
+    assert run is not None and run["status"] == "ok", run
+    assert run["changelog"]["files_removed"] == 2 and run["changelog"]["rows_removed"] == 6000, run["changelog"]
+    changelog = catalog.load_table(f"{config.table.identifier}_changelog")
+    assert changelog.scan().to_arrow().num_rows == 0
+    assert applied_snapshot_id(catalog.load_table(config.table.identifier)) is not None
+    # The merge and the ingest go on over the trimmed change log and the rewritten files.
     batches = _changes(rng, 300, 500, state)
     _produce(config, batches)
     ends = [e + len(b) for e, b in zip(ends, batches)]
     ingest_until(ingest_config(config), dict(enumerate(ends)))
-    run_merge(config, MergeOptions(once=True), spark=spark)
+    assert run_merge(config, MergeOptions(once=True), spark=spark)["changes"] == 500
     assert rows_by_pyiceberg(config) == state
+    assert rows_by_duckdb(config) == state

@@ -1,0 +1,110 @@
+"""A primary-key table's change log, trimmed of what the merge applied (docs/cdc.md).
+
+The change log is an append table that only grows; the merge stage records in the primary-key
+table which change-log snapshot it applied last (common/changelog.py). Everything at or
+before that snapshot is in the table already, so once older than
+maintenance.changelog.keep_applied_seconds it can go:
+
+1. the data files those snapshots added leave the change log in one delete commit (Iceberg's
+   DeleteFiles, by path; `streamberg.operation: changelog-trim`). The merge reads only
+   appends after its position, and the ingest finds its offsets by walking past
+   snapshots without them, so neither notices;
+2. the change log's snapshots older than the applied one are expired (Iceberg's
+   expire_snapshots with the applied snapshot's time and depth as bounds: it, the ingest's
+   position after it and everything newer stay), which removes the trimmed files. As for the
+   table's own expiry, the files only those snapshots reference are listed first and a file
+   outside the change log's location refuses the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from streamberg.common.changelog import applied_snapshot_id
+from streamberg.common.config import TableTarget
+from streamberg.common.errors import LocationRefused
+from streamberg.common.jvm import iterate
+from streamberg.common.offsets import ancestry
+from streamberg.common.redact import redact
+from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.table_files import live_data_files
+from streamberg.common.times import iso_from_ms
+from streamberg.maintenance.confine import outside_reason
+from streamberg.maintenance.expire import predict_expired, timestamp_literal
+from streamberg.maintenance.reachability import only_referenced_by
+from streamberg.maintenance.step import SparkTable, Step, StepResult, detail
+
+TRIM_OPERATION = "changelog-trim"
+
+
+@dataclass
+class ChangelogResult(StepResult):
+    files_removed: int = 0
+    rows_removed: int = 0
+    snapshots_expired: int = 0
+    bytes_freed: int = 0
+    applied_snapshot_id: int | None = detail()
+    kept_after: str | None = detail()  # applied changes committed after this are kept
+
+
+class ChangelogStep(Step):
+    key = "changelog"
+    section = "changelog"
+    result_type = ChangelogResult
+
+    def _run(self, dry_run: bool, log: Any) -> ChangelogResult:
+        context = self.context
+        if context.changelog is None:
+            return ChangelogResult(reason="an append table: no change log")
+        changelog = context.catalog.load_table(context.changelog)
+        applied = applied_snapshot_id(context.load())
+        log = log.bind(step=self.key, changelog=context.changelog, applied_changelog_snapshot=applied)
+        if applied is None:
+            return ChangelogResult(reason="the merge has applied nothing yet")
+        lineage = list(ancestry(changelog))
+        depth = next((i for i, s in enumerate(lineage) if s.snapshot_id == applied), None)
+        if depth is None:
+            return ChangelogResult(reason=f"the applied change-log snapshot {applied} is not on the change log's lineage "
+                                          "(recreated?); nothing trimmed")
+        applied_ids = {s.snapshot_id for s in lineage[depth:]}
+        cutoff_ms = context.now_ms() - int(context.settings.changelog.keep_applied_seconds * 1000)
+        done = [f for f in live_data_files(changelog)[0]
+                if f.snapshot_id in applied_ids and f.added_at_ms is not None and f.added_at_ms <= cutoff_ms]
+        out = ChangelogResult(ran=not dry_run, applied_snapshot_id=applied, kept_after=iso_from_ms(cutoff_ms),
+                              files_removed=len(done), rows_removed=sum(f.record_count for f in done))
+        spark = SparkTable(context.spark.spark, TableTarget(context.target.catalog, context.target.table.model_copy(
+            update={"identifier": context.changelog})))
+        if done and not dry_run:
+            # By DataFile: py4j hands a path string to the DataFile overload, which matches nothing.
+            table = spark.java_table()
+            paths = {f.path for f in done}
+            delete = table.newDelete()
+            matched = 0
+            for task in iterate(table.newScan().planFiles()):
+                if str(task.file().location()) in paths:
+                    delete.deleteFile(task.file())
+                    matched += 1
+            if matched != len(paths):
+                raise RuntimeError(f"change-log trim found {matched} of the {len(paths)} applied files in Iceberg's scan; "
+                                   "nothing trimmed")
+            delete.set(SummaryKeys.OPERATION, TRIM_OPERATION).commit()
+            log.info("applied changes trimmed from the change log", files=len(done), rows=out.rows_removed)
+        changelog = changelog.refresh()
+        lineage = list(ancestry(changelog))
+        depth = next(i for i, s in enumerate(lineage) if s.snapshot_id == applied)
+        older_than, retain_last = lineage[depth].timestamp_ms, depth + 1
+        expired = predict_expired(changelog, older_than, retain_last, context.now_ms())
+        kept = [s.snapshot_id for s in changelog.metadata.snapshots if s.snapshot_id not in expired]
+        doomed = only_referenced_by(changelog, expired, kept)
+        location = changelog.location()
+        if outside := {p: r for p in doomed if (r := outside_reason(p, location))}:
+            example = next(iter(outside))
+            raise LocationRefused(f"change-log expiry would delete {len(outside)} file(s) not safely inside "
+                                  f"{redact(location)}, e.g. {redact(example)} ({outside[example]}); expire by hand")
+        out.snapshots_expired = len(expired)
+        out.bytes_freed = sum(r.size_bytes for r in doomed.values())
+        if expired and not dry_run:
+            spark.call("expire_snapshots", older_than=timestamp_literal(older_than), retain_last=str(retain_last))
+            log.info("change-log snapshots expired", expired=len(expired), bytes_freed=out.bytes_freed)
+        return out
