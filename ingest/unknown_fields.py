@@ -118,6 +118,41 @@ def _walk(expected: pa.DataType, array: pa.Array, rows: np.ndarray, path: Path, 
         _walk(expected.value_type, array.flatten(), rows[parents], (*path, "element"), skip, out)
 
 
+def _valid(array: pa.Array) -> bool:
+    try:
+        array.validate()
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def repaired(array: pa.Array) -> pa.Array:
+    """`array` with every list's values (and struct's children) padded to the lengths its
+    offsets (and the struct) say. pyarrow 16's JSON reader drops the leading nulls of an
+    inferred list (`[null, null]`, `[null, false]`), leaving values shorter than the offsets:
+    any validation of an array holding one fails. The search for unknown fields needs only
+    the inferred types and which rows carry a value, which padding keeps; the values are never
+    written (records carrying unknown fields are decoded again against the evolved schema)."""
+    t = array.type
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_list(t):
+        offsets = array.offsets
+        end = offsets[-1].as_py() if len(offsets) else 0
+        values = repaired(array.values)
+        if len(values) < end:
+            values = pa.concat_arrays([values, pa.nulls(end - len(values), values.type)])
+        return pa.ListArray.from_arrays(offsets, values, mask=mask)
+    if pa.types.is_struct(t):
+        children = []
+        for i in range(t.num_fields):
+            child = repaired(array.field(i))
+            if len(child) < len(array):
+                child = pa.concat_arrays([child, pa.nulls(len(array) - len(child), child.type)])
+            children.append(child)
+        return pa.StructArray.from_arrays(children, fields=[t.field(i) for i in range(t.num_fields)], mask=mask)
+    return array
+
+
 def find_unknown(parse_schema: pa.Schema, parsed: pa.Table, rows: np.ndarray, skip: frozenset[Path],
                  found: dict[Path, tuple[IcebergType, list[np.ndarray]]]) -> pa.Table:
     """Record in `found` the fields of `parsed` that `parse_schema` lacks (with the batch rows,
@@ -131,8 +166,9 @@ def find_unknown(parse_schema: pa.Schema, parsed: pa.Table, rows: np.ndarray, sk
     fields = [(i, f) for i, f in enumerate(parsed.schema) if (f.name,) not in skip]
     offset = 0
     for batch in parsed.to_batches():
+        columns = [c if _valid(c) else repaired(c) for c in (batch.column(i) for i, _ in fields)]
         _walk(pa.struct(list(parse_schema)), pa.StructArray.from_arrays(
-            [batch.column(i) for i, _ in fields], fields=[f for _, f in fields]),
+            columns, fields=[pa.field(f.name, c.type) for (_, f), c in zip(fields, columns)]),
             rows[offset:offset + batch.num_rows], (), skip, found)
         offset += batch.num_rows
     return parsed.select(parse_schema.names).cast(parse_schema)

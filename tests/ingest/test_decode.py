@@ -319,3 +319,16 @@ def test_a_huge_exponent_is_still_refused_at_any_depth_and_deep_suspects_uncheck
     assert "exponent of 10,000 or more" in reasons[0] and "exponent of 10,000 or more" in reasons[1]
     assert "nested too deeply" in reasons[2] or "nest" in reasons[2]
     assert "exponent of 10,000 or more" in reasons[3]  # checked (3 levels), not refused as deep
+
+
+def test_a_new_field_holding_lists_of_nulls_is_no_crash() -> None:
+    """pyarrow 16 infers a list of several JSON nulls with values shorter than its offsets; the
+    search for fields the schema lacks used to fail on it and stop the ingest (found by the
+    change-event fuzz, tests/cdc/test_envelopes.py)."""
+    schema = Schema(NestedField(1, "id", LongType(), required=True))
+    decoder = JsonDecoder(schema, 1 << 20, unknown="report")
+    result = decoder.decode([b'{"id": 1, "x": [null, null]}', b'{"id": 2, "y": {"z": [null, null, null]}}',
+                             b'{"id": 3, "w": [{"a": [null, null], "b": 5}]}', b'{"id": 4}'])
+    assert result.kept.tolist() == [0, 1, 2, 3] and not result.rejected
+    # Nulls carry no type (nothing to add); the struct beside them does.
+    assert [(u.path, u.rows.tolist()) for u in result.unknown] == [(("w",), [2])]
