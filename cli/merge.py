@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+from datetime import datetime
 
 from streamberg.cli.errors import CommandError
 from streamberg.common.config import load_config
@@ -35,7 +36,18 @@ Prints one JSON summary line on stdout when it stops; structured logs go to stde
 Examples:
   streamberg merge --config examples/cdc.yaml --once   # apply what is pending, then exit
   streamberg merge --config examples/cdc.yaml          # keep merging (Ctrl-C stops)
+  streamberg merge --config examples/cdc.yaml --resynced-since 2026-11-25T10:00:00Z
 """
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r} (e.g. 2026-11-25T10:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone; add Z or an offset (e.g. +01:00)")
+    return moment
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -45,10 +57,12 @@ def _merge(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     stop = threading.Event()
-    if not args.once:
+    once = args.once or args.resynced_since is not None
+    if not once:
         install_stop_handlers(stop)
+    since = None if args.resynced_since is None else int(args.resynced_since.timestamp() * 1000)
     try:
-        summary = run_merge(config, MergeOptions(once=args.once), stop=stop)
+        summary = run_merge(config, MergeOptions(once=once, resynced_since_ms=since), stop=stop)
     except MergeError as exc:
         raise CommandError(str(exc)) from exc
     print(redact(json.dumps(summary)))
@@ -62,4 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config (catalog, table, kafka, merge)")
     parser.add_argument("--once", action="store_true", help="apply what is pending now, then exit; for cron and tests")
+    parser.add_argument("--resynced-since", type=_moment, metavar="ISO-8601",
+                        help="the source was resynced (every row sent again, op r) from this time: after merging, "
+                             "delete the rows whose key no change since then touched (deleted in the source while "
+                             "its change stream was lost); refused unless the change log holds every change since "
+                             "then. Implies --once (docs/runbooks/source-table-resynced.md)")
     parser.set_defaults(func=_merge)

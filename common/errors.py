@@ -137,6 +137,10 @@ class MergeError(StreambergError):
     """Raised for an operator-facing merge failure (no change log, a failed merge)."""
 
 
+class ResyncRefused(MergeError):
+    """`streamberg merge --resynced-since` refused: deleting now could remove rows the source has."""
+
+
 # -- maintenance --------------------------------------------------------------------------------
 class LocationRefused(StreambergError):
     """Raised when a maintenance step would delete outside the table's location: orphan removal

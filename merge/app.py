@@ -26,6 +26,9 @@ from streamberg.merge.tables import ensure_target
 @dataclass(frozen=True)
 class MergeOptions:
     once: bool = False  # apply what is pending now, then exit
+    # The source was resynced from this time (ms): after merging, delete the rows whose key
+    # no change since then touched (docs/runbooks/source-table-resynced.md). Implies once.
+    resynced_since_ms: int | None = None
 
 
 def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = None,
@@ -65,6 +68,13 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
                 summary["merges"] += 1
                 summary["changes"] += outcome.changes
                 summary["last"] = outcome.to_dict()
+            if options.resynced_since_ms is not None:
+                try:
+                    summary["resync"] = merger.delete_missing_since(options.resynced_since_ms).to_dict()
+                except Py4JError as exc:
+                    raise MergeError(f"deleting the rows the resync did not keep failed: {java_message(exc)[:2000]}") \
+                        from None
+                break
             if options.once:
                 break
             stop.wait(config.merge.interval_seconds)

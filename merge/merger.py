@@ -33,9 +33,11 @@ from streamberg.common.changelog import (
     merge_position,
 )
 from streamberg.common.config import CHANGELOG_COLUMNS, MergeConfig, TableTarget
+from streamberg.common.errors import ResyncRefused
 from streamberg.common.faults import MERGE_COMMIT, pause_point
 from streamberg.common.jvm import IcebergFailure, iceberg_failure
 from streamberg.common.log import get_logger
+from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.merge.tables import evolve_target
@@ -167,6 +169,50 @@ class Merger:
             F.col(OFFSET).desc()))
         last.drop("_streamberg_moved", SOURCE_TS).createOrReplaceTempView("streamberg_last_change")
 
+    def delete_missing_since(self, since_ms: int) -> ResyncOutcome:
+        """After the source was resynced (a new snapshot of every row, op r, from `since_ms`):
+        delete the rows whose key no change since then touched. They were deleted in the
+        source while its change stream was lost, so no delete event will ever come.
+
+        Refused, changing nothing, unless the merge has applied the whole change log, the
+        change log still holds every change committed since `since_ms` (not trimmed, not
+        expired), and at least one change came since then (else every row would go)."""
+        from pyspark.sql import functions as F
+
+        changelog = self.catalog.load_table(self.changelog)
+        position = merge_position(changelog, self.catalog.load_table(self.target.identifier))
+        if not position.up_to_date:
+            raise ResyncRefused(f"{position.pending_records:,} changes are not merged yet: merge them first")
+        lineage = list(reversed(list(ancestry(changelog))))
+        since = [s for s in lineage if s.timestamp_ms >= since_ms]
+        if not since:
+            raise ResyncRefused("the change log has no commit since then: nothing shows which rows the resync kept")
+        if len(since) == len(lineage) and lineage[0].parent_snapshot_id is not None:
+            raise ResyncRefused("the change log's oldest kept snapshot is after that time (expired): it no longer "
+                                "holds every change since then")
+        if trimmed := [s for s in since if summary_properties(s).get(SummaryKeys.OPERATION) == "changelog-trim"]:
+            raise ResyncRefused(f"maintenance trimmed the change log at {trimmed[0].timestamp_ms} ms, after that time: "
+                                "it no longer holds every change since then")
+        before = lineage[lineage.index(since[0]) - 1] if since[0] is not lineage[0] else None
+        reader = self.spark.read.format("iceberg")
+        reader = (reader.option("snapshot-id", str(since[-1].snapshot_id)) if before is None else
+                  reader.option("start-snapshot-id", str(before.snapshot_id))
+                  .option("end-snapshot-id", str(since[-1].snapshot_id)))
+        keys = reader.load(self.spark_changelog).select(*[F.col(_quote(k)) for k in self.keys]).distinct()
+        keys.createOrReplaceTempView("streamberg_resync_keys")
+        seen = keys.count()
+        if seen == 0:
+            raise ResyncRefused("no change since then: refusing to delete every row")
+        on = " AND ".join(f"t.{_quote(k)} = k.{_quote(k)}" for k in self.keys)
+        rows_before = self.spark.table(self.target.spark_name).count()
+        self.spark.sql(f"MERGE INTO {self.target.spark_name} t USING streamberg_resync_keys k ON {on} "
+                       "WHEN NOT MATCHED BY SOURCE THEN DELETE")
+        snapshot = self.catalog.load_table(self.target.identifier).current_snapshot()
+        deleted = rows_before - self.spark.table(self.target.spark_name).count()
+        outcome = ResyncOutcome(seen, deleted, snapshot.snapshot_id if snapshot is not None else None)
+        self.log.info("rows the resync did not keep deleted", since_ms=since_ms, **outcome.to_dict())
+        return outcome
+
     def _merge_sql(self, columns: list[str]) -> str:
         on = " AND ".join(f"t.{_quote(k)} = c.{_quote(k)}" for k in self.keys)
         values = [c for c in columns if c not in self.keys]
@@ -204,6 +250,16 @@ class Merger:
 
     def _applied(self) -> int | None:
         return applied_snapshot_id(self.catalog.load_table(self.target.identifier))
+
+
+@dataclass(frozen=True)
+class ResyncOutcome:
+    keys_seen: int  # distinct keys the change log holds changes of since the resync began
+    rows_deleted: int  # rows of the table whose key is not among them
+    snapshot_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keys_seen": self.keys_seen, "rows_deleted": self.rows_deleted, "snapshot_id": self.snapshot_id}
 
 
 def _first(frame: Any, order: Any) -> Any:

@@ -25,12 +25,13 @@ SAMPLE_VALUES = {
     "REASON": "missing required field 'user_id'%",
     "INGEST_PID": "12345",
     "WAREHOUSE": "/var/lib/streamberg/warehouse",
+    "SINCE": "2026-11-25T10:00:00Z",
 }
 PAGES = pages()
 
 
 def test_there_is_a_page_per_situation_of_the_issue() -> None:
-    assert len(PAGES) == 10, [p.path.name for p in PAGES]
+    assert len(PAGES) == 12, [p.path.name for p in PAGES]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.path.name)
