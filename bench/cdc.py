@@ -291,6 +291,7 @@ def main() -> None:
                 producer.poll(0)
                 time.sleep(0.005)
             producer.flush(60)
+            del producer  # its broker connection goes now, not after the broker stops
             ingest_proc.wait(timeout=300)
             changelog = catalog.load_table(changelog_identifier(config))
             deadline = time.monotonic() + 120

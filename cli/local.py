@@ -9,6 +9,7 @@ from pathlib import Path
 
 from streamberg.cli.errors import CommandError
 from streamberg.common.broker import EmbeddedBroker, ensure_topic
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
@@ -97,7 +98,8 @@ def _table(args: argparse.Namespace) -> int:
         raise CommandError("--dry-run goes with --evolve")
     if args.evolve:
         return _evolve(args)
-    config = load_config(args.config)
+    # A primary-key table: its ingest's facts are the change log's (docs/cdc.md).
+    config = ingest_config(load_config(args.config))
     try:
         facts = table_facts(config)
     except CatalogUnreachable as exc:
@@ -115,6 +117,9 @@ def _table(args: argparse.Namespace) -> int:
     print(f"data files       {facts['data_files']}  ({facts['total_size_bytes']:,} bytes)")
     print(f"records          {facts['records']:,}")
     print(f"dead letters     {facts['dead_letters']:,}  in {facts['dead_letter_table']}")
+    if facts["skipped_tombstones"] or facts["trimmed_records"]:
+        print(f"change log       {facts['skipped_tombstones']:,} tombstones skipped, {facts['trimmed_records']:,} "
+              "merged rows trimmed by maintenance")
     print(f"reconciles       {_reconciliation(facts)}")
     for skip in facts["offset_skips"]:
         print(f"  {_skip_line(skip)}")

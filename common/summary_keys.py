@@ -27,9 +27,9 @@ class SummaryKeys:
     COMMIT_STARTED_MS = "streamberg.commit-started-ms"
     # Dead letters the commit carries (its dead-letter file's rows).
     DEAD_LETTERS = "streamberg.dead-letters"
-    # Records the commit covers that are neither rows nor dead letters: the tombstones Kafka
-    # sends after Debezium deletes (kafka.envelope debezium, ingest/envelopes.py).
-    SKIPPED_TOMBSTONES = "streamberg.skipped-tombstones"
+    # Records that are neither rows nor dead letters, by all ingest commits up to this one: the
+    # tombstones Kafka sends after Debezium deletes (kafka.envelope debezium, ingest/envelopes.py).
+    SKIPPED_TOMBSTONES_TOTAL = "streamberg.skipped-tombstones-total"
     # The Parquet file, in the dead-letter table's location, holding this commit's dead
     # letters. It joins the dead-letter table only after this snapshot committed (an outbox:
     # the main commit decides for both tables, ingest/dead_letters.py).
@@ -119,6 +119,10 @@ class TablePropertyKeys:
     # newer ingest snapshots are still to be added (ingest/dead_letters.py). A table property,
     # set in the same commit as the files, so no snapshot expiry can forget it.
     DLQ_APPLIED_PREFIX = "streamberg.dlq-applied."
+    # On a change log: rows maintenance trimmed after the merge applied them, all trims
+    # together (set in the trim's own commit; maintenance/changelog.py), so records + trimmed
+    # + dead letters + skipped tombstones = consumed survives snapshot expiry.
+    CHANGELOG_TRIMMED_RECORDS = "streamberg.changelog.trimmed-records"
 
 
 def kafka_offsets_key(topic: str) -> str:

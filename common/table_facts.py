@@ -15,6 +15,7 @@ from pyiceberg.table import Table
 from streamberg.common.catalog import open_catalog_readonly
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import committed_position, summary_properties
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 
 
 def _total(table: Table, key: str) -> int:
@@ -47,6 +48,12 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
     current = table.current_snapshot()
     records = _total(table, "total-records")
     consumed = position.consumed_total  # counted by the writers, recorded by each commit
+    # A primary-key table's change log (common/changelog.py): tombstones the ingest skipped,
+    # and rows maintenance trimmed once merged, are neither rows nor dead letters.
+    recorded = table.snapshot_by_id(position.snapshot_id) if position.snapshot_id is not None else None
+    skipped = int(summary_properties(recorded).get(SummaryKeys.SKIPPED_TOMBSTONES_TOTAL, 0)) if recorded else 0
+    trimmed = int(table.properties.get(TablePropertyKeys.CHANGELOG_TRIMMED_RECORDS, 0))
+    accounted = records + trimmed + dlq_records + skipped
     return {
         "table": config.table.identifier,
         "exists": True,
@@ -71,6 +78,8 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
         "lost_offsets": position.lost_total,
         "offset_skips": [{"partition": s.partition, "from": s.from_offset, "to": s.to_offset, "kind": s.kind,
                           "lost": s.lost, "at_ms": s.at_ms} for s in position.skips],
-        "counts_match": records + dlq_records == consumed,
-        "reconciles": records + dlq_records == consumed and not position.skips,
+        "skipped_tombstones": skipped,
+        "trimmed_records": trimmed,
+        "counts_match": accounted == consumed,
+        "reconciles": accounted == consumed and not position.skips,
     }

@@ -131,6 +131,7 @@ class Committer:
         self.commit_seq = 0
         self.expected: PartitionOffsets = {}
         self.consumed_total = 0
+        self.skipped_total = 0  # Debezium tombstones skipped by all commits (ingest/envelopes.py)
         self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
         self.lost_total = 0
         self.sightings: dict = {}  # fields not written (schema_evolution: off), cumulative
@@ -148,6 +149,8 @@ class Committer:
         self.skips, self.lost_total = position.skips, position.lost_total
         recorded = table.snapshot_by_id(position.snapshot_id) if position.snapshot_id is not None else None
         self.sightings = sightings_of(summary_properties(recorded)) if recorded is not None else {}
+        self.skipped_total = int(summary_properties(recorded).get(SummaryKeys.SKIPPED_TOMBSTONES_TOTAL, 0)) \
+            if recorded is not None else 0
         self.commit_seq = (position.commit_seq or 0) if position.job_id == self.config.ingest_target.job_id else 0
         ensure_dead_letter_table(self.catalog, self.config.ingest_target.dead_letter_table)
         self.log.info("committer opened", offsets=self.expected, snapshot=position.snapshot_id,
@@ -239,8 +242,9 @@ class Committer:
             SummaryKeys.COMMIT_STARTED_MS: str(started_ms),
             SummaryKeys.DEAD_LETTERS: str(len(dead)),
         }
-        if skipped := sum(u.skipped for u in units):
-            properties[SummaryKeys.SKIPPED_TOMBSTONES] = str(skipped)
+        skipped_total = self.skipped_total + sum(u.skipped for u in units)
+        if skipped_total:
+            properties[SummaryKeys.SKIPPED_TOMBSTONES_TOTAL] = str(skipped_total)
         if skips:
             properties[kafka_skips_key(self.topic)] = encode_skips(skips)
             properties[SummaryKeys.LOST_OFFSETS_TOTAL] = str(lost_total)
@@ -274,7 +278,7 @@ class Committer:
             self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
                              paths=fresh, snapshot=snapshot_id)
         dead_file = properties.get(SummaryKeys.DEAD_LETTER_FILE)
-        self.expected, self.consumed_total = new_offsets, consumed_total
+        self.expected, self.consumed_total, self.skipped_total = new_offsets, consumed_total, skipped_total
         self.skips, self.lost_total, self.sightings = skips, lost_total, sightings
         for skip in new_skips:
             self.log.warning("recorded a position jump Kafka forced", partition=skip.partition,

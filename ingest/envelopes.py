@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -51,19 +52,20 @@ class _Refused(Exception):
     """A change that is no row: its reason goes to the dead-letter table."""
 
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _loads(data: bytes, what: str) -> Any:
+    # orjson: strict JSON (no NaN or Infinity; UTF-8 only; 1024 levels deep at most) at a
+    # fifth of the stdlib's time, which is most of this decoder's cost.
     try:
-        return json.loads(data, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        raise _Refused(f"{what} is not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise _Refused(f"{what} is not JSON ({str(exc)[:120]})") from None
 
 
 def _dumps(row: Mapping[str, Any]) -> bytes:
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return orjson.dumps(row)
+    except TypeError as exc:  # an integer past 64 bits: the row's column cannot hold it either
+        raise _Refused(f"the row image holds a value JSON for the table cannot carry ({str(exc)[:120]})") from None
 
 
 def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[NestedField]:

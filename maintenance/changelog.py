@@ -27,7 +27,7 @@ from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import iterate
 from streamberg.common.offsets import ancestry
 from streamberg.common.redact import redact
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.common.table_files import live_data_files
 from streamberg.common.times import iso_from_ms
 from streamberg.maintenance.confine import outside_reason
@@ -79,7 +79,10 @@ class ChangelogStep(Step):
             # By DataFile: py4j hands a path string to the DataFile overload, which matches nothing.
             table = spark.java_table()
             paths = {f.path for f in done}
-            delete = table.newDelete()
+            # The delete and the running total of trimmed rows in one atomic commit.
+            transaction = table.newTransaction()
+            trimmed = int(table.properties().getOrDefault(TablePropertyKeys.CHANGELOG_TRIMMED_RECORDS, "0"))
+            delete = transaction.newDelete()
             matched = 0
             for task in iterate(table.newScan().planFiles()):
                 if str(task.file().location()) in paths:
@@ -89,6 +92,9 @@ class ChangelogStep(Step):
                 raise RuntimeError(f"change-log trim found {matched} of the {len(paths)} applied files in Iceberg's scan; "
                                    "nothing trimmed")
             delete.set(SummaryKeys.OPERATION, TRIM_OPERATION).commit()
+            transaction.updateProperties().set(TablePropertyKeys.CHANGELOG_TRIMMED_RECORDS,
+                                               str(trimmed + out.rows_removed)).commit()
+            transaction.commitTransaction()
             log.info("applied changes trimmed from the change log", files=len(done), rows=out.rows_removed)
         changelog = changelog.refresh()
         lineage = list(ancestry(changelog))

@@ -60,6 +60,7 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
         log.info("merge stage started", run=merger.run_id, interval_seconds=config.merge.interval_seconds,
                  once=options.once)
         while not stop.is_set():
+            round_started = time.monotonic()
             try:
                 outcome = merger.merge()
             except Py4JError as exc:
@@ -77,6 +78,8 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
                 break
             if options.once:
                 break
-            stop.wait(config.merge.interval_seconds)
+            # A merge every interval, its own time included: a change waits at most one
+            # interval for the next merge to start (freshness), not an interval plus a merge.
+            stop.wait(max(0.0, config.merge.interval_seconds - (time.monotonic() - round_started)))
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary

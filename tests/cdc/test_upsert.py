@@ -27,7 +27,7 @@ from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
 from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
 from tests.helpers import dead_letters
-from tests.runbooks.inprocess import ingest_until
+from tests.runbooks.inprocess import cli, ingest_until
 
 PARTITIONS = 3
 
@@ -94,7 +94,8 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     assert rows_by_duckdb(config) == expected
     assert delete_files(config) > 0  # the second merge updated and deleted by position deletes
     catalog = load_catalog(config.catalog)
-    changelog = catalog.load_table(f"{config.table.identifier}_changelog")
+    changelog_name = f"{config.table.identifier}_changelog"
+    changelog = catalog.load_table(changelog_name)
     target = catalog.load_table(config.table.identifier)
     assert applied_snapshot_id(target) == changelog.current_snapshot().snapshot_id
     assert merge_position(changelog, target).up_to_date
@@ -134,6 +135,8 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     assert run["changelog"]["files_removed"] == 2 and run["changelog"]["rows_removed"] == 6000, run["changelog"]
     changelog = catalog.load_table(f"{config.table.identifier}_changelog")
     assert changelog.scan().to_arrow().num_rows == 0
+    shown = json.loads(cli("table", "--config", str(config.config_path), "--json").stdout)
+    assert shown["table"] == changelog_name and shown["trimmed_records"] == 6000 and shown["reconciles"], shown
     assert applied_snapshot_id(catalog.load_table(config.table.identifier)) is not None
     # The merge and the ingest go on over the trimmed change log and the rewritten files.
     batches = _changes(rng, 300, 500, state)
