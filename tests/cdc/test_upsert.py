@@ -138,11 +138,15 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
     shown = json.loads(cli("table", "--config", str(config.config_path), "--json").stdout)
     assert shown["table"] == changelog_name and shown["trimmed_records"] == 6000 and shown["reconciles"], shown
     assert applied_snapshot_id(catalog.load_table(config.table.identifier)) is not None
-    # The merge and the ingest go on over the trimmed change log and the rewritten files.
+    # The merge and the ingest go on over the trimmed change log and the rewritten files; a
+    # producer adds a nested field: the change log evolves, then the table, with its value.
     batches = _changes(rng, 300, 500, state)
+    state[7] = {"id": 7, "name": "seven", "score": 1, "city": None, "prefs": {"lang": "nl"}}
+    batches[7 % PARTITIONS].append((b'{"id": 7}', json.dumps(state[7]).encode()))
     _produce(config, batches)
     ends = [e + len(b) for e, b in zip(ends, batches)]
     ingest_until(ingest_config(config), dict(enumerate(ends)))
-    assert run_merge(config, MergeOptions(once=True), spark=spark)["changes"] == 500
-    assert rows_by_pyiceberg(config) == state
-    assert rows_by_duckdb(config) == state
+    assert run_merge(config, MergeOptions(once=True), spark=spark)["changes"] == 501
+    evolved = {k: {"prefs": None, **v} for k, v in state.items()}
+    assert rows_by_pyiceberg(config) == evolved
+    assert rows_by_duckdb(config) == evolved
