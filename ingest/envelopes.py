@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -38,7 +39,9 @@ from pyiceberg.types import NestedField, StructType
 
 from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS, required_columns
 from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
+from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.decoding import DecodeResult
+from streamberg.ingest.envelopes_avro import AvroChanges
 from streamberg.ingest.json_decode import JsonDecoder, epoch_units
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.unknown_fields import UnknownField
@@ -46,6 +49,21 @@ from streamberg.ingest.unknown_fields import UnknownField
 Envelope = Literal["debezium", "upsert"]
 # source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
 _MAX_TS_MS = 10**15
+
+
+@dataclass
+class Changes:
+    """A batch's change events read: the row images (in the change log's row columns) and,
+    aligned with them, the op, the before key and the source time; the rest accounted."""
+
+    rows: pa.Table
+    kept: np.ndarray  # batch indexes of the rows, ascending
+    ops: pa.Array
+    before_key: pa.Array
+    source_ms: pa.Array  # int64 ms, null where unknown
+    rejected: list[tuple[int, Any]]
+    unknown: list[UnknownField]
+    skipped: int
 
 
 class _Refused(Exception):
@@ -79,9 +97,13 @@ def record_decoder(config: StreambergConfig, schema: Schema,
     an envelope (its table is then the change log, common/changelog.py), rows otherwise."""
     if config.kafka.envelope == "none":
         return RecordDecoder.for_config(config, schema, unknown)
+    registry = None
+    if config.kafka.value_format == "avro":
+        assert config.kafka.schema_registry is not None  # the config's own validator
+        registry = WriterSchemas(config.kafka.schema_registry)
     return EnvelopeDecoder(schema, config.ingest.max_record_bytes, config.kafka.envelope,
                            epoch_units=epoch_units(config.table.schema_), key_format=config.kafka.key_format,
-                           required=required_columns(config.table.properties), unknown=unknown)
+                           required=required_columns(config.table.properties), unknown=unknown, registry=registry)
 
 
 class EnvelopeDecoder(RecordDecoder):
@@ -89,7 +111,8 @@ class EnvelopeDecoder(RecordDecoder):
 
     def __init__(self, schema: Schema, max_record_bytes: int, envelope: Envelope, *,
                  epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
-                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore") -> None:
+                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
+                 registry: WriterSchemas | None = None) -> None:
         self.schema = schema
         self.file_schema = schema_to_pyarrow(schema)
         self.key_field = None
@@ -107,6 +130,10 @@ class EnvelopeDecoder(RecordDecoder):
                                   max_record_bytes, epoch_units, unknown)
         self.deletes = JsonDecoder(Schema(*rows, schema_id=schema.schema_id), max_record_bytes, epoch_units, unknown)
         self.before_keys = JsonDecoder(Schema(*before.fields), max_record_bytes, epoch_units, "ignore")
+        # Debezium in Confluent-framed Avro (kafka.value_format avro): ingest/envelopes_avro.py.
+        self.avro = None if registry is None else AvroChanges(
+            rows, self.key_columns, required, self.row_schema, self.file_schema.field(BEFORE_KEY).type,
+            max_record_bytes, registry, unknown)
 
     @property
     def needs_keys(self) -> bool:
@@ -117,6 +144,8 @@ class EnvelopeDecoder(RecordDecoder):
         if positions is None:
             raise ValueError("the change log records each change's Kafka position: positions are needed")
         partitions, offsets = positions
+        if self.avro is not None:
+            return self._assemble(Changes(*self.avro.read(values)), partitions, offsets)
         ops: dict[int, str] = {}
         times: dict[int, int] = {}
         images: list[tuple[int, bytes]] = []
@@ -164,19 +193,26 @@ class EnvelopeDecoder(RecordDecoder):
         order = np.argsort(kept, kind="stable")
         kept = kept[order]
         table = pa.concat_tables(parts).take(pa.array(order)) if parts else self.row_schema.empty_table()
-        columns = {name: table.column(name) for name in table.column_names}
-        columns[OP] = pa.array([ops[int(i)] for i in kept], pa.string())
-        columns[BEFORE_KEY] = self._before_column(before, kept)
+        return self._assemble(Changes(table, kept, pa.array([ops[int(i)] for i in kept], pa.string()),
+                                      self._before_column(before, kept),
+                                      pa.array([times.get(int(i)) for i in kept], pa.int64()),
+                                      rejected, unknown, skipped), partitions, offsets)
+
+    def _assemble(self, changes: Changes, partitions: Sequence[int], offsets: Sequence[int]) -> DecodeResult:
+        """The change-log rows: the images' columns, then the change log's own."""
+        kept = changes.kept
+        columns = {name: changes.rows.column(name) for name in changes.rows.column_names}
+        columns[OP] = changes.ops
+        columns[BEFORE_KEY] = changes.before_key
         columns[PARTITION] = pa.array(np.asarray(partitions, dtype=np.int32)[kept], pa.int32())
         columns[OFFSET] = pa.array(np.asarray(offsets, dtype=np.int64)[kept], pa.int64())
-        ms = pa.array([times.get(int(i)) for i in kept], pa.int64())
-        columns[SOURCE_TS] = pc.multiply(ms, 1000).cast(pa.timestamp("us", tz="UTC"))
+        columns[SOURCE_TS] = pc.multiply(changes.source_ms, 1000).cast(pa.timestamp("us", tz="UTC"))
         # Cast only what differs: a struct with null entries over required children (the
         # before key) cannot be cast, and is built in its exact type already.
         out = pa.Table.from_arrays([columns[f.name] if columns[f.name].type == f.type else columns[f.name].cast(f.type)
                                     for f in self.file_schema], schema=self.file_schema)
-        return DecodeResult(table=out, kept=kept, rejected=sorted(rejected, key=lambda r: r[0]), unknown=unknown,
-                            skipped=skipped)
+        return DecodeResult(table=out, kept=kept, rejected=sorted(changes.rejected, key=lambda r: r[0]),
+                            unknown=changes.unknown, skipped=changes.skipped)
 
     # -- one record's envelope --------------------------------------------------------
     def _debezium(self, value: bytes | None) -> tuple[str, bytes, bytes | None, int | None] | None:
