@@ -24,19 +24,6 @@ from tests.runbooks.inprocess import ingest_until, produce_values
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture
-def drills(tmp_path: Path):
-    made: list[Drill] = []
-
-    def make(page: str, **variables: str) -> Drill:
-        made.append(Drill(page, tmp_path, **variables))
-        return made[-1]
-
-    yield make
-    for drill in made:
-        drill.close()
-
-
 def _event(op: str, key: int, name: str | None = None) -> bytes:
     row = {"id": key, "name": name or f"n{key}"}
     before, after = (row, None) if op == "d" else (None, row)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks"
 # ```bash drill=fix   (fences may be indented inside list items)
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
@@ -183,6 +185,20 @@ class Drill:
             if running.alive():
                 running.signal(signal.SIGKILL)
                 running.proc.wait(30)
+
+
+@pytest.fixture
+def drills(tmp_path: Path):
+    """Drills of one test; whatever they left running is killed at the end."""
+    made: list[Drill] = []
+
+    def make(page: str, **variables: str) -> Drill:
+        made.append(Drill(page, tmp_path, **variables))
+        return made[-1]
+
+    yield make
+    for drill in made:
+        drill.close()
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 1.0,

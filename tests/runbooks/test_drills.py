@@ -30,7 +30,7 @@ from streamberg.common.sample_events import produce_events
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.units import FlushUnit
 from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
-from tests.runbooks.drill import Drill, wait_for
+from tests.runbooks.drill import wait_for
 from tests.runbooks.inprocess import event, ingest_until, produce_values, schema_change_events
 
 INGEST_WAIT_SECONDS = 240  # a PyFlink start is ~20-30 s on an idle 2-core machine
@@ -56,20 +56,6 @@ def _position(config):
 
 def _has_ids(config, expected: list[int]):
     return lambda: table_ids(config) == expected
-
-
-@pytest.fixture
-def drills(tmp_path: Path):
-    """Drills of one test; whatever they left running is killed at the end."""
-    made: list[Drill] = []
-
-    def make(page: str, **variables: str) -> Drill:
-        made.append(Drill(page, tmp_path, **variables))
-        return made[-1]
-
-    yield make
-    for drill in made:
-        drill.close()
 
 
 def _outcome(running) -> dict:
