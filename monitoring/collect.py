@@ -157,8 +157,15 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
+        # A primary-key table before its first merge: the ingest may be well under way.
+        ingest = run.ingest(None, None)
+        if config.kafka.envelope != "none":
+            changelog = run.part("change log", _load_if_present, catalog, changelog_identifier(config))
+            if changelog is not None:
+                ingest = run.ingest(run.part("committed offsets", committed_position, changelog, config.kafka.topic),
+                                    changelog)
         return Status(**{**empty, "dead_letters": run.part("dead letters", run.dead_letters, catalog)},
-                      catalog=Reachability(True), table_exists=False, ingest=run.ingest(None, None),
+                      catalog=Reachability(True), table_exists=False, ingest=ingest,
                       maintenance=last_maintenance(config, catalog), errors=run.errors)
     except Exception as exc:  # noqa: BLE001 - metadata file missing or unreadable, etc.
         run.errors.append(f"table {identifier} could not be loaded: {first_line(exc)}")

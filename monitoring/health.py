@@ -39,8 +39,10 @@ def _reachability(status: Status, config: StreambergConfig, out: _Findings) -> N
     if not status.catalog.reachable:
         out.add("catalog", "critical", f"catalog unreachable: {status.catalog.error}")
     elif status.table_exists is False:
+        made_by = ("the merge stage creates it on its first start (is `streamberg merge` running?)"
+                   if config.kafka.envelope != "none" else "no ingest has created it yet")
         out.add("table", "critical", f"table {status.table} does not exist in catalog {config.catalog.name} "
-                                     f"(no ingest has created it yet, or the config points at the wrong catalog)")
+                                     f"({made_by}, or the config points at the wrong catalog)")
     for error in status.errors:
         out.add("table", "critical", error)
     ingest = status.ingest

@@ -78,6 +78,11 @@ def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: P
         _produce(config, batches)
         ends = [e + len(b) for e, b in zip(ends, batches)]
         ingest_until(ingest_config(config), dict(enumerate(ends)))
+        if round_ == 0:  # before the first merge: no table yet, the ingest's facts all the same
+            early = with_health(collect_status(config), config)
+            assert early.table_exists is False and early.ingest.last_commit is not None
+            assert early.ingest.last_commit.records == 3000 and early.ingest.lag is not None
+            assert any("the merge stage creates it" in r for r in early.health.reasons), early.health.reasons
         if round_ == 1:  # status tells the merge lag, and reads the ingest's facts from the change log
             waiting = with_health(collect_status(config), config)
             assert waiting.merge is not None and waiting.merge.pending_records == 3000
