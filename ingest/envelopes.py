@@ -40,6 +40,7 @@ from pyiceberg.types import NestedField, StructType
 from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS, required_columns
 from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
 from streamberg.common.registry import WriterSchemas
+from streamberg.ingest.avro_decode import AvroDecoder
 from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.envelopes_avro import AvroChanges
 from streamberg.ingest.json_decode import JsonDecoder, epoch_units
@@ -126,14 +127,21 @@ class EnvelopeDecoder(RecordDecoder):
         rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
         self.row_schema = pa.schema([self.file_schema.field(f.name) for f in rows])
         # Inserts and updates: the table's own required columns; deletes: the key alone.
-        self.images = JsonDecoder(Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id),
-                                  max_record_bytes, epoch_units, unknown)
+        self.images: JsonDecoder | AvroDecoder = JsonDecoder(
+            Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id), max_record_bytes, epoch_units,
+            unknown)
         self.deletes = JsonDecoder(Schema(*rows, schema_id=schema.schema_id), max_record_bytes, epoch_units, unknown)
         self.before_keys = JsonDecoder(Schema(*before.fields), max_record_bytes, epoch_units, "ignore")
-        # Debezium in Confluent-framed Avro (kafka.value_format avro): ingest/envelopes_avro.py.
-        self.avro = None if registry is None else AvroChanges(
-            rows, self.key_columns, required, self.row_schema, self.file_schema.field(BEFORE_KEY).type,
-            max_record_bytes, registry, unknown)
+        # Confluent-framed Avro (kafka.value_format avro): Debezium's envelope through
+        # ingest/envelopes_avro.py; an upsert's row is one Avro record, read as the Avro ingest
+        # reads rows (its tombstone's key stays text or JSON).
+        self.avro = None
+        if registry is not None and envelope == "debezium":
+            self.avro = AvroChanges(rows, self.key_columns, required, self.row_schema,
+                                    self.file_schema.field(BEFORE_KEY).type, max_record_bytes, registry, unknown)
+        elif registry is not None:
+            self.images = AvroDecoder(Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id),
+                                      max_record_bytes, registry, unknown)
 
     @property
     def needs_keys(self) -> bool:
@@ -246,7 +254,7 @@ class EnvelopeDecoder(RecordDecoder):
 
     def _upsert(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None]:
         if value is not None:
-            return "u", value, None, None
+            return "u", value, None, None  # the row, JSON or Avro: its decoder reads it
         if key is None:
             raise _Refused("a tombstone (null value) without a key: no row to delete")
         key = bytes(key)

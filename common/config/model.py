@@ -135,9 +135,9 @@ class StreambergConfig(BaseSettings):
             raise ValueError(f"kafka.envelope {envelope}: needs table.primary_key, the columns that identify a row")
         if self.table.schema_ is None:
             raise ValueError(f"kafka.envelope {envelope}: needs table.schema declared (the change log is built from it)")
-        if self.kafka.value_format != "json" and (envelope, self.kafka.value_format) != ("debezium", "avro"):
-            raise ValueError(f"kafka.envelope {envelope}: value_format {self.kafka.value_format} is not supported "
-                             "with it yet; use json (or avro for debezium)")
+        if self.kafka.value_format == "protobuf":
+            raise ValueError(f"kafka.envelope {envelope}: value_format protobuf is not supported with it yet; use "
+                             "json or avro")
         if self.kafka.key_field is not None:
             raise ValueError(f"kafka.envelope {envelope}: kafka.key_field does not apply (the key columns come from "
                              "the records; an upsert tombstone's from its Kafka key)")

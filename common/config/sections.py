@@ -91,7 +91,7 @@ class KafkaConfig(_Section):
     # schema/payload wrapper; `upsert`, the whole row, and a null value (tombstone) deletes
     # the row of the record's key. With an envelope the ingest appends the change log to
     # <table>_changelog and `streamberg merge` applies it to the table (table.primary_key).
-    # JSON values, or Avro (value_format avro) for debezium.
+    # JSON or Avro values (value_format avro; an upsert tombstone's key is text or JSON).
     envelope: Literal["none", "debezium", "upsert"] = "none"
 
     @model_validator(mode="after")

@@ -121,3 +121,38 @@ def test_debezium_avro_through_the_registry_with_schema_evolution(tmp_path: Path
     assert len(reasons) == 3, reasons
     assert any(".score': the writer schema (id 3) has string where the table has int" in r for r in reasons)
     assert any("magic byte 5" in r for r in reasons) and any("not valid Avro for writer schema id 1" in r for r in reasons)
+
+
+def test_upsert_with_avro_rows_and_json_key_tombstones(tmp_path: Path, broker: str, registry, spark) -> None:
+    """An upsert topic whose rows are Confluent-framed Avro (a second version adds a column)
+    and whose keys are JSON: each row replaces its key's, a tombstone deletes it."""
+    config = cdc_config(tmp_path, broker, "upsert", key_format="value", value_format="avro",
+                        schema_registry={"url": registry.url, "retries": 1})
+    assert config.kafka.schema_registry is not None
+    client = SchemaRegistryClient({"url": config.kafka.schema_registry.url})
+    context = SerializationContext(config.kafka.topic, MessageField.VALUE)
+    v1, v2 = (AvroSerializer(client, json.dumps(_value(tier=t))) for t in (False, True))
+    rng = random.Random(9)
+    state: dict[int, dict] = {}
+    records: list[tuple[bytes, bytes | None]] = []
+    for n in range(400):
+        key = rng.randrange(40)
+        if key in state and rng.random() < 0.2:
+            state.pop(key)
+            records.append((json.dumps({"id": key}).encode(), None))
+            continue
+        row = {"id": key, "name": f"n{n}", "score": rng.randrange(9), "city": None}
+        if n >= 200:
+            row["tier"] = rng.choice(["gold", None])
+        state[key] = row
+        records.append((json.dumps({"id": key}).encode(), (v2 if n >= 200 else v1)(row, context)))
+    ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, 1)
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap_servers})
+    for key, value in records:
+        producer.produce(config.kafka.topic, key=key, value=value, partition=0)
+    assert producer.flush(30) == 0
+    ingest_until(ingest_config(config), {0: len(records)})
+    assert run_merge(config, MergeOptions(once=True), spark=spark)["changes"] == len(records)
+    expected = {k: {"tier": None, **v} for k, v in state.items()}
+    assert rows_by_pyiceberg(config) == expected
+    assert rows_by_duckdb(config) == expected

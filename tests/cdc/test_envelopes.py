@@ -122,8 +122,6 @@ def _decoder_text() -> EnvelopeDecoder:
     ({"primary_key": ["id"]}, {"envelope": "debezium", "key_field": "name"}, "key_field does not apply"),
     ({"primary_key": ["id"], "schema": [*USERS_SCHEMA, {"name": "_op", "type": "string"}]}, {"envelope": "debezium"},
      "the change log's own columns"),
-    ({"primary_key": ["id"]}, {"envelope": "upsert", "key_format": "value", "value_format": "avro",
-                               "schema_registry": {"url": "http://127.0.0.1:1"}}, "avro is not supported with it"),
     ({"primary_key": ["id"]}, {"envelope": "debezium", "value_format": "protobuf",
                                "schema_registry": {"url": "http://127.0.0.1:1"}}, "protobuf is not supported with it"),
 ])
