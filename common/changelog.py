@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.config import CHANGELOG_COLUMNS, CHANGELOG_TARGET_PROPERTY, FieldConfig, StreambergConfig
+from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.summary_keys import SummaryKeys
 
 OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS = CHANGELOG_COLUMNS
@@ -37,6 +39,8 @@ DELETE = "d"
 # change log relaxes them, the ingest still holds a row image to them).
 TARGET_PROPERTY = CHANGELOG_TARGET_PROPERTY
 REQUIRED_PROPERTY = "streamberg.changelog.required-columns"
+# `streamberg.operation` of maintenance's commit that trims merged changes from the change log.
+TRIM_OPERATION = "changelog-trim"
 
 
 def changelog_identifier(config: StreambergConfig) -> str:
@@ -112,38 +116,34 @@ class MergePosition:
         return self.pending_records == 0
 
 
+def is_merge(snapshot: Snapshot) -> bool:
+    """Whether a snapshot of the table is a merge (it records the change-log snapshot applied)."""
+    return SummaryKeys.CHANGELOG_APPLIED in summary_properties(snapshot)
+
+
+def last_merge(target: Table) -> Snapshot | None:
+    """The newest merge on the table's lineage: a merge snapshot is an ancestor of every later
+    one (the compactor's, maintenance's), and the newest merge's position is the one that counts."""
+    return next((s for s in ancestry(target) if is_merge(s)), None)
+
+
 def applied_snapshot_id(target: Table | None) -> int | None:
-    """The change-log snapshot the newest merge recorded in the table (None: none yet).
-
-    The table's own history is walked from its current snapshot through its parents: a merge
-    snapshot is an ancestor of every later one (the compactor's, maintenance's), and the
-    newest merge's position is the one that counts."""
-    if target is None:
-        return None
-    snapshot = target.current_snapshot()
-    while snapshot is not None:
-        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-        if (value := summary.get(SummaryKeys.CHANGELOG_APPLIED)) is not None:
-            return int(value)
-        snapshot = target.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
-    return None
+    """The change-log snapshot the newest merge recorded in the table (None: none yet)."""
+    merge = last_merge(target) if target is not None else None
+    return int(summary_properties(merge)[SummaryKeys.CHANGELOG_APPLIED]) if merge is not None else None
 
 
-def unapplied_snapshots(changelog: Table, applied: int | None) -> list[Any]:
+def unapplied_snapshots(changelog: Table, applied: int | None) -> list[Snapshot]:
     """The change-log snapshots after `applied`, oldest first (all of them when None).
 
     ValueError when `applied` is not an ancestor of the change log's current snapshot: it was
     expired, or the change log was dropped and made again (docs/runbooks/upsert-table-behind.md)."""
-    snapshot = changelog.current_snapshot()
-    newer: list[Any] = []
-    while snapshot is not None and snapshot.snapshot_id != applied:
-        newer.append(snapshot)
-        parent = snapshot.parent_snapshot_id
-        snapshot = changelog.snapshot_by_id(parent) if parent is not None else None
-    if applied is not None and snapshot is None:
+    lineage = ancestry(changelog)
+    ids = [s.snapshot_id for s in lineage]
+    if applied is not None and applied not in ids:
         raise ValueError(f"the change-log snapshot {applied} the table last applied is not in the change log's "
                          "history (expired, or the change log was recreated)")
-    return newer[::-1]
+    return lineage[:ids.index(applied) if applied is not None else len(lineage)][::-1]
 
 
 def merge_position(changelog: Table, target: Table | None) -> MergePosition:
@@ -157,9 +157,8 @@ def merge_position(changelog: Table, target: Table | None) -> MergePosition:
         oldest_pending_ms=with_records[0].timestamp_ms if with_records else None)
 
 
-def _added_records(snapshot: Any) -> int:
-    summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+def _added_records(snapshot: Snapshot) -> int:
     try:
-        return int(summary.get("added-records", 0))
+        return int(summary_properties(snapshot).get("added-records", 0))
     except ValueError:
         return 0

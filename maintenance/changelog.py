@@ -6,7 +6,7 @@ before that snapshot is in the table already, so once older than
 maintenance.changelog.keep_applied_seconds it can go:
 
 1. the data files those snapshots added leave the change log in one delete commit (Iceberg's
-   DeleteFiles, by path; `streamberg.operation: changelog-trim`). The merge reads only
+   DeleteFiles, given the DataFiles; `streamberg.operation: changelog-trim`). The merge reads only
    appends after its position, and the ingest finds its offsets by walking past
    snapshots without them, so neither notices;
 2. the change log's snapshots older than the applied one are expired (Iceberg's
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.changelog import applied_snapshot_id
+from streamberg.common.changelog import TRIM_OPERATION, applied_snapshot_id
 from streamberg.common.config import TableTarget
 from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import iterate
@@ -34,8 +34,6 @@ from streamberg.maintenance.confine import outside_reason
 from streamberg.maintenance.expire import predict_expired, timestamp_literal
 from streamberg.maintenance.reachability import only_referenced_by
 from streamberg.maintenance.step import SparkTable, Step, StepResult, detail
-
-TRIM_OPERATION = "changelog-trim"
 
 
 @dataclass

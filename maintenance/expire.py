@@ -37,11 +37,12 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
+from streamberg.common.changelog import is_merge
 from streamberg.common.config import ExpireConfig
 from streamberg.common.errors import LocationRefused
-from streamberg.common.offsets import ancestors, ancestry, committed_position, summary_properties
+from streamberg.common.offsets import ancestors, ancestry, committed_position
 from streamberg.common.redact import redact
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
+from streamberg.common.summary_keys import kafka_offsets_key
 from streamberg.common.table_files import live_data_files, pending_files
 from streamberg.common.times import iso_from_ms
 from streamberg.maintenance.confine import outside_reason
@@ -103,7 +104,7 @@ def merge_chain(table: Table) -> list[Snapshot]:
     chain = []
     for snapshot in ancestry(table):
         chain.append(snapshot)
-        if SummaryKeys.CHANGELOG_APPLIED in summary_properties(snapshot):
+        if is_merge(snapshot):
             return chain
     return []
 

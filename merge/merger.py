@@ -29,6 +29,7 @@ from streamberg.common.changelog import (
     OP,
     PARTITION,
     SOURCE_TS,
+    TRIM_OPERATION,
     applied_snapshot_id,
     merge_position,
 )
@@ -111,7 +112,7 @@ class Merger:
         target = self.catalog.load_table(self.target.identifier)
         position = merge_position(changelog, target)
         end = position.changelog_snapshot_id
-        if end is None or end == position.applied_snapshot_id or position.up_to_date:
+        if end is None or position.up_to_date:  # nothing with records after the applied snapshot
             return None
         log = self.log.bind(from_changelog_snapshot=position.applied_snapshot_id, to_changelog_snapshot=end,
                             pending_records=position.pending_records)
@@ -149,12 +150,7 @@ class Merger:
         from pyspark.sql import functions as F
         from pyspark.sql.window import Window
 
-        reader = self.spark.read.format("iceberg")
-        if applied is None:
-            reader = reader.option("snapshot-id", str(end))
-        else:  # appends after `applied` (exclusive) up to `end` (inclusive)
-            reader = reader.option("start-snapshot-id", str(applied)).option("end-snapshot-id", str(end))
-        changes = reader.load(self.spark_changelog)
+        changes = self._changes(applied, end)
         key = [F.col(_quote(k)) for k in self.keys]
         own = changes.select(*[F.col(_quote(c)) for c in [*columns, OP, PARTITION, OFFSET, SOURCE_TS]],
                              F.lit(0).alias("_streamberg_moved"))
@@ -190,15 +186,12 @@ class Merger:
         if len(since) == len(lineage) and lineage[0].parent_snapshot_id is not None:
             raise ResyncRefused("the change log's oldest kept snapshot is after that time (expired): it no longer "
                                 "holds every change since then")
-        if trimmed := [s for s in since if summary_properties(s).get(SummaryKeys.OPERATION) == "changelog-trim"]:
+        if trimmed := [s for s in since if summary_properties(s).get(SummaryKeys.OPERATION) == TRIM_OPERATION]:
             raise ResyncRefused(f"maintenance trimmed the change log at {trimmed[0].timestamp_ms} ms, after that time: "
                                 "it no longer holds every change since then")
         before = lineage[lineage.index(since[0]) - 1] if since[0] is not lineage[0] else None
-        reader = self.spark.read.format("iceberg")
-        reader = (reader.option("snapshot-id", str(since[-1].snapshot_id)) if before is None else
-                  reader.option("start-snapshot-id", str(before.snapshot_id))
-                  .option("end-snapshot-id", str(since[-1].snapshot_id)))
-        keys = reader.load(self.spark_changelog).select(*[F.col(_quote(k)) for k in self.keys]).distinct()
+        keys = self._changes(before.snapshot_id if before is not None else None, since[-1].snapshot_id) \
+            .select(*[F.col(_quote(k)) for k in self.keys]).distinct()
         keys.createOrReplaceTempView("streamberg_resync_keys")
         seen = keys.count()
         if seen == 0:
@@ -212,6 +205,16 @@ class Merger:
         outcome = ResyncOutcome(seen, deleted, snapshot.snapshot_id if snapshot is not None else None)
         self.log.info("rows the resync did not keep deleted", since_ms=since_ms, **outcome.to_dict())
         return outcome
+
+    def _changes(self, after: int | None, end: int) -> Any:
+        """The change log's rows appended after snapshot `after` (exclusive; None: from its
+        start) up to `end` (inclusive), as a Spark DataFrame."""
+        reader = self.spark.read.format("iceberg")
+        if after is None:
+            reader = reader.option("snapshot-id", str(end))
+        else:
+            reader = reader.option("start-snapshot-id", str(after)).option("end-snapshot-id", str(end))
+        return reader.load(self.spark_changelog)
 
     def _merge_sql(self, columns: list[str]) -> str:
         on = " AND ".join(f"t.{_quote(k)} = c.{_quote(k)}" for k in self.keys)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.changelog import merge_position
+from streamberg.common.changelog import last_merge, merge_position
 from streamberg.common.clustering import health, health_by_partition
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
@@ -158,7 +158,7 @@ def merge_facts(config: StreambergConfig, changelog: Table | None, changelog_nam
     """The merge lag (change-log snapshots and records not applied, and their age), the last
     merge, and the table's deletes against its rows."""
     position = merge_position(changelog, table) if changelog is not None else None
-    last = next((s for s in ancestry(table) if SummaryKeys.CHANGELOG_APPLIED in summary_properties(s)), None)
+    last = last_merge(table)
     files, has_deletes = live_data_files(table, cache)
     stats = delete_stats(table, files, cache) if has_deletes else {}
     rules = DueRules.from_config(config.compactor)
