@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -42,7 +41,7 @@ from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
 from streamberg.ingest.decoding import DecodeResult
-from streamberg.ingest.envelopes_avro import AvroChanges
+from streamberg.ingest.envelopes_avro import AvroChanges, Changes
 from streamberg.ingest.json_decode import JsonDecoder, epoch_units
 from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.unknown_fields import UnknownField
@@ -50,21 +49,6 @@ from streamberg.ingest.unknown_fields import UnknownField
 Envelope = Literal["debezium", "upsert"]
 # source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
 _MAX_TS_MS = 10**15
-
-
-@dataclass
-class Changes:
-    """A batch's change events read: the row images (in the change log's row columns) and,
-    aligned with them, the op, the before key and the source time; the rest accounted."""
-
-    rows: pa.Table
-    kept: np.ndarray  # batch indexes of the rows, ascending
-    ops: pa.Array
-    before_key: pa.Array
-    source_ms: pa.Array  # int64 ms, null where unknown
-    rejected: list[tuple[int, Any]]
-    unknown: list[UnknownField]
-    skipped: int
 
 
 class _Refused(Exception):
@@ -153,7 +137,7 @@ class EnvelopeDecoder(RecordDecoder):
             raise ValueError("the change log records each change's Kafka position: positions are needed")
         partitions, offsets = positions
         if self.avro is not None:
-            return self._assemble(Changes(*self.avro.read(values)), partitions, offsets)
+            return self._assemble(self.avro.read(values), partitions, offsets)
         ops: dict[int, str] = {}
         times: dict[int, int] = {}
         images: list[tuple[int, bytes]] = []

@@ -19,6 +19,7 @@ letter with the reason; an update whose before and after keys differ records the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,21 @@ from streamberg.ingest.json_values import Widening
 from streamberg.ingest.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
+
+
+@dataclass
+class Changes:
+    """A batch's change events read: the row images (in the change log's row columns) and,
+    aligned with them, the op, the before key and the source time; the rest accounted."""
+
+    rows: pa.Table
+    kept: np.ndarray  # batch indexes of the rows, ascending
+    ops: pa.Array
+    before_key: pa.Array
+    source_ms: pa.Array  # int64 ms, null where unknown
+    rejected: list[tuple[int, Any]]
+    unknown: list[UnknownField]
+    skipped: int
 
 
 def envelope_schema(rows: Sequence[NestedField]) -> Schema:
@@ -67,9 +83,7 @@ class AvroChanges:
                                      "report" if unknown == "report" else "ignore")
         self.keys, self.required, self.row_schema, self.key_type = list(keys), list(required), row_schema, key_type
 
-    def read(self, values: list[bytes | None]) -> tuple[pa.Table, np.ndarray, pa.Array, pa.Array, pa.Array,
-                                                         list[tuple[int, Any]], list[UnknownField], int]:
-        """(rows, kept batch indexes, ops, before keys, source ms, rejected, unknown, skipped)."""
+    def read(self, values: list[bytes | None]) -> Changes:
         present = np.asarray([i for i, v in enumerate(values) if v is not None], dtype=np.int64)
         skipped = len(values) - len(present)  # the tombstones after deletes
         result = self.envelopes.decode([values[int(i)] for i in present])
@@ -124,7 +138,7 @@ class AvroChanges:
             path = u.path[1:]
             seen = unknown.get(path)
             unknown[path] = UnknownField(path, u.type, rows_of if seen is None else np.union1d(seen.rows, rows_of))
-        return rows, kept, ops_out, moved, source_ms, rejected, list(unknown.values()), skipped
+        return Changes(rows, kept, ops_out, moved, source_ms, rejected, list(unknown.values()), skipped)
 
     def _moved(self, before: pa.StructArray, after: pa.StructArray, chosen: np.ndarray, ops: pa.Array) -> pa.Array:
         """The before key of each update that changed the key, null elsewhere."""
