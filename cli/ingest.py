@@ -84,7 +84,10 @@ dead-letter table with the reason.
 
 Without --max-records or --duration it runs until interrupted; Ctrl-C (SIGINT/SIGTERM)
 stops gracefully (writers flush, the committer commits), a second Ctrl-C stops at once.
-Prints a JSON line on exit: run id, records consumed, seconds, why it stopped.""",
+Prints a JSON line on exit: run id, records consumed, seconds, why it stopped. Exit status:
+0 after a bounded or requested stop, 1 when the run failed (the reason in one line), 2 for an
+invalid configuration, 3 when it was fenced (another ingest writes this table: a restart
+cannot help).""",
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config")
     parser.add_argument("--parallelism", type=int, default=None, help="writer subtasks (default: ingest.parallelism)")

@@ -62,7 +62,8 @@ def _merge(args: argparse.Namespace) -> int:
         install_stop_handlers(stop)
     since = None if args.resynced_since is None else int(args.resynced_since.timestamp() * 1000)
     try:
-        summary = run_merge(config, MergeOptions(once=once, resynced_since_ms=since), stop=stop)
+        summary = run_merge(config, MergeOptions(once=once, resynced_since_ms=since,
+                                                 ignore_dead_letters=args.ignore_dead_letters), stop=stop)
     except MergeError as exc:
         raise CommandError(str(exc)) from exc
     print(redact(json.dumps(summary)))
@@ -80,5 +81,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the source was resynced (every row sent again, op r) from this time: after merging, "
                              "delete the rows whose key no change since then touched (deleted in the source while "
                              "its change stream was lost); refused unless the change log holds every change since "
-                             "then. Implies --once (docs/runbooks/source-table-resynced.md)")
+                             "then, or while records of the table went to the dead letters since then. Implies "
+                             "--once (docs/runbooks/source-table-resynced.md)")
+    parser.add_argument("--ignore-dead-letters", action="store_true",
+                        help="with --resynced-since: delete even though records of the table went to the dead "
+                             "letters since then (their rows are deleted too; replay them first instead)")
     parser.set_defaults(func=_merge)

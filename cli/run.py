@@ -9,29 +9,35 @@ from typing import Any
 
 from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.errors import ConfigError
+from streamberg.common.config.components import COMPONENTS
+from streamberg.common.errors import ConfigError, IngestFenced
+from streamberg.common.exit_codes import ExitCode
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Runs the whole loop on this machine: the ingest (`streamberg ingest`), the continuous
-compactor (`streamberg compact`) and scheduled maintenance (`streamberg maintain`), each its
-own process under one small supervisor. This is the embedded local default; on clusters the
-same components run under Flink and Spark as deploy/ describes.
+compactor (`streamberg compact`), scheduled maintenance (`streamberg maintain`) and, for a
+primary-key table, the merge stage (`streamberg merge`), each its own process under one
+small supervisor (run.components: {','.join(COMPONENTS)} by default). This is the
+embedded local default; on clusters the same components run under Flink and Spark as
+deploy/ describes.
 
 - Ctrl-C / SIGTERM stops them all gracefully (the ingest drains and commits, the compactor
   finishes its pass, maintenance its step); each gets run.stop_timeout_seconds, then
   SIGKILL. A second Ctrl-C kills at once (safe: commits are atomic).
 - A component that exits is restarted with exponential backoff (run.restart_backoff_seconds
   up to run.restart_backoff_max_seconds); restarts are logged and counted.
-- A fenced ingest (another ingest writes this table) and an invalid configuration (exit 2)
-  are not restarted: the supervisor stops the others and exits 1 or 2.
+- A fenced ingest (another ingest writes this table; it exits {ExitCode.FENCED.value}) and an invalid
+  configuration (exit {ExitCode.USAGE.value}) are not restarted: the supervisor stops the others
+  and exits with that code.
 - The compactor and maintenance wait for the ingest to create the table
   (compactor/maintenance.wait_for_table_seconds).
 - Every line a component prints carries its name. On a terminal a live status line shows
   committed records and rate, lag, pending files, last optimize and the health verdict,
   refreshed every run.status_interval_seconds; otherwise the same facts are logged.
 
-Prints one JSON summary line on stdout when it stops. Exit status: 0 after a requested
-stop, 1 when the ingest was fenced, 2 for an invalid configuration.
+Prints one JSON summary line on stdout when it stops. Exit status: {ExitCode.OK.value} after a requested
+stop, {ExitCode.FENCED.value} when the ingest was fenced, {ExitCode.USAGE.value} for an invalid configuration,
+{ExitCode.FAILED.value} when the loop could not start.
 
 Examples:
   streamberg run --config examples/demo.yaml
@@ -94,10 +100,10 @@ def _run(args: argparse.Namespace) -> int:
                             status_collector=status_collector(config))
     code = supervisor.run()
     print(json.dumps(supervisor.summary()), flush=True)
-    if code == 1:
-        raise CommandError("the ingest was fenced: another ingest instance is writing this table "
+    if code == ExitCode.FENCED:
+        raise IngestFenced("the ingest was fenced: another ingest instance is writing this table "
                            "(see its message above); stopped without restarting")
-    if code == 2:
+    if code == ExitCode.USAGE:
         # ConfigError: the CLI's exit 2, as the component's own.
         raise ConfigError(f"run stopped: {supervisor.stop_reason} (see the component's message above)")
     return code
@@ -112,6 +118,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration", type=float, default=None,
                         help="stop gracefully after this many seconds (default: until Ctrl-C/SIGTERM)")
     parser.add_argument("--components", type=_components, default=None, metavar="A,B",
-                        help="which components to run (default: run.components: ingest,compact,maintain)")
+                        help=f"which components to run (default: run.components: {','.join(COMPONENTS)})")
     parser.add_argument("--no-status", action="store_true", help="no status line / periodic status log")
     parser.set_defaults(func=_run)

@@ -47,6 +47,8 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from streamberg.common.config.bounds import DECIMAL_MAX_PRECISION
+from streamberg.common.config.types import MAX_FIELD_NAME, MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH
 from streamberg.common.errors import UnsupportedSchemaError
 
 _PRIMITIVES: dict[str, IcebergType] = {
@@ -64,16 +66,34 @@ _AVRO_LOGICAL: dict[type, tuple[str, str]] = {
     DateType: ("int", "date"), TimeType: ("long", "time-micros"), TimestamptzType: ("long", "timestamp-micros"),
     TimestampType: ("long", "local-timestamp-micros"), UUIDType: ("string", "uuid"),
 }
-# How deep a writer schema may nest (the table's own bound, common/config/types.py).
-MAX_AVRO_DEPTH = 16
+# How deep a writer schema may nest, and how many fields it may hold once its named types are
+# expanded: the table's own bounds (common/config/types.py), checked before anything is expanded.
+MAX_AVRO_DEPTH = MAX_TYPE_DEPTH
+MAX_AVRO_FIELDS = MAX_SCHEMA_FIELDS
+
+
+def _parse(avro: Any) -> tuple[Any, dict[str, Any]]:
+    """fastavro's reading of a schema: names resolved as the Avro specification says (a name
+    without a dot takes the enclosing namespace; references by full name), every named type
+    by its full name. Nothing is expanded."""
+    from fastavro import parse_schema
+
+    named: dict[str, Any] = {}
+    try:
+        parsed = parse_schema(avro, named_schemas=named, _write_hint=False)
+    except Exception as exc:  # noqa: BLE001 - fastavro's refusals are many classes; each is the schema's fault
+        raise UnsupportedSchemaError(f"Avro schema: not a valid schema ({type(exc).__name__}: {str(exc)[:200]})") \
+            from None
+    return parsed, named
 
 
 class _Converter:
-    """One writer schema, visited once; named types may be referenced by name later on."""
+    """One writer schema, parsed by fastavro; its named types looked up by full name."""
 
-    def __init__(self) -> None:
+    def __init__(self, named: dict[str, Any]) -> None:
         self.ids = itertools.count(1)
-        self.named: dict[str, Any] = {}
+        self.named = named
+        self.sizes: dict[str, tuple[int, int]] = {}  # full name -> (fields, depth) once expanded
 
     def nullable(self, schema: Any) -> tuple[Any, bool]:
         """(the type inside an optional union, True) or (the schema, False)."""
@@ -83,6 +103,55 @@ class _Converter:
                 return others[0], True
         return schema, False
 
+    # -- the bounds, before any expansion -----------------------------------------------
+    def check_bounds(self, schema: Any) -> None:
+        fields, depth = self.measure(schema, ())
+        if depth > MAX_AVRO_DEPTH:
+            raise UnsupportedSchemaError(f"Avro schema: nests {depth} levels deep; at most {MAX_AVRO_DEPTH}")
+        if fields > MAX_AVRO_FIELDS:
+            raise UnsupportedSchemaError(f"Avro schema: holds {fields:,} fields once its named types are expanded; "
+                                         f"at most {MAX_AVRO_FIELDS:,} (a record reused many times over)")
+
+    def measure(self, schema: Any, visiting: tuple[str, ...]) -> tuple[int, int]:
+        """(fields, depth) of a type with its references expanded, each named type measured
+        once: a schema that reuses a record a million times is measured in its own size."""
+        if isinstance(schema, str):
+            if schema in self.named:
+                if schema in visiting:
+                    raise UnsupportedSchemaError(f"Avro schema: type {schema!r} contains itself; a table has no "
+                                                 "recursive types")
+                if schema not in self.sizes:
+                    self.sizes[schema] = self.measure(self.named[schema], visiting)
+                return self.sizes[schema]
+            return 0, 0
+        if isinstance(schema, list):
+            sizes = [self.measure(s, visiting) for s in schema]
+            return sum(f for f, _ in sizes), max((d for _, d in sizes), default=0)
+        if not isinstance(schema, dict):
+            return 0, 0
+        kind = schema.get("type")
+        name = schema.get("name")
+        if kind in ("record", "error") and isinstance(name, str):
+            if name in visiting:
+                raise UnsupportedSchemaError(f"Avro schema: type {name!r} contains itself; a table has no recursive "
+                                             "types")
+            visiting = (*visiting, name)
+        if kind in ("record", "error"):
+            inner = [self.measure(f.get("type"), visiting) for f in schema.get("fields", []) if isinstance(f, dict)]
+            fields = len(inner) + sum(f for f, _ in inner)
+            depth = 1 + max((d for _, d in inner), default=0)
+        elif kind in ("array", "map"):
+            fields, depth = self.measure(schema.get("items" if kind == "array" else "values"), visiting)
+            depth += 1
+        else:
+            return 0, 0
+        if fields > MAX_AVRO_FIELDS or depth > MAX_AVRO_DEPTH:
+            raise UnsupportedSchemaError(
+                f"Avro schema: {('type ' + repr(name)) if isinstance(name, str) else 'a type'} holds more than "
+                f"{MAX_AVRO_FIELDS:,} fields or nests more than {MAX_AVRO_DEPTH} levels once expanded")
+        return fields, depth
+
+    # -- the conversion ---------------------------------------------------------------------
     def convert(self, schema: Any, path: str, depth: int = 0) -> IcebergType:
         if depth > MAX_AVRO_DEPTH:
             raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'} nests more than {MAX_AVRO_DEPTH} levels")
@@ -103,15 +172,16 @@ class _Converter:
         if not isinstance(schema, dict):
             raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'}: {json.dumps(schema)[:80]} is not a type")
         kind, logical = schema.get("type"), schema.get("logicalType")
-        if isinstance(schema.get("name"), str) and kind in ("record", "enum", "fixed"):
-            self.named[schema["name"]] = schema
-            if isinstance(schema.get("namespace"), str):
-                self.named[f"{schema['namespace']}.{schema['name']}"] = schema
         if logical == "decimal" and kind in ("bytes", "fixed"):
-            return DecimalType(int(schema["precision"]), int(schema.get("scale", 0)))
+            precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
+            if not 0 < precision <= DECIMAL_MAX_PRECISION or not 0 <= scale <= precision:
+                raise UnsupportedSchemaError(f"Avro schema: {path or 'the record'} is decimal({precision},{scale}); "
+                                             f"a table's decimal has a precision of 1 to {DECIMAL_MAX_PRECISION} and a "
+                                             "scale within it")
+            return DecimalType(precision, scale)
         if logical in _LOGICAL:
             return _LOGICAL[logical]
-        if kind == "record":
+        if kind in ("record", "error"):
             return StructType(*self.fields(schema.get("fields", []), path, depth + 1))
         if kind == "array":
             element, optional = self.nullable(schema["items"])
@@ -130,16 +200,26 @@ class _Converter:
         for f in fields:
             name = f["name"]
             child = f"{path}.{name}" if path else name
+            if len(name) > MAX_FIELD_NAME:
+                raise UnsupportedSchemaError(f"Avro schema: a field name of {len(name):,} characters at "
+                                             f"{path or 'the record'}; at most {MAX_FIELD_NAME}")
             inner, optional = self.nullable(f["type"])
             optional = optional or ("default" in f and f["default"] is None)
             yield NestedField(next(self.ids), name, self.convert(inner, child, depth), required=not optional,
                               doc=f.get("doc") if isinstance(f.get("doc"), str) else None)
 
 
+def _converted(avro: Any) -> IcebergType:
+    parsed, named = _parse(avro)
+    converter = _Converter(named)
+    converter.check_bounds(parsed)
+    inner, _ = converter.nullable(parsed)
+    return converter.convert(inner, "")
+
+
 def iceberg_type(avro: str | dict | list) -> IcebergType:
     """The Iceberg type of any Avro schema (a Kafka key's: a primitive often; parsed JSON)."""
-    inner, _ = _Converter().nullable(avro)
-    return _Converter().convert(inner, "")
+    return _converted(avro)
 
 
 def iceberg_schema(avro: str | dict) -> Schema:
@@ -148,7 +228,7 @@ def iceberg_schema(avro: str | dict) -> Schema:
     if not isinstance(parsed, dict) or parsed.get("type") != "record":
         raise UnsupportedSchemaError("Avro schema: a table is made from a record schema (the value's type is "
                                      f"{json.dumps(parsed)[:60]})")
-    struct = _Converter().convert(parsed, "")
+    struct = _converted(parsed)
     assert isinstance(struct, StructType)
     return Schema(*struct.fields)
 

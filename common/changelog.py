@@ -12,7 +12,13 @@ the key) and the change log's own:
   keys differ), else null;
 - `_kafka_partition`, `_kafka_offset`: where the change was read; the merge orders the changes
   of a key by them (a key lives in one partition);
-- `_source_ts`: Debezium's `source.ts_ms`, when the change happened in the source.
+- `_source_ts`: Debezium's `source.ts_ms`, when the change happened in the source;
+- `_source_seq`: the change's position in the source (a Debezium connector's log position,
+  ingest/source_position.py), as text whose order is the source's order (`encode_sequence`).
+
+The merge decides which of two changes of a key is the newer by their sequence
+(docs/cdc.md#order): `table.sequence_field` when set, else `_source_seq`, else the Kafka
+offset, which orders only within one partition.
 
 The merge stage (merge/) applies the change log to the table and records the change-log
 snapshot it applied in its own snapshot's summary (SummaryKeys.CHANGELOG_APPLIED); monitoring
@@ -25,14 +31,23 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import StringType, TimestamptzType
 
-from streamberg.common.config import CHANGELOG_COLUMNS, CHANGELOG_TARGET_PROPERTY, FieldConfig, StreambergConfig
+from streamberg.common.config import (
+    CHANGELOG_COLUMNS,
+    CHANGELOG_TARGET_PROPERTY,
+    FieldConfig,
+    StreambergConfig,
+    TableConfig,
+)
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.summary_keys import SummaryKeys
 
-OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS = CHANGELOG_COLUMNS
+OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS, SOURCE_SEQ = CHANGELOG_COLUMNS
 OPS = ("c", "u", "d", "r")
 DELETE = "d"
 # Change-log table properties: the table it feeds, and the table's required columns (the
@@ -45,6 +60,32 @@ TRIM_OPERATION = "changelog-trim"
 
 def changelog_identifier(config: StreambergConfig) -> str:
     return config.merge.changelog_table or f"{config.table.identifier}_changelog"
+
+
+def key_state_identifier(config: StreambergConfig) -> str:
+    """The merge's key state (merge/key_state.py): the last sequence applied per key."""
+    return config.merge.key_state_table or f"{config.table.identifier}_merge_keys"
+
+
+# Sequences are text whose byte order is the order of what they encode, so Spark, pyiceberg and
+# any reader compare them as strings. A sequence is a tuple of non-negative integers, each
+# written as its decimal digits after a two-digit count of them ("0212" is 12, "03100" is
+# 100): a longer number sorts after a shorter one, and the tuples of one source all have the
+# same length. A text sequence (a string sequence_field) is the text itself.
+SEQUENCE_DIGITS_MAX = 99
+
+
+def encode_sequence(*parts: int) -> str | None:
+    """The ordered text of a tuple of non-negative integers; None when a part is not one."""
+    out = []
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, int) or part < 0:
+            return None
+        digits = str(part)
+        if len(digits) > SEQUENCE_DIGITS_MAX:
+            return None
+        out.append(f"{len(digits):02d}{digits}")
+    return "".join(out) if out else None
 
 
 def ingest_config(config: StreambergConfig) -> StreambergConfig:
@@ -73,12 +114,13 @@ def changelog_config(config: StreambergConfig) -> StreambergConfig:
         _field({"name": PARTITION, "type": "int", "required": True}),
         _field({"name": OFFSET, "type": "long", "required": True}),
         _field({"name": SOURCE_TS, "type": "timestamptz"}),
+        _field({"name": SOURCE_SEQ, "type": "string"}),
     ]
     required = [f.name for f in table.schema_ if f.required and f.name not in keys]
     properties = {**table.properties, TARGET_PROPERTY: table.identifier, REQUIRED_PROPERTY: json.dumps(required)}
     changelog = table.model_copy(update={
         "identifier": changelog_identifier(config), "schema_": columns, "partition_spec": [], "primary_key": [],
-        "properties": properties})
+        "sequence_field": None, "properties": properties})
     target = config.ingest_target
     return config.model_copy(update={
         "table": changelog,
@@ -86,6 +128,24 @@ def changelog_config(config: StreambergConfig) -> StreambergConfig:
         "kafka": config.kafka.model_copy(update={"group_id": target.consumer_group}),
         "dead_letter": config.dead_letter.model_copy(update={"table": target.dead_letter_table}),
     })
+
+
+def add_own_columns(catalog: Catalog, changelog: TableConfig) -> None:
+    """Add to an existing change log the change log's own columns it lacks (optional ones: a
+    change log made by an earlier release has no `_source_seq`); the ingest calls it before it
+    checks the change log against its configuration."""
+    try:
+        table = catalog.load_table(changelog.identifier)
+    except NoSuchTableError:
+        return
+    have = {f.name for f in table.schema().fields}
+    missing = [f for f in changelog.schema_ or () if f.name in CHANGELOG_COLUMNS and f.name not in have
+               and not f.required]
+    if not missing:
+        return
+    with table.update_schema() as update:
+        for f in missing:
+            update.add_column(f.name, StringType() if f.type == "string" else TimestamptzType())
 
 
 def _field(spec: dict[str, Any]) -> FieldConfig:

@@ -70,6 +70,12 @@ class RegistryUnavailable(StreambergError):
     refusing the credentials, or not knowing the schema id): the records stay in Kafka."""
 
 
+class SchemaNotFound(StreambergError):
+    """The registry answered, after its retries, that it has no such schema (HTTP 404), and
+    kafka.schema_registry.on_unknown_schema is dead-letter: the records naming it are dead
+    letters with the id in their reason."""
+
+
 # -- ingest -------------------------------------------------------------------------------------
 class FencedError(StreambergError):
     """Raised when another committer moved the table's offsets: committing now would duplicate."""

@@ -51,6 +51,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from streamberg.common.config.types import MAX_FIELD_NAME, MAX_SCHEMA_FIELDS
 from streamberg.common.errors import UnsupportedSchemaError
 
 # How deep a message may nest (the table's own bound, common/config/types.py), and how many
@@ -182,8 +183,39 @@ def is_repeated(fd: Any) -> bool:
     return fd.label == FieldDescriptor.LABEL_REPEATED
 
 
+def _measure(desc: Any, sizes: dict[str, tuple[int, int]], visiting: tuple[str, ...]) -> tuple[int, int]:
+    """(fields, depth) of a message with its message fields expanded, each message measured
+    once: a schema reusing one message at every level is measured in its own size, not its
+    expansion's (a 1 KB schema can expand to millions of fields)."""
+    name = desc.full_name
+    if name in (TIMESTAMP, DATE) or name in _WRAPPERS:
+        return 0, 0
+    if name in sizes:
+        return sizes[name]
+    if name in visiting:
+        return 0, 0  # recursion: the conversion refuses it with its path
+    fields, depth = 0, 0
+    for fd in desc.fields:
+        if len(fd.name) > MAX_FIELD_NAME:
+            raise UnsupportedSchemaError(f"Protobuf schema: a field name of {len(fd.name):,} characters in {name}; at "
+                                         f"most {MAX_FIELD_NAME}")
+        inner = fd.message_type
+        if inner is not None and is_map(fd):
+            inner = inner.fields_by_name["value"].message_type
+        sub_fields, sub_depth = _measure(inner, sizes, (*visiting, name)) if inner is not None else (0, 0)
+        fields += 1 + sub_fields
+        depth = max(depth, sub_depth)
+        if fields > MAX_SCHEMA_FIELDS:
+            raise UnsupportedSchemaError(f"Protobuf schema: {name} holds more than {MAX_SCHEMA_FIELDS:,} fields once "
+                                         "its messages are expanded (a message reused many times over)")
+    sizes[name] = (fields, depth + 1)
+    return sizes[name]
+
+
 def iceberg_schema(message: Any) -> Schema:
-    """The Iceberg schema of a Protobuf message descriptor."""
+    """The Iceberg schema of a Protobuf message descriptor (its size bounded before it is
+    expanded)."""
+    _measure(message, {}, ())
     struct = _Converter().message(message, "", ())
     if not isinstance(struct, StructType):
         raise UnsupportedSchemaError(f"Protobuf schema: a table is made from a message of fields, not a {message.full_name}")

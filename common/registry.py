@@ -5,7 +5,10 @@ fetched (a schema id never changes meaning); this module builds it from
 `kafka.schema_registry` and puts the one retry policy around it: a registry that is down,
 slow, or answers an error is asked again with exponential backoff, then the caller gets a
 RegistryUnavailable naming the registry (credentials redacted) and the last answer. Nothing
-is skipped meanwhile: the records wait in Kafka.
+is skipped meanwhile: the records wait in Kafka. The one exception is a schema the registry
+says it does not have (HTTP 404, taken at once) with
+`kafka.schema_registry.on_unknown_schema: dead-letter`: the caller gets SchemaNotFound, and
+the records naming that id become dead letters.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from streamberg.common.config.sections import SchemaRegistryConfig
-from streamberg.common.errors import RegistryUnavailable
+from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
 from streamberg.common.redact import redact
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 
@@ -37,11 +40,18 @@ class WriterSchemas:
 
     def _ask(self, what: str, call: Callable[[], T]) -> T:
         try:
-            for attempt in commit_retrying(self.retries, lambda exc: True, max_backoff_seconds=self.max_backoff,
+            # A 404 is an answer, not an outage: with dead-letter it is taken at once (a hostile
+            # stream naming unknown ids must not hold the writer in backoff).
+            dead_letter = self.config.on_unknown_schema == "dead-letter"
+            retry = lambda exc: not (dead_letter and _not_found(exc))  # noqa: E731 - one predicate
+            for attempt in commit_retrying(self.retries, retry, max_backoff_seconds=self.max_backoff,
                                            event="schema registry did not answer; retrying"):
                 with attempt:
                     return call()
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the registry's, after the retries
+            if self.config.on_unknown_schema == "dead-letter" and _not_found(exc):
+                raise SchemaNotFound(f"the schema registry has no {what} (HTTP 404: {redact(str(exc))[:200]}; "
+                                     "kafka.schema_registry.on_unknown_schema: dead-letter)") from None
             raise RegistryUnavailable(
                 f"schema registry {redact(self.config.url)}: {what} failed {self.retries + 1} times; last: "
                 f"{type(exc).__name__}: {redact(str(exc))[:300]}") from None
@@ -79,6 +89,11 @@ class WriterSchemas:
         registered = self._ask(f"the latest version of subject {subject!r}",
                                lambda: self.client.get_latest_version(subject, fmt))
         return registered.schema_id, registered.schema
+
+
+def _not_found(exc: BaseException) -> bool:
+    """The registry's answer that it has no such schema, subject or version."""
+    return getattr(exc, "http_status_code", None) == 404
 
 
 def value_subject(topic: str) -> str:

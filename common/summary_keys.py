@@ -90,6 +90,9 @@ class SummaryKeys:
     MERGE_CHANGES = "streamberg.merge.changes"  # change-log rows this merge read
     MERGE_KEYS = "streamberg.merge.keys"  # distinct keys they touched (the last change of each applied)
     MERGE_DELETES = "streamberg.merge.deletes"  # keys whose last change is a delete
+    # keys whose last change in the batch was older than the table's (a replay, a rewound
+    # topic): not applied (merge/order.py)
+    MERGE_STALE = "streamberg.merge.stale"
     MERGE_CHANGELOG_SNAPSHOTS = "streamberg.merge.changelog-snapshots"  # change-log snapshots applied
 
     # -- benchmarks (bench/) ----------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -39,20 +38,20 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
 from streamberg.common.avro_schema import iceberg_schema as avro_iceberg_schema
 from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
-from streamberg.common.config import StreambergConfig
+from streamberg.common.changelog import add_own_columns
+from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
+from streamberg.common.dead_letter_outbox import applied_key, pending_files
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.protobuf_schema import iceberg_schema as protobuf_iceberg_schema
 from streamberg.common.protobuf_schema import message_descriptor
 from streamberg.common.registry import WriterSchemas, value_subject
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 
@@ -84,6 +83,8 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
     catalog = load_catalog(config.catalog)
+    if CHANGELOG_TARGET_PROPERTY in config.table.properties:
+        add_own_columns(catalog, config.table)
     derive = (lambda: registry_schema(config)) if config.kafka.value_format != "json" else None
     return (catalog, ensure_table(catalog, config.table, derive),
             ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table))
@@ -153,39 +154,6 @@ def _file_at(dlq: Table, path: str) -> WrittenFile:
         parquet_column_mapping=parquet_path_to_id_mapping(schema))
     return WrittenFile(path=path, record_count=metadata.num_rows, size_bytes=len(dlq.io.new_input(path)),
                        spec_id=dlq.spec().spec_id, partition=(), stats=statistics.to_serialized_dict())
-
-
-def _order(table: Table, snapshot: Snapshot) -> int:
-    # Sequence numbers grow along a v2 lineage; a v1 table has none, and its single
-    # committer's timestamps grow too.
-    return snapshot.sequence_number if table.format_version >= 2 and snapshot.sequence_number else snapshot.timestamp_ms
-
-
-@dataclass(frozen=True)
-class PendingFile:
-    order: int  # of the main snapshot that named it
-    snapshot_id: int
-    path: str
-    records: int
-
-
-def applied_key(main_identifier: str) -> str:
-    return f"{TablePropertyKeys.DLQ_APPLIED_PREFIX}{main_identifier}"
-
-
-def pending_files(main: Table, dlq: Table, main_identifier: str) -> list[PendingFile]:
-    """Dead-letter files the main lineage committed and the dead-letter table lacks, oldest first."""
-    applied = int(dlq.properties.get(applied_key(main_identifier), -1))
-    pending = []
-    for snapshot in ancestry(main):
-        order = _order(main, snapshot)
-        if order <= applied:
-            break
-        props = summary_properties(snapshot)
-        path = props.get(SummaryKeys.DEAD_LETTER_FILE)
-        if path:
-            pending.append(PendingFile(order, snapshot.snapshot_id, path, int(props.get(SummaryKeys.DEAD_LETTERS, 0))))
-    return pending[::-1]
 
 
 def apply_dead_letter_files(catalog: Catalog, main_identifier: str, dlq_identifier: str, retries: int,

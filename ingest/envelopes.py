@@ -36,7 +36,17 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StructType
 
-from streamberg.common.changelog import BEFORE_KEY, DELETE, OFFSET, OP, OPS, PARTITION, SOURCE_TS, required_columns
+from streamberg.common.changelog import (
+    BEFORE_KEY,
+    DELETE,
+    OFFSET,
+    OP,
+    OPS,
+    PARTITION,
+    SOURCE_SEQ,
+    SOURCE_TS,
+    required_columns,
+)
 from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
@@ -44,6 +54,7 @@ from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.envelopes_avro import AvroChanges, Changes
 from streamberg.ingest.json_decode import JsonDecoder, epoch_units
 from streamberg.ingest.records import RecordDecoder
+from streamberg.ingest.source_position import source_sequence
 from streamberg.ingest.unknown_fields import UnknownField
 
 Envelope = Literal["debezium", "upsert"]
@@ -140,6 +151,7 @@ class EnvelopeDecoder(RecordDecoder):
             return self._assemble(self.avro.read(values), partitions, offsets)
         ops: dict[int, str] = {}
         times: dict[int, int] = {}
+        sequences: dict[int, str] = {}
         images: list[tuple[int, bytes]] = []
         deletes: list[tuple[int, bytes]] = []
         moved: list[tuple[int, bytes]] = []
@@ -157,10 +169,12 @@ class EnvelopeDecoder(RecordDecoder):
             if change is None:
                 skipped += 1
                 continue
-            op, image, before_key, ts = change
+            op, image, before_key, ts, seq = change
             ops[i] = op
             if ts is not None:
                 times[i] = ts
+            if seq is not None:
+                sequences[i] = seq
             (deletes if op == DELETE else images).append((i, image))
             if before_key is not None:
                 moved.append((i, before_key))
@@ -188,6 +202,7 @@ class EnvelopeDecoder(RecordDecoder):
         return self._assemble(Changes(table, kept, pa.array([ops[int(i)] for i in kept], pa.string()),
                                       self._before_column(before, kept),
                                       pa.array([times.get(int(i)) for i in kept], pa.int64()),
+                                      pa.array([sequences.get(int(i)) for i in kept], pa.string()),
                                       rejected, unknown, skipped), partitions, offsets)
 
     def _assemble(self, changes: Changes, partitions: Sequence[int], offsets: Sequence[int]) -> DecodeResult:
@@ -199,15 +214,33 @@ class EnvelopeDecoder(RecordDecoder):
         columns[PARTITION] = pa.array(np.asarray(partitions, dtype=np.int32)[kept], pa.int32())
         columns[OFFSET] = pa.array(np.asarray(offsets, dtype=np.int64)[kept], pa.int64())
         columns[SOURCE_TS] = pc.multiply(changes.source_ms, 1000).cast(pa.timestamp("us", tz="UTC"))
+        columns[SOURCE_SEQ] = changes.source_seq
         # Cast only what differs: a struct with null entries over required children (the
         # before key) cannot be cast, and is built in its exact type already.
         out = pa.Table.from_arrays([columns[f.name] if columns[f.name].type == f.type else columns[f.name].cast(f.type)
                                     for f in self.file_schema], schema=self.file_schema)
-        return DecodeResult(table=out, kept=kept, rejected=sorted(changes.rejected, key=lambda r: r[0]),
-                            unknown=changes.unknown, skipped=changes.skipped)
+        rejected, unknown = list(changes.rejected), list(changes.unknown)
+        if reserved := [u for u in unknown if u.path[0] in CHANGELOG_COLUMNS]:
+            # A source column named like one of the change log's own could never be kept (the
+            # change log has that name already): refused by name, the first time it is seen.
+            at: dict[int, str] = {}
+            for u in reserved:
+                for row in u.rows.tolist():
+                    at.setdefault(int(row), f"field {u.path[0]!r} has a name the change log reserves for its own "
+                                            f"columns ({', '.join(CHANGELOG_COLUMNS)}): a source column of that "
+                                            "name cannot be kept; rename it in the source (docs/cdc.md, reserved names)")
+            keep = ~np.isin(kept, np.asarray(list(at), dtype=np.int64))
+            out, kept = out.filter(pa.array(keep)), kept[keep]
+            rejected += list(at.items())
+            unknown = [u for u in unknown if u.path[0] not in CHANGELOG_COLUMNS]
+            for u in unknown:
+                u.rows = u.rows[np.isin(u.rows, kept)]
+            unknown = [u for u in unknown if len(u.rows)]
+        return DecodeResult(table=out, kept=kept, rejected=sorted(rejected, key=lambda r: r[0]),
+                            unknown=unknown, skipped=changes.skipped)
 
     # -- one record's envelope --------------------------------------------------------
-    def _debezium(self, value: bytes | None) -> tuple[str, bytes, bytes | None, int | None] | None:
+    def _debezium(self, value: bytes | None) -> tuple[str, bytes, bytes | None, int | None, str | None] | None:
         if value is None:
             return None  # the tombstone after a delete: log compaction's, not a change
         self._size(value, "record")
@@ -234,27 +267,27 @@ class EnvelopeDecoder(RecordDecoder):
         ts = source.get("ts_ms") if isinstance(source, dict) else None
         if not isinstance(ts, int) or isinstance(ts, bool) or abs(ts) > _MAX_TS_MS:
             ts = None
-        return op, _dumps(image), before_key, ts
+        return op, _dumps(image), before_key, ts, source_sequence(source)
 
-    def _upsert(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None]:
+    def _upsert(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None, None]:
         if value is not None:
-            return "u", value, None, None  # the row, JSON or Avro: its decoder reads it
+            return "u", value, None, None, None  # the row, JSON or Avro: its decoder reads it
         if key is None:
             raise _Refused("a tombstone (null value) without a key: no row to delete")
         key = bytes(key)
         self._size(key, "key")
         if self.key_format == "text":
             try:
-                return DELETE, _dumps({self.key_columns[0]: key.decode("utf-8")}), None, None
+                return DELETE, _dumps({self.key_columns[0]: key.decode("utf-8")}), None, None, None
             except UnicodeDecodeError:
                 raise _Refused("the tombstone's key is not valid UTF-8") from None
         parsed = _loads(key, "the tombstone's key")
         if isinstance(parsed, dict):
             if missing := [k for k in self.key_columns if k not in parsed]:
                 raise _Refused(f"the tombstone's key lacks the key column(s) {', '.join(missing)}")
-            return DELETE, _dumps({k: parsed[k] for k in self.key_columns}), None, None
+            return DELETE, _dumps({k: parsed[k] for k in self.key_columns}), None, None, None
         if len(self.key_columns) == 1 and not isinstance(parsed, list):
-            return DELETE, _dumps({self.key_columns[0]: parsed}), None, None
+            return DELETE, _dumps({self.key_columns[0]: parsed}), None, None, None
         raise _Refused(f"the tombstone's key is a JSON {type(parsed).__name__}; it must be an object of the key "
                        f"columns ({', '.join(self.key_columns)})")
 

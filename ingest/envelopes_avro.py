@@ -32,9 +32,11 @@ from streamberg.common.changelog import DELETE, OPS
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.avro_decode import AvroDecoder
 from streamberg.ingest.json_values import Widening
+from streamberg.ingest.source_position import source_sequence
 from streamberg.ingest.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
+POSITION = "streamberg.position"
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Changes:
     ops: pa.Array
     before_key: pa.Array
     source_ms: pa.Array  # int64 ms, null where unknown
+    source_seq: pa.Array  # the source position as ordered text (ingest/source_position.py), null where unknown
     rejected: list[tuple[int, Any]]
     unknown: list[UnknownField]
     skipped: int
@@ -58,7 +61,22 @@ def envelope_schema(rows: Sequence[NestedField]) -> Schema:
     return assign_fresh_schema_ids(Schema(
         NestedField(1, "before", row, required=False), NestedField(2, "after", row, required=False),
         NestedField(3, "op", StringType(), required=False),
-        NestedField(4, "source", StructType(NestedField(5, "ts_ms", LongType(), required=False)), required=False)))
+        NestedField(4, "source", StructType(NestedField(5, "ts_ms", LongType(), required=False),
+                                            NestedField(6, POSITION, StringType(), required=False)),
+                    required=False)))
+
+
+class _EnvelopeReader(AvroDecoder):
+    """The Avro decoder of envelopes: each event's source position is read from its whole
+    `source` record (whatever fields and types its connector's schema has) into the one
+    synthetic field POSITION, which no writer schema can have (an Avro name has no dot)."""
+
+    def _read(self, body: Any, reader: Any, length: int) -> dict:
+        record = super()._read(body, reader, length)
+        source = record.get("source") if isinstance(record, dict) else None
+        if isinstance(source, dict):
+            source[POSITION] = source_sequence(source)
+        return record
 
 
 def _row_reason(reason: Any) -> Any:
@@ -79,7 +97,7 @@ class AvroChanges:
     def __init__(self, rows: Sequence[NestedField], keys: Sequence[str], required: Sequence[str],
                  row_schema: pa.Schema, key_type: pa.StructType, max_record_bytes: int, registry: WriterSchemas,
                  unknown: str = "report") -> None:
-        self.envelopes = AvroDecoder(envelope_schema(rows), max_record_bytes, registry,
+        self.envelopes = _EnvelopeReader(envelope_schema(rows), max_record_bytes, registry,
                                      "report" if unknown == "report" else "ignore")
         self.keys, self.required, self.row_schema, self.key_type = list(keys), list(required), row_schema, key_type
 
@@ -126,6 +144,8 @@ class AvroChanges:
         source = env.column("source").combine_chunks() if n else None
         source_ms = (source.field("ts_ms").take(pa.array(chosen_arr)) if source is not None
                      else pa.array([], pa.int64()))
+        source_seq = (source.field(POSITION).take(pa.array(chosen_arr)) if source is not None
+                      else pa.array([], pa.string()))
         moved = self._moved(before, after, chosen_arr, ops_out)
         kept_set = set(kept.tolist())
         unknown: dict[tuple[str, ...], UnknownField] = {}
@@ -138,7 +158,7 @@ class AvroChanges:
             path = u.path[1:]
             seen = unknown.get(path)
             unknown[path] = UnknownField(path, u.type, rows_of if seen is None else np.union1d(seen.rows, rows_of))
-        return Changes(rows, kept, ops_out, moved, source_ms, rejected, list(unknown.values()), skipped)
+        return Changes(rows, kept, ops_out, moved, source_ms, source_seq, rejected, list(unknown.values()), skipped)
 
     def _moved(self, before: pa.StructArray, after: pa.StructArray, chosen: np.ndarray, ops: pa.Array) -> pa.Array:
         """The before key of each update that changed the key, null elsewhere."""

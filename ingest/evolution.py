@@ -39,7 +39,7 @@ from pyiceberg.types import (
     StructType,
 )
 
-from streamberg.common.config.types import MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
+from streamberg.common.config.types import MAX_FIELD_NAME, MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
 from streamberg.common.schema import type_spec
 from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
@@ -208,6 +208,10 @@ def plan_additions(schema: Schema, candidates: Mapping[Path, IcebergType], max_n
         where = display(path)
         if not isinstance(parent, StructType):
             plan.refused[path] = f"field {where!r} cannot be added: {display(parent_path)!r} is not an object in the table"
+            continue
+        if len(name) > MAX_FIELD_NAME:
+            plan.refused[path] = (f"field {where!r} cannot be added: its name has {len(name):,} characters; at most "
+                                  f"{MAX_FIELD_NAME}")
             continue
         clash = next((f.name for f in parent.fields if f.name.lower() == name.lower()), None)
         if not name or "." in name or clash is not None:

@@ -57,6 +57,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from streamberg.common.config.bounds import DECIMAL_MAX_PRECISION
 from streamberg.common.errors import UnsupportedSchemaError
 
 
@@ -92,7 +93,7 @@ def widens(current: IcebergType | None, wider: IcebergType) -> bool:
     if isinstance(current, FloatType):
         return isinstance(wider, DoubleType)
     if isinstance(current, DecimalType) and isinstance(wider, DecimalType):
-        return wider.scale == current.scale and wider.precision > current.precision
+        return wider.scale == current.scale and current.precision < wider.precision <= DECIMAL_MAX_PRECISION
     return False
 
 # Iceberg types a JSON record can carry.

@@ -28,6 +28,7 @@ re-reads the records after a restart).
 from __future__ import annotations
 
 import io
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,13 +49,15 @@ from pyiceberg.types import (
     StructType,
 )
 
-from streamberg.common.errors import RegistryUnavailable
+from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
 from streamberg.common.registry import WriterSchemas
 from streamberg.ingest.decoding import DecodeResult
 from streamberg.ingest.json_values import Widening, widens
+from streamberg.ingest.required_fields import missing_required
 from streamberg.ingest.unknown_fields import Path, UnknownField, display
 
 FitKey = tuple[int, tuple[int, ...]]  # (schema id, Protobuf's message indexes or ())
+MAX_FITS = 256  # writer schemas (with their message indexes) judged and kept per decoder
 
 
 @dataclass
@@ -99,7 +102,9 @@ class RegistryDecoder:
         self.max_record_bytes = max_record_bytes
         self.registry = registry
         self.report_unknown = unknown == "report"
-        self._fits: dict[FitKey, _Fit] = {}
+        # Writer schemas judged, least recently used first: bounded, since a hostile stream can
+        # name a new Protobuf message-index tuple in every record (each a descriptor pool).
+        self._fits: OrderedDict[FitKey, _Fit] = OrderedDict()
         # Headers seen (their bytes -> (fit key, length)): most records of a topic share a
         # few, so SchemaId reads each once. Confluent headers are prefix-free (a magic byte,
         # 4 or 16 bytes, then complete varints), so a known header that starts a value is
@@ -120,9 +125,14 @@ class RegistryDecoder:
 
     # -- one writer schema against the table -------------------------------------------
     def _fit(self, key: FitKey) -> _Fit:
-        if key not in self._fits:
-            self._fits[key] = self._judge(key)
-        return self._fits[key]
+        fit = self._fits.get(key)
+        if fit is None:
+            fit = self._fits[key] = self._judge(key)
+            while len(self._fits) > MAX_FITS:
+                self._fits.popitem(last=False)
+        else:
+            self._fits.move_to_end(key)
+        return fit
 
     def _judge(self, key: FitKey) -> _Fit:
         fit = _Fit()
@@ -130,6 +140,9 @@ class RegistryDecoder:
             writer, fit.reader = self._writer(key)
         except RegistryUnavailable:
             raise  # the registry's fault, not the records': they stay in Kafka
+        except SchemaNotFound as exc:  # on_unknown_schema: dead-letter
+            fit.refusal = f"writer schema id {key[0]} is unknown to the registry: {exc}"[:400]
+            return fit
         except Exception as exc:  # noqa: BLE001 - whatever the registry answered, its records are refused, not the job
             fit.refusal = f"writer schema id {key[0]} has no table form: {type(exc).__name__}: {exc}"[:300]
             return fit
@@ -181,6 +194,7 @@ class RegistryDecoder:
         rows: list[dict] = []
         kept: list[int] = []
         by_schema: dict[FitKey, list[int]] = {}
+        used: dict[FitKey, _Fit] = {}  # this batch's fits (the cache may drop one meanwhile)
         for i, value in enumerate(values):
             if value is None:
                 rejected.append((i, "null value (tombstone)"))
@@ -206,7 +220,7 @@ class RegistryDecoder:
                     continue
                 key = (header.id, tuple(header.message_indexes or ()))
                 self._remember(value[:body.tell()], key)
-            fit = self._fit(key)
+            fit = used[key] = self._fit(key)
             if fit.refusal is not None or fit.widen is not None:
                 rejected.append((i, fit.refusal if fit.refusal is not None else fit.widen))
                 continue
@@ -229,7 +243,7 @@ class RegistryDecoder:
             kept_set = set(kept_index.tolist())
             for key, members in by_schema.items():
                 carried = np.asarray([m for m in members if m in kept_set], dtype=np.int64)
-                for path, t in self._fits[key].unknown:
+                for path, t in used[key].unknown:
                     if len(carried):
                         unknown.append(UnknownField(path, t, carried))
         return DecodeResult(table=table, kept=kept_index, rejected=rejected, unknown=unknown)
@@ -242,36 +256,29 @@ class RegistryDecoder:
 
     def _arrow(self, rows: list[dict], kept: np.ndarray) -> tuple[pa.Table, np.ndarray, list[tuple[int, str]]]:
         """The rows in the table's Arrow schema; a row that does not convert (a value out of
-        its column's range, a null in a required column) is refused alone."""
+        its column's range) or lacks a required field at any depth is refused alone."""
+        refused: list[tuple[int, str]] = []
         try:
             table = pa.Table.from_pylist(rows, schema=self.file_schema)
-            if not self._nulls_in_required(table).any():
-                return table, kept, []
         except (pa.ArrowException, ValueError, TypeError, OverflowError):
-            pass
-        good, refused = [], []
-        for row, index in zip(rows, kept):
-            try:
-                one = pa.Table.from_pylist([row], schema=self.file_schema)
-                missing = [f.name for f in self.schema.fields if f.required and one.column(f.name).null_count]
-                if missing:
-                    refused.append((int(index), f"missing required field {missing[0]!r}"))
-                    continue
-                good.append(index)
-            except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
-                refused.append((int(index), f"a value does not fit the table's column: {type(exc).__name__}: "
-                                            f"{str(exc)[:200]}"))
-        keep = np.isin(kept, good)
-        table = pa.Table.from_pylist([r for r, k in zip(rows, keep) if k], schema=self.file_schema)
-        return table, kept[keep], refused
-
-    def _nulls_in_required(self, table: pa.Table) -> np.ndarray:
-        """Per row: a required top-level column is null."""
-        out = np.zeros(table.num_rows, dtype=bool)
-        for f in self.schema.fields:
-            if f.required and table.column(f.name).null_count:
-                out |= ~table.column(f.name).is_valid().to_numpy(zero_copy_only=False)
-        return out
+            good = []
+            for row, index in zip(rows, kept):
+                try:
+                    pa.Table.from_pylist([row], schema=self.file_schema)
+                    good.append(index)
+                except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+                    refused.append((int(index), f"a value does not fit the table's column: {type(exc).__name__}: "
+                                                f"{str(exc)[:200]}"))
+            keep = np.isin(kept, good)
+            rows, kept = [r for r, k in zip(rows, keep) if k], kept[keep]
+            table = pa.Table.from_pylist(rows, schema=self.file_schema)
+        missing = missing_required(table, self.schema)
+        if not missing:
+            return table, kept, refused
+        refused += [(int(kept[j]), f"missing required field {path!r}") for j, path in sorted(missing.items())]
+        keep = np.ones(len(kept), dtype=bool)
+        keep[list(missing)] = False
+        return table.filter(pa.array(keep)), kept[keep], refused
 
 
 def _framing(value: bytes, exc: Exception) -> str:

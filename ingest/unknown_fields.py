@@ -43,11 +43,15 @@ from pyiceberg.types import (
     StructType,
 )
 
+from streamberg.common.config.types import MAX_FIELD_NAME
+
 Path = tuple[str, ...]  # Iceberg names from the top, "element" for a list's elements
 
 
 def display(path: Path) -> str:
-    return ".".join(path)
+    """A path as reasons, logs and snapshot summaries show it: a name past MAX_FIELD_NAME
+    characters is cut (a hostile record's 100 KB field name must not reach the metadata)."""
+    return ".".join(p if len(p) <= MAX_FIELD_NAME else f"{p[:MAX_FIELD_NAME]}...({len(p):,} characters)" for p in path)
 
 
 @dataclass

@@ -109,6 +109,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
 
         changelog = changelog_identifier(config) if config.kafka.envelope != "none" else None
         maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark, changelog=changelog,
+                                dead_letter_table=config.ingest_target.dead_letter_table,
                                 **({"clock": clock} if clock is not None else {}))
         while not stop.is_set():
             try:

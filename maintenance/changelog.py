@@ -23,6 +23,7 @@ from typing import Any
 
 from streamberg.common.changelog import TRIM_OPERATION, applied_snapshot_id
 from streamberg.common.config import TableTarget
+from streamberg.common.dead_letter_outbox import outbox_chain
 from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import iterate
 from streamberg.common.offsets import ancestry
@@ -41,6 +42,7 @@ class ChangelogResult(StepResult):
     files_removed: int = 0
     rows_removed: int = 0
     snapshots_expired: int = 0
+    kept_for_dead_letters: int = 0  # snapshots kept because they name dead letters not yet applied
     bytes_freed: int = 0
     applied_snapshot_id: int | None = detail()
     kept_after: str | None = detail()  # applied changes committed after this are kept
@@ -98,6 +100,10 @@ class ChangelogStep(Step):
         lineage = list(ancestry(changelog))
         depth = next(i for i, s in enumerate(lineage) if s.snapshot_id == applied)
         older_than, retain_last = lineage[depth].timestamp_ms, depth + 1
+        # Snapshots naming dead letters not yet in the dead-letter table are kept too.
+        if outbox := outbox_chain(changelog, context.load_dead_letters(), context.changelog):
+            older_than, retain_last = min(older_than, outbox[-1].timestamp_ms), max(retain_last, len(outbox))
+            out.kept_for_dead_letters = len(outbox)
         expired = predict_expired(changelog, older_than, retain_last, context.now_ms())
         kept = [s.snapshot_id for s in changelog.metadata.snapshots if s.snapshot_id not in expired]
         doomed = only_referenced_by(changelog, expired, kept)

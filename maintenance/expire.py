@@ -10,6 +10,10 @@ that must survive and why:
 - **merge position** (a primary-key table, docs/cdc.md): the merge resumes after the
   change-log snapshot named by the newest snapshot carrying ``streamberg.changelog-applied``;
   it and every newer snapshot on the lineage are kept, as for the ingest position.
+- **dead letters not yet applied**: the ingest names each interval's dead-letter file in its
+  snapshot and appends it to the dead-letter table after (an outbox,
+  ``common/dead_letter_outbox.py``); until then that snapshot is the file's only record, so it
+  and every newer snapshot are kept.
 - **compactor pending files**: the compactor treats a live file as pending only while the
   snapshot that added it is an ``append`` it can still see; expiring that snapshot would
   make the file look optimized forever. The pending set is the one the compactor plans from
@@ -39,6 +43,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.changelog import is_merge
 from streamberg.common.config import ExpireConfig
+from streamberg.common.dead_letter_outbox import outbox_chain
 from streamberg.common.errors import LocationRefused
 from streamberg.common.offsets import ancestors, ancestry, committed_position
 from streamberg.common.redact import redact
@@ -156,7 +161,10 @@ def predict_expired(table: Table, older_than_ms: int, retain_last: int, now_ms: 
     return set(by_id) - retained
 
 
-def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -> ExpirePlan:
+def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int,
+                outbox: list[Snapshot] | None = None) -> ExpirePlan:
+    """`outbox`: the chain back to the oldest snapshot naming dead letters the dead-letter
+    table lacks (common/dead_letter_outbox.outbox_chain), kept whole."""
     current = table.current_snapshot()
     configured_older_than = now_ms - int(settings.max_snapshot_age_seconds * 1000)
     configured_retain = settings.min_snapshots_to_keep
@@ -182,6 +190,16 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int) -
         for snapshot in merged:
             reason = ("merge position: newest snapshot with the change-log snapshot applied" if snapshot is position
                       else "on the lineage from the current snapshot back to the merge position")
+            protected.setdefault(snapshot.snapshot_id, ProtectedSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
+                                                                         reason))
+
+    if outbox:
+        oldest = outbox[-1]
+        retain_last = max(retain_last, len(outbox))
+        older_than = min(older_than, oldest.timestamp_ms)
+        for snapshot in outbox:
+            reason = ("names dead letters the dead-letter table does not hold yet" if snapshot is oldest
+                      else "on the lineage back to a snapshot naming dead letters not yet applied")
             protected.setdefault(snapshot.snapshot_id, ProtectedSnapshot(snapshot.snapshot_id, snapshot.timestamp_ms,
                                                                          reason))
 
@@ -264,7 +282,8 @@ class ExpireStep(Step):
     def _run(self, dry_run: bool, log: Any) -> ExpireResult:
         context = self.context
         table = context.load()
-        plan = plan_expire(table, context.settings.expire, context.topic, context.now_ms())
+        outbox = outbox_chain(table, context.load_dead_letters(), context.target.identifier)
+        plan = plan_expire(table, context.settings.expire, context.topic, context.now_ms(), outbox)
         log = log.bind(step=self.key, snapshot_id=plan.current_snapshot_id)
         out = ExpireResult(
             expired=len(plan.expired_ids), kept=len(plan.kept_ids), protected_snapshot_ids=plan.protected_ids,

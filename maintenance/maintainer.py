@@ -47,14 +47,16 @@ class Maintainer:
     """Runs maintenance passes on one table with one SparkSession."""
 
     def __init__(self, settings: MaintenanceConfig, target: TableTarget, topic: str, spark: Any, *,
-                 clock: Callable[[], float] = time.time, changelog: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, changelog: str | None = None,
+                 dead_letter_table: str | None = None) -> None:
         """`settings`: the `maintenance` section; `target`: the catalog and table; `topic`: the
         Kafka topic whose committed offsets expiry must keep reachable."""
         self.settings = settings
         self.target = target
         self.identifier = target.identifier
         self.catalog = load_catalog(target.catalog)
-        self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock, changelog)
+        self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock, changelog,
+                                   dead_letter_table)
         self.steps = [step(self.context) for step in STEPS]
         self.log = get_logger("maintenance", table=self.identifier)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from streamberg.common.config import MaintenanceConfig, TableTarget
@@ -100,6 +101,17 @@ class StepContext:
     clock: Callable[[], float] = time.time
     # A primary-key table's change log (maintenance/changelog.py trims it); None: none.
     changelog: str | None = None
+    # The ingest's dead-letter table: snapshots naming dead-letter files it does not hold yet
+    # are never expired (common/dead_letter_outbox.py).
+    dead_letter_table: str | None = None
+
+    def load_dead_letters(self) -> Table | None:
+        if self.dead_letter_table is None:
+            return None
+        try:
+            return self.catalog.load_table(self.dead_letter_table)
+        except NoSuchTableError:
+            return None
 
     def load(self) -> Table:
         return self.catalog.load_table(self.target.identifier)

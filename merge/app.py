@@ -6,15 +6,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from py4j.protocol import Py4JError
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import GreaterThanOrEqual
 
 from streamberg.common.catalog import wait_for_catalog, wait_for_table
-from streamberg.common.changelog import changelog_identifier
+from streamberg.common.changelog import changelog_identifier, key_state_identifier
 from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import CatalogUnreachable, MergeError
+from streamberg.common.errors import CatalogUnreachable, MergeError, ResyncRefused
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
@@ -29,6 +31,30 @@ class MergeOptions:
     # The source was resynced from this time (ms): after merging, delete the rows whose key
     # no change since then touched (docs/runbooks/source-table-resynced.md). Implies once.
     resynced_since_ms: int | None = None
+    # Delete even though records of the table went to the dead letters since then (their
+    # rows would be deleted as if the resync had not sent them).
+    ignore_dead_letters: bool = False
+
+
+def _refuse_with_dead_letters(catalog: Any, config: StreambergConfig, options: MergeOptions) -> None:
+    """A resync's record that went to the dead letters is a row the source still has: deleting
+    the rows the resync did not send would delete it. Refused while such dead letters exist."""
+    assert options.resynced_since_ms is not None
+    if options.ignore_dead_letters:
+        return
+    identifier = config.ingest_target.dead_letter_table
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        return
+    since = datetime.fromtimestamp(options.resynced_since_ms / 1000, tz=timezone.utc)
+    count = table.scan(row_filter=GreaterThanOrEqual("dead_lettered_at", since.isoformat()),
+                       selected_fields=("offset",)).to_arrow().num_rows
+    if count:
+        raise ResyncRefused(
+            f"{count:,} record(s) of the table went to the dead letters ({identifier}) since then: their rows may be "
+            "ones the resync sent, and would be deleted. Replay them first (streamberg replay --dead-letters --since "
+            "T; docs/runbooks/source-table-resynced.md), or pass --ignore-dead-letters to delete anyway")
 
 
 def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = None,
@@ -55,7 +81,7 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
     started = time.monotonic()
     with session_for(config.catalog, config.merge.spark_master, config.merge.spark_conf, given=spark,
                      app_name="streamberg-merge") as session:
-        merger = Merger(session, catalog, config.target, changelog, config.merge)
+        merger = Merger(session, catalog, config.target, changelog, config.merge, key_state_identifier(config))
         summary["run_id"] = merger.run_id
         log.info("merge stage started", run=merger.run_id, interval_seconds=config.merge.interval_seconds,
                  once=options.once)
@@ -70,6 +96,7 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
                 summary["changes"] += outcome.changes
                 summary["last"] = outcome.to_dict()
             if options.resynced_since_ms is not None:
+                _refuse_with_dead_letters(catalog, config, options)
                 try:
                     summary["resync"] = merger.delete_missing_since(options.resynced_since_ms).to_dict()
                 except Py4JError as exc:

@@ -1,26 +1,29 @@
 """One merge: the change log's newest changes applied to the primary-key table on Spark.
 
 A merge reads the change-log snapshots after the one the table last applied (an incremental
-append scan, start exclusive, end inclusive), keeps the last change of each key in Kafka
-order (partition, offset: a key lives in one partition), and runs one `MERGE INTO` with
-Iceberg's SQL extensions. The table is merge-on-read, so updates and deletes are position
-deletes, which Spark, DuckDB and pyiceberg all read (docs/cdc.md).
+append scan, start exclusive, end inclusive), keeps the newest change of each key by its
+sequence (merge/order.py), drops those not newer than what the key state (merge/key_state.py)
+says the table holds, records the rest in the key state, and applies them with one
+`MERGE INTO` with Iceberg's SQL extensions. The table is merge-on-read, so updates and
+deletes are position deletes, which Spark, DuckDB and pyiceberg all read (docs/cdc.md).
 
 The change-log snapshot applied goes into the merge's own snapshot summary
 (SummaryKeys.CHANGELOG_APPLIED) through Iceberg's `CommitMetadata`, in the same atomic
-commit. So a merge killed before its commit left nothing, one killed after it is seen by the
-next, and no change is applied twice.
+commit. So a merge killed before its commit left nothing in the table, one killed after it
+is seen by the next, and no change is applied twice.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from py4j.protocol import Py4JError
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
 from streamberg.common.changelog import (
     BEFORE_KEY,
@@ -28,6 +31,7 @@ from streamberg.common.changelog import (
     OFFSET,
     OP,
     PARTITION,
+    SOURCE_SEQ,
     SOURCE_TS,
     TRIM_OPERATION,
     applied_snapshot_id,
@@ -41,6 +45,14 @@ from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.summary_keys import SummaryKeys
+from streamberg.merge.key_state import APPLIED_AT as KS_APPLIED_AT
+from streamberg.merge.key_state import DELETED as KS_DELETED
+from streamberg.merge.key_state import KEY, Forgetting, ensure_key_state, recorded
+from streamberg.merge.key_state import OFFSET as KS_OFFSET
+from streamberg.merge.key_state import PARTITION as KS_PARTITION
+from streamberg.merge.key_state import SEQ as KS_SEQ
+from streamberg.merge.key_state import SOURCE_TS as KS_SOURCE_TS
+from streamberg.merge.order import WorkingNames, encoded_sequence, last_changes, newer_than_stored, quote
 from streamberg.merge.tables import evolve_target
 
 
@@ -49,15 +61,16 @@ class MergeOutcome:
     applied_snapshot_id: int  # the change-log snapshot now applied
     changelog_snapshots: int  # change-log snapshots with records this merge covered
     changes: int  # change-log rows read
-    keys: int  # distinct keys, the last change of each applied
+    keys: int  # distinct keys whose last change was applied
     deletes: int  # of them, keys whose last change deletes the row
     snapshot_id: int | None  # the table's snapshot (None: nothing to commit)
     seconds: float
+    stale: int = 0  # keys whose last change was older than what the table holds: not applied
 
     def to_dict(self) -> dict[str, Any]:
         return {"applied_changelog_snapshot_id": self.applied_snapshot_id, "changelog_snapshots": self.changelog_snapshots,
-                "changes": self.changes, "keys": self.keys, "deletes": self.deletes, "snapshot_id": self.snapshot_id,
-                "seconds": round(self.seconds, 2)}
+                "changes": self.changes, "keys": self.keys, "deletes": self.deletes, "stale": self.stale,
+                "snapshot_id": self.snapshot_id, "seconds": round(self.seconds, 2)}
 
 
 class _Statement:
@@ -80,17 +93,17 @@ class _Statement:
         implements = ["java.util.concurrent.Callable"]
 
 
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 class Merger:
     """Applies a change log to its primary-key table, one merge per call of `merge`."""
 
     def __init__(self, spark: Any, catalog: Catalog, target: TableTarget, changelog: str, settings: MergeConfig,
-                 run_id: str | None = None) -> None:
+                 key_state: str, run_id: str | None = None) -> None:
         self.spark, self.catalog, self.target, self.changelog, self.settings = spark, catalog, target, changelog, settings
         self.keys = list(target.table.primary_key)
+        self.sequence_field = target.table.sequence_field
+        self.key_state = key_state
+        self.spark_key_state = f"{target.catalog.name}.{key_state}"
+        self.forgetting = Forgetting(settings.deleted_keys_keep_seconds)
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.log = get_logger("merge", table=target.identifier, changelog=changelog, run=self.run_id)
         self.spark_changelog = f"{target.catalog.name}.{changelog}"
@@ -117,53 +130,86 @@ class Merger:
         log = self.log.bind(from_changelog_snapshot=position.applied_snapshot_id, to_changelog_snapshot=end,
                             pending_records=position.pending_records)
         target = evolve_target(target, changelog, log)
+        state = ensure_key_state(self.catalog, self.key_state, target, self.keys)
+        # Killed between its two commits, the last merge left the key state ahead of the table.
+        recovering = recorded(state) not in (None, position.applied_snapshot_id)
+        if recovering:
+            log.warning("the key state is ahead of the table (a merge stopped between its two commits): its "
+                        "changes are applied again", key_state_changelog_snapshot=recorded(state))
         columns = [f.name for f in target.schema().fields
                    if f.name not in CHANGELOG_COLUMNS and changelog.schema().find_field(f.name, True) is not None]
-        self._last_changes(position.applied_snapshot_id, end, columns)
-        counts = self.spark.sql(f"SELECT count(*) AS keys, count_if({_quote(OP)} = '{DELETE}') AS deletes "
-                                "FROM streamberg_last_change").collect()[0]
+        names = WorkingNames([f.name for f in changelog.schema().fields] + [f.name for f in target.schema().fields])
+        self._last_changes(position.applied_snapshot_id, end, columns, names, changelog, target, state, recovering)
+        apply = names("apply")
+        counts = self.spark.sql(
+            f"SELECT count_if({apply}) AS keys, count_if({apply} AND {quote(OP)} = '{DELETE}') AS deletes, "
+            f"count_if(NOT {apply}) AS stale FROM streamberg_candidate").collect()[0]
+        if counts["stale"]:
+            log.warning("changes older than what the table holds were not applied (a replay, a rewound topic)",
+                        stale_keys=counts["stale"])
         properties = {
             SummaryKeys.CHANGELOG_APPLIED: str(end), SummaryKeys.MERGE_RUN_ID: self.run_id,
             SummaryKeys.MERGE_CHANGES: str(position.pending_records), SummaryKeys.MERGE_KEYS: str(counts["keys"]),
-            SummaryKeys.MERGE_DELETES: str(counts["deletes"]),
+            SummaryKeys.MERGE_DELETES: str(counts["deletes"]), SummaryKeys.MERGE_STALE: str(counts["stale"]),
             SummaryKeys.MERGE_CHANGELOG_SNAPSHOTS: str(position.pending_snapshots),
         }
+        self._run_recording(self._key_state_sql(names), {SummaryKeys.CHANGELOG_APPLIED: str(end),
+                                                         SummaryKeys.MERGE_RUN_ID: self.run_id},
+                            lambda: recorded(self.catalog.load_table(self.key_state)) == end)
         pause_point(MERGE_COMMIT)
-        self._run_recording(self._merge_sql(columns), properties, end)
+        self._run_recording(self._merge_sql(columns), properties, lambda: self._applied() == end)
+        if self.forgetting.due():
+            self.forgetting.forget(self.spark, self.spark_key_state)
         committed = self.catalog.load_table(self.target.identifier).current_snapshot()
         outcome = MergeOutcome(end, position.pending_snapshots, position.pending_records, counts["keys"],
                                counts["deletes"], committed.snapshot_id if committed is not None else None,
-                               time.monotonic() - started)
+                               time.monotonic() - started, counts["stale"])
         log.info("merged", **outcome.to_dict())
         return outcome
 
-    def _last_changes(self, applied: int | None, end: int, columns: list[str]) -> None:
-        """The view `streamberg_last_change`: per key, its last change in the snapshots after
-        `applied` up to `end`; an update that changed the key also deletes the key before it.
-
-        A key's own changes are ordered as Kafka holds them (offset; a key lives in one
-        partition). The delete of a key before a key change is read from the new key's
-        partition, where no offset compares with the old key's: it wins over the old key's
-        last own change when it happened later in the source (`_source_ts`; on a tie, or
-        without times, the own change wins). Debezium itself sends a key change as a delete
-        of the old key and a create of the new, each on its key's partition."""
+    def _last_changes(self, applied: int | None, end: int, columns: list[str], names: WorkingNames,
+                      changelog: Table, target: Table, state: Table, recovering: bool) -> None:
+        """The views `streamberg_candidate` (per key, its newest change in the snapshots after
+        `applied` up to `end`, and whether it is newer than the key state's: names("apply"))
+        and `streamberg_last_change` (the candidates that apply). An update that changed the
+        key also deletes the key before it: that delete is a change of the old key, with the
+        update's partition, offset, time and sequence (merge/order.py)."""
         from pyspark.sql import functions as F
-        from pyspark.sql.window import Window
 
+        seq = names("seq")
         changes = self._changes(applied, end)
-        key = [F.col(_quote(k)) for k in self.keys]
-        own = changes.select(*[F.col(_quote(c)) for c in [*columns, OP, PARTITION, OFFSET, SOURCE_TS]],
-                             F.lit(0).alias("_streamberg_moved"))
-        own = _first(own, Window.partitionBy(*key).orderBy(F.col(PARTITION).desc(), F.col(OFFSET).desc()))
+        if self.sequence_field is not None:
+            sequence = encoded_sequence(self.sequence_field, target.schema().find_field(self.sequence_field).field_type)
+        elif changelog.schema().find_field(SOURCE_SEQ, True) is not None:
+            sequence = F.col(SOURCE_SEQ)
+        else:  # a change log of an earlier release, not yet given the column by the ingest
+            sequence = F.lit(None).cast("string")
+        changes = changes.withColumn(seq, sequence)
+        facts = [OP, PARTITION, OFFSET, SOURCE_TS, seq]
+        own = changes.select(*[F.col(quote(c)) for c in [*columns, *facts]])
         moved = changes.where(F.col(BEFORE_KEY).isNotNull()).select(
-            *[F.col(f"{BEFORE_KEY}.{_quote(c)}").alias(c) if c in self.keys
+            *[F.col(f"{BEFORE_KEY}.{quote(c)}").alias(c) if c in self.keys
               else F.lit(None).cast(changes.schema[c].dataType).alias(c) for c in columns],
-            F.lit(DELETE).alias(OP), F.col(PARTITION), F.col(OFFSET), F.col(SOURCE_TS),
-            F.lit(1).alias("_streamberg_moved"))
-        last = _first(own.unionByName(moved), Window.partitionBy(*key).orderBy(
-            F.col(SOURCE_TS).desc_nulls_last(), F.col("_streamberg_moved").asc(), F.col(PARTITION).desc(),
-            F.col(OFFSET).desc()))
-        last.drop("_streamberg_moved", SOURCE_TS).createOrReplaceTempView("streamberg_last_change")
+            F.lit(DELETE).alias(OP), F.col(PARTITION), F.col(OFFSET), F.col(SOURCE_TS), F.col(seq))
+        last = last_changes(own.unionByName(moved), self.keys, names)
+        stored = {c: names(f"stored_{c}") for c in ("seq", "partition", "offset", "source_ts")}
+        snapshot = state.current_snapshot()
+        reader = self.spark.read.format("iceberg")
+        if snapshot is not None:  # pinned: the views read the same state after the key state's commit
+            reader = reader.option("snapshot-id", str(snapshot.snapshot_id))
+        known = reader.load(self.spark_key_state).select(
+            *[F.col(f"{KEY}.{quote(k)}").alias(names(f"key_{k}")) for k in self.keys],
+            F.col(KS_SEQ).alias(stored["seq"]), F.col(KS_PARTITION).alias(stored["partition"]),
+            F.col(KS_OFFSET).alias(stored["offset"]), F.col(KS_SOURCE_TS).alias(stored["source_ts"]))
+        on = [F.col(quote(k)).eqNullSafe(F.col(names(f"key_{k}"))) for k in self.keys]
+        joined = last.join(known, on=on[0] if len(on) == 1 else _all(on), how="left")
+        candidates = joined.withColumn(names("apply"), newer_than_stored(seq, stored, recovering)) \
+            .drop(*[names(f"key_{k}") for k in self.keys], *stored.values())
+        # Materialised once: the counts, the key state's MERGE and the table's MERGE see the
+        # same candidates, whatever either commit changes meanwhile.
+        candidates = candidates.localCheckpoint(eager=True)
+        candidates.createOrReplaceTempView("streamberg_candidate")
+        candidates.where(F.col(names("apply"))).createOrReplaceTempView("streamberg_last_change")
 
     def delete_missing_since(self, since_ms: int) -> ResyncOutcome:
         """After the source was resynced (a new snapshot of every row, op r, from `since_ms`):
@@ -191,12 +237,18 @@ class Merger:
                                 "it no longer holds every change since then")
         before = lineage[lineage.index(since[0]) - 1] if since[0] is not lineage[0] else None
         keys = self._changes(before.snapshot_id if before is not None else None, since[-1].snapshot_id) \
-            .select(*[F.col(_quote(k)) for k in self.keys]).distinct()
+            .select(*[F.col(quote(k)) for k in self.keys]).distinct()
         keys.createOrReplaceTempView("streamberg_resync_keys")
         seen = keys.count()
         if seen == 0:
             raise ResyncRefused("no change since then: refusing to delete every row")
-        on = " AND ".join(f"t.{_quote(k)} = k.{_quote(k)}" for k in self.keys)
+        on = " AND ".join(f"t.{quote(k)} = k.{quote(k)}" for k in self.keys)
+        # The key state first (merge/key_state.py): the rows about to go are deleted keys.
+        ensure_key_state(self.catalog, self.key_state, self.catalog.load_table(self.target.identifier), self.keys)
+        state_on = " AND ".join(f"t.{KEY}.{quote(k)} = k.{quote(k)}" for k in self.keys)
+        self.spark.sql(f"MERGE INTO {self.spark_key_state} t USING streamberg_resync_keys k ON {state_on} "
+                       f"WHEN NOT MATCHED BY SOURCE AND NOT t.{KS_DELETED} THEN UPDATE SET t.{KS_DELETED} = true, "
+                       f"t.{KS_APPLIED_AT} = current_timestamp()")
         rows_before = self.spark.table(self.target.spark_name).count()
         self.spark.sql(f"MERGE INTO {self.target.spark_name} t USING streamberg_resync_keys k ON {on} "
                        "WHEN NOT MATCHED BY SOURCE THEN DELETE")
@@ -216,20 +268,36 @@ class Merger:
             reader = reader.option("start-snapshot-id", str(after)).option("end-snapshot-id", str(end))
         return reader.load(self.spark_changelog)
 
+    def _key_state_sql(self, names: WorkingNames) -> str:
+        """The key state's MERGE: each applied change's sequence and position recorded for its
+        key (a change without a sequence keeps the key's last one: merge/order.py)."""
+        on = " AND ".join(f"t.{KEY}.{quote(k)} = c.{quote(k)}" for k in self.keys)
+        key = "named_struct(" + ", ".join(f"'{k}', c.{quote(k)}" for k in self.keys) + ")"
+        seq, now = quote(names("seq")), "current_timestamp()"
+        deleted = f"c.{quote(OP)} = '{DELETE}'"
+        return (f"MERGE INTO {self.spark_key_state} t USING streamberg_last_change c ON {on} "
+                f"WHEN MATCHED THEN UPDATE SET t.{KS_SEQ} = coalesce(c.{seq}, t.{KS_SEQ}), "
+                f"t.{KS_PARTITION} = c.{quote(PARTITION)}, t.{KS_OFFSET} = c.{quote(OFFSET)}, "
+                f"t.{KS_SOURCE_TS} = c.{quote(SOURCE_TS)}, t.{KS_DELETED} = {deleted}, t.{KS_APPLIED_AT} = {now} "
+                f"WHEN NOT MATCHED THEN INSERT ({KEY}, {KS_SEQ}, {KS_PARTITION}, {KS_OFFSET}, {KS_SOURCE_TS}, "
+                f"{KS_DELETED}, {KS_APPLIED_AT}) VALUES ({key}, c.{seq}, c.{quote(PARTITION)}, c.{quote(OFFSET)}, "
+                f"c.{quote(SOURCE_TS)}, {deleted}, {now})")
+
     def _merge_sql(self, columns: list[str]) -> str:
-        on = " AND ".join(f"t.{_quote(k)} = c.{_quote(k)}" for k in self.keys)
+        on = " AND ".join(f"t.{quote(k)} = c.{quote(k)}" for k in self.keys)
         values = [c for c in columns if c not in self.keys]
-        update = ", ".join(f"t.{_quote(c)} = c.{_quote(c)}" for c in values)
-        inserted = ", ".join(_quote(c) for c in columns)
+        update = ", ".join(f"t.{quote(c)} = c.{quote(c)}" for c in values)
+        inserted = ", ".join(quote(c) for c in columns)
         matched = f"WHEN MATCHED THEN UPDATE SET {update} " if values else ""
         return (f"MERGE INTO {self.target.spark_name} t USING streamberg_last_change c ON {on} "
-                f"WHEN MATCHED AND c.{_quote(OP)} = '{DELETE}' THEN DELETE {matched}"
-                f"WHEN NOT MATCHED AND c.{_quote(OP)} != '{DELETE}' THEN INSERT ({inserted}) "
-                f"VALUES ({', '.join('c.' + _quote(c) for c in columns)})")
+                f"WHEN MATCHED AND c.{quote(OP)} = '{DELETE}' THEN DELETE {matched}"
+                f"WHEN NOT MATCHED AND c.{quote(OP)} != '{DELETE}' THEN INSERT ({inserted}) "
+                f"VALUES ({', '.join('c.' + quote(c) for c in columns)})")
 
-    def _run_recording(self, sql: str, properties: dict[str, str], end: int) -> None:
+    def _run_recording(self, sql: str, properties: dict[str, str], landed: Callable[[], bool]) -> None:
         """Run the MERGE with `properties` in its snapshot's summary (CommitMetadata keeps them
-        in a thread-local of the JVM thread that runs the statement)."""
+        in a thread-local of the JVM thread that runs the statement). `landed`: whether the
+        commit is there, asked when its state was unknown."""
         from pyspark.java_gateway import ensure_callback_server_started
 
         # PySpark's own callback server (foreachBatch uses it too): a Java callback made any
@@ -246,8 +314,8 @@ class Merger:
                 props, statement, jvm.java.lang.Class.forName("java.lang.RuntimeException"))
         except Py4JError as exc:
             error = statement.error or exc
-            if iceberg_failure(error) is IcebergFailure.STATE_UNKNOWN and self._applied() == end:
-                self.log.warning("merge commit state was unknown; it landed", changelog_snapshot=end)
+            if iceberg_failure(error) is IcebergFailure.STATE_UNKNOWN and landed():
+                self.log.warning("merge commit state was unknown; it landed")
                 return
             raise error from None
 
@@ -265,12 +333,11 @@ class ResyncOutcome:
         return {"keys_seen": self.keys_seen, "rows_deleted": self.rows_deleted, "snapshot_id": self.snapshot_id}
 
 
-def _first(frame: Any, order: Any) -> Any:
-    """The first row of each window of `order`."""
-    from pyspark.sql import functions as F
-
-    return (frame.withColumn("_streamberg_rank", F.row_number().over(order))
-            .where(F.col("_streamberg_rank") == 1).drop("_streamberg_rank"))
+def _all(conditions: list[Any]) -> Any:
+    out = conditions[0]
+    for condition in conditions[1:]:
+        out = out & condition
+    return out
 
 
 def _lost_race(exc: BaseException) -> bool:

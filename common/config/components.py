@@ -305,6 +305,14 @@ class MergeConfig(_Section):
     commit_retries: Annotated[int, _int(0, 1000)] = 5
     # The continuous merge waits this long for the ingest to create the change log.
     wait_for_table_seconds: Annotated[float, _float(0, DAY_SECONDS, lo_open=False)] = 300.0
+    # The merge's key state (merge/key_state.py): per key, the sequence and Kafka position of
+    # the last change applied, so an older change (a replay, a rewound topic) never overwrites
+    # a newer one. null: <table.identifier>_merge_keys.
+    key_state_table: TableIdentifier | None = None
+    # How long a deleted key's last sequence is kept, so an older change replayed after the
+    # delete does not bring the row back. Past it the key is forgotten: a change older than
+    # the delete that arrives later than this is applied (docs/cdc.md#order).
+    deleted_keys_keep_seconds: Annotated[float, _float(0, 366 * DAY_SECONDS, lo_open=False)] = 7 * DAY_SECONDS
 
 
 Component = Literal["ingest", "compact", "maintain", "merge"]

@@ -37,7 +37,7 @@ _HTTP_URL = re.compile(r"https?://[!-~]+")
 
 # The columns the change log (<table>_changelog) adds to the table's own (common/changelog.py
 # builds them); a table column may not take one of these names.
-CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts")
+CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts", "_source_seq")
 # The change log's table property naming the table it feeds: a configuration whose table
 # carries it is the ingest's view of a primary-key table (common/changelog.py derives it).
 CHANGELOG_TARGET_PROPERTY = "streamberg.changelog.target"
@@ -55,6 +55,11 @@ class SchemaRegistryConfig(_Section):
     # again this many times with exponential backoff (capped at 30 s), then the ingest stops
     # with the reason; the records wait in Kafka.
     retries: Annotated[int, _int(0, 100)] = 8
+    # A schema id the registry answers it does not have (HTTP 404, after the retries): `fail`
+    # stops the ingest (the records wait in Kafka until the schema is registered again);
+    # `dead-letter` dead-letters every record naming it, the id in the reason, and goes on.
+    # Outages (timeouts, 5xx) are retried either way.
+    on_unknown_schema: Literal["fail", "dead-letter"] = "fail"
 
     @field_validator("properties")
     @classmethod

@@ -47,6 +47,8 @@ _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
 # Key columns compare by equality in the merge: floating point does not (NaN, -0.0).
 _UNKEYABLE = {"float", "double"}
+# The types a sequence column may have (common/changelog.py encodes each as ordered text).
+SEQUENCE_TYPES = {"int", "long", "date", "timestamp", "timestamptz", "string"}
 
 # The table's write.target-file-size-bytes unless set (not pyiceberg's 512 MiB: streaming
 # commits are small, and compaction makes files this size); common/table_files.py applies it.
@@ -190,6 +192,11 @@ class TableConfig(_Section):
     # top-level required primitive columns, the table's Iceberg identifier fields. The table
     # then holds the last state of each key (docs/cdc.md).
     primary_key: list[Identifier] = Field(default_factory=list, max_length=16)
+    # A primary-key table's sequence column (Paimon's `sequence.field`), e.g. updated_at: of two
+    # changes of one key, the one with the greater value is the newer, whatever Kafka's order.
+    # Without it the source position of a Debezium event decides, else the Kafka offset
+    # (docs/cdc.md#order). A top-level required int, long, date, timestamp or string column.
+    sequence_field: Identifier | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -215,6 +222,7 @@ class TableConfig(_Section):
             raise ValueError(f"schema: duplicate field names {dupes}")
         fields = self.field_specs
         self._check_primary_key(fields)
+        self._check_sequence_field(fields)
         total = sum(1 + count_fields(f.type) for f in fields)
         if total > MAX_SCHEMA_FIELDS:
             raise ValueError(f"schema: {total} fields at all depths; at most {MAX_SCHEMA_FIELDS} (declare a JSON "
@@ -237,6 +245,24 @@ class TableConfig(_Section):
             if base == "hour" and kind == "date":
                 raise ValueError(f"partition_spec.{i}.transform: hour needs a timestamp field, {part.source!r} is a date")
         return self
+
+    def _check_sequence_field(self, fields: tuple[FieldSpec, ...]) -> None:
+        if self.sequence_field is None:
+            return
+        if not self.primary_key:
+            raise ValueError("sequence_field: orders the changes of a primary-key table; set table.primary_key "
+                             "(and kafka.envelope debezium or upsert)")
+        column = next((f for f in fields if f.name == self.sequence_field), None)
+        if column is None:
+            raise ValueError(f"sequence_field: {self.sequence_field!r} is not a top-level column of table.schema")
+        if not isinstance(column.type, Primitive) or column.type.name not in SEQUENCE_TYPES:
+            raise ValueError(f"sequence_field: column {self.sequence_field!r} is {column.type}; a sequence is one of "
+                             f"{', '.join(sorted(SEQUENCE_TYPES))}")
+        if not column.required:
+            raise ValueError(f"sequence_field: column {self.sequence_field!r} must be declared required: true (a "
+                             "change without its sequence could not be ordered)")
+        if self.sequence_field in self.primary_key:
+            raise ValueError(f"sequence_field: {self.sequence_field!r} is a key column; a key's changes all share it")
 
     def _check_primary_key(self, fields: tuple[FieldSpec, ...]) -> None:
         if dupes := sorted({k for k in self.primary_key if self.primary_key.count(k) > 1}):

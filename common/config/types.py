@@ -38,6 +38,9 @@ DECIMAL = re.compile(r"^decimal\(\s*([0-9]{1,4})\s*,\s*([0-9]{1,4})\s*\)$")
 # every engine plans quickly. Depth: what the YAML loader lets through anyway.
 MAX_SCHEMA_FIELDS = 10_000
 MAX_TYPE_DEPTH = 16
+# The longest field name the product adds to a table, from a registry schema or a record's
+# field (schema evolution): Hive's and the config's identifier bound.
+MAX_FIELD_NAME = 128
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 

@@ -1,0 +1,96 @@
+"""A Debezium change event's position in its source, as the change log's `_source_seq`.
+
+Of two changes of one key, the merge applies the one later in the source (docs/cdc.md#order).
+Kafka's offsets order the changes of one partition only, and `source.ts_ms` is a clock with
+millisecond ties, so the connector's own log position decides where the event carries one.
+Each connector's position is the tuple of non-negative integers below, compared left to
+right and written as ordered text (common/changelog.encode_sequence):
+
+| `source.connector` | sequence | why these fields |
+|---|---|---|
+| postgresql | `sequence`: [last committed LSN, LSN] | the LSN alone interleaves transactions; the last commit before the change orders them (Debezium's own `sequence`, since 1.4) |
+| mysql | binlog file number, `pos`, `row` | the binlog is in commit order |
+| sqlserver | `commit_lsn`, `change_lsn`, `event_serial_no` | the commit orders transactions, the change LSN and serial number the changes inside one |
+| db2 | `commit_lsn`, `change_lsn` | as SQL Server |
+| oracle | `commit_scn`, `scn` | as SQL Server |
+| mongodb | `ts_ms`, `ord` | the oplog's timestamp (seconds) and its increment |
+| any other | `ts_ms` | no position known: the commit time |
+
+A connector's event that lacks its fields (or holds a value that is no position) has no
+sequence: the merge then orders it by its Kafka offset within its partition. Nothing here
+refuses an event; a position is a hint the merge uses when it is there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from streamberg.common.changelog import encode_sequence
+
+_FILE_NUMBER = re.compile(r"\.(\d{1,18})$")
+_HEX_LSN = re.compile(r"[0-9A-Fa-f]{1,32}(?::[0-9A-Fa-f]{1,32}){0,3}")
+_MAX_PART = 2**128
+
+
+def _number(value: Any) -> int | None:
+    """A non-negative integer from a number or its decimal text."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < _MAX_PART else None
+    if isinstance(value, str) and 0 < len(value) <= 40 and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def _hex_lsn(value: Any) -> int | None:
+    """SQL Server's and Db2's LSN text ("00000027:00000758:0005"): its hexadecimal digits as
+    one integer (the parts are fixed-width, so the joined digits keep the order)."""
+    if isinstance(value, str) and _HEX_LSN.fullmatch(value):
+        return int(value.replace(":", ""), 16)
+    return None
+
+
+def _binlog_file(value: Any) -> int | None:
+    """mysql-bin.000003 -> 3 (the number grows with each new file)."""
+    match = _FILE_NUMBER.search(value) if isinstance(value, str) and len(value) <= 512 else None
+    return int(match.group(1)) if match else None
+
+
+def _postgres(source: Mapping[str, Any]) -> tuple[int | None, ...]:
+    raw = source.get("sequence")
+    try:
+        pair = json.loads(raw) if isinstance(raw, str) and len(raw) <= 200 else None
+    except ValueError:
+        pair = None
+    if not isinstance(pair, list) or len(pair) != 2:
+        return (None,)
+    # The last commit is null before the connector's first commit: nothing was committed yet.
+    return (0 if pair[0] is None else _number(pair[0]), _number(pair[1]))
+
+
+_CONNECTORS: dict[str, Callable[[Mapping[str, Any]], tuple[int | None, ...]]] = {
+    "postgresql": _postgres,
+    "mysql": lambda s: (_binlog_file(s.get("file")), _number(s.get("pos")), _number(s.get("row", 0))),
+    "sqlserver": lambda s: (_hex_lsn(s.get("commit_lsn")), _hex_lsn(s.get("change_lsn")) or 0,
+                            _number(s.get("event_serial_no", 0))),
+    "db2": lambda s: (_hex_lsn(s.get("commit_lsn")), _hex_lsn(s.get("change_lsn")) or 0),
+    "oracle": lambda s: (_number(s.get("commit_scn")), _number(s.get("scn"))),
+    "mongodb": lambda s: (_number(s.get("ts_ms")), _number(s.get("ord"))),
+}
+
+
+def source_sequence(source: Any) -> str | None:
+    """The ordered text of a Debezium `source` block's position; None without one."""
+    if not isinstance(source, Mapping):
+        return None
+    connector = source.get("connector")
+    read = _CONNECTORS.get(connector) if isinstance(connector, str) else None
+    parts = read(source) if read is not None else (_number(source.get("ts_ms")),)
+    if any(p is None for p in parts):
+        return None
+    return encode_sequence(*parts)  # type: ignore[arg-type]  # no None left
+
