@@ -13,7 +13,6 @@ from typing import Any
 
 import sqlalchemy
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -21,6 +20,7 @@ from pyiceberg.table import Table
 from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfig
 from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError, StreambergError
 from streamberg.common.log import get_logger
+from streamberg.common.metadata_files import PruningSqlCatalog
 from streamberg.common.redact import redact
 from streamberg.common.retry import commit_retrying
 from streamberg.common.schema import (
@@ -30,6 +30,7 @@ from streamberg.common.schema import (
     plan_schema_evolution,
     schema_from_config,
 )
+from streamberg.common.summary_keys import BOUNDED_METADATA
 from streamberg.common.table_files import TARGET_SIZE_PROPERTY
 
 # How long a SQLite connection waits on a lock held by another process (the ingest
@@ -91,7 +92,7 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
         raise CatalogUnreachable(f"catalog database {sqlite} does not exist")
     uri = _with_connect_timeout(_sqlalchemy_uri(config.uri), connect_timeout_seconds)
     try:
-        catalog = SqlCatalog(config.name, uri=uri, warehouse=config.warehouse, init_catalog_tables="false",
+        catalog = PruningSqlCatalog(config.name, uri=uri, warehouse=config.warehouse, init_catalog_tables="false",
                              **config.properties)
         # One real round trip: engines connect lazily, so an unreachable database would
         # otherwise surface later, in the middle of reading a table.
@@ -136,8 +137,25 @@ def load_catalog(config: CatalogConfig) -> Catalog:
     # Processes opening a new catalog database together (`streamberg run` starts the ingest,
     # compactor and maintenance at once) race in pyiceberg's create-if-missing of its own
     # tables; the database is fine a moment later.
-    return commit_retrying(CATALOG_TABLES_RETRIES, _lost_catalog_tables_race)(
-        SqlCatalog, config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse, **config.properties)
+    catalog = commit_retrying(CATALOG_TABLES_RETRIES, _lost_catalog_tables_race)(
+        PruningSqlCatalog, config.name, uri=_sqlalchemy_uri(config.uri), warehouse=config.warehouse,
+        **config.properties)
+    if config.uri.startswith("sqlite:"):
+        sqlalchemy.event.listen(catalog.engine, "connect", _bounded_wal)
+        catalog.engine.dispose()  # pooled connections were opened before the listener
+    return catalog
+
+
+# The SQLite WAL is reused from its start after each checkpoint (auto-checkpoint at 1000
+# pages), so it never grows past the largest burst between two; this truncates it back to
+# 64 MB after one. A per-connection setting: every connection streamberg opens sets it.
+SQLITE_WAL_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+def _bounded_wal(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA journal_size_limit = {SQLITE_WAL_LIMIT_BYTES}")
+    cursor.close()
 
 
 def ensure_namespace(catalog: Catalog, namespace: str) -> None:
@@ -166,7 +184,7 @@ def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Sche
         else:
             assert derive is not None  # checked above
             expected = derive()
-        properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **table.properties}
+        properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **BOUNDED_METADATA, **table.properties}
         try:
             created = catalog.create_table(
                 table.identifier, schema=expected,

@@ -36,6 +36,33 @@ def reconfigure_logging() -> None:
     configure_logging()
 
 
+class RotatingLineFile:
+    """A log file one process appends lines to, kept under `max_bytes`: past it the file
+    becomes `<name>.1` (the older one dropped) and a new one starts. One writer per file, so
+    the rename is safe; a reader following the file by inode reads the renamed one to its end
+    (ingest/local/worker_logs.py). Line-buffered: each line is one write(2)."""
+
+    def __init__(self, path: Path, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.path, self.max_bytes = Path(path), max_bytes
+        self._open()
+
+    def _open(self) -> None:
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        self._size = self._file.tell()
+
+    def write(self, text: str) -> int:
+        if self._size + len(text) > self.max_bytes and self._size > 0:
+            self._file.close()
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            self._open()
+        written = self._file.write(text)
+        self._size += len(text.encode("utf-8", errors="replace")) if not text.isascii() else len(text)
+        return written
+
+    def flush(self) -> None:
+        self._file.flush()
+
+
 def configure_logging(force_json: bool | None = None, file: Path | None = None) -> None:
     """Configure structlog once per process; later calls are no-ops.
 
@@ -50,11 +77,9 @@ def configure_logging(force_json: bool | None = None, file: Path | None = None) 
     level = getattr(logging, level_name, logging.INFO)
     if force_json is None:
         force_json = renders_json()
-    out: TextIO = sys.stderr
+    out: TextIO | RotatingLineFile = sys.stderr
     if file is not None:
-        # Line-buffered appends: each line is one write(2) with O_APPEND, so lines of
-        # several worker processes never interleave inside a line.
-        out = open(file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        out = RotatingLineFile(file)
     renderer: Any = structlog.processors.JSONRenderer() if force_json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
@@ -71,7 +96,7 @@ def configure_logging(force_json: bool | None = None, file: Path | None = None) 
         # Write, not print: a PyFlink Python worker on a Flink cluster replaces builtins.print
         # with one that takes no `flush` (PrintLogger's call fails there) and routes
         # sys.stderr.write to the TaskManager's log, where these lines then appear.
-        logger_factory=structlog.WriteLoggerFactory(file=out),
+        logger_factory=structlog.WriteLoggerFactory(file=out),  # type: ignore[arg-type]  # a TextIO in duck type
         cache_logger_on_first_use=True,
     )
     _configured = True

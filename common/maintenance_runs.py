@@ -49,6 +49,10 @@ runs = private_table(
 )
 
 
+# Maintenance runs kept per table (an hourly pass: about six weeks).
+KEEP_RUNS = 1000
+
+
 def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, started_at: float,
                finished_at: float) -> None:
     """Persist one run's result object (see maintenance/maintainer.py, Maintainer.run, for its keys)."""
@@ -60,6 +64,12 @@ def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, sta
             dry_run=bool(result["dry_run"]), status=result["status"], bytes_freed=int(result["bytes_freed"]),
             result=json.dumps(result),
         ))
+        # Bounded for months: the newest KEEP_RUNS runs of the table stay, older ones go.
+        mine = (runs.c.catalog_name == catalog_name) & (runs.c.table_identifier == result["table"])
+        cutoff = conn.execute(sa.select(runs.c.finished_at).where(mine).order_by(runs.c.finished_at.desc())
+                              .offset(KEEP_RUNS - 1).limit(1)).scalar()
+        if cutoff is not None:
+            conn.execute(runs.delete().where(mine & (runs.c.finished_at < cutoff)))
 
 
 def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = None,

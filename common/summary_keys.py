@@ -25,6 +25,9 @@ class SummaryKeys:
     # Wall-clock ms when the committer started this commit: the snapshot's timestamp minus
     # this is the commit latency monitoring reports.
     COMMIT_STARTED_MS = "streamberg.commit-started-ms"
+    # How long this committer's previous commit took, start to catalog swap (ms): the commit
+    # latency trend status reads over the snapshots kept.
+    PREVIOUS_COMMIT_MS = "streamberg.previous-commit-ms"
     # Dead letters the commit carries (its dead-letter file's rows).
     DEAD_LETTERS = "streamberg.dead-letters"
     # Records that are neither rows nor dead letters, by all ingest commits up to this one: the
@@ -126,6 +129,24 @@ class TablePropertyKeys:
     # together (set in the trim's own commit; maintenance/changelog.py), so records + trimmed
     # + dead letters + skipped tombstones = consumed survives snapshot expiry.
     CHANGELOG_TRIMMED_RECORDS = "streamberg.changelog.trimmed-records"
+
+
+# Iceberg's own table properties that keep a streaming table's metadata bounded, with the
+# values streamberg sets on every table it creates (and on tables it writes that lack them):
+# a commit every few seconds must not leave every metadata version behind.
+METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
+METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
+MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
+BOUNDED_METADATA = {
+    # Old metadata files are deleted after each commit beyond the last few (Iceberg Java does
+    # it itself; pyiceberg commits go through common/metadata_files.PrunesMetadata).
+    METADATA_DELETE_AFTER_COMMIT: "true",
+    METADATA_PREVIOUS_VERSIONS_MAX: "10",
+    # Appends merge small manifests once commit.manifest.min-count-to-merge (100) pile up, so
+    # the manifest list stays bounded (Iceberg Java's default; pyiceberg's merge_append
+    # honours it, its default is off).
+    MANIFEST_MERGE_ENABLED: "true",
+}
 
 
 def kafka_offsets_key(topic: str) -> str:

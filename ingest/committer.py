@@ -132,6 +132,7 @@ class Committer:
         self.expected: PartitionOffsets = {}
         self.consumed_total = 0
         self.skipped_total = 0  # Debezium tombstones skipped by all commits (ingest/envelopes.py)
+        self.previous_commit_ms: int | None = None  # how long the last commit took (a summary key)
         self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
         self.lost_total = 0
         self.sightings: dict = {}  # fields not written (schema_evolution: off), cumulative
@@ -242,6 +243,8 @@ class Committer:
             SummaryKeys.COMMIT_STARTED_MS: str(started_ms),
             SummaryKeys.DEAD_LETTERS: str(len(dead)),
         }
+        if self.previous_commit_ms is not None:
+            properties[SummaryKeys.PREVIOUS_COMMIT_MS] = str(self.previous_commit_ms)
         skipped_total = self.skipped_total + sum(u.skipped for u in units)
         if skipped_total:
             properties[SummaryKeys.SKIPPED_TOMBSTONES_TOTAL] = str(skipped_total)
@@ -286,6 +289,7 @@ class Committer:
                              snapshot=snapshot_id)
         result = CommitResult(snapshot_id=snapshot_id, files=len(files), records=records, dead_letters=len(dead),
                               offsets=new_offsets, seconds=time.monotonic() - started, attempts=attempts)
+        self.previous_commit_ms = int(result.seconds * 1000)
         self.log.info("committed", snapshot=snapshot_id, files=result.files, records=records,
                       dead_letters=len(dead), offsets=new_offsets, commit_seq=self.commit_seq,
                       attempts=attempts, seconds=round(result.seconds, 3))
@@ -319,7 +323,7 @@ class Committer:
                     properties[SummaryKeys.DEAD_LETTERS] = str(len(every_dead))
                     if every_dead and SummaryKeys.DEAD_LETTER_FILE not in properties:
                         properties[SummaryKeys.DEAD_LETTER_FILE] = self._write_dead_letters(every_dead)
-                    with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                    with tx.update_snapshot(snapshot_properties=properties).merge_append() as append:
                         for f in files + (evolved.files if evolved is not None else []):
                             append.append_data_file(f.to_data_file())
                     if evolved is not None:

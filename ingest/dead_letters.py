@@ -47,11 +47,12 @@ from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
 from streamberg.common.dead_letter_outbox import applied_key, pending_files
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.log import get_logger
+from streamberg.common.metadata_files import bound_metadata
 from streamberg.common.protobuf_schema import iceberg_schema as protobuf_iceberg_schema
 from streamberg.common.protobuf_schema import message_descriptor
 from streamberg.common.registry import WriterSchemas, value_subject
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 
@@ -75,7 +76,7 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
         return catalog.load_table(identifier)
     except NoSuchTableError:
         try:
-            return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA)
+            return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA, properties=BOUNDED_METADATA)
         except TableAlreadyExistsError:
             return catalog.load_table(identifier)
 
@@ -86,8 +87,9 @@ def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     if CHANGELOG_TARGET_PROPERTY in config.table.properties:
         add_own_columns(catalog, config.table)
     derive = (lambda: registry_schema(config)) if config.kafka.value_format != "json" else None
-    return (catalog, ensure_table(catalog, config.table, derive),
-            ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table))
+    # Tables made by an earlier release get the properties that bound their metadata.
+    return (catalog, bound_metadata(ensure_table(catalog, config.table, derive)),
+            bound_metadata(ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)))
 
 
 def registry_schema(config: StreambergConfig) -> Schema:
@@ -180,7 +182,7 @@ def apply_dead_letter_files(catalog: Catalog, main_identifier: str, dlq_identifi
             tx.set_properties({applied_key(main_identifier): str(pending[-1].order)})
             if files:
                 with tx.update_snapshot(snapshot_properties={
-                        SummaryKeys.RUN_ID: run_id, SummaryKeys.OPERATION: "dead-letters"}).fast_append() as append:
+                        SummaryKeys.RUN_ID: run_id, SummaryKeys.OPERATION: "dead-letters"}).merge_append() as append:
                     for f in files:
                         append.append_data_file(f.to_data_file())
             tx.commit_transaction()

@@ -24,7 +24,7 @@ from streamberg.ingest.job import build_job, failure_message, new_run_id, prepar
 from streamberg.ingest.local.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.local.gateway import python_worker_mode, start_local_gateway
 from streamberg.ingest.local.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
-from streamberg.ingest.run_folder import RunFolder
+from streamberg.ingest.run_folder import RunFolder, prune_runs
 
 DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 TABLE_LOOK_SECONDS = 1.0  # how often it reads the catalog and the job status
@@ -61,7 +61,7 @@ class _Run:
     """One run of the job, as the driver knows it."""
     config: StreambergConfig
     run_id: str
-    folder: RunFolder  # stop/drained/fenced markers, read progress, workers.log
+    folder: RunFolder  # stop/drained/fenced markers, read progress, the workers' logs
     start_snapshot_id: int | None
     bounds: RunBounds
     started: float  # time.monotonic()
@@ -91,10 +91,12 @@ def _run(config: StreambergConfig, parallelism: int, worker_mode: str, fork_serv
     catalog, table = prepare_tables(config)
     start = committed_position(table, config.kafka.topic)
     folder = RunFolder.of(config, run_id).create()
+    prune_runs(folder)
     worker_log = (folder.path / WORKER_LOG_NAME).resolve()
     log.info("starting ingest", parallelism=parallelism, topic=config.kafka.topic,
              start_offsets=start.offsets, max_records=bounds.max_records, duration_s=bounds.duration,
-             python_workers=worker_mode + (", forked" if fork_server else ""), worker_log=str(worker_log))
+             python_workers=worker_mode + (", forked" if fork_server else ""),
+             worker_logs=str(worker_log.with_name(f"{worker_log.stem}-*{worker_log.suffix}")))
     run = _Run(config, run_id, folder, start.snapshot_id, bounds, time.monotonic(), log)
     bar = _progress_bar(bounds.max_records, enabled=progress)
     relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()

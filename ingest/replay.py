@@ -150,7 +150,7 @@ def _append_with_retries(catalog: Catalog, config: StreambergConfig, files: list
             table = catalog.load_table(config.table.identifier)
             recheck(table)  # another replay may have committed the same records meanwhile
             tx = table.transaction()
-            with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            with tx.update_snapshot(snapshot_properties=properties).merge_append() as append:
                 for f in files:
                     append.append_data_file(f.to_data_file())
             # The append asserted main was at the snapshot we read, so the new current one is ours.

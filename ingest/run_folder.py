@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,32 @@ DRAINED_MARKER = "drained"
 FENCED_MARKER = "fenced"
 LOST_OFFSETS_MARKER = "lost-offsets"
 _PROGRESS_GLOB = "read-w*.json"
+
+
+# Run folders kept in <state_dir>/runs beside the current one (each holds its markers and its
+# workers' logs, up to 64 MB a worker); any touched within the last hour is kept too (a run
+# of another instance may still be using it).
+KEEP_RUNS = 20
+KEEP_RECENT_SECONDS = 3600.0
+
+
+def prune_runs(keep_besides: RunFolder) -> list[Path]:
+    """Delete the oldest run folders beyond KEEP_RUNS (bounded state for months of restarts);
+    returns those deleted."""
+    runs = keep_besides.path.parent
+    try:
+        folders = [p for p in runs.iterdir() if p.is_dir() and not p.is_symlink() and p != keep_besides.path]
+    except OSError:
+        return []
+    folders.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    cutoff = time.time() - KEEP_RECENT_SECONDS
+    gone = []
+    for old in folders[KEEP_RUNS:]:
+        if old.stat().st_mtime >= cutoff:
+            continue
+        shutil.rmtree(old, ignore_errors=True)
+        gone.append(old)
+    return gone
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ one per table to avoid the repeated work.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.catalog import open_existing_table
-from streamberg.common.changelog import changelog_identifier
+from streamberg.common.changelog import changelog_identifier, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
@@ -81,6 +82,30 @@ def check_config(config: StreambergConfig, table: Any | None = None) -> None:
             raise _config_error(config, f"maintenance.retention.column: {exc}") from None
 
 
+def _wait_expiring(maintainer: Any, config: StreambergConfig, options: MaintainOptions, stop: threading.Event,
+                   log: Any) -> bool:
+    """Wait for the next pass; every maintenance.expire.check_seconds meanwhile, expire the
+    tables that hold too many snapshots (a commit every few seconds fills max_snapshots long
+    before an hourly pass). True when stopped."""
+    from streamberg.maintenance.maintainer import EXPIRY_STEPS
+
+    deadline = time.monotonic() + config.maintenance.interval_seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        if stop.wait(min(config.maintenance.expire.check_seconds, remaining)):
+            return True
+        if not config.maintenance.expire.enabled:
+            continue
+        try:
+            if due := maintainer.expiry_due():
+                log.info("snapshots past maintenance.expire.max_snapshots: expiring before the next pass", tables=due)
+                result = maintainer.run(dry_run=options.dry_run, stop=stop, only=EXPIRY_STEPS, record=False)
+                if result["status"] == "failed":
+                    log.error("expiry between passes failed; retrying at the next check", result=result)
+        except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
+            log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
+    return stop.is_set()
+
+
 def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: Any = None,
                  stop: threading.Event | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] | None = None) -> MaintainSummary:
@@ -110,6 +135,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
         changelog = changelog_identifier(config) if config.kafka.envelope != "none" else None
         maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark, changelog=changelog,
                                 dead_letter_table=config.ingest_target.dead_letter_table,
+                                key_state=key_state_identifier(config) if changelog is not None else None,
                                 **({"clock": clock} if clock is not None else {}))
         while not stop.is_set():
             try:
@@ -126,7 +152,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                 summary.last = result
                 if on_result is not None:
                     on_result(result)
-            if single or stop.wait(config.maintenance.interval_seconds):
+            if single or _wait_expiring(maintainer, config, options, stop, log):
                 break
         log.info("maintenance finished", runs=summary.runs, failed_runs=summary.failed_runs)
         return summary

@@ -24,16 +24,12 @@ from typing import Any
 from streamberg.common.changelog import TRIM_OPERATION, applied_snapshot_id
 from streamberg.common.config import TableTarget
 from streamberg.common.dead_letter_outbox import outbox_chain
-from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import iterate
 from streamberg.common.offsets import ancestry
-from streamberg.common.redact import redact
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.common.table_files import live_data_files
 from streamberg.common.times import iso_from_ms
-from streamberg.maintenance.confine import outside_reason
-from streamberg.maintenance.expire import predict_expired, timestamp_literal
-from streamberg.maintenance.reachability import only_referenced_by
+from streamberg.maintenance.side_tables import expire_to
 from streamberg.maintenance.step import SparkTable, Step, StepResult, detail
 
 
@@ -104,17 +100,6 @@ class ChangelogStep(Step):
         if outbox := outbox_chain(changelog, context.load_dead_letters(), context.changelog):
             older_than, retain_last = min(older_than, outbox[-1].timestamp_ms), max(retain_last, len(outbox))
             out.kept_for_dead_letters = len(outbox)
-        expired = predict_expired(changelog, older_than, retain_last, context.now_ms())
-        kept = [s.snapshot_id for s in changelog.metadata.snapshots if s.snapshot_id not in expired]
-        doomed = only_referenced_by(changelog, expired, kept)
-        location = changelog.location()
-        if outside := {p: r for p in doomed if (r := outside_reason(p, location))}:
-            example = next(iter(outside))
-            raise LocationRefused(f"change-log expiry would delete {len(outside)} file(s) not safely inside "
-                                  f"{redact(location)}, e.g. {redact(example)} ({outside[example]}); expire by hand")
-        out.snapshots_expired = len(expired)
-        out.bytes_freed = sum(r.size_bytes for r in doomed.values())
-        if expired and not dry_run:
-            spark.call("expire_snapshots", older_than=timestamp_literal(older_than), retain_last=str(retain_last))
-            log.info("change-log snapshots expired", expired=len(expired), bytes_freed=out.bytes_freed)
+        expiry = expire_to(context, context.changelog, changelog, older_than, retain_last, dry_run, log)
+        out.snapshots_expired, out.bytes_freed = expiry.snapshots, expiry.bytes_freed
         return out

@@ -20,6 +20,10 @@ that must survive and why:
   (``common/table_files.py``), and ``older_than`` / ``retain_last`` keep the oldest such
   snapshot and everything newer.
 
+The configured retention is an age (``max_snapshot_age_seconds``) and a count
+(``max_snapshots``: snapshots beyond the newest N go whatever their age, so a table committed
+every few seconds keeps a bounded metadata JSON); the protections above only ever keep more.
+
 Both bounds are applied (count and age), because Iceberg keeps an ancestor when either
 holds and stops walking at the first that fails both: with clock skew between hosts a
 timestamp bound alone could stop early. ``predict_expired`` mirrors Iceberg's
@@ -168,9 +172,13 @@ def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int,
     current = table.current_snapshot()
     configured_older_than = now_ms - int(settings.max_snapshot_age_seconds * 1000)
     configured_retain = settings.min_snapshots_to_keep
+    lineage = list(ancestry(table))
+    if len(lineage) > settings.max_snapshots:
+        # The count bound: everything older than the newest max_snapshots may go, whatever its age.
+        configured_older_than = max(configured_older_than, lineage[settings.max_snapshots - 1].timestamp_ms)
     older_than, retain_last = configured_older_than, configured_retain
     protected: dict[int, ProtectedSnapshot] = {}
-    depth_of = {s.snapshot_id: depth for depth, s in enumerate(ancestry(table))}
+    depth_of = {s.snapshot_id: depth for depth, s in enumerate(lineage)}
 
     chain = ingest_chain(table, topic)
     if chain:

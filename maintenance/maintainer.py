@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pyiceberg.exceptions import NoSuchTableError
+
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import MaintenanceConfig, TableTarget
 from streamberg.common.jvm import java_message
@@ -35,12 +37,15 @@ from streamberg.maintenance.expire import ExpireStep
 from streamberg.maintenance.manifests import ManifestsStep
 from streamberg.maintenance.orphans import OrphansStep
 from streamberg.maintenance.retention import RetentionStep
+from streamberg.maintenance.side_tables import SideTablesStep
 from streamberg.maintenance.step import SparkTable, Step, StepContext, StepResult, lost_commit_race
 
 # In execution order (module docstring).
-STEPS: tuple[type[Step], ...] = (RetentionStep, ExpireStep, ChangelogStep, OrphansStep, ManifestsStep)
+# The steps an expiry between passes runs (maintenance.expire.check_seconds).
+EXPIRY_STEPS = ("expire_snapshots", "changelog", "side_tables")
+STEPS: tuple[type[Step], ...] = (RetentionStep, ExpireStep, ChangelogStep, SideTablesStep, OrphansStep, ManifestsStep)
 # The keys of the run's JSON object, in their documented order.
-_REPORTED = ("expire_snapshots", "orphan_files", "rewrite_manifests", "retention", "changelog")
+_REPORTED = ("expire_snapshots", "orphan_files", "rewrite_manifests", "retention", "changelog", "side_tables")
 
 
 class Maintainer:
@@ -48,7 +53,7 @@ class Maintainer:
 
     def __init__(self, settings: MaintenanceConfig, target: TableTarget, topic: str, spark: Any, *,
                  clock: Callable[[], float] = time.time, changelog: str | None = None,
-                 dead_letter_table: str | None = None) -> None:
+                 dead_letter_table: str | None = None, key_state: str | None = None) -> None:
         """`settings`: the `maintenance` section; `target`: the catalog and table; `topic`: the
         Kafka topic whose committed offsets expiry must keep reachable."""
         self.settings = settings
@@ -56,14 +61,32 @@ class Maintainer:
         self.identifier = target.identifier
         self.catalog = load_catalog(target.catalog)
         self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock, changelog,
-                                   dead_letter_table)
+                                   dead_letter_table, key_state)
         self.steps = [step(self.context) for step in STEPS]
         self.log = get_logger("maintenance", table=self.identifier)
 
     # -- one run ------------------------------------------------------------------------------
 
-    def run(self, *, dry_run: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
-        """One pass of every enabled step; returns the run's JSON object (also recorded)."""
+    def expiry_due(self) -> list[str]:
+        """The tables holding a quarter more snapshots than maintenance.expire.max_snapshots
+        (checked between passes: expiry paced by commits, not only by the pass interval)."""
+        bound = self.settings.expire.max_snapshots * 1.25
+        c = self.context
+        due = []
+        for identifier in (self.identifier, c.changelog, c.dead_letter_table, c.key_state):
+            if identifier is None:
+                continue
+            try:
+                if len(self.catalog.load_table(identifier).metadata.snapshots) > bound:
+                    due.append(identifier)
+            except NoSuchTableError:
+                continue
+        return due
+
+    def run(self, *, dry_run: bool = False, stop: threading.Event | None = None,
+            only: tuple[str, ...] | None = None, record: bool = True) -> dict[str, Any]:
+        """One pass of every enabled step (`only`: of these steps alone); returns the run's
+        JSON object, recorded unless `record` is false."""
         run_id = uuid.uuid4().hex
         started, t0 = time.time(), time.monotonic()
         before = self.context.load().current_snapshot()
@@ -73,6 +96,9 @@ class Maintainer:
         results: dict[str, StepResult] = {}
         status = "ok"
         for step in self.steps:
+            if only is not None and step.key not in only:
+                results[step.key] = StepResult(reason="not part of this run (an expiry between passes)")
+                continue
             if stop is not None and stop.is_set():
                 results[step.key] = StepResult(reason="stop requested before this step")
                 status = "stopped" if status == "ok" else status
@@ -98,7 +124,9 @@ class Maintainer:
             "snapshot_id_after": after.snapshot_id if after is not None else None,
         }
         try:
-            record_run(self.catalog.engine, self.target.catalog.name, result, started_at=started, finished_at=finished)
+            if record:
+                record_run(self.catalog.engine, self.target.catalog.name, result, started_at=started,
+                           finished_at=finished)
         except Exception as exc:  # noqa: BLE001 - the work is done; a missing record is reported, not fatal
             log.error("could not record the maintenance run", error=str(exc))
             result["status"] = "failed"

@@ -104,6 +104,8 @@ class StepContext:
     # The ingest's dead-letter table: snapshots naming dead-letter files it does not hold yet
     # are never expired (common/dead_letter_outbox.py).
     dead_letter_table: str | None = None
+    # A primary-key table's key state (merge/key_state.py; maintenance/side_tables.py bounds it).
+    key_state: str | None = None
 
     def load_dead_letters(self) -> Table | None:
         if self.dead_letter_table is None:

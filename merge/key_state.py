@@ -38,14 +38,14 @@ from pyiceberg.types import (
 
 from streamberg.common.catalog import ensure_namespace
 from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
 
 KEY, SEQ, PARTITION, OFFSET, SOURCE_TS, DELETED, APPLIED_AT = (
     "key", "seq", "kafka_partition", "kafka_offset", "source_ts", "deleted", "applied_at")
 # The key state is rewritten in place (copy-on-write): no delete files pile up in a table no
 # compactor keeps.
 PROPERTIES = {"format-version": "2", "write.merge.mode": "copy-on-write", "write.update.mode": "copy-on-write",
-              "write.delete.mode": "copy-on-write", "streamberg.private": "merge-key-state"}
+              "write.delete.mode": "copy-on-write", "streamberg.private": "merge-key-state", **BOUNDED_METADATA}
 # Tombstones past their keep are removed at most this often (a DELETE reads the whole state).
 FORGET_EVERY_SECONDS = 3600.0
 

@@ -127,6 +127,27 @@ def _table(status: Status, config: StreambergConfig, out: _Findings) -> None:
                     f"the table keeps {snapshots.count:,} snapshots "
                     f"({_threshold(severity, thresholds.snapshots_warn, thresholds.snapshots_critical)}): "
                     f"run `streamberg maintain` to expire old ones")
+    if snapshots is not None:
+        severity = _grade(snapshots.metadata_file_bytes, thresholds.metadata_file_warn_bytes,
+                          thresholds.metadata_file_critical_bytes)
+        if severity:
+            out.add("metadata", severity,
+                    f"the metadata file is {snapshots.metadata_file_bytes:,} bytes, read and written by every commit "
+                    f"({_threshold(severity, thresholds.metadata_file_warn_bytes, thresholds.metadata_file_critical_bytes)}): "
+                    "expire snapshots (maintenance.expire.max_snapshots) or shorten what they carry")
+        interval = config.ingest.commit_interval_seconds
+        if snapshots.commit_seconds_p95 is not None and interval > 0:
+            share = snapshots.commit_seconds_p95 / interval
+            severity = _grade(share, thresholds.commit_seconds_warn_intervals,
+                              thresholds.commit_seconds_critical_intervals)
+            if severity:
+                trend = (f", {snapshots.commit_seconds_trend:g} x the oldest quarter's"
+                         if snapshots.commit_seconds_trend is not None else "")
+                out.add("commit_time", severity,
+                        f"ingest commits take {snapshots.commit_seconds_p95:g} s at p95 over the last "
+                        f"{snapshots.commit_samples} ({share:.2f} x ingest.commit_interval_seconds{trend}; "
+                        f"{_threshold(severity, thresholds.commit_seconds_warn_intervals, thresholds.commit_seconds_critical_intervals)}): "
+                        "the catalog or the metadata is slow (docs/runbooks/commit-failures.md)")
     dead = status.dead_letters
     if dead is not None and thresholds.dead_letters_warn is not None and dead.records >= thresholds.dead_letters_warn:
         out.add("dead_letters", "warn", f"{dead.records:,} records in {dead.table} "

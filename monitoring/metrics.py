@@ -225,6 +225,11 @@ def _snapshot_metrics(status: Status) -> Iterator[Metric]:
         yield from _gauge("streamberg_table_snapshots", "snapshots kept in the table metadata", t, snapshots.count)
         yield from _gauge("streamberg_table_metadata_bytes",
                           "metadata file + current manifest list + its manifests", t, snapshots.metadata_bytes)
+        yield from _gauge("streamberg_table_metadata_file_bytes", "the metadata JSON every commit reads and writes",
+                          t, snapshots.metadata_file_bytes)
+        if snapshots.commit_seconds_p95 is not None:
+            yield from _gauge("streamberg_ingest_commit_seconds_p95",
+                              "p95 of the ingest's commit times over the snapshots kept", t, snapshots.commit_seconds_p95)
 
     dead = status.dead_letters
     if dead is not None:

@@ -167,6 +167,13 @@ class SnapshotFacts:
     manifests: int
     manifest_bytes: int
     oldest_age_seconds: float | None
+    # The ingest's commits over the snapshots kept (streamberg.previous-commit-ms): p50 and p95
+    # of the time each took, and the trend (median of the newest quarter over the oldest
+    # quarter's; None under 20 samples). None: no commit recorded it.
+    commit_seconds_p50: float | None = None
+    commit_seconds_p95: float | None = None
+    commit_seconds_trend: float | None = None
+    commit_samples: int = 0
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,13 @@ def _table_lines(status: Status) -> list[str]:
     snaps = status.snapshots
     if snaps is not None:
         lines.append(_line("snapshots", f"{snaps.count:,} (oldest {human_age(snaps.oldest_age_seconds)}), metadata "
-                                        f"{human_bytes(snaps.metadata_bytes)} in the metadata file, manifest list "
+                                        f"{human_bytes(snaps.metadata_bytes)} in the metadata file "
+                                        f"({human_bytes(snaps.metadata_file_bytes)}), manifest list "
                                         f"and {snaps.manifests} manifests"))
+        if snaps.commit_seconds_p95 is not None:
+            trend = f", trend {snaps.commit_seconds_trend:g}x" if snaps.commit_seconds_trend is not None else ""
+            lines.append(_line("commit time", f"p50 {snaps.commit_seconds_p50:g} s, p95 {snaps.commit_seconds_p95:g} s "
+                                              f"over the last {snaps.commit_samples} ingest commits{trend}"))
     merge = status.merge
     if merge is not None:
         if not merge.changelog_exists:

@@ -8,6 +8,8 @@ re-deriving the answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -125,11 +127,39 @@ def snapshot_facts(table: Table, now_ms: int) -> SnapshotFacts:
         listed = current.manifests(table.io)
         manifests, manifest_bytes = len(listed), sum(m.manifest_length for m in listed)
     oldest = min((s.timestamp_ms for s in snapshots), default=None)
+    timing = commit_timing(snapshots)
     return SnapshotFacts(
         count=len(snapshots), metadata_bytes=metadata_file + manifest_list + manifest_bytes,
         metadata_file_bytes=metadata_file, manifest_list_bytes=manifest_list, manifests=manifests,
         manifest_bytes=manifest_bytes, oldest_age_seconds=_age(now_ms, oldest) if oldest is not None else None,
+        **timing,
     )
+
+
+# The newest ingest commits the commit-time trend reads.
+COMMIT_SAMPLES = 400
+
+
+def commit_timing(snapshots: list[Snapshot]) -> dict[str, Any]:
+    """p50, p95 and trend of the ingest's commit times recorded in the snapshots kept."""
+    recorded = []
+    for snapshot in sorted(snapshots, key=lambda s: s.timestamp_ms):
+        value = summary_properties(snapshot).get(SummaryKeys.PREVIOUS_COMMIT_MS)
+        if value is not None and value.isdigit():
+            recorded.append(int(value) / 1000)
+    recorded = recorded[-COMMIT_SAMPLES:]
+    if not recorded:
+        return {}
+    ordered = sorted(recorded)
+    quarter = len(recorded) // 4
+    trend = None
+    if len(recorded) >= 20:
+        old, new = sorted(recorded[:quarter]), sorted(recorded[-quarter:])
+        if old[len(old) // 2] > 0:
+            trend = round(new[len(new) // 2] / old[len(old) // 2], 2)
+    return {"commit_seconds_p50": round(ordered[len(ordered) // 2], 3),
+            "commit_seconds_p95": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 3),
+            "commit_seconds_trend": trend, "commit_samples": len(recorded)}
 
 
 def clustering_facts(config: StreambergConfig, table: Table, files: list[DataFileInfo]) -> ClusteringFacts | None:

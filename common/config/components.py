@@ -154,6 +154,15 @@ class MonitoringConfig(_Section):
     # Snapshot count from which the verdict is warn / critical (maintenance expires them).
     snapshots_warn: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 2000
     snapshots_critical: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 20000
+    # The metadata JSON every commit reads and writes, in bytes, from which the verdict is warn
+    # / critical (it follows the snapshots kept: ~1.6 KB each for an ingest table).
+    metadata_file_warn_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = 16 * 1024 * 1024
+    metadata_file_critical_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = 64 * 1024 * 1024
+    # The ingest's commits (p95 of the time each took, over the snapshots kept), in commit
+    # intervals, from which the verdict is warn / critical: a commit that takes the interval
+    # stalls every interval after it.
+    commit_seconds_warn_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 0.5
+    commit_seconds_critical_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 1.0
     # A primary-key table: the oldest change waiting for the merge stage, in merge intervals
     # (merge.interval_seconds), from which the verdict is warn / critical.
     merge_lag_warn_intervals: Annotated[float | None, _float(0, 1e6, optional=True)] = 4.0
@@ -171,6 +180,8 @@ class MonitoringConfig(_Section):
                  ("commit_age_warn_intervals", "commit_age_critical_intervals"),
                  ("pending_age_warn_factor", "pending_age_critical_factor"),
                  ("snapshots_warn", "snapshots_critical"),
+                 ("metadata_file_warn_bytes", "metadata_file_critical_bytes"),
+                 ("commit_seconds_warn_intervals", "commit_seconds_critical_intervals"),
                  ("merge_lag_warn_intervals", "merge_lag_critical_intervals")]
         for warn, critical in pairs:
             low, high = getattr(self, warn), getattr(self, critical)
@@ -195,6 +206,16 @@ class ExpireConfig(_Section):
     max_snapshot_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 7 * 86400.0
     # The newest N snapshots of the main branch are always kept, whatever their age.
     min_snapshots_to_keep: Annotated[int, _int(1, MAX_COUNT)] = 1
+    # At most this many snapshots are kept (beyond what ingest, merge, replay and the compactor
+    # need), whatever their age: a commit every 5 s makes 17,280 a day, and every commit
+    # reads and writes the metadata JSON that lists them all (~1.6 KB each). 500 is ~42
+    # minutes of time travel at a 5 s interval. The same bound holds for the change log, the
+    # dead-letter table and the key state.
+    max_snapshots: Annotated[int, _int(1, MAX_COUNT)] = 500
+    # Continuous maintenance looks this often, between its passes, whether a table holds a
+    # quarter more snapshots than max_snapshots, and expires at once if so: expiry is paced
+    # by commits, not only by maintenance.interval_seconds.
+    check_seconds: Annotated[float, _float(1, DAY_SECONDS, lo_open=False)] = 30.0
     # Keep every append snapshot that added a file the compactor has not rewritten yet (the
     # compactor recognises pending files by their adding snapshot). Set false only when no
     # compactor runs on the table; otherwise expiry stops at the oldest uncompacted append.

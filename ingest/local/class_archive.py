@@ -84,6 +84,18 @@ def use_archive(lib_dir: Path) -> bool:
     return True
 
 
+# The gateway JVM's heap, sized explicitly and given back when idle (a JVM left to its
+# defaults reserves a quarter of the machine's memory and keeps its high-water mark): the
+# MiniCluster of a local run lives in it. The same flags when the archive is built and used.
+# JVM_ARGS set by the operator come after these, so an -Xmx there wins.
+GATEWAY_JVM_OPTIONS = ("-Xmx1g", "-XX:+UseG1GC", "-XX:G1PeriodicGCInterval=30000", "-XX:MaxMetaspaceSize=512m")
+
+
+def add_gateway_jvm_options() -> None:
+    if not any(a in os.environ.get("JVM_ARGS", "") for a in GATEWAY_JVM_OPTIONS):
+        _add_jvm_args(*GATEWAY_JVM_OPTIONS)
+
+
 def _add_jvm_args(*args: str) -> None:
     os.environ["JVM_ARGS"] = " ".join([*args, os.environ.get("JVM_ARGS", "")]).strip()
 
@@ -105,6 +117,7 @@ def build(cache: Path, force: bool = False) -> Path | None:
     private = Path(tempfile.mkdtemp(prefix=f".{ARCHIVE_NAME}.", dir=lib_dir))
     partial = private / ARCHIVE_NAME
     try:
+        add_gateway_jvm_options()
         _add_jvm_args(f"-XX:ArchiveClassesAtExit={partial}", QUIET)
         _run_warm_up_job()
         _stop_gateway_jvm()

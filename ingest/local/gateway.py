@@ -25,13 +25,14 @@ def start_local_gateway(config: StreambergConfig) -> threading.Thread:
     if _local_gateway is None:
         from pyflink.java_gateway import get_gateway
 
-        from streamberg.ingest.local.class_archive import use_archive
+        from streamberg.ingest.local.class_archive import add_gateway_jvm_options, use_archive
         from streamberg.ingest.local.gateway_auth import start_run_key_pair
         from streamberg.ingest.local.jvm_lib import jvm_cache_dir, prepare_gateway_jvm
         from streamberg.ingest.local.loopback import bind_loopback_worker_pool
 
         lib_dir = prepare_gateway_jvm(jvm_cache_dir(fallback=Path(config.ingest.state_dir)))
         start_run_key_pair()  # keytool runs while the JVM starts; local_settings waits for it
+        add_gateway_jvm_options()
         if lib_dir is not None:
             use_archive(lib_dir)  # the classes of an earlier JVM, mapped instead of loaded (class_archive.py)
 

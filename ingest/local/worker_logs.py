@@ -2,14 +2,19 @@
 
 A local run starts its Python operators (writers, committer) as separate worker processes
 (Flink's process mode, see `run_ingest`). Flink gives those processes no stderr anyone
-reads, so each worker appends its structlog lines to one file in the run's folder
-(`WorkerLogTarget.configure`), and the driver copies every complete new line of that file
-to its own stderr while the job runs (`WorkerLogRelay`). The file stays in the run folder
-for later reading; the driver prints its path at start.
+reads, so each worker appends its structlog lines to a file of its own in the run's folder
+(`workers-<pid>.log`, `WorkerLogTarget.configure`), and the driver copies every complete new
+line of those files to its own stderr while the job runs (`WorkerLogRelay`). The files stay
+in the run folder for later reading; the driver prints the folder at start.
+
+Bounded for months: each file is rotated at 32 MB to `<name>.1`, the older one dropped
+(common/log.RotatingLineFile), so a worker keeps at most 64 MB. The relay follows each file
+by inode, so it reads a file renamed by its rotation to the end.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -29,11 +34,12 @@ class WorkerLogTarget:
     json: bool
 
     def configure(self) -> None:
-        """In a worker process: log to the file. A no-op where logging is set up already
-        (loopback mode, where the operators run inside the driver)."""
+        """In a worker process: log to a file of its own beside `path`. A no-op where logging
+        is set up already (loopback mode, where the operators run inside the driver)."""
         from streamberg.common.log import configure_logging
 
-        configure_logging(force_json=self.json, file=Path(self.path))
+        base = Path(self.path)
+        configure_logging(force_json=self.json, file=base.with_name(f"{base.stem}-{os.getpid()}{base.suffix}"))
 
 
 class WorkerLogRelay:
@@ -44,10 +50,11 @@ class WorkerLogRelay:
     """
 
     def __init__(self, path: Path, write: Callable[[str], None] | None = None, interval: float = 0.2):
+        # `path` and the files of the workers beside it (`<stem>-<pid><suffix>`, and each one's
+        # rotated `.1`), each followed by its inode: offset and the unterminated last line.
         self.path, self.interval = path, interval
         self.write = write or _write_stderr
-        self._offset = 0
-        self._partial = b""
+        self._files: dict[tuple[int, int], tuple[int, bytes]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-log-relay", daemon=True)
 
@@ -61,24 +68,45 @@ class WorkerLogRelay:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.pump()
-        if self._partial:
-            self._emit(self._partial + b"\n")
-            self._partial = b""
+        for key, (offset, partial) in list(self._files.items()):
+            if partial:
+                self._emit(partial + b"\n")
+                self._files[key] = (offset, b"")
+
+    def _paths(self) -> list[Path]:
+        folder, stem, suffix = self.path.parent, self.path.stem, self.path.suffix
+        try:
+            names = sorted(folder.iterdir(), key=lambda p: p.name.endswith(".1"), reverse=True)  # rotated first
+        except OSError:
+            return []
+        return [p for p in names if p.name == self.path.name or p.name == f"{self.path.name}.1"
+                or (p.name.startswith(f"{stem}-") and (p.name.endswith(suffix) or p.name.endswith(f"{suffix}.1")))]
 
     def pump(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        if not chunk:
-            return
-        self._offset += len(chunk)
-        data = self._partial + chunk
-        complete, _, self._partial = data.rpartition(b"\n")
-        if complete:
-            self._emit(complete + b"\n")
+        seen = set()
+        for path in self._paths():
+            try:
+                with open(path, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    key = (st.st_dev, st.st_ino)
+                    seen.add(key)
+                    offset, partial = self._files.get(key, (0, b""))
+                    if st.st_size < offset:  # a new file on a reused inode
+                        offset, partial = 0, b""
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            if not chunk:
+                self._files[key] = (offset, partial)
+                continue
+            data = partial + chunk
+            complete, _, partial = data.rpartition(b"\n")
+            self._files[key] = (offset + len(chunk), partial)
+            if complete:
+                self._emit(complete + b"\n")
+        for key in [k for k in self._files if k not in seen and not self._files[k][1]]:
+            del self._files[key]  # gone (a dropped rotation), nothing left to say
 
     def _emit(self, data: bytes) -> None:
         # Worker lines include what structlog did not write (a forked worker's traceback,

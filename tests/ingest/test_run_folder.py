@@ -63,3 +63,26 @@ def test_markers_are_absent_until_written_and_carry_their_reason(tmp_path: Path)
     assert folder.fenced() == "another instance committed"
     assert folder.lost_offsets() == "partition 3: committed 10 below the low watermark 20"
     assert folder.drained() and (folder.path / "drained").read_text() == '{"offsets": {"0": 5, "1": 7}}'
+
+
+def test_old_run_folders_are_pruned_and_recent_ones_kept(tmp_path) -> None:
+    import os
+    import time
+
+    from streamberg.ingest.run_folder import KEEP_RUNS, RunFolder, prune_runs
+
+    runs = tmp_path / "runs"
+    old = time.time() - 7200
+    for i in range(KEEP_RUNS + 15):
+        folder = runs / f"run-{i:03d}"
+        folder.mkdir(parents=True)
+        (folder / "workers-1.log").write_text("x\n")
+        # The first ones old, the last five touched just now (another instance may use them).
+        stamp = old + i if i < KEEP_RUNS + 10 else time.time()
+        os.utime(folder, (stamp, stamp))
+    current = RunFolder(runs / "current").create()
+    gone = prune_runs(current)
+    left = sorted(p.name for p in runs.iterdir())
+    assert current.path.name in left and len(gone) == 15
+    assert [f"run-{i:03d}" for i in range(15)] == sorted(p.name for p in gone)
+    assert len(left) == KEEP_RUNS + 1

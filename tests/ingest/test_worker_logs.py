@@ -70,3 +70,23 @@ def test_relayed_lines_are_redacted(tmp_path: Path) -> None:
     relay.stop()
     text = "".join(out)
     assert "relay-secret-77" not in text and "other-secret-88" not in text and text.count("***") == 2
+
+
+def test_a_rotated_worker_file_is_relayed_to_its_end_and_stays_bounded(tmp_path: Path) -> None:
+    """A worker's file is rotated at its bound (here 4 KB) into `.1`, the older one dropped;
+    the relay follows each file by inode, so every line arrives once, and the disk holds at
+    most the file and its `.1`."""
+    from streamberg.common.log import RotatingLineFile
+
+    out: list[str] = []
+    relay = WorkerLogRelay(tmp_path / "workers.log", write=out.append)
+    log = RotatingLineFile(tmp_path / "workers-7.log", max_bytes=4096)
+    for i in range(3000):
+        log.write(f'{{"i": {i}, "pad": "{"x" * 40}"}}\n')
+        if i % 37 == 0:
+            relay.pump()  # the relay reads while the worker rotates
+    relay.stop()
+    assert [json.loads(line)["i"] for line in "".join(out).splitlines()] == list(range(3000))
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["workers-7.log", "workers-7.log.1"]
+    assert all((tmp_path / f).stat().st_size <= 4096 for f in files)

@@ -1,0 +1,146 @@
+"""Table metadata that stays bounded: old metadata files deleted after each commit.
+
+Every Iceberg commit writes a new metadata JSON and keeps the old one. Iceberg Java deletes
+the versions beyond `write.metadata.previous-versions-max` after each commit when
+`write.metadata.delete-after-commit.enabled` is true; pyiceberg 0.8.1 trims its metadata log
+to that many entries but deletes nothing, so a table committed every few seconds by the
+ingest would keep every version (each larger than the last: a quadratic folder).
+
+So the catalog streamberg opens commits through `PrunesMetadata`, which does what Iceberg
+Java does: after a successful commit, the metadata files the previous version listed (its
+log and itself) that the new version no longer lists are deleted, when the table says so.
+Only `*.metadata.json` files under the table's own `metadata/` folder are ever deleted.
+
+Every table streamberg creates carries `BOUNDED_METADATA` (common/summary_keys.py), and the
+ingest and the merge set it on the tables they write when it is absent (`bound_metadata`):
+an operator's explicit value is never changed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Any
+
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import CommitTableResponse, Table
+
+from streamberg.common.log import get_logger
+from streamberg.common.summary_keys import BOUNDED_METADATA, METADATA_DELETE_AFTER_COMMIT
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).strip().lower() == "true"
+
+
+def _same_form(path: str) -> str:
+    """A path compared across writers: Iceberg Java writes local files as `file:/x`,
+    pyiceberg as `file:///x`."""
+    if path.startswith("file:"):
+        return "file://" + "/" + path.removeprefix("file:").lstrip("/")
+    return path
+
+
+def dropped_metadata_files(before: Any, before_location: str | None, after: Any, after_location: str,
+                           table_location: str) -> list[str]:
+    """The metadata files the version before listed and the version after does not: the
+    ones to delete (only `*.metadata.json` inside the table's `metadata/` folder)."""
+    listed_before = {_same_form(e.metadata_file) for e in before.metadata_log}
+    if before_location:
+        listed_before.add(_same_form(before_location))
+    listed_after = {_same_form(e.metadata_file) for e in after.metadata_log} | {_same_form(after_location)}
+    folder = _same_form(table_location).rstrip("/") + "/metadata/"
+    return sorted(p for p in listed_before - listed_after
+                  if p.startswith(folder) and p.endswith(".metadata.json") and "/" not in p[len(folder):])
+
+
+_VERSIONED = re.compile(r"^(\d+)-[0-9a-f-]+\.metadata\.json$")
+
+
+def stray_metadata_files(metadata: Any, location: str) -> list[str]:
+    """Metadata files in a local table's `metadata/` folder older than every version the log
+    keeps and listed nowhere: the files of commits that lost their race (Iceberg Java's JDBC
+    catalog leaves them; a commit in flight writes a version newer than the log's, never
+    older). Object stores are left to orphan removal: pyiceberg's FileIO cannot list."""
+    kept = [_same_form(e.metadata_file) for e in metadata.metadata_log] + [_same_form(location)]
+    versions = [int(m.group(1)) for p in kept if (m := _VERSIONED.match(p.rsplit("/", 1)[-1]))]
+    folder = _same_form(metadata.location).rstrip("/") + "/metadata/"
+    if not versions or not folder.startswith("file:///"):
+        return []
+    try:
+        names = os.listdir(folder.removeprefix("file://"))
+    except OSError:
+        return []
+    oldest, listed = min(versions), set(kept)
+    return [folder + n for n in names
+            if (m := _VERSIONED.match(n)) and int(m.group(1)) < oldest and folder + n not in listed]
+
+
+class PrunesMetadata:
+    """A pyiceberg catalog mixin: commit, then delete the metadata files dropped from the log;
+    and the metadata file of a commit that lost its race, which pyiceberg leaves behind."""
+
+    _staged = threading.local()
+
+    def _write_metadata(self, metadata: Any, io: Any, metadata_path: str) -> None:
+        super()._write_metadata(metadata, io, metadata_path)  # type: ignore[misc]
+        self._staged.path = metadata_path
+
+    def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
+        self._staged.path = None
+        try:
+            response: CommitTableResponse = super().commit_table(table, requirements, updates)  # type: ignore[misc]
+        except CommitFailedException:
+            # The catalog refused the swap (another commit won): the file written for it is
+            # referenced by nothing, ever. Any other failure may have landed: left alone.
+            staged = self._staged.path
+            if staged is not None:
+                try:
+                    table.io.delete(staged)
+                except Exception:  # noqa: BLE001 - orphan removal gets it later
+                    pass
+            raise
+        metadata = response.metadata
+        if not _truthy(metadata.properties.get(METADATA_DELETE_AFTER_COMMIT)):
+            return response
+        base, base_location = table.metadata, table.metadata_location
+        previous = metadata.metadata_log[-1].metadata_file if metadata.metadata_log else None
+        if previous is not None and previous != base_location:
+            # Another writer (Spark's expiry, the compactor) committed after `table` was read:
+            # this commit's true base is that version, whose log is what to compare with.
+            try:
+                base = FromInputFile.table_metadata(table.io.new_input(previous))
+                base_location = previous
+            except Exception:  # noqa: BLE001 - unreadable: compare with what we have; orphans get the rest
+                pass
+        doomed = dropped_metadata_files(base, base_location, metadata, response.metadata_location,
+                                        metadata.location)
+        if doomed:
+            doomed += stray_metadata_files(metadata, response.metadata_location)
+        for path in doomed:
+            try:
+                table.io.delete(path)
+            except FileNotFoundError:
+                pass  # deleted already (another committer, or by hand)
+            except Exception as exc:  # noqa: BLE001 - the commit stands; orphan removal gets the file later
+                get_logger("catalog", table=".".join(table.name())).warning(
+                    "an old metadata file could not be deleted; orphan removal will", path=path,
+                    error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return response
+
+
+class PruningSqlCatalog(PrunesMetadata, SqlCatalog):
+    """pyiceberg's SqlCatalog, deleting old metadata files after each commit as Iceberg Java does."""
+
+
+def bound_metadata(table: Table) -> Table:
+    """Set BOUNDED_METADATA's properties the table lacks (never one it has); the table again."""
+    missing = {k: v for k, v in BOUNDED_METADATA.items() if k not in table.properties}
+    if not missing:
+        return table
+    with table.transaction() as tx:
+        tx.set_properties(missing)
+    return table.refresh()
