@@ -40,11 +40,13 @@ class CompactorConfig(_Section):
     enabled rule fires; a rule set to null is off. See docs/compactor.md.
     """
 
+    # The layout a pass writes: zorder, hilbert, sort or binpack (docs/compactor.md).
     strategy: LayoutStrategy = "zorder"
     # Columns the layout clusters on (nested fields by dotted path); empty: the compactor only bin-packs.
     columns: list[FieldPath] = Field(default_factory=list, max_length=32)
     # Spark's checkpoint of the streaming query (progress across restarts).
     checkpoint_dir: Text = ".streamberg/compactor-checkpoint"
+    # The compactor's (and maintenance's) Spark: its master and extra Spark settings.
     spark_master: Text = "local[*]"
     spark_conf: Properties = Field(default_factory=dict)
 
@@ -201,6 +203,7 @@ class MonitoringConfig(_Section):
 class ExpireConfig(_Section):
     """maintenance.expire: drop old snapshots (and the files only they reference)."""
 
+    # Whether maintenance expires snapshots (of the table and the tables beside it).
     enabled: Bool = True
     # Snapshots older than this may be expired (ingest/compactor needs are always kept).
     max_snapshot_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 7 * 86400.0
@@ -230,6 +233,7 @@ ORPHAN_SAFETY_FLOOR_SECONDS = 3600.0
 class OrphanConfig(_Section):
     """maintenance.orphan: delete files under the table location that no snapshot references."""
 
+    # Whether maintenance removes orphan files.
     enabled: Bool = True
     # Only files older than this are candidates: in-flight writes must never be deleted.
     safety_age_seconds: Annotated[float, _float(0, 10 * YEAR_SECONDS)] = 3 * 86400.0
@@ -249,6 +253,7 @@ class OrphanConfig(_Section):
 class ManifestsConfig(_Section):
     """maintenance.manifests: rewrite the manifests when there are too many or too much."""
 
+    # Whether maintenance rewrites manifests.
     enabled: Bool = True
     # Rewrite when the current snapshot has at least this many manifests (null: no count rule).
     min_count: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 100
@@ -283,6 +288,7 @@ class ChangelogTrimConfig(_Section):
     """maintenance.changelog: a primary-key table's change log (docs/cdc.md), trimmed of what
     the merge has applied."""
 
+    # Whether maintenance trims a primary-key table's change log.
     enabled: Bool = True
     # Applied changes are kept this long after their ingest commit (to read back what was
     # merged, or replay it by hand); then their files leave the change log, and the change
@@ -319,6 +325,7 @@ class MergeConfig(_Section):
     interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 30.0
     # The change-log table; null: <table.identifier>_changelog.
     changelog_table: TableIdentifier | None = None
+    # The merge's Spark: its master and extra Spark settings.
     spark_master: Text = "local[*]"
     spark_conf: Properties = Field(default_factory=dict)
     # Retries (with backoff) of a merge whose commit lost to a concurrent one (the compactor

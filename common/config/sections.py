@@ -70,7 +70,9 @@ class SchemaRegistryConfig(_Section):
 
 
 class KafkaConfig(_Section):
+    # The brokers (host:port, comma-separated); the embedded broker's address by default.
     bootstrap_servers: Text = "127.0.0.1:19092"
+    # The topic to ingest.
     topic: Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule), not '.' or '..'")]
     # The offset to start from for a partition the table has never seen.
     start_offset: Literal["earliest", "latest"] = "earliest"
@@ -124,9 +126,11 @@ class KafkaConfig(_Section):
 class IngestConfig(_Section):
     # Each commit interval, writers close their files and the committer makes one snapshot.
     commit_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
+    # Writer subtasks: partition p is read by writer p % parallelism.
     parallelism: Annotated[int, _int(1, 256)] = 2
     # Upper bound of records fetched by one poll (one decode batch).
     max_poll_records: Annotated[int, _int(1, 1_000_000)] = 5000
+    # How long one poll waits for records when the partitions are idle.
     poll_timeout_seconds: Annotated[float, _float(0, 3600)] = 0.2
     # A record larger than this is dead-lettered as oversized. At most what the writers'
     # consumer can be set to fetch (MAX_RECORD_BYTES: librdkafka caps max.partition.fetch.bytes,

@@ -182,11 +182,15 @@ class PartitionFieldConfig(_Section):
 
 
 class TableConfig(_Section):
+    # The table, `namespace.table`.
     identifier: TableIdentifier
     # None: the table exists and its schema is the truth (common/schema.py reads it from there).
     schema_: list[FieldConfig] | None = Field(default=None, alias="schema", min_length=1, max_length=4096)
+    # Partition fields, `{source, transform}`: identity, year, month, day, hour, bucket[N], truncate[W].
     partition_spec: list[PartitionFieldConfig] = Field(default_factory=list, max_length=64)
+    # Data files roll at this size (the table's write.target-file-size-bytes).
     target_file_size_bytes: Annotated[int, _int(1, MAX_BYTES)] = DEFAULT_TARGET_FILE_SIZE_BYTES
+    # Iceberg table properties of a table streamberg creates.
     properties: Properties = Field(default_factory=dict)
     # The primary key of a change-data-capture table (kafka.envelope debezium or upsert):
     # top-level required primitive columns, the table's Iceberg identifier fields. The table
