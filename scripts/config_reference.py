@@ -161,7 +161,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[tuple[str, list[str]]])
     for name, field in model.model_fields.items():
         key = field.alias or name
         sub = _model(field.annotation)
-        if sub is not None and not typing.get_origin(field.annotation) in (list, dict):
+        if sub is not None and typing.get_origin(field.annotation) not in (list, dict):
             nested.append((f"{prefix}{key}.", sub))
             continue
         meaning = comments.get(name, "").replace("|", "\\|")
