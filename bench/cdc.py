@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.changelog import changelog_identifier, merge_position  # noqa: E402
+from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
 from streamberg.common.offsets import ancestry, committed_position, summary_properties  # noqa: E402
 from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
@@ -161,7 +161,7 @@ def ingest(config_path: Path, records: int, parallelism: int) -> dict[str, float
     if proc.returncode:
         raise SystemExit(f"streamberg ingest failed:\n{proc.stderr[-3000:]}")
     config = load_config(config_path)
-    name = changelog_identifier(config) if config.kafka.envelope != "none" else config.table.identifier
+    name = changelog_identifier(config) if has_changelog(config) else config.table.identifier
     table = load_catalog(config.catalog).load_table(name)
     last = max(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
     opened = [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()

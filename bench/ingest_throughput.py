@@ -60,11 +60,11 @@ from confluent_kafka import Consumer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
 from streamberg.common.offsets import summary_properties  # noqa: E402
-from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
 from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
 
 SCHEMA = SAMPLE_EVENT_SCHEMA

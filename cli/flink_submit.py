@@ -27,7 +27,6 @@ import json
 import sys
 from typing import Any
 
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
 from streamberg.common.redact import redact
@@ -63,7 +62,7 @@ def submit(config_path: str, parallelism: int | None) -> int:
     from streamberg.common.offsets import committed_position
     from streamberg.ingest.job import build_job, new_run_id, prepare_tables
 
-    config = ingest_config(load_config(config_path))  # a primary-key table: its change log
+    config = load_config(config_path)  # the ingest writes a primary-key table's change log itself
     parallelism = parallelism or config.ingest.parallelism
     if parallelism < 1:
         raise ConfigError("--parallelism must be at least 1")

@@ -10,7 +10,6 @@ import sys
 from typing import NoReturn
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 
 
@@ -21,7 +20,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from streamberg.common.errors import IngestFenced, JobFailed, SchemaMismatchError, UnsupportedSchemaError
     from streamberg.ingest.driver import run_ingest
 
-    config = ingest_config(load_config(args.config))  # a primary-key table: its change log
+    config = load_config(args.config)  # the ingest writes a primary-key table's change log itself
     if args.max_records is not None and args.max_records <= 0:
         raise CommandError("--max-records must be positive")
     if args.duration is not None and args.duration <= 0:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from streamberg.cli.errors import CommandError
 from streamberg.common.broker import EmbeddedBroker, ensure_topic
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
@@ -40,7 +39,7 @@ def _broker(args: argparse.Namespace) -> int:
 def _produce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from streamberg.common.sample_events import produce_events
+    from streamberg.cli.sample_events import produce_events
 
     config = load_config(args.config)
     if not 0 <= args.bad_fraction < 1:
@@ -98,8 +97,7 @@ def _table(args: argparse.Namespace) -> int:
         raise CommandError("--dry-run goes with --evolve")
     if args.evolve:
         return _evolve(args)
-    # A primary-key table: its ingest's facts are the change log's (docs/cdc.md).
-    config = ingest_config(load_config(args.config))
+    config = load_config(args.config)
     try:
         facts = table_facts(config)
     except CatalogUnreachable as exc:

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import load_config
 
 DESCRIPTION = """\
@@ -47,7 +46,7 @@ def _replay(args: argparse.Namespace) -> int:
     from streamberg.ingest.replay import replay_dead_letters, replay_range
 
     validate(args)
-    config = ingest_config(load_config(args.config))  # a primary-key table: its change log
+    config = load_config(args.config)  # the ingest writes a primary-key table's change log itself
     try:
         if args.dead_letters:
             outcome = replay_dead_letters(config, reason_like=args.reason_like, since=args.since, dry_run=args.dry_run)

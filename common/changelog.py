@@ -14,7 +14,7 @@ the key) and the change log's own:
   of a key by them (a key lives in one partition);
 - `_source_ts`: Debezium's `source.ts_ms`, when the change happened in the source;
 - `_source_seq`: the change's position in the source (a Debezium connector's log position,
-  ingest/source_position.py), as text whose order is the source's order (`encode_sequence`).
+  ingest/decode/envelopes/source_position.py), as text whose order is the source's order (`encode_sequence`).
 
 The merge decides which of two changes of a key is the newer by their sequence
 (docs/cdc.md#order): `table.sequence_field` when set, else `_source_seq`, else the Kafka
@@ -58,6 +58,12 @@ REQUIRED_PROPERTY = "streamberg.changelog.required-columns"
 TRIM_OPERATION = "changelog-trim"
 
 
+def has_changelog(config: StreambergConfig) -> bool:
+    """Whether the config's table is a primary-key table fed through a change log (the one
+    place that asks: kafka.envelope debezium or upsert)."""
+    return config.kafka.envelope != "none"
+
+
 def changelog_identifier(config: StreambergConfig) -> str:
     return config.merge.changelog_table or f"{config.table.identifier}_changelog"
 
@@ -90,7 +96,7 @@ def encode_sequence(*parts: int) -> str | None:
 
 def ingest_config(config: StreambergConfig) -> StreambergConfig:
     """What the ingest writes: the table itself, or a primary-key table's change log."""
-    if config.kafka.envelope == "none" or TARGET_PROPERTY in config.table.properties:
+    if not has_changelog(config) or TARGET_PROPERTY in config.table.properties:
         return config
     return changelog_config(config)
 

@@ -13,6 +13,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import open_catalog_readonly
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
@@ -36,8 +37,10 @@ def dead_letter_records(catalog: Catalog, identifier: str) -> int | None:
 def table_facts(config: StreambergConfig) -> dict[str, Any]:
     """The table's facts; {"exists": False} when the catalog has no such table.
 
-    Raises CatalogUnreachable when the catalog database is missing or does not answer.
+    Raises CatalogUnreachable when the catalog database is missing or does not answer. A
+    primary-key table's ingest facts are its change log's (docs/cdc.md).
     """
+    config = ingest_config(config)
     catalog = open_catalog_readonly(config.catalog)
     try:
         table = catalog.load_table(config.table.identifier)

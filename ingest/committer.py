@@ -59,10 +59,10 @@ from streamberg.ingest.dead_letters import (
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
-from streamberg.ingest.envelopes import record_decoder
+from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.decode.records import RecordDecoder
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write
 from streamberg.ingest.files import PartitionedFileWriter
-from streamberg.ingest.records import RecordDecoder
 from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
@@ -131,7 +131,7 @@ class Committer:
         self.commit_seq = 0
         self.expected: PartitionOffsets = {}
         self.consumed_total = 0
-        self.skipped_total = 0  # Debezium tombstones skipped by all commits (ingest/envelopes.py)
+        self.skipped_total = 0  # Debezium tombstones skipped by all commits (ingest/decode/envelopes/changes.py)
         self.previous_commit_ms: int | None = None  # how long the last commit took (a summary key)
         self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
         self.lost_total = 0

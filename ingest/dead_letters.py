@@ -40,7 +40,6 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.common.avro_schema import iceberg_schema as avro_iceberg_schema
 from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
 from streamberg.common.changelog import add_own_columns
 from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
@@ -48,11 +47,10 @@ from streamberg.common.dead_letter_outbox import applied_key, pending_files
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import bound_metadata
-from streamberg.common.protobuf_schema import iceberg_schema as protobuf_iceberg_schema
-from streamberg.common.protobuf_schema import message_descriptor
-from streamberg.common.registry import WriterSchemas, value_subject
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
+from streamberg.ingest.decode.formats import format_of
+from streamberg.ingest.decode.registry import value_subject
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 
@@ -86,7 +84,8 @@ def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     catalog = load_catalog(config.catalog)
     if CHANGELOG_TARGET_PROPERTY in config.table.properties:
         add_own_columns(catalog, config.table)
-    derive = (lambda: registry_schema(config)) if config.kafka.value_format != "json" else None
+    fmt, _ = format_of(config)
+    derive = (lambda: registry_schema(config)) if fmt.needs_registry else None
     # Tables made by an earlier release get the properties that bound their metadata.
     return (catalog, bound_metadata(ensure_table(catalog, config.table, derive)),
             bound_metadata(ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)))
@@ -94,20 +93,15 @@ def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
 
 def registry_schema(config: StreambergConfig) -> Schema:
     """The table's schema from the registry: the latest writer schema of the topic's values."""
-    assert config.kafka.schema_registry is not None  # the config requires it with avro and protobuf
+    fmt, registry = format_of(config)
+    assert registry is not None  # only a registry format derives its table
     subject = value_subject(config.kafka.topic)
-    registry = WriterSchemas(config.kafka.schema_registry)
-    kind = config.kafka.value_format.upper()
+    kind = fmt.name.upper()  # the registry's schema type
     schema_id, registered = registry.latest_schema(subject, kind)
     get_logger("ingest", table=config.table.identifier).info(
         "table schema derived from the registry", subject=subject, schema_id=schema_id)
     try:
-        if kind == "AVRO":
-            return avro_iceberg_schema(registered.schema_str)
-        # Protobuf: the file's first message (the one a record without message indexes is).
-        message = message_descriptor(registered.schema_str, list(registered.references or []), (),
-                                     lambda subject, version: registry.version(subject, version, kind))
-        return protobuf_iceberg_schema(message)
+        return fmt.table_schema(registered, lambda subject, version: registry.version(subject, version, kind))
     except (UnsupportedSchemaError, RegistryUnavailable):
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the registry answered: a clear refusal, not a traceback

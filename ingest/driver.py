@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
@@ -47,6 +48,7 @@ class RunBounds:
 def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_records: int | None = None,
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
+    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     worker_mode = python_worker_mode()
     # The slow starts first, before anything else is imported or read: the workers' fork
     # server and the gateway JVM come up while the driver prepares the tables.

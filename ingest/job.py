@@ -33,6 +33,7 @@ from pyflink.datastream.connectors import Sink
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
@@ -182,6 +183,7 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: 
               ) -> StreamExecutionEnvironment:
     """The job graph. `log_target`: where local worker processes log (None: their stderr,
     which on a cluster is the TaskManager's log); `python_workers`: see flink_configuration."""
+    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     if not cluster:
         start_local_gateway(config).join()
     env = StreamExecutionEnvironment.get_execution_environment(
@@ -205,14 +207,15 @@ def new_run_id() -> str:
 
 def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
     """Create or check the table and the dead-letter table before any worker starts."""
+    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     from streamberg.ingest.dead_letters import open_tables
-    from streamberg.ingest.json_decode import check_supported
-    from streamberg.ingest.records import check_key_field
+    from streamberg.ingest.decode.formats import format_of
+    from streamberg.ingest.decode.records import check_key_field
 
+    fmt, _ = format_of(config)
     catalog, table, _ = open_tables(config)
     check_key_field(table.schema(), config.kafka.key_field, config.kafka.key_format)
-    if config.kafka.value_format == "json":  # Avro carries every column type a writer schema maps to
-        check_supported(table.schema())
+    fmt.check_table(table.schema())
     return catalog, table
 
 

@@ -48,6 +48,7 @@ from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOr
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
+from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
 from streamberg.common.log import get_logger
@@ -254,6 +255,7 @@ def _dead_letters_in_range(dlq: Table | None, topic: str, partition: int, start:
 def replay_range(config: StreambergConfig, partition: int, start: int, end: int, *,
                  force: bool = False, dry_run: bool = False) -> ReplayOutcome:
     """Re-ingest Kafka records [start, end) of one partition as one append."""
+    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     started = time.monotonic()
     topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, partition=partition, run=run_id)
@@ -364,6 +366,7 @@ def _select_dead_letters(dlq: Table, topic: str, reason_like: str | None, since:
 def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = None,
                         since: dt.datetime | None = None, dry_run: bool = False) -> ReplayOutcome:
     """Re-decode dead letters against the table's current schema; append those that now decode."""
+    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     started = time.monotonic()
     topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, run=run_id, mode="dead-letters")

@@ -50,7 +50,7 @@ class FlushUnit:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     final: bool = False  # the writer stops after this unit
     messages: int = 0  # Kafka records read into this unit (valid + dead-lettered + skipped)
-    skipped: int = 0  # of them, Debezium's tombstones after deletes (ingest/envelopes.py)
+    skipped: int = 0  # of them, Debezium's tombstones after deletes (ingest/decode/envelopes/changes.py)
     # partition -> the position jumps Kafka forced inside the range, in order
     # (ingest.on_lost_offsets: skip-and-record; ingest/positions.py)
     skips: dict[int, list[OffsetSkip]] = field(default_factory=dict)

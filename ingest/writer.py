@@ -32,13 +32,13 @@ from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
 from streamberg.common.watermarks import Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decoding import DecodeResult
-from streamberg.ingest.envelopes import record_decoder
+from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.decode.interface import DecodeResult
+from streamberg.ingest.decode.unknown_fields import display
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
-from streamberg.ingest.unknown_fields import display
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
@@ -94,7 +94,7 @@ class IngestWriter:
         self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
         self.dead_letters: list[DeadLetter] = []
         self.messages = 0  # records read into the open unit
-        self.skipped = 0  # of them, neither rows nor dead letters (ingest/envelopes.py)
+        self.skipped = 0  # of them, neither rows nor dead letters (ingest/decode/envelopes/changes.py)
         # ingest.schema_evolution (ingest/evolution.py): records held for the committer and
         # the fields they carry; files closed when the schema changed mid-unit; sightings (off)
         self.evolution = config.ingest.schema_evolution

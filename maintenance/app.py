@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.catalog import open_existing_table
-from streamberg.common.changelog import changelog_identifier, key_state_identifier
+from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
@@ -132,7 +132,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                      app_name="streamberg-maintenance") as spark:
         from streamberg.maintenance.maintainer import Maintainer
 
-        changelog = changelog_identifier(config) if config.kafka.envelope != "none" else None
+        changelog = changelog_identifier(config) if has_changelog(config) else None
         maintainer = Maintainer(config.maintenance, config.target, config.kafka.topic, spark, changelog=changelog,
                                 dead_letter_table=config.ingest_target.dead_letter_table,
                                 key_state=key_state_identifier(config) if changelog is not None else None,

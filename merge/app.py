@@ -14,7 +14,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import GreaterThanOrEqual
 
 from streamberg.common.catalog import wait_for_catalog, wait_for_table
-from streamberg.common.changelog import changelog_identifier, key_state_identifier
+from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CatalogUnreachable, MergeError, ResyncRefused
 from streamberg.common.jvm import java_message
@@ -61,7 +61,7 @@ def _refuse_with_dead_letters(catalog: Any, config: StreambergConfig, options: M
 def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = None,
               stop: threading.Event | None = None) -> dict[str, Any]:
     """Run the merge stage as the CLI does; returns the summary it prints."""
-    if config.kafka.envelope == "none":
+    if not has_changelog(config):
         raise MergeError("kafka.envelope is none: the table is an append table, there is no change log to merge "
                          "(set kafka.envelope debezium or upsert and table.primary_key)")
     stop = stop or threading.Event()

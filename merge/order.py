@@ -2,7 +2,7 @@
 
 A change's **sequence** is `table.sequence_field` when the config sets one (encoded as ordered
 text, common/changelog.encode_sequence), else its source position (`_source_seq`, a Debezium
-connector's log position, ingest/source_position.py), else none. Then, of two changes of
+connector's log position, ingest/decode/envelopes/source_position.py), else none. Then, of two changes of
 one key:
 
 1. both have a sequence and they differ: the greater sequence is the newer;

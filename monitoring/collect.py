@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from streamberg.common.changelog import changelog_identifier
+from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
@@ -159,7 +159,7 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     except NoSuchTableError:
         # A primary-key table before its first merge: the ingest may be well under way.
         ingest = run.ingest(None, None)
-        if config.kafka.envelope != "none":
+        if has_changelog(config):
             changelog = run.part("change log", _load_if_present, catalog, changelog_identifier(config))
             if changelog is not None:
                 ingest = run.ingest(run.part("committed offsets", committed_position, changelog, config.kafka.topic),
@@ -174,7 +174,7 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     # A primary-key table's ingest writes its change log: the ingest's facts are read there.
     ingest_table, merge = table, None
-    if config.kafka.envelope != "none":
+    if has_changelog(config):
         changelog_name = changelog_identifier(config)
         ingest_table = run.part("change log", _load_if_present, catalog, changelog_name)
         merge = run.part("merge", table_stats.merge_facts, config, ingest_table, changelog_name, table, run.cache, now_ms)

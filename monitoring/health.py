@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.monitoring.model import SEVERITY, Health, Status, Verdict
 
@@ -40,7 +41,7 @@ def _reachability(status: Status, config: StreambergConfig, out: _Findings) -> N
         out.add("catalog", "critical", f"catalog unreachable: {status.catalog.error}")
     elif status.table_exists is False:
         made_by = ("the merge stage creates it on its first start (is `streamberg merge` running?)"
-                   if config.kafka.envelope != "none" else "no ingest has created it yet")
+                   if has_changelog(config) else "no ingest has created it yet")
         out.add("table", "critical", f"table {status.table} does not exist in catalog {config.catalog.name} "
                                      f"({made_by}, or the config points at the wrong catalog)")
     for error in status.errors:

@@ -3,8 +3,8 @@
     .venv/bin/python scripts/envelope_decode_cost.py
 
 5,000 Debezium update events (bare JSON, about 280 bytes each) decoded by the change-log
-decoder (ingest/envelopes.py, kafka.envelope debezium) and by the JSON decoder an append table
-of the same events uses (ingest/json_decode.py); the median time of each over 15 batches, per
+decoder (ingest/decode/envelopes/changes.py, kafka.envelope debezium) and by the JSON decoder an append table
+of the same events uses (ingest/decode/json_decode.py); the median time of each over 15 batches, per
 record, and the ratio. Run it on an idle machine for figures to quote.
 """
 
@@ -17,8 +17,8 @@ import time
 from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.envelopes import record_decoder
-from streamberg.ingest.json_decode import JsonDecoder
+from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.decode.json_decode import JsonDecoder
 
 USERS = [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string", "required": True},
          {"name": "score", "type": "long"}, {"name": "city", "type": "string"}, {"name": "updated", "type": "long"}]

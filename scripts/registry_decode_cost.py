@@ -37,13 +37,13 @@ def main() -> None:
     from google.protobuf.descriptor_pool import DescriptorPool
     from google.protobuf.message_factory import GetMessageClass
 
-    from streamberg.common.avro_schema import avro_schema
     from streamberg.common.config.sections import SchemaRegistryConfig
-    from streamberg.common.protobuf_schema import file_descriptor_proto
-    from streamberg.common.registry import WriterSchemas
-    from streamberg.ingest.avro_decode import AvroDecoder
-    from streamberg.ingest.json_decode import JsonDecoder
-    from streamberg.ingest.protobuf_decode import ProtobufDecoder
+    from streamberg.ingest.decode.avro_decode import AvroDecoder
+    from streamberg.ingest.decode.avro_schema import avro_schema
+    from streamberg.ingest.decode.json_decode import JsonDecoder
+    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+    from streamberg.ingest.decode.registry import WriterSchemas
     from tests.fixtures.registry import start_registry
 
     registry, server = start_registry()

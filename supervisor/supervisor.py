@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
@@ -199,7 +200,7 @@ class Supervisor:
         self.log = get_logger("supervisor", table=config.table.identifier)
         self.status_collector = status_collector if status else None
         names = components or list(self.settings.components)
-        if config.kafka.envelope == "none":  # no change log: an append table has nothing to merge
+        if not has_changelog(config):  # no change log: an append table has nothing to merge
             names = [n for n in names if n != "merge"]
         # Not `python -m streamberg.cli.main`: that module would run as __main__, a second copy
         # whose CommandError the subcommands do not raise (tracebacks instead of messages).

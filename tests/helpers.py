@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow.compute as pc
 import yaml
 
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
 
 EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
 

@@ -167,3 +167,41 @@ def test_local_flink_plumbing_is_a_wing_without_circles() -> None:
 
     circles = sorted(m for m in graph if reaches(m, m, set()))
     assert not circles, circles
+
+
+# -- decoding has one home (ingest/decode/) ---------------------------------------------------------
+
+def _compares_attribute(path: Path, attribute: str) -> list[int]:
+    """Lines where `<x>.<attribute>` is compared with a literal (== != in, either side)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == attribute for s in sides) \
+                    and any(isinstance(s, (ast.Constant, ast.Tuple, ast.Set, ast.List)) for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_decoding_has_one_home() -> None:
+    """The value format is decided in ingest/decode/formats.py alone, the envelope in
+    ingest/decode/envelopes/ and common/changelog.has_changelog; the registry and schema
+    conversions live under ingest/decode/, the sample producer in cli/."""
+    for moved in ("avro_schema.py", "protobuf_schema.py", "registry.py", "sample_events.py"):
+        assert not (ROOT / "common" / moved).exists(), f"common/{moved} is ingest-only: it lives in ingest/decode/"
+    product = [p for folder in ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "supervisor")
+               for p in (ROOT / folder).rglob("*.py")]
+    on_format = {str(p.relative_to(ROOT)): _compares_attribute(p, "value_format") for p in product}
+    # The configuration validates what it is given at load (sections: a registry for framed
+    # formats; model: what an envelope reads), as a contract; the choice is the registry's.
+    config_checks = {"common/config/sections.py", "common/config/model.py"}
+    assert not {p: n for p, n in on_format.items() if n and p not in config_checks}, on_format
+    on_envelope = {str(p.relative_to(ROOT)): _compares_attribute(p, "envelope") for p in product}
+    allowed = {"common/changelog.py", "common/config/model.py"}  # has_changelog; the config's own checks
+    assert not {p: n for p, n in on_envelope.items() if n and p not in allowed}, on_envelope
+    assert _compares_attribute(ROOT / "common" / "changelog.py", "envelope")  # the check sees comparisons
+    decoders = {"streamberg.ingest.decode.json_decode", "streamberg.ingest.decode.avro_decode",
+                "streamberg.ingest.decode.protobuf_decode"}
+    outside = {str(p.relative_to(ROOT)): sorted(_ingest_imports(p) & decoders)
+               for p in (ROOT / "ingest").rglob("*.py") if "decode" not in p.relative_to(ROOT).parts}
+    assert not {p: m for p, m in outside.items() if m}, f"decoders chosen outside ingest/decode: {outside}"

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
 from tests.helpers import config_at, write_config
 from tests.listening import Listener, listeners, strace_usable, tcp_binds, traced
 

@@ -207,7 +207,7 @@ def test_sample_events_follow_the_nested_shapes() -> None:
     """`streamberg produce` writes what the schema declares at every depth."""
     import random
 
-    from streamberg.common.sample_events import _value_maker
+    from streamberg.cli.sample_events import _value_maker
 
     table = _table(ORDERS_SHORT)
     rng = random.Random(3)

@@ -150,8 +150,8 @@ def test_a_schema_evolution_between_plan_and_commit_is_kept_and_the_next_pass_re
     and the next pass rewrites files of both schemas into one, every value kept."""
     import json
 
+    from streamberg.ingest.decode.records import RecordDecoder
     from streamberg.ingest.evolution import SchemaChanges, hold_back
-    from streamberg.ingest.records import RecordDecoder
     from streamberg.ingest.units import FlushUnit, HeldRecord
 
     config, _ = setup_table(tmp_path)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
 from streamberg.common.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,

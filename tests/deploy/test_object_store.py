@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.errors import MissingJarError, SparkCatalogError
 from streamberg.common.jars import SPARK_S3_JARS_ENV
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
 from streamberg.common.spark import S3_FILE_IO_IMPL, jdbc_catalog_properties, register_catalog, spark_jars
 from tests.compactor.helpers import DAY, TOPIC, FakeIngest, live_files, reload
 from tests.compactor.helpers import write_config as compactor_config

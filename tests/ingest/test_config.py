@@ -71,7 +71,7 @@ def test_each_bad_key_is_named(good_config: Path, case: str) -> None:
 
 
 def test_epoch_unit_is_optional_and_read_per_field(good_config: Path) -> None:
-    from streamberg.ingest.json_decode import epoch_units
+    from streamberg.ingest.decode.json_decode import epoch_units
 
     assert epoch_units(load_config(good_config).table.schema_) == {}  # ms by default, in the decoder
     _mutate(good_config, lambda d: d["table"]["schema"][1].update(unit="us"))

@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.expressions import EqualTo
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.sample_events import produce_events
 from tests.helpers import (
     config_at,
     dead_letters,

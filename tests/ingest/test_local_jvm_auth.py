@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
 from streamberg.ingest.local.gateway_auth import TOKEN_ENV
 from tests.helpers import config_at, write_config
 from tests.listening import listeners

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
-from streamberg.common.sample_events import produce_events
 from tests.helpers import config_at, duplicates, spark_table, streamberg, table_ids, write_config
 
 pytestmark = pytest.mark.flink

@@ -19,17 +19,17 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from streamberg.common.avro_schema import iceberg_schema
 from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.sections import SchemaRegistryConfig
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
-from streamberg.common.registry import WriterSchemas
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.envelopes import record_decoder
-from streamberg.ingest.registry_decode import MAX_FITS
+from streamberg.ingest.decode.avro_decode import AvroDecoder
+from streamberg.ingest.decode.avro_schema import iceberg_schema
+from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.registry_decode import MAX_FITS
 from tests.helpers import account_for_every_record, config_at, dead_letters, write_config
 from tests.runbooks.inprocess import ingest_until, produce_values
 
@@ -155,7 +155,7 @@ def test_protobuf_schema_bombs_are_refused_before_they_expand() -> None:
     from google.protobuf import descriptor_pb2
     from google.protobuf.descriptor_pool import DescriptorPool
 
-    from streamberg.common.protobuf_schema import iceberg_schema as protobuf_schema
+    from streamberg.ingest.decode.protobuf_schema import iceberg_schema as protobuf_schema
 
     file = descriptor_pb2.FileDescriptorProto(name="bomb.proto", package="b", syntax="proto3")
     F = descriptor_pb2.FieldDescriptorProto
@@ -197,8 +197,8 @@ def test_unknown_schema_ids_fail_or_dead_letter_as_configured(registry) -> None:
 def test_the_protobuf_fit_cache_is_bounded(registry) -> None:
     import base64
 
-    from streamberg.common.protobuf_schema import file_descriptor_proto
-    from streamberg.ingest.protobuf_decode import ProtobufDecoder
+    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
 
     schema = iceberg_schema(ADDR)
     text = base64.b64encode(file_descriptor_proto(schema).SerializeToString()).decode()

@@ -23,8 +23,8 @@ from streamberg.common.offsets import summary_properties
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.ingest.decode.json_decode import JsonDecoder
 from streamberg.ingest.evolution import plan_additions
-from streamberg.ingest.json_decode import JsonDecoder
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
@@ -52,9 +52,9 @@ def make_config(tmp_path: Path, broker: str, **ingest):
 
 def unit_of(config, records: list[dict], start: int = 0, epoch: int = 1) -> FlushUnit:
     """A writer's unit: its records decoded against the table's schema as the writer does."""
+    from streamberg.ingest.decode.records import RecordDecoder
     from streamberg.ingest.evolution import SchemaChanges, hold_back
     from streamberg.ingest.files import PartitionedFileWriter
-    from streamberg.ingest.records import RecordDecoder
 
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     values = [json.dumps(r).encode() for r in records]

@@ -22,11 +22,11 @@ import pytest
 import yaml
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 
+from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import FencedError
 from streamberg.common.offsets import committed_position
-from streamberg.common.sample_events import produce_events
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.units import FlushUnit
 from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config

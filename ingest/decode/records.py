@@ -1,8 +1,8 @@
 """A Kafka record (key and value) as a row of the table: the one decoder the writer, the range
 replay and the dead-letter replay use.
 
-The value is decoded by its format's decoder (JSON: ingest/json_decode.py; Avro and Protobuf
-through a registry: ingest/registry_decode.py) against the table's schema without the key
+The value is decoded by its format's decoder (JSON: ingest/decode/json_decode.py; Avro and Protobuf
+through a registry: ingest/decode/registry_decode.py) against the table's schema without the key
 column. With `kafka.key_field` set, the record's key fills that column:
 - `kafka.key_format: text` (the default): as a UTF-8 string; a key that is not valid UTF-8
   dead-letters the record with the reason;
@@ -32,13 +32,13 @@ from pyiceberg.types import StringType
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.decoding import DecodeResult, ValueDecoder
-from streamberg.ingest.json_decode import JsonDecoder, epoch_units
-from streamberg.ingest.json_values import Widening
-from streamberg.ingest.protobuf_decode import ProtobufDecoder
-from streamberg.ingest.unknown_fields import UnknownField
+from streamberg.ingest.decode.formats import format_of
+from streamberg.ingest.decode.formats import value_format as format_named
+from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
+from streamberg.ingest.decode.json_decode import JsonDecoder, epoch_units
+from streamberg.ingest.decode.json_values import Widening
+from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.unknown_fields import UnknownField
 
 KeyFormat = Literal["text", "value"]
 
@@ -66,17 +66,13 @@ class RecordDecoder:
                    unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
         """The ingest's decoder for `schema`: the value format, epoch units and key column the
         config sets, fields the schema lacks reported."""
-        registry = None
-        if config.kafka.value_format != "json":
-            assert config.kafka.schema_registry is not None  # the config's own validator
-            registry = WriterSchemas(config.kafka.schema_registry)
+        fmt, registry = format_of(config)
         return cls(schema, config.ingest.max_record_bytes, epoch_units(config.table.schema_), config.kafka.key_field,
-                   unknown=unknown, registry=registry, value_format=config.kafka.value_format,
-                   key_format=config.kafka.key_format)
+                   unknown=unknown, registry=registry, value_format=fmt.name, key_format=config.kafka.key_format)
 
     def __init__(self, schema: Schema, max_record_bytes: int, epoch_units: Mapping[str, str] | None = None,
                  key_field: str | None = None, unknown: Literal["ignore", "report"] = "ignore",
-                 registry: WriterSchemas | None = None, value_format: str = "avro",
+                 registry: WriterSchemas | None = None, value_format: str = "json",
                  key_format: KeyFormat = "text") -> None:
         check_key_field(schema, key_field, key_format)
         self.key_field = key_field
@@ -85,20 +81,18 @@ class RecordDecoder:
             *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
         self.schema = schema
         self.max_record_bytes = max_record_bytes
-        # Registry-framed values when a registry is given (kafka.value_format: avro or
-        # protobuf), JSON otherwise.
-        self.values: ValueDecoder
+        # The value format's own decoder (ingest/decode/formats.py); keys decoded by the same.
+        fmt = format_named(value_format)
+        if fmt.needs_registry and registry is None:
+            raise ValueError(f"value format {fmt.name} needs a schema registry")
+        self.values: ValueDecoder = fmt.decoder(value_schema, max_record_bytes, unknown, epoch_units=epoch_units,
+                                                registry=registry)
         self.keys: ValueDecoder | None = None
-        framed = ProtobufDecoder if value_format == "protobuf" else AvroDecoder
-        if registry is None:
-            self.values = JsonDecoder(value_schema, max_record_bytes, epoch_units, unknown)
-        else:
-            self.values = framed(value_schema, max_record_bytes, registry, unknown)
         if key_field is not None and key_format == "value":
             # The key column alone, the key's value its one field: a key's paths are the table's.
             key_schema = Schema(schema.find_field(key_field), schema_id=schema.schema_id)
-            self.keys = (JsonDecoder(key_schema, max_record_bytes, epoch_units, unknown) if registry is None
-                         else framed(key_schema, max_record_bytes, registry, unknown, wrap=key_field))
+            self.keys = fmt.decoder(key_schema, max_record_bytes, unknown, epoch_units=epoch_units, registry=registry,
+                                    wrap=key_field)
         self.key_required = key_field is not None and schema.find_field(key_field).required
 
     @property
@@ -109,7 +103,7 @@ class RecordDecoder:
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
                positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
         """`positions`: the records' (partitions, offsets), which a change log records
-        (ingest/envelopes.py); rows of an append do not carry them."""
+        (ingest/decode/envelopes/changes.py); rows of an append do not carry them."""
         result = self.values.decode(values)
         if self.key_field is None:
             return result

@@ -3,7 +3,7 @@ once, a batch read record by record, and the rows built in the table's Arrow sch
 
 Confluent's wire format starts every value with magic byte 0 and the writer schema's 4-byte
 id (Protobuf adds the message indexes); confluent-kafka's own `SchemaId` reads that header.
-A format (ingest/avro_decode.py, ingest/protobuf_decode.py) says only what differs, as a
+A format (ingest/decode/avro_decode.py, ingest/decode/protobuf_decode.py) says only what differs, as a
 template method:
 - `_writer`: the writer schema of a header, as an Iceberg schema and the format's reader;
 - `_read`: one record's body as a row (a dict in the table's shape).
@@ -16,7 +16,7 @@ are matched with the table's by name, and
   integer -> double, a decimal of less precision) is read as it is;
 - a wider writer type Iceberg can widen the column to (long over int, double over float, a
   decimal of more precision) holds the records with a Widening reason naming every such
-  column (ingest/json_values.py), which the committer widens in one commit;
+  column (ingest/decode/json_values.py), which the committer widens in one commit;
 - any other difference dead-letters the schema's records with both types named.
 
 Records whose bytes are not the format (another magic byte, a header cut short, a body the
@@ -50,11 +50,11 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
-from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.decoding import DecodeResult
-from streamberg.ingest.json_values import Widening, widens
-from streamberg.ingest.required_fields import missing_required
-from streamberg.ingest.unknown_fields import Path, UnknownField, display
+from streamberg.ingest.decode.interface import DecodeResult
+from streamberg.ingest.decode.json_values import Widening, widens
+from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.required_fields import missing_required
+from streamberg.ingest.decode.unknown_fields import Path, UnknownField, display
 
 FitKey = tuple[int, tuple[int, ...]]  # (schema id, Protobuf's message indexes or ())
 MAX_FITS = 256  # writer schemas (with their message indexes) judged and kept per decoder

@@ -34,7 +34,7 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StringType, StructType
 
-from streamberg.ingest.json_values import Widening, outside_parse
+from streamberg.ingest.decode.json_values import Widening, outside_parse
 
 _VALUE = "v"
 _DEEP = threading.Lock()

@@ -2,10 +2,10 @@
 
 The wire format: magic byte 0, the writer schema's 4-byte id (big-endian), the Avro binary
 body. The header is read by confluent-kafka's own `SchemaId`, the writer schema fetched from
-the registry by id (common/registry.py: cached, retried, then a clear RegistryUnavailable:
+the registry by id (ingest/decode/registry.py: cached, retried, then a clear RegistryUnavailable:
 the records stay in Kafka), and the body read by fastavro's `schemaless_reader`: no wire
 decoder is written here. How a writer schema is matched with the table, and what happens to
-records that do not fit, is the same for every registry format (ingest/registry_decode.py).
+records that do not fit, is the same for every registry format (ingest/decode/registry_decode.py).
 
 Avro's promotions (int -> long, float -> double, an integer -> double, a decimal of less
 precision) are read as they come. Bytes left after the record refuse it.
@@ -19,13 +19,13 @@ from typing import Any
 
 from pyiceberg.types import IcebergType
 
-from streamberg.common.avro_schema import iceberg_schema, iceberg_type
-from streamberg.ingest.registry_decode import FitKey, RegistryDecoder
+from streamberg.ingest.decode.avro_schema import iceberg_schema, iceberg_type
+from streamberg.ingest.decode.registry_decode import FitKey, RegistryDecoder
 
 
 def _without_uuid(schema: Any) -> Any:
     """The schema with `uuid` logical types left out: fastavro then reads them as the strings
-    they are on the wire (the table keeps uuids as strings, common/avro_schema.py)."""
+    they are on the wire (the table keeps uuids as strings, ingest/decode/avro_schema.py)."""
     if isinstance(schema, dict):
         return {k: _without_uuid(v) for k, v in schema.items()
                 if not (k == "logicalType" and v == "uuid")}

@@ -114,8 +114,8 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
     from pyiceberg.schema import Schema
     from pyiceberg.types import StructType
 
-    from streamberg.common.registry import registry_client
     from streamberg.common.schema import iceberg_type
+    from streamberg.ingest.decode.registry import registry_client
 
     if config.kafka.schema_registry is None:
         raise ValueError(f"--format {value_format} needs kafka.schema_registry in the config")
@@ -131,7 +131,7 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
         from google.protobuf.descriptor_pool import DescriptorPool
         from google.protobuf.message_factory import GetMessageClass
 
-        from streamberg.common.protobuf_schema import file_descriptor_proto
+        from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
 
         pool = DescriptorPool()
         from confluent_kafka.schema_registry.common.protobuf import _init_pool
@@ -145,7 +145,7 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
             json_format.ParseDict(_shaped(event, specs, _protobuf_leaf), message_class()), context)
     from confluent_kafka.schema_registry.avro import AvroSerializer
 
-    from streamberg.common.avro_schema import avro_schema
+    from streamberg.ingest.decode.avro_schema import avro_schema
 
     serializer = AvroSerializer(client, json.dumps(avro_schema(schema, "Event")))
     return lambda event: serializer(_shaped(event, specs, _avro_leaf), context)

@@ -1,7 +1,7 @@
 """What every value format's decoder gives back, and the one interface they share.
 
-A decoder per format: JSON (ingest/json_decode.py), Avro and Protobuf through a schema
-registry (ingest/registry_decode.py with ingest/avro_decode.py and ingest/protobuf_decode.py).
+A decoder per format: JSON (ingest/decode/json_decode.py), Avro and Protobuf through a schema
+registry (ingest/decode/registry_decode.py with ingest/decode/avro_decode.py and ingest/decode/protobuf_decode.py).
 Each takes a batch of Kafka values and returns a DecodeResult: the rows in the table's Arrow
 schema, the dead letters with their reasons, and the fields the schema lacks (for schema
 evolution, ingest/evolution.py, which all formats share).
@@ -9,6 +9,7 @@ evolution, ingest/evolution.py, which all formats share).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema
 
-from streamberg.ingest.unknown_fields import UnknownField
+from streamberg.ingest.decode.unknown_fields import UnknownField
 
 
 @dataclass
@@ -27,7 +28,7 @@ class DecodeResult:
     # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
     unknown: list[UnknownField] = field(default_factory=list)
     # Records that are neither a row nor a dead letter: the tombstone Kafka sends after a
-    # Debezium delete (ingest/envelopes.py), counted in the commit that covers it.
+    # Debezium delete (ingest/decode/envelopes/changes.py), counted in the commit that covers it.
     skipped: int = 0
 
     def rows_with_unknown(self) -> np.ndarray:
@@ -43,3 +44,17 @@ class ValueDecoder(Protocol):
     schema: Schema
 
     def decode(self, values: list[bytes | None]) -> DecodeResult: ...
+
+
+class RecordBatchDecoder(Protocol):
+    """What the writer, the replays and the committer's evolution decode with: a batch of
+    Kafka records (values, keys, positions) into the table's (or change log's) rows."""
+
+    schema: Schema
+    file_schema: pa.Schema
+
+    @property
+    def needs_keys(self) -> bool: ...
+
+    def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
+               positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult: ...

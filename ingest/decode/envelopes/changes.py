@@ -3,7 +3,7 @@
 The change log (common/changelog.py) holds each change's row image in the table's columns
 plus its own: the operation, the key before a key change, the Kafka position and the
 source's time. This decoder reads the envelope of each record in Python (one `json.loads`),
-then hands the row images to the JSON decoder (ingest/json_decode.py) in one batch, so the
+then hands the row images to the JSON decoder (ingest/decode/json_decode.py) in one batch, so the
 table's types, schema evolution and every dead-letter reason of an append apply unchanged:
 
 - `debezium`: `{"before", "after", "op", "source": {"ts_ms"}}`, or the same inside the
@@ -45,19 +45,16 @@ from streamberg.common.changelog import (
     PARTITION,
     SOURCE_SEQ,
     SOURCE_TS,
-    required_columns,
 )
-from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
-from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.decoding import DecodeResult
-from streamberg.ingest.envelopes_avro import AvroChanges, Changes
-from streamberg.ingest.json_decode import JsonDecoder, epoch_units
-from streamberg.ingest.records import RecordDecoder
-from streamberg.ingest.source_position import source_sequence
-from streamberg.ingest.unknown_fields import UnknownField
+from streamberg.common.config import CHANGELOG_COLUMNS
+from streamberg.ingest.decode.envelopes.avro import AvroChanges, Changes
+from streamberg.ingest.decode.envelopes.source_position import source_sequence
+from streamberg.ingest.decode.formats import ValueFormat
+from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
+from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.unknown_fields import UnknownField
 
-Envelope = Literal["debezium", "upsert"]
 # source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
 _MAX_TS_MS = 10**15
 
@@ -87,34 +84,22 @@ def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[Neste
                         required=f.required or f.name in names, doc=f.doc) for f in fields]
 
 
-def record_decoder(config: StreambergConfig, schema: Schema,
-                   unknown: Literal["ignore", "report"] = "report") -> RecordDecoder:
-    """The ingest's decoder for `schema`: change events into a change log when the config sets
-    an envelope (its table is then the change log, common/changelog.py), rows otherwise."""
-    if config.kafka.envelope == "none":
-        return RecordDecoder.for_config(config, schema, unknown)
-    registry = None
-    if config.kafka.value_format == "avro":
-        assert config.kafka.schema_registry is not None  # the config's own validator
-        registry = WriterSchemas(config.kafka.schema_registry)
-    return EnvelopeDecoder(schema, config.ingest.max_record_bytes, config.kafka.envelope,
-                           epoch_units=epoch_units(config.table.schema_), key_format=config.kafka.key_format,
-                           required=required_columns(config.table.properties), unknown=unknown, registry=registry)
+class EnvelopeDecoder:
+    """Decodes batches of change events into the change log's Arrow schema. A template: each
+    kind of envelope (DebeziumDecoder, UpsertDecoder) reads one record's change (`_change`)
+    and its framed form (`_framed`); the images, the before keys, the reserved names and the
+    change log's own columns are this class's."""
 
+    kind: str = ""
+    needs_keys: bool = False  # whether decode needs the records' Kafka keys
 
-class EnvelopeDecoder(RecordDecoder):
-    """Decodes batches of change events into the change log's Arrow schema."""
-
-    def __init__(self, schema: Schema, max_record_bytes: int, envelope: Envelope, *,
+    def __init__(self, schema: Schema, max_record_bytes: int, *,
                  epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
                  required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
-                 registry: WriterSchemas | None = None) -> None:
+                 fmt: ValueFormat | None = None, registry: WriterSchemas | None = None) -> None:
         self.schema = schema
         self.file_schema = schema_to_pyarrow(schema)
-        self.key_field = None
-        self.keys = None
         self.max_record_bytes = max_record_bytes
-        self.envelope = envelope
         self.key_format = key_format
         before = schema.find_field(BEFORE_KEY).field_type
         assert isinstance(before, StructType)
@@ -122,25 +107,26 @@ class EnvelopeDecoder(RecordDecoder):
         rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
         self.row_schema = pa.schema([self.file_schema.field(f.name) for f in rows])
         # Inserts and updates: the table's own required columns; deletes: the key alone.
-        self.images: JsonDecoder | AvroDecoder = JsonDecoder(
+        self.images: ValueDecoder = JsonDecoder(
             Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id), max_record_bytes, epoch_units,
             unknown)
         self.deletes = JsonDecoder(Schema(*rows, schema_id=schema.schema_id), max_record_bytes, epoch_units, unknown)
         self.before_keys = JsonDecoder(Schema(*before.fields), max_record_bytes, epoch_units, "ignore")
-        # Confluent-framed Avro (kafka.value_format avro): Debezium's envelope through
-        # ingest/envelopes_avro.py; an upsert's row is one Avro record, read as the Avro ingest
-        # reads rows (its tombstone's key stays text or JSON).
-        self.avro = None
-        if registry is not None and envelope == "debezium":
-            self.avro = AvroChanges(rows, self.key_columns, required, self.row_schema,
-                                    self.file_schema.field(BEFORE_KEY).type, max_record_bytes, registry, unknown)
-        elif registry is not None:
-            self.images = AvroDecoder(Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id),
-                                      max_record_bytes, registry, unknown)
+        self.avro: AvroChanges | None = None
+        if fmt is not None and fmt.needs_registry:
+            assert registry is not None  # formats.format_of gives one with a registry format
+            self._framed(fmt, registry, rows, required, unknown)
 
-    @property
-    def needs_keys(self) -> bool:
-        return self.envelope == "upsert"
+    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
+                unknown: Literal["ignore", "report"]) -> None:
+        """Set up reading Confluent-framed records (kafka.value_format avro)."""
+        raise NotImplementedError
+
+    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, bytes | None, int | None,
+                                                                          str | None] | None:
+        """One record's change: (op, row image JSON, before key JSON, source ms, sequence), or
+        None for a record that is no change (counted as skipped); _Refused for a dead letter."""
+        raise NotImplementedError
 
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
                positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
@@ -159,10 +145,7 @@ class EnvelopeDecoder(RecordDecoder):
         skipped = 0
         for i, value in enumerate(values):
             try:
-                if self.envelope == "debezium":
-                    change = self._debezium(value)
-                else:
-                    change = self._upsert(value, None if keys is None else keys[i])
+                change = self._change(value, None if keys is None else keys[i])
             except _Refused as exc:
                 rejected.append((i, str(exc)))
                 continue
@@ -239,8 +222,46 @@ class EnvelopeDecoder(RecordDecoder):
         return DecodeResult(table=out, kept=kept, rejected=sorted(rejected, key=lambda r: r[0]),
                             unknown=unknown, skipped=changes.skipped)
 
-    # -- one record's envelope --------------------------------------------------------
-    def _debezium(self, value: bytes | None) -> tuple[str, bytes, bytes | None, int | None, str | None] | None:
+    def _size(self, data: bytes, what: str) -> None:
+        if len(data) > self.max_record_bytes:
+            raise _Refused(f"oversized: {len(data)} bytes > max_record_bytes {self.max_record_bytes} ({what})")
+
+    # -- the key before a key change ---------------------------------------------------
+    def _before_keys(self, moved: list[tuple[int, bytes]], rejected: list[tuple[int, Any]]) -> DecodeResult:
+        """The before keys of key-changing updates, decoded to the key columns' types; an
+        update whose before key does not fit them is refused (its reason added)."""
+        at = np.asarray([i for i, _ in moved], dtype=np.int64)
+        result = self.before_keys.decode([v for _, v in moved])
+        result.kept = at[result.kept] if len(moved) else result.kept
+        result.rejected = [(int(at[j]), f"before: {reason}") for j, reason in result.rejected]
+        rejected += result.rejected
+        return result
+
+    def _before_column(self, before: DecodeResult, kept: np.ndarray) -> pa.Array:
+        struct = self.file_schema.field(BEFORE_KEY).type
+        if not len(before.kept):
+            return pa.nulls(len(kept), struct)
+        where = {int(i): j for j, i in enumerate(before.kept)}
+        take = np.asarray([where.get(int(i), -1) for i in kept], dtype=np.int64)
+        rows = pa.array(np.where(take < 0, 0, take))
+        return pa.StructArray.from_arrays([before.table.column(f.name).combine_chunks().take(rows) for f in struct],
+                                          fields=list(struct), mask=pa.array(take < 0))
+
+
+class DebeziumDecoder(EnvelopeDecoder):
+    """`debezium`: `{"before", "after", "op", "source"}`, bare or in the JsonConverter's
+    schema/payload wrapper; or Confluent-framed Avro through the registry, its envelope read by
+    the Avro ingest's own decoder (ingest/decode/envelopes/avro.py)."""
+
+    kind = "debezium"
+
+    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
+                unknown: Literal["ignore", "report"]) -> None:
+        self.avro = AvroChanges(rows, self.key_columns, required, self.row_schema,
+                                self.file_schema.field(BEFORE_KEY).type, self.max_record_bytes, registry, unknown)
+
+    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, bytes | None, int | None,
+                                                                          str | None] | None:
         if value is None:
             return None  # the tombstone after a delete: log compaction's, not a change
         self._size(value, "record")
@@ -269,7 +290,20 @@ class EnvelopeDecoder(RecordDecoder):
             ts = None
         return op, _dumps(image), before_key, ts, source_sequence(source)
 
-    def _upsert(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None, None]:
+
+class UpsertDecoder(EnvelopeDecoder):
+    """`upsert`: the value is the whole row (JSON, or one Avro record read as the Avro ingest
+    reads rows); a null value deletes the row of the record's Kafka key (text or JSON)."""
+
+    kind = "upsert"
+    needs_keys = True
+
+    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
+                unknown: Literal["ignore", "report"]) -> None:
+        self.images = fmt.decoder(Schema(*_with_required(rows, set(required)), schema_id=self.schema.schema_id),
+                                  self.max_record_bytes, unknown, registry=registry)
+
+    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None, None]:
         if value is not None:
             return "u", value, None, None, None  # the row, JSON or Avro: its decoder reads it
         if key is None:
@@ -290,28 +324,3 @@ class EnvelopeDecoder(RecordDecoder):
             return DELETE, _dumps({self.key_columns[0]: parsed}), None, None, None
         raise _Refused(f"the tombstone's key is a JSON {type(parsed).__name__}; it must be an object of the key "
                        f"columns ({', '.join(self.key_columns)})")
-
-    def _size(self, data: bytes, what: str) -> None:
-        if len(data) > self.max_record_bytes:
-            raise _Refused(f"oversized: {len(data)} bytes > max_record_bytes {self.max_record_bytes} ({what})")
-
-    # -- the key before a key change ---------------------------------------------------
-    def _before_keys(self, moved: list[tuple[int, bytes]], rejected: list[tuple[int, Any]]) -> DecodeResult:
-        """The before keys of key-changing updates, decoded to the key columns' types; an
-        update whose before key does not fit them is refused (its reason added)."""
-        at = np.asarray([i for i, _ in moved], dtype=np.int64)
-        result = self.before_keys.decode([v for _, v in moved])
-        result.kept = at[result.kept] if len(moved) else result.kept
-        result.rejected = [(int(at[j]), f"before: {reason}") for j, reason in result.rejected]
-        rejected += result.rejected
-        return result
-
-    def _before_column(self, before: DecodeResult, kept: np.ndarray) -> pa.Array:
-        struct = self.file_schema.field(BEFORE_KEY).type
-        if not len(before.kept):
-            return pa.nulls(len(kept), struct)
-        where = {int(i): j for j, i in enumerate(before.kept)}
-        take = np.asarray([where.get(int(i), -1) for i in kept], dtype=np.int64)
-        rows = pa.array(np.where(take < 0, 0, take))
-        return pa.StructArray.from_arrays([before.table.column(f.name).combine_chunks().take(rows) for f in struct],
-                                          fields=list(struct), mask=pa.array(take < 0))

@@ -1,7 +1,7 @@
 """Debezium change events in Confluent-framed Avro (kafka.envelope debezium with
 kafka.value_format avro), read into the change log's rows.
 
-The events are decoded by the registry-format decoder (ingest/avro_decode.py: the header by
+The events are decoded by the registry-format decoder (ingest/decode/avro_decode.py: the header by
 confluent-kafka's SchemaId, the writer schema from the registry, the body by fastavro)
 against the envelope as a table: `before` and `after` of the change log's row type, `op`,
 and `source.ts_ms`. So every rule of the Avro ingest holds for the row images: a writer
@@ -29,11 +29,11 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 from streamberg.common.changelog import DELETE, OPS
-from streamberg.common.registry import WriterSchemas
-from streamberg.ingest.avro_decode import AvroDecoder
-from streamberg.ingest.json_values import Widening
-from streamberg.ingest.source_position import source_sequence
-from streamberg.ingest.unknown_fields import UnknownField
+from streamberg.ingest.decode.avro_decode import AvroDecoder
+from streamberg.ingest.decode.envelopes.source_position import source_sequence
+from streamberg.ingest.decode.json_values import Widening
+from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
 POSITION = "streamberg.position"
@@ -49,7 +49,7 @@ class Changes:
     ops: pa.Array
     before_key: pa.Array
     source_ms: pa.Array  # int64 ms, null where unknown
-    source_seq: pa.Array  # the source position as ordered text (ingest/source_position.py), null where unknown
+    source_seq: pa.Array  # the source position as ordered text (ingest/decode/envelopes/source_position.py), null where unknown
     rejected: list[tuple[int, Any]]
     unknown: list[UnknownField]
     skipped: int
