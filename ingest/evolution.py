@@ -32,7 +32,6 @@ import pyarrow as pa
 from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import Transaction
 from pyiceberg.types import (
-    DecimalType,
     IcebergType,
     ListType,
     MapType,
@@ -42,9 +41,9 @@ from pyiceberg.types import (
 from streamberg.common.config.types import MAX_FIELD_NAME, MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
 from streamberg.common.schema import type_spec
 from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.json_values import Widening, widens
 from streamberg.ingest.decode.records import RecordDecoder
-from streamberg.ingest.decode.unknown_fields import Path, display, merge_types
+from streamberg.ingest.decode.types import Widening, join, widens, wider_of
+from streamberg.ingest.decode.unknown_fields import Path, display
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter, HeldRecord
 
@@ -59,15 +58,9 @@ MAX_CANDIDATES_PER_UNIT = MAX_SCHEMA_FIELDS
 
 def merge_candidates(into: dict[Path, IcebergType], path: Path, t: IcebergType) -> None:
     if path in into:
-        into[path] = merge_types(into[path], t)
+        into[path] = join(into[path], t)
     elif len(into) < MAX_CANDIDATES_PER_UNIT:
         into[path] = t
-
-
-def _wider_of(a: IcebergType, b: IcebergType) -> IcebergType:
-    if isinstance(a, DecimalType) and isinstance(b, DecimalType):
-        return a if a.precision >= b.precision else b
-    return a
 
 
 @dataclass
@@ -85,7 +78,7 @@ class SchemaChanges:
         merge_candidates(self.add, path, t)
 
     def widen_to(self, path: Path, t: IcebergType) -> None:
-        self.widen[path] = _wider_of(self.widen[path], t) if path in self.widen else t
+        self.widen[path] = wider_of(self.widen[path], t) if path in self.widen else t
 
     def merge(self, other: SchemaChanges) -> None:
         for path, t in other.add.items():

@@ -60,6 +60,7 @@ from streamberg.ingest.decode.json_values import (
     parse_type,
     timestamp_paths,
 )
+from streamberg.ingest.decode.required_fields import missing as missing_field
 from streamberg.ingest.decode.unknown_fields import carries_unknown, collect, find_unknown, merge_found
 
 # The decoder's API: callers check a schema and read epoch units through this module.
@@ -213,7 +214,7 @@ class JsonDecoder:
         for name in self.required:
             column = maps[name] if name in maps else parsed.column(name)
             if column.null_count:
-                flag(pc.is_null(column).to_numpy(zero_copy_only=False), f"missing required field {name!r}")
+                flag(pc.is_null(column).to_numpy(zero_copy_only=False), missing_field(name))
         columns = []
         for f, target in zip(self.schema.fields, self.file_schema):
             if f.name in maps:

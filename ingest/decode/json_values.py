@@ -57,44 +57,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from streamberg.common.config.bounds import DECIMAL_MAX_PRECISION
 from streamberg.common.errors import UnsupportedSchemaError
-
-
-class Widening(str):
-    """A refusal that a wider column type would lift (int -> long, float -> double, a decimal of
-    more precision at the same scale, as Iceberg allows): the reason, the field's dotted path
-    and the narrowest type that takes the refused values. Schema evolution widens the column
-    and decodes the record again (ingest/evolution.py); otherwise it is a plain reason."""
-
-    path: str
-    wider: IcebergType
-    also: tuple[tuple[str, IcebergType], ...]  # further columns the same records need wider
-
-    def __new__(cls, reason: str, path: str, wider: IcebergType,
-                also: tuple[tuple[str, IcebergType], ...] = ()) -> Widening:
-        made = super().__new__(cls, reason)
-        made.path, made.wider, made.also = path, wider, tuple(also)
-        return made
-
-    def columns(self) -> tuple[tuple[str, IcebergType], ...]:
-        """Every (dotted path, wider type) the refused records need."""
-        return ((self.path, self.wider), *self.also)
-
-    def __reduce__(self) -> tuple:
-        return Widening, (str(self), self.path, self.wider, self.also)
-
-
-def widens(current: IcebergType | None, wider: IcebergType) -> bool:
-    """Whether Iceberg allows a column of type `current` to become `wider` (int -> long,
-    float -> double, decimal(P,S) -> decimal(P',S) with P' > P)."""
-    if isinstance(current, IntegerType):
-        return isinstance(wider, LongType)
-    if isinstance(current, FloatType):
-        return isinstance(wider, DoubleType)
-    if isinstance(current, DecimalType) and isinstance(wider, DecimalType):
-        return wider.scale == current.scale and current.precision < wider.precision <= DECIMAL_MAX_PRECISION
-    return False
+from streamberg.ingest.decode.required_fields import missing as missing_field
+from streamberg.ingest.decode.types import Widening
 
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
@@ -236,14 +201,14 @@ def convert_value(path: str, t: IcebergType, target: pa.DataType, column: pa.Arr
                 mapped = (maps or {})[child_path]
                 if f.required:
                     missing = valid & ~mapped.is_valid().to_numpy(zero_copy_only=False)
-                    problems.append((missing, f"missing required field {child_path!r}"))
+                    problems.append((missing, missing_field(child_path)))
                 children.append(mapped)
                 continue
             # By name: the parsed struct has no map fields.
             values = pc.struct_field(column, [column.type.get_field_index(f.name)])  # null where the struct is null
             if f.required and values.null_count:
                 missing = valid & ~values.is_valid().to_numpy(zero_copy_only=False)
-                problems.append((missing, f"missing required field {child_path!r}"))
+                problems.append((missing, missing_field(child_path)))
             converted, child_problems = convert_value(child_path, f.field_type, target.field(i).type, values,
                                                       numbers, units, maps)
             children.append(converted)

@@ -36,8 +36,9 @@ from streamberg.ingest.decode.formats import format_of
 from streamberg.ingest.decode.formats import value_format as format_named
 from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
 from streamberg.ingest.decode.json_decode import JsonDecoder, epoch_units
-from streamberg.ingest.decode.json_values import Widening
 from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.required_fields import missing as missing_field
+from streamberg.ingest.decode.types import Widening
 from streamberg.ingest.decode.unknown_fields import UnknownField
 
 KeyFormat = Literal["text", "value"]
@@ -131,7 +132,7 @@ class RecordDecoder:
 
     def _missing(self, index: int) -> list[tuple[int, str]]:
         if self.key_required:
-            return [(index, f"missing required field {self.key_field!r} (the record has no key)")]
+            return [(index, missing_field(self.key_field, "the record has no key"))]
         return []
 
     def _text_keys(self, kept: np.ndarray, keys: list[bytes | None]) -> tuple[pa.Array, list[tuple[int, str]]]:

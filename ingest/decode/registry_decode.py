@@ -37,13 +37,8 @@ import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
-    DecimalType,
-    DoubleType,
-    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     MapType,
     NestedField,
     StructType,
@@ -51,9 +46,10 @@ from pyiceberg.types import (
 
 from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
 from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.json_values import Widening, widens
 from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.required_fields import missing as missing_field
 from streamberg.ingest.decode.required_fields import missing_required
+from streamberg.ingest.decode.types import Widening, readable_as, widens
 from streamberg.ingest.decode.unknown_fields import Path, UnknownField, display
 
 FitKey = tuple[int, tuple[int, ...]]  # (schema id, Protobuf's message indexes or ())
@@ -68,21 +64,6 @@ class _Fit:
     refusal: str | None = None  # every record of the schema is refused with it
     widen: Widening | None = None  # ... or held for wider columns
     unknown: list[tuple[Path, IcebergType]] = field(default_factory=list)
-
-
-def _promotes(writer: IcebergType, table: IcebergType) -> bool:
-    """Writer types the table's column takes as the values come."""
-    if writer == table:
-        return True
-    if isinstance(table, LongType):
-        return isinstance(writer, IntegerType)
-    if isinstance(table, DoubleType):
-        return isinstance(writer, (IntegerType, LongType, FloatType))
-    if isinstance(table, FloatType):
-        return isinstance(writer, (IntegerType, LongType))
-    if isinstance(table, DecimalType) and isinstance(writer, DecimalType):
-        return writer.scale == table.scale and writer.precision <= table.precision
-    return False
 
 
 class RegistryDecoder:
@@ -163,15 +144,15 @@ class RegistryDecoder:
                     fit.unknown.append(((*path, f.name), f.field_type))
             for f in table.fields:
                 if f.required and f.name not in mine and fit.refusal is None:
-                    fit.refusal = f"missing required field {display((*path, f.name))!r} (writer schema id {schema_id} lacks it)"
+                    fit.refusal = missing_field(display((*path, f.name)), f"writer schema id {schema_id} lacks it")
         elif isinstance(writer, ListType) and isinstance(table, ListType):
             self._compare(schema_id, (*path, "element"), writer.element_type, table.element_type, fit)
         elif isinstance(writer, MapType) and isinstance(table, MapType):
-            if not _promotes(writer.key_type, table.key_type) and fit.refusal is None:
+            if not readable_as(writer.key_type, table.key_type) and fit.refusal is None:
                 fit.refusal = (f"field {where!r}: the writer schema (id {schema_id}) has map keys of "
                                f"{writer.key_type} where the table has {table.key_type}")
             self._compare(schema_id, (*path, "value"), writer.value_type, table.value_type, fit)
-        elif _promotes(writer, table):
+        elif readable_as(writer, table):
             return
         elif widens(table, writer):
             # Every column this writer schema needs wider goes in the one reason: the
@@ -275,7 +256,7 @@ class RegistryDecoder:
         missing = missing_required(table, self.schema)
         if not missing:
             return table, kept, refused
-        refused += [(int(kept[j]), f"missing required field {path!r}") for j, path in sorted(missing.items())]
+        refused += [(int(kept[j]), missing_field(path)) for j, path in sorted(missing.items())]
         keep = np.ones(len(kept), dtype=bool)
         keep[list(missing)] = False
         return table.filter(pa.array(keep)), kept[keep], refused

@@ -17,6 +17,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, MapType, StructType
 
 
+def missing(path: str, why: str | None = None) -> str:
+    """The one reason of a record that lacks a required field (at `path`, dotted)."""
+    return f"missing required field {path!r}" + (f" ({why})" if why else "")
+
+
 def missing_required(table: pa.Table, schema: Schema) -> dict[int, str]:
     """Row index -> the dotted path of the first required field that row lacks."""
     out: dict[int, str] = {}

@@ -44,6 +44,7 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.config.types import MAX_FIELD_NAME
+from streamberg.ingest.decode.types import join
 
 Path = tuple[str, ...]  # Iceberg names from the top, "element" for a list's elements
 
@@ -213,28 +214,10 @@ def _unknown_in(value: Any, t: IcebergType) -> bool:
 
 def merge_found(found: dict[Path, tuple[IcebergType, list[np.ndarray]]], path: Path, t: IcebergType,
                 rows: np.ndarray) -> None:
-    """Add one sighting to `found`; two types for one path merge (merge_types)."""
+    """Add one sighting to `found`; two types for one path merge (types.join)."""
     if path in found:
-        found[path] = (merge_types(found[path][0], t), found[path][1] + [rows])
+        found[path] = (join(found[path][0], t), found[path][1] + [rows])
     else:
         found[path] = (t, [rows])
 
 
-def merge_types(first: IcebergType, second: IcebergType) -> IcebergType:
-    """One type for a field two sightings typed: long and double make double, structs take
-    the union of their fields, lists merge their elements; any other pair keeps the first
-    (records of the other then fail the decode against it, with the reason)."""
-    if first == second:
-        return first
-    if {type(first), type(second)} == {LongType, DoubleType}:
-        return DoubleType()
-    if isinstance(first, StructType) and isinstance(second, StructType):
-        fields = {f.name: f for f in first.fields}
-        for f in second.fields:
-            fields[f.name] = (NestedField(f.field_id, f.name, merge_types(fields[f.name].field_type, f.field_type),
-                                          required=False) if f.name in fields else f)
-        ids = itertools.count(1)
-        return StructType(*[NestedField(next(ids), f.name, f.field_type, required=False) for f in fields.values()])
-    if isinstance(first, ListType) and isinstance(second, ListType):
-        return ListType(1, merge_types(first.element_type, second.element_type), element_required=False)
-    return first

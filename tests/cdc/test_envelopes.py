@@ -18,7 +18,7 @@ from streamberg.common.errors import ConfigError
 from streamberg.common.schema import schema_from_config
 from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.decode.envelopes.changes import EnvelopeDecoder
-from streamberg.ingest.decode.json_values import Widening
+from streamberg.ingest.decode.types import Widening
 from tests.cdc.helpers import USERS_SCHEMA
 
 

@@ -31,8 +31,9 @@ from pyiceberg.types import LongType, NestedField, StringType, StructType
 from streamberg.common.changelog import DELETE, OPS
 from streamberg.ingest.decode.avro_decode import AvroDecoder
 from streamberg.ingest.decode.envelopes.source_position import source_sequence
-from streamberg.ingest.decode.json_values import Widening
 from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.ingest.decode.required_fields import missing as missing_field
+from streamberg.ingest.decode.types import Widening
 from streamberg.ingest.decode.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
@@ -134,7 +135,7 @@ class AvroChanges:
             if name not in self.keys:
                 missing &= ~is_delete  # a delete's image needs only the key
             for k in np.flatnonzero(missing & good):
-                rejected.append((int(at[chosen[k]]), f"missing required field {name!r}"))
+                rejected.append((int(at[chosen[k]]), missing_field(name)))
             good &= ~missing
         chosen_arr = np.asarray(chosen, dtype=np.int64)[good]
         images = images.filter(pa.array(good))
