@@ -30,15 +30,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.private_tables import ensure_private_table, private_table
+from streamberg.common.private_tables import ensure_private_table, private_table, table_key_columns
 from streamberg.common.times import iso_from_epoch
 
 RUNS_TABLE = "streamberg_maintenance_runs"
 runs = private_table(
     RUNS_TABLE,
     sa.Column("run_id", sa.String(64), primary_key=True),
-    sa.Column("catalog_name", sa.String(255), nullable=False),
-    sa.Column("table_identifier", sa.String(255), nullable=False),
+    *table_key_columns(primary_key=False),
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("finished_at", sa.Float, nullable=False),
     sa.Column("dry_run", sa.Boolean, nullable=False),

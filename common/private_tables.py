@@ -22,3 +22,10 @@ def private_table(name: str, *columns: sa.Column | sa.Index) -> sa.Table:
 def ensure_private_table(engine: Engine, table: sa.Table) -> None:
     """Create the table if the database does not have it yet (idempotent)."""
     _metadata.create_all(engine, tables=[table], checkfirst=True)
+
+
+def table_key_columns(primary_key: bool) -> tuple[sa.Column, sa.Column]:
+    """The columns that name an Iceberg table in a private table: its catalog and identifier
+    (the primary key of a table with one row per Iceberg table)."""
+    return (sa.Column("catalog_name", sa.String(255), primary_key=primary_key, nullable=False),
+            sa.Column("table_identifier", sa.String(255), primary_key=primary_key, nullable=False))

@@ -30,13 +30,12 @@ from sqlalchemy.engine import Engine
 
 from streamberg.common.errors import LeaseHeldError, LeaseLostError
 from streamberg.common.log import get_logger
-from streamberg.common.private_tables import ensure_private_table, private_table
+from streamberg.common.private_tables import ensure_private_table, private_table, table_key_columns
 
 LEASE_TABLE = "streamberg_compactor_leases"
 leases = private_table(
     LEASE_TABLE,
-    sa.Column("catalog_name", sa.String(255), primary_key=True),
-    sa.Column("table_identifier", sa.String(255), primary_key=True),
+    *table_key_columns(primary_key=True),
     sa.Column("owner", sa.String(255), nullable=False),
     sa.Column("host", sa.String(255), nullable=False),
     sa.Column("pid", sa.Integer, nullable=False),

@@ -252,6 +252,15 @@ def _dead_letters_in_range(dlq: Table | None, topic: str, partition: int, start:
     return set(dlq.scan(row_filter=where, selected_fields=("offset",)).to_arrow().column("offset").to_pylist())
 
 
+def _tally(outcome: ReplayOutcome, batcher: ReplayBatcher, files: list, still_bad: list[str]) -> None:
+    """What a replay's batches came to: rows added, fields added, what is still bad and why."""
+    outcome.records_added = batcher.added
+    outcome.fields_added = [list(f) for f in batcher.fields_added]
+    outcome.still_bad = len(still_bad)
+    outcome.still_bad_by_reason = _reasons(still_bad)
+    outcome.files = len(files)
+
+
 def replay_range(config: StreambergConfig, partition: int, start: int, end: int, *,
                  force: bool = False, dry_run: bool = False) -> ReplayOutcome:
     """Re-ingest Kafka records [start, end) of one partition as one append."""
@@ -307,12 +316,8 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
     except BaseException:
         batcher.abort()
         raise
-    outcome.records_added = batcher.added
-    outcome.fields_added = [list(f) for f in batcher.fields_added]
-    outcome.still_bad = len(dead)
-    outcome.still_bad_by_reason = _reasons([d.reason for d in dead])
+    _tally(outcome, batcher, files, [d.reason for d in dead])
     fresh_dead = [d for d in dead if d.offset not in in_dlq]
-    outcome.files = len(files)
     if dry_run:
         outcome.dead_letters_added = len(fresh_dead)
         outcome.removed_from_dlq = len(landed_from_dlq)
@@ -412,11 +417,7 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
     except BaseException:
         batcher.abort()
         raise
-    outcome.records_added = batcher.added
-    outcome.fields_added = [list(f) for f in batcher.fields_added]
-    outcome.still_bad = len(still_bad)
-    outcome.still_bad_by_reason = _reasons(still_bad)
-    outcome.files = len(files)
+    _tally(outcome, batcher, files, still_bad)
 
     def check_not_landed(current: Table) -> None:
         already = replayed_dead_letters(current, topic)

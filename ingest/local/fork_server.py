@@ -48,6 +48,7 @@ import traceback
 from pathlib import Path
 
 from streamberg.common.processes import process_start_time
+from streamberg.ingest.local.fork_folders import FOLDER_PREFIX, OWNER_NAME, remove_stale_folders
 
 BOOT_MODULE = "pyflink.fn_execution.beam.beam_boot"
 # What a writer or committer process imports before its first record (beam_boot and the SDK
@@ -66,8 +67,7 @@ PRELOAD = (
 # The commands the launcher hands over: `python -m MODULE ...` (the workers) and `python -c
 # CODE ...` (Flink asking the interpreter for PyFlink's folder before each worker).
 FORKED_OPTIONS = ("-m", "-c")
-FOLDER_PREFIX = "streamberg-workers-"
-OWNER_NAME = "server"  # "<pid> <start time>" of the server that owns the folder
+
 SOCKET_NAME = "workers.sock"
 LAUNCHER_NAME = "python-worker"
 PROCESS_NAME = b"pyflink-worker"  # what `ps`/`top` show for a forked worker (/proc/PID/comm)
@@ -148,43 +148,6 @@ class ForkServer:
 
 class ForkServerUnavailable(RuntimeError):
     """The fork server cannot run here; the workers start with a fresh interpreter each."""
-
-
-def remove_stale_folders(root: str | None = None) -> list[Path]:
-    """Remove this user's fork-server folders whose server is gone (kill -9 leaves no one to
-    clean up); return them."""
-    removed = []
-    for folder in Path(root or tempfile.gettempdir()).glob(FOLDER_PREFIX + "*"):
-        try:
-            info = folder.lstat()
-        except OSError:
-            continue
-        if not stat_is_private_dir(info) or _owner_alive(folder, info):
-            continue
-        for entry in folder.iterdir():
-            with contextlib.suppress(OSError):
-                entry.unlink()
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-            removed.append(folder)
-    return removed
-
-
-def _owner_alive(folder: Path, info: os.stat_result) -> bool:
-    try:
-        pid, started = (folder / OWNER_NAME).read_text().split()
-        return str(process_start_time(int(pid))) == started
-    except (OSError, ValueError):
-        # No owner file: a server still starting (it writes the file last), or an older
-        # streamberg's folder, removed once it is a day old.
-        return time.time() - info.st_mtime < 86400
-
-
-def stat_is_private_dir(info: os.stat_result) -> bool:
-    """A real folder (no symlink) of this user, 0700: the only kind a server of ours makes."""
-    import stat
-
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
 # -- the server process ------------------------------------------------------------------------
