@@ -17,17 +17,21 @@ def _ingest(args: argparse.Namespace) -> int:
     import sqlalchemy.exc
     from py4j.protocol import Py4JJavaError
 
+    from streamberg.common.config import is_fleet, load_fleet
     from streamberg.common.errors import IngestFenced, JobFailed, SchemaMismatchError, UnsupportedSchemaError
-    from streamberg.ingest.driver import run_ingest
+    from streamberg.ingest.driver import run_fleet_ingest, run_ingest
 
-    config = load_config(args.config)  # the ingest writes a primary-key table's change log itself
     if args.max_records is not None and args.max_records <= 0:
         raise CommandError("--max-records must be positive")
     if args.duration is not None and args.duration <= 0:
         raise CommandError("--duration must be positive")
     try:
-        outcome = run_ingest(config, parallelism=args.parallelism, max_records=args.max_records,
-                             duration=args.duration, progress=not args.quiet)
+        if is_fleet(args.config):  # many tables from one job (ingest/fleet.py)
+            outcome = run_fleet_ingest(load_fleet(args.config), parallelism=args.parallelism,
+                                       max_records=args.max_records, duration=args.duration, progress=not args.quiet)
+        else:  # the ingest writes a primary-key table's change log itself
+            outcome = run_ingest(load_config(args.config), parallelism=args.parallelism,
+                                 max_records=args.max_records, duration=args.duration, progress=not args.quiet)
     except IngestFenced as exc:
         # Exit 3 (ExitCode.FENCED, cli/main.py) with the fencing message; the summary line
         # still says what this run committed.

@@ -122,7 +122,10 @@ def chain_offsets(expected: PartitionOffsets, units: list[FlushUnit]) -> Partiti
 
 
 class Committer:
-    def __init__(self, config: StreambergConfig, parallelism: int, run_id: str):
+    def __init__(self, config: StreambergConfig, parallelism: int, run_id: str, fleet_member: bool = False):
+        # fleet_member: one table of a many-table job (ingest/fleet.py): the fleet marks the run
+        # drained once every table is, and no consumer group is kept per table.
+        self.fleet_member = fleet_member
         self.config, self.parallelism, self.run_id = config, parallelism, run_id
         self.topic = config.kafka.topic
         self.log = get_logger("ingest.committer", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
@@ -165,6 +168,11 @@ class Committer:
             self._group_consumer = None
 
     # -- receiving units ----------------------------------------------------------------
+    @property
+    def writers_finished(self) -> bool:
+        """Every writer sent its final unit and everything was committed."""
+        return len(self.finished_writers) == self.parallelism and not self.pending.units
+
     def offer(self, unit: FlushUnit) -> CommitResult | None:
         """Take a unit; commit when every active writer has reported for the interval."""
         self.pending.units.append(unit)
@@ -174,7 +182,7 @@ class Committer:
             return None
         units, self.pending = self.pending.units, _Pending()
         result = self.commit(units) if any(not u.empty for u in units) else None
-        if len(self.finished_writers) == self.parallelism:
+        if len(self.finished_writers) == self.parallelism and not self.fleet_member:
             self._mark_drained()
         return result
 
@@ -295,7 +303,8 @@ class Committer:
                       attempts=attempts, seconds=round(result.seconds, 3))
         if dead_file is not None or self._dead_letters_behind:
             self._apply_dead_letters()
-        self._commit_group_offsets(new_offsets)
+        if not self.fleet_member:
+            self._commit_group_offsets(new_offsets)
         return result
 
     def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter], held: list[HeldRecord],

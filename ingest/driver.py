@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.changelog import ingest_config
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
 from streamberg.common.stop import stop_on_signals
@@ -56,6 +56,64 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
         start_local_gateway(config)
         return _run(config, parallelism or config.ingest.parallelism, worker_mode, fork_server,
                     RunBounds(max_records, duration), progress)
+
+
+def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: int | None = None,
+                     duration: float | None = None, progress: bool = True) -> RunOutcome:
+    """Run the ingest of a config of many tables (ingest/fleet.py) as one job."""
+    from streamberg.ingest.fleet import FleetTables, broker_topics, ensure_fleet_table
+    from streamberg.ingest.job import _run_config
+
+    base = ingest_config(_run_config(fleet.model_dump(mode="json", by_alias=True)))
+    worker_mode = python_worker_mode()
+    with _python_workers(base, worker_mode) as fork_server:
+        start_local_gateway(base)
+        run_id = new_run_id()
+        log = get_logger("ingest.driver", job="ingest:fleet", run=run_id)
+        tables = FleetTables(fleet)
+        from confluent_kafka import Consumer
+
+        from streamberg.ingest.writer import consumer_settings
+
+        probe = Consumer({**consumer_settings(base), "group.id": f"streamberg-fleet-{run_id}-driver"})
+        try:
+            topics = tables.update(broker_topics(probe))
+        finally:
+            probe.close()
+        for topic in topics:  # the tables of the topics there now, before any worker starts
+            ensure_fleet_table(tables.by_topic[topic], None, topic)
+        folder = RunFolder.of(base, run_id).create()
+        prune_runs(folder)
+        worker_log = (folder.path / WORKER_LOG_NAME).resolve()
+        parallelism = parallelism or base.ingest.parallelism
+        log.info("starting the ingest of many tables", parallelism=parallelism, routes=len(fleet.tables),
+                 tables=len(topics), refused=tables.refused, max_records=max_records, duration_s=duration)
+        bounds = RunBounds(max_records, duration)
+        run = _Run(base, run_id, folder, None, bounds, time.monotonic(), log)
+        relay = WorkerLogRelay(worker_log).start()
+        client = build_job(base, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
+                           python_workers=fork_server.launcher if fork_server else None,
+                           fleet=fleet).execute_async("streamberg-ingest fleet")
+        stop = _StopRequest(folder, log)
+        fenced = None
+        try:
+            with stop_on_signals(stop, lambda: stop.reason is not None):
+                fenced = _watch(run, client, None, stop, None)
+        except KeyboardInterrupt:
+            stop.reason = stop.reason or "interrupted"
+        finally:
+            try:
+                client.cancel().result()
+            except Exception:  # noqa: BLE001 - already terminal
+                pass
+            relay.stop()
+        outcome = RunOutcome(run_id=run_id, consumed=folder.records_read(), seconds=time.monotonic() - run.started,
+                             stopped_because="fenced" if fenced else stop.reason or "unknown")
+        if fenced:
+            raise IngestFenced(f"FencedError: {fenced}", outcome)
+        log.info("ingest stopped", read=outcome.consumed, seconds=round(outcome.seconds, 1),
+                 reason=outcome.stopped_because)
+        return outcome
 
 
 @dataclass(frozen=True)
@@ -150,6 +208,15 @@ def _watch(run: _Run, client: Any, catalog: Any, stop: _StopRequest, bar: Any) -
         status = str(client.get_job_status().result())
         if status.endswith(("FAILED", "CANCELED", "FINISHED")):
             raise JobFailed(failure_message(client, status))
+        if catalog is None:  # many tables: the bounds are on records read (the writers' reports)
+            if bounds.duration is not None and time.monotonic() - run.started >= bounds.duration:
+                stop(f"duration {bounds.duration}s elapsed")
+            if stop.reason:
+                stop_deadline = stop_deadline or time.monotonic() + 3 * config.ingest.commit_interval_seconds + 60
+                if time.monotonic() > stop_deadline:
+                    run.log.warning("writers did not drain in time; cancelling (uncommitted work will be re-read)")
+                    return None
+            continue
         table = catalog.load_table(config.table.identifier)
         consumed = consumed_by_run(table, config.kafka.topic, run.run_id, run.start_snapshot_id)
         if bar is not None:

@@ -34,9 +34,10 @@ from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
 from streamberg.common.changelog import ingest_config
-from streamberg.common.config import StreambergConfig, config_from_dump, dump_config
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
+from streamberg.ingest.fleet import FleetCommitter, FleetWriter
 from streamberg.ingest.local.gateway import start_local_gateway
 from streamberg.ingest.local.settings import configuration, local_settings
 from streamberg.ingest.local.worker_logs import WorkerLogTarget
@@ -56,10 +57,13 @@ class WriterFunction(FlatMapFunction):
             self.log_target.configure()
         _log_restart(runtime_context, "writers")
         index = runtime_context.get_index_of_this_subtask()
+        parallelism = runtime_context.get_number_of_parallel_subtasks()
         with _failure_logged("writers", subtask=index):
-            config = config_from_dump(self.config_dump)
+            fleet = _fleet_of(self.config_dump)
+            config = _run_config(self.config_dump)
             self.folder = folder = RunFolder.of(config, self.run_id)
-            self.writer = IngestWriter(config, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
+            self.writer = (FleetWriter(fleet, index, parallelism, self.run_id) if fleet is not None
+                           else IngestWriter(config, index, parallelism, self.run_id))
             with _lost_offsets_marked(folder):
                 self.writer.open()
             self.progress = folder.progress(index, self.writer.position)
@@ -79,11 +83,9 @@ class WriterFunction(FlatMapFunction):
             time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
             return
         with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.folder):
-            unit = self.writer.poll()
-            if unit is not None:
-                yield unit
+            yield from _units(self.writer.poll())
             if self._stop_requested():
-                yield self.writer.finish()
+                yield from _units(self.writer.finish())
 
     def close(self) -> None:
         if getattr(self, "writer", None) is not None:
@@ -102,17 +104,40 @@ class CommitterFunction(MapFunction):
             self.log_target.configure()
         _log_restart(runtime_context, "committer")
         with _failure_logged("committer"):
-            self.committer = Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id)
+            fleet = _fleet_of(self.config_dump)
+            self.committer = (FleetCommitter(fleet, self.parallelism, self.run_id) if fleet is not None
+                              else Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id))
             self.committer.open()
 
     def map(self, unit: Any) -> int:
         with _failure_logged("committer"):
             result = self.committer.offer(unit)
-        return 0 if result is None else result.records
+        return result if isinstance(result, int) else 0 if result is None else result.records
 
     def close(self) -> None:
         if getattr(self, "committer", None) is not None:
             self.committer.close()
+
+
+def _units(got: Any) -> list:
+    """A single table's writer hands one unit (or None), a fleet's a list."""
+    if got is None:
+        return []
+    return list(got) if isinstance(got, list) else [got]
+
+
+def _fleet_of(dump: dict) -> FleetConfig | None:
+    """The many-table config a job was given (its dump has `tables`), else None."""
+    return FleetConfig.model_validate(dump) if "tables" in dump else None
+
+
+def _run_config(dump: dict) -> StreambergConfig:
+    """The configuration the run's own settings come from (state folder, Flink, Python
+    workers): the config itself, or a fleet's first route's with a probe topic."""
+    fleet = _fleet_of(dump)
+    if fleet is None:
+        return config_from_dump(dump)
+    return config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
 
 
 @contextmanager
@@ -179,16 +204,17 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
 
 
 def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
-              log_target: WorkerLogTarget | None = None, python_workers: str | None = None
-              ) -> StreamExecutionEnvironment:
+              log_target: WorkerLogTarget | None = None, python_workers: str | None = None,
+              fleet: FleetConfig | None = None) -> StreamExecutionEnvironment:
     """The job graph. `log_target`: where local worker processes log (None: their stderr,
-    which on a cluster is the TaskManager's log); `python_workers`: see flink_configuration."""
+    which on a cluster is the TaskManager's log); `python_workers`: see flink_configuration.
+    `fleet`: a job of many tables (ingest/fleet.py); `config` is then the run's own settings."""
     config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
     if not cluster:
         start_local_gateway(config).join()
     env = StreamExecutionEnvironment.get_execution_environment(
         flink_configuration(config, parallelism, cluster, python_workers))
-    dump = dump_config(config)
+    dump = dump_config(config) if fleet is None else fleet.model_dump(mode="json", by_alias=True)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
     units = (ticks.flat_map(WriterFunction(dump, run_id, log_target), output_type=Types.PICKLED_BYTE_ARRAY())
              .name("writers").set_parallelism(parallelism))

@@ -36,6 +36,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from streamberg.common.config import StreambergConfig
 
@@ -153,16 +154,17 @@ class RunFolder:
 class ReadProgress:
     """One writer's progress file, written atomically (temp file + rename)."""
 
-    def __init__(self, folder: Path, writer: int, position: dict[int, int]):
+    def __init__(self, folder: Path, writer: int, position: dict[Any, int]):
         self.path = folder / f"read-w{writer}.json"
         self.failed = False
         try:  # a restarted attempt keeps where the run began
-            self.started = {int(p): o for p, o in json.loads(self.path.read_text())["started"].items()}
+            self.started = {(int(p) if p.isdigit() else p): o
+                            for p, o in json.loads(self.path.read_text())["started"].items()}
         except (OSError, ValueError, KeyError):
             self.started = dict(position)
         self.update(position)
 
-    def update(self, position: dict[int, int]) -> None:
+    def update(self, position: dict[Any, int]) -> None:
         """Best effort: the file only lets a bounded run stop early. A run folder that cannot be
         written (a cluster's TaskManager, a full disk) must never fail the writer."""
         started = {p: self.started.get(p, o) for p, o in position.items()}

@@ -44,6 +44,8 @@ class FlushUnit:
     writer: int  # the writer subtask's index
     epoch: int  # commit-interval number (wall clock // interval) the unit closes
     topic: str
+    # The table the unit is for (a many-table job's committer routes by it; ingest/fleet.py).
+    table: str = ""
     # partition -> (first offset covered, next offset to read); only partitions that moved
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     files: list[WrittenFile] = field(default_factory=list)

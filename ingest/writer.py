@@ -18,6 +18,7 @@ across restarts with the same parallelism.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -79,8 +80,14 @@ def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> l
 
 
 class IngestWriter:
-    def __init__(self, config: StreambergConfig, index: int, parallelism: int, run_id: str):
+    """One table's writer. Alone it owns its consumer; as a lane of a FleetWriter
+    (ingest/fleet.py) it is given the fleet's consumer, which assigns and polls every table's
+    partitions together, and asks the fleet to re-assign after a refused position."""
+
+    def __init__(self, config: StreambergConfig, index: int, parallelism: int, run_id: str,
+                 consumer: Consumer | None = None, reassign: Callable[[], None] | None = None):
         self.config, self.index, self.parallelism, self.run_id = config, index, parallelism, run_id
+        self.shared_consumer, self.reassign = consumer, reassign
         self.topic = config.kafka.topic
         self.interval = config.ingest.commit_interval_seconds
         self.log = get_logger("ingest.writer", job=config.ingest_target.job_id, table=config.table.identifier,
@@ -113,7 +120,7 @@ class IngestWriter:
     def open(self) -> None:
         table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
         committed = committed_position(table, self.topic)
-        self.consumer = Consumer(consumer_settings(self.config))
+        self.consumer = self.shared_consumer or Consumer(consumer_settings(self.config))
         mine = owned_partitions(topic_partitions(self.consumer, self.topic), self.index, self.parallelism)
         recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
         marks = broker_positions(self.config, mine, recorded)
@@ -128,7 +135,8 @@ class IngestWriter:
             raise refusal(problems, self.config.table.identifier)  # every partition, not the first only
         for problem in problems:
             self._position_lost(problem)
-        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
+        if self.shared_consumer is None:
+            self.consumer.assign(self.assignment())
         self.expect_first = dict(self.position)
         self._decode_with(table)
         self.log.info("writer opened", partitions=mine, start_offsets=self.position,
@@ -214,7 +222,14 @@ class IngestWriter:
         partition the broker refused cannot be sought (librdkafka's erroneous state), and
         records fetched ahead for the others are simply fetched again."""
         assert self.consumer is not None
-        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.position.items()])
+        if self.reassign is not None:
+            self.reassign()  # the fleet's consumer: every lane's partitions at once
+        else:
+            self.consumer.assign(self.assignment())
+
+    def assignment(self) -> list[TopicPartition]:
+        """This writer's partitions at their positions (the next offsets to read)."""
+        return [TopicPartition(self.topic, p, o) for p, o in self.position.items()]
 
     def _check_first_offsets(self, partitions: list[int], offsets: list[int]) -> None:
         """The first record after a positioning must be the one asked for. Beyond it is normal
@@ -344,6 +359,7 @@ class IngestWriter:
             | self.unrecorded
         ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
+                         table=self.config.table.identifier,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
                          messages=self.messages, skipped=self.skipped, skips=self.skips, held=self.held, new_fields=self.changes.add,
                          widen=self.changes.widen,
@@ -368,6 +384,6 @@ class IngestWriter:
     def close(self) -> None:
         if getattr(self, "files", None) is not None and not self.finished:
             self.files.abort()  # uncommitted files become orphans; the data is re-read
-        if self.consumer is not None:
+        if self.consumer is not None and self.shared_consumer is None:
             self.consumer.close()
-            self.consumer = None
+        self.consumer = None

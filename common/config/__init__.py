@@ -34,7 +34,15 @@ from streamberg.common.config.components import (
     RetentionConfig,
     RunConfig,
 )
-from streamberg.common.config.loading import config_from_dump, dump_config, load_config
+from streamberg.common.config.fleet import FleetConfig, RouteConfig, topic_identifier
+from streamberg.common.config.loading import (
+    config_from_dump,
+    dump_config,
+    fleet_table,
+    is_fleet,
+    load_config,
+    load_fleet,
+)
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
 from streamberg.common.config.sections import (
     CHANGELOG_COLUMNS,
@@ -57,5 +65,6 @@ __all__ = [
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
     "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MergeConfig", "MonitoringConfig", "OrphanConfig",
     "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
+    "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "is_fleet", "load_fleet",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -28,6 +28,7 @@ from streamberg.common.config.bounds import (
 from streamberg.common.config.components import (
     CompactorConfig,
 )
+from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.config.messages import (
     _MAX_SHOWN,
     _format_errors,
@@ -206,6 +207,57 @@ def _env_error(exc: SettingsError) -> ConfigError:
                        f"(a section or a mapping/list key is given as JSON)")
 
 
+def is_fleet(path: str | Path) -> bool:
+    """Whether the file declares many tables (`tables:`; common/config/fleet.py)."""
+    raw = _parse_yaml(Path(path), _read_config_text(Path(path)))
+    return isinstance(raw, dict) and "tables" in raw
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    """Read and validate a config of many tables; every route's table configuration is
+    validated too (with its first named topic, or a sample name for a pattern), so a bad key
+    fails here, named as `tables.N...`."""
+    path = Path(path)
+    raw = _parse_yaml(path, _read_config_text(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must be a mapping of sections (kafka, catalog, defaults, tables, ...)")
+    raw = {key: value for key, value in raw.items() if value is not None}
+    try:
+        shared = _resolve_paths({"catalog": raw.get("catalog", {}), "compactor": raw.get("compactor", {}),
+                                 "ingest": (raw.get("defaults") or {}).get("ingest", {})
+                                 if isinstance(raw.get("defaults") or {}, dict) else {}}, path.resolve().parent)
+    except _PathProblem as exc:
+        raise ConfigError(f"invalid configuration in {path}: {exc}") from None
+    raw["catalog"], raw["compactor"] = shared["catalog"], shared["compactor"]
+    if isinstance(raw.get("defaults"), dict):
+        raw["defaults"] = {**raw["defaults"], "ingest": shared["ingest"]}
+    raw["config_path"] = str(path.resolve())
+    try:
+        fleet = FleetConfig(**raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(str(path), exc)) from None
+    for i, route in enumerate(fleet.tables):
+        sample = route.topics[0] if route.topics else "sample.topic"
+        try:
+            config = config_from_dump(fleet.document(route, sample))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: tables.{i} ({route.identifier}): {exc}") from None
+        _register_secrets(config)
+    return fleet
+
+
+def fleet_table(fleet: FleetConfig, identifier: str, topics: list[str] | None = None) -> StreambergConfig:
+    """The single-table configuration of one table of a fleet, by its identifier: a route's
+    fixed one, or one a topic makes (`topics`: the broker's, for pattern routes)."""
+    for route in fleet.tables:
+        for topic in (route.topics or [t for t in topics or () if route.claims(t)]):
+            if route.table_identifier(topic).lower() == identifier.lower():
+                return config_from_dump(fleet.document(route, topic))
+    raise ConfigError(f"table {identifier}: no route of {fleet.config_path} makes it"
+                      + ("" if topics is not None else " from its named topics (a pattern route's table needs the "
+                                                         "broker's topics)"))
+
+
 def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
     """Read, resolve and validate a config file; raise ConfigError naming every bad key.
 
@@ -218,6 +270,9 @@ def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must be a mapping of sections (kafka, catalog, table, ...)")
+    if "tables" in raw:
+        raise ConfigError(f"{path} declares many tables (tables:): this command works on one, give --table "
+                          "<namespace.table> (or run `streamberg ingest`, `run` or `status` on the whole file)")
     # An empty section ("ingest:" with every key commented out) means its defaults.
     raw = {key: value for key, value in {**raw, **overrides}.items() if value is not None or key in ("kafka", "table")}
     try:

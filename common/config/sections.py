@@ -166,6 +166,12 @@ class IngestConfig(_Section):
     fork_python_workers: Bool = True
     # Extra Flink configuration (key: value), e.g. {"taskmanager.memory.process.size": "2g"}.
     flink: Properties = Field(default_factory=dict)
+    # A config of many tables (`tables:`, common/config/fleet.py): how often the broker's topics
+    # are matched against the routes while the job runs (new topics get their table).
+    topic_discovery_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
+    # ... and how many commits in a row a table may fail (with backoff) before it is paused
+    # while the others go on; a paused table resumes at the next start of the ingest.
+    table_failures_to_pause: Annotated[int, _int(1, 1000)] = 5
 
 
 class DeadLetterConfig(_Section):

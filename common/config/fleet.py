@@ -1,0 +1,227 @@
+"""Many tables from one config: `defaults` and `tables` (routes from topics to tables).
+
+```yaml
+kafka: {bootstrap_servers: ..., value_format: json}
+catalog: {...}
+defaults:                        # every table's settings unless a route overrides them
+  table: {partition_spec: [{source: ts, transform: day}]}
+  ingest: {commit_interval_seconds: 10}
+tables:
+  - identifier: shop.orders      # one topic, one table, declared schema
+    topics: [orders]
+    schema: [...]
+  - identifier: "raw.{topic}"    # every topic matching the pattern: its own table
+    topic_pattern: "events\\..*"
+    schema: infer                # created on the first record, typed from it, then evolved
+  - identifier: "cdc.{source_table}"
+    topic_pattern: "dbserver1\\.inventory\\..*"
+    envelope: debezium
+    primary_key: [id]
+    schema: [...]
+```
+
+A route names its topics (`topics`) or a regular expression every topic name must match
+whole (`topic_pattern`, checked against the broker's topics at start and every
+`ingest.topic_discovery_seconds`). Its identifier is a `namespace.table` template:
+- `{topic}`: the topic's name made an identifier (`topic_identifier`): every character that
+  is not [A-Za-z0-9_] becomes `_`, a leading digit gets a `t_` before it, lower case, at most
+  128 characters (cut with an 8-hex-digit hash of the name when longer);
+- `{source_table}`: Debezium's table, the topic name's last dot-separated part (Debezium's
+  topic naming, `<server>.<schema>.<table>`), made an identifier the same way.
+
+Every table is then an ordinary single-table configuration (`table_config`): the route's keys
+over `defaults.table` and `defaults.ingest`, the top-level `kafka`, `catalog` and the
+components' sections. Refused at load, naming the keys: two routes claiming one named topic,
+a named topic another route's pattern also matches, two routes whose identifiers can be the
+same (the same fixed identifier, or templates that only differ where one route's topics
+would fill them), a template that is not a valid identifier once filled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from streamberg.common.config.bounds import (
+    MAX_IDENTIFIER,
+    Identifier,
+    Properties,
+    _int,
+    _Section,
+    _text,
+)
+from streamberg.common.config.sections import _TOPIC
+from streamberg.common.config.table import FieldConfig, PartitionFieldConfig
+
+_PLACEHOLDER = re.compile(r"\{(topic|source_table)\}")
+_TEMPLATE = re.compile(r"[A-Za-z_{][A-Za-z0-9_{}]*\.[A-Za-z_{][A-Za-z0-9_{}]*")
+TopicName = Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule)")]
+MAX_ROUTES = 1000
+
+
+def topic_identifier(name: str) -> str:
+    """A topic's name as an identifier part (the `{topic}` rule above)."""
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", name).lower()
+    if ident[:1].isdigit() or not ident:
+        ident = "t_" + ident
+    if len(ident) > MAX_IDENTIFIER:
+        ident = ident[:MAX_IDENTIFIER - 9] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return ident
+
+
+def source_table(topic: str) -> str:
+    """Debezium's table of a topic named `<server>.<schema>.<table>`: its last part."""
+    return topic_identifier(topic.rsplit(".", 1)[-1])
+
+
+class RouteConfig(_Section):
+    # The table, `namespace.table`, where {topic} and {source_table} may stand for parts of it.
+    identifier: Annotated[str, _text(2 * MAX_IDENTIFIER + 1)]
+    # The topics of this route, named.
+    topics: list[TopicName] | None = Field(default=None, max_length=10_000)
+    # ... or every topic whose whole name matches this regular expression.
+    topic_pattern: Annotated[str | None, _text(1024, optional=True)] = None
+    # The table's columns, `infer` (from the first records: JSON; later fields evolve it), or
+    # null with a registry format (the writer schema makes the table).
+    schema_: list[FieldConfig] | Literal["infer"] | None = Field(default=None, alias="schema")
+    # What the records are (kafka.envelope) and how they are written, when not the top-level kafka's.
+    envelope: Literal["none", "debezium", "upsert"] | None = None
+    value_format: Annotated[str | None, _text(32, optional=True)] = None
+    key_format: Literal["text", "value"] | None = None
+    key_field: Identifier | None = None
+    # Table settings over defaults.table.
+    primary_key: list[Identifier] | None = Field(default=None, max_length=16)
+    sequence_field: Identifier | None = None
+    partition_spec: list[PartitionFieldConfig] | None = Field(default=None, max_length=64)
+    properties: Properties | None = None
+    target_file_size_bytes: Annotated[int | None, _int(1, 2**40, optional=True)] = None
+
+    model_config = {"extra": "forbid", "frozen": True, "populate_by_name": True}
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RouteConfig:
+        if (self.topics is None) == (self.topic_pattern is None):
+            raise ValueError("give exactly one of topics and topic_pattern")
+        if not _TEMPLATE.fullmatch(self.identifier) or \
+                {m.group(0) for m in re.finditer(r"\{[^}]*\}", self.identifier)} - {"{topic}", "{source_table}"}:
+            raise ValueError("identifier: must be namespace.table, each part an identifier in which {topic} or "
+                             "{source_table} may stand")
+        if self.topic_pattern is not None and not _PLACEHOLDER.search(self.identifier):
+            raise ValueError("identifier: a topic_pattern route needs {topic} or {source_table} in its identifier "
+                             "(else every matching topic would write one table)")
+        if self.topics is not None and len(self.topics) > 1 and not _PLACEHOLDER.search(self.identifier):
+            raise ValueError("identifier: a route of several topics needs {topic} or {source_table} (one table a topic)")
+        return self
+
+    def claims(self, topic: str) -> bool:
+        if self.topics is not None:
+            return topic in self.topics
+        assert self.topic_pattern is not None
+        return re.fullmatch(self.topic_pattern, topic) is not None
+
+    def table_identifier(self, topic: str) -> str:
+        return self.identifier.replace("{topic}", topic_identifier(topic)).replace("{source_table}",
+                                                                                  source_table(topic))
+
+
+class FleetDefaults(_Section):
+    # Table settings every route starts from (partition_spec, properties, ...).
+    table: dict[str, Any] = Field(default_factory=dict)
+    # Ingest settings of every table (commit_interval_seconds, ...): one job commits them all.
+    ingest: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_routes(routes: list[RouteConfig]) -> None:
+    """Refuse routes that could claim one topic or make one table (ValueError naming them)."""
+    named: dict[str, int] = {}
+    for i, route in enumerate(routes):
+        for topic in route.topics or ():
+            if topic in named:
+                raise ValueError(f"tables.{i}.topics: topic {topic!r} is already routed by tables.{named[topic]}")
+            named[topic] = i
+    for topic, i in named.items():
+        for j, route in enumerate(routes):
+            if j != i and route.topic_pattern is not None and route.claims(topic):
+                raise ValueError(f"tables.{j}.topic_pattern matches topic {topic!r} of tables.{i}: a topic goes to "
+                                 "one route (narrow the pattern)")
+    fixed: dict[str, int] = {}
+    for i, route in enumerate(routes):
+        if not _PLACEHOLDER.search(route.identifier):
+            key = route.identifier.lower()
+            if key in fixed:
+                raise ValueError(f"tables.{i}.identifier: {route.identifier} is also tables.{fixed[key]}'s")
+            fixed[key] = i
+    templated = [(i, r) for i, r in enumerate(routes) if _PLACEHOLDER.search(r.identifier)]
+    for a, (i, first) in enumerate(templated):
+        for j, second in templated[a + 1:]:
+            if _PLACEHOLDER.sub("*", first.identifier).lower() == _PLACEHOLDER.sub("*", second.identifier).lower():
+                raise ValueError(f"tables.{j}.identifier: {second.identifier} can name the same tables as "
+                                 f"tables.{i}'s {first.identifier}; give one of them another namespace or prefix")
+    for i, route in enumerate(routes):
+        for topic in route.topics or ():
+            made = route.table_identifier(topic)
+            if made.lower() in fixed and fixed[made.lower()] != i:
+                raise ValueError(f"tables.{i}: topic {topic!r} would make {made}, which is tables.{fixed[made.lower()]}")
+
+
+class FleetConfig(_Section):
+    """A config of many tables: the shared sections, `defaults` and the routes."""
+
+    # The brokers and the settings every route shares (no topic: the routes name them).
+    kafka: dict[str, Any] = Field(default_factory=dict)
+    catalog: dict[str, Any] = Field(default_factory=dict)
+    defaults: FleetDefaults = Field(default_factory=FleetDefaults)
+    tables: list[RouteConfig] = Field(min_length=1, max_length=MAX_ROUTES)
+    compactor: dict[str, Any] = Field(default_factory=dict)
+    maintenance: dict[str, Any] = Field(default_factory=dict)
+    monitoring: dict[str, Any] = Field(default_factory=dict)
+    merge: dict[str, Any] = Field(default_factory=dict)
+    run: dict[str, Any] = Field(default_factory=dict)
+    config_path: str | None = None
+
+    @model_validator(mode="after")
+    def _routes(self) -> FleetConfig:
+        if "topic" in self.kafka:
+            raise ValueError("kafka.topic: a config of many tables names its topics in tables[].topics or "
+                             "tables[].topic_pattern")
+        check_routes(self.tables)
+        return self
+
+    def document(self, route: RouteConfig, topic: str) -> dict[str, Any]:
+        """The single-table configuration of `topic` under `route`, as data."""
+        kafka = {**self.kafka, "topic": topic}
+        for key in ("envelope", "value_format", "key_format", "key_field"):
+            if getattr(route, key) is not None:
+                kafka[key] = getattr(route, key)
+        table = {**self.defaults.table, "identifier": route.table_identifier(topic)}
+        if isinstance(route.schema_, list):
+            table["schema"] = [f.model_dump(by_alias=True, exclude_none=True) for f in route.schema_]
+        for key in ("primary_key", "sequence_field", "target_file_size_bytes"):
+            if getattr(route, key) is not None:
+                table[key] = getattr(route, key)
+        if route.partition_spec is not None:
+            table["partition_spec"] = [p.model_dump() for p in route.partition_spec]
+        if route.properties is not None:
+            table["properties"] = {**table.get("properties", {}), **route.properties}
+        return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": dict(self.defaults.ingest),
+                "compactor": self.compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
+                "merge": self.merge, "run": self.run, "config_path": self.config_path}
+
+    def route_of(self, topic: str) -> RouteConfig | None:
+        return next((r for r in self.tables if r.claims(topic)), None)
+
+    def named_topics(self) -> list[str]:
+        return [t for r in self.tables for t in (r.topics or ())]

@@ -1,0 +1,378 @@
+"""Many tables from one ingest job (common/config/fleet.py): one consumer per writer, one
+lane per table, one committer for them all, each table committed in its own transaction.
+
+- **Routing.** Every topic the broker has is matched against the routes once at start and
+  every `ingest.topic_discovery_seconds` (`FleetTables`): a named topic or one matching a
+  pattern gets its table configuration (the route's keys over `defaults`), a table per topic.
+  Two topics whose names make the same identifier (`a.b` and `a_b` under `raw.{topic}`): the
+  first keeps it, the other is not read and is reported, never merged into it.
+- **Writers.** A FleetWriter reads every partition it owns (`partition % parallelism`) of
+  every routed topic with one Kafka consumer, and hands each polled batch's records to their
+  table's lane: an IngestWriter (ingest/writer.py) with everything one table needs (its
+  positions from its own committed offsets, its decoder, its open files, dead letters,
+  schema evolution, lost offsets), emitting its own flush units. A table new to the catalog
+  is created by the first lane that needs it: from the route's schema, the registry's
+  writer schema, or (`schema: infer`) the fields of its first records.
+- **Committer.** A FleetCommitter keeps one Committer (ingest/committer.py) per table, so
+  each table's exactly-once chain, fence, dead-letter outbox and evolution are the
+  single-table ones, recorded in that table's own snapshots. A table whose commit fails (a
+  catalog refusal, the table dropped under us) is retried with backoff on the following
+  intervals while the others commit; after `ingest.table_failures_to_pause` failures in a row
+  it is paused: its units are dropped (their records are read again once it resumes, from
+  its own committed offsets) and the run folder names it (`paused-tables.json`, which
+  `status` reads); it resumes at the next start of the ingest. A fenced table stops the job,
+  as for one table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.exceptions import NoSuchTableError
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
+from streamberg.common.errors import FencedError
+from streamberg.common.log import get_logger
+from streamberg.ingest.units import FlushUnit
+
+PAUSED_NAME = "paused-tables.json"
+# Topics the broker has but no route takes, kept in the log once (not reported again).
+_INTERNAL = re.compile(r"^(__|_schemas$|_confluent)")
+
+
+@dataclass
+class FleetTables:
+    """The fleet's routes applied to the broker's topics: topic -> its table's configuration."""
+
+    fleet: FleetConfig
+    by_topic: dict[str, StreambergConfig] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
+
+    def update(self, topics: list[str]) -> list[str]:
+        """Take the topics the broker has now; return the ones newly routed."""
+        owners = {c.table.identifier.lower(): t for t, c in self.by_topic.items()}
+        new = []
+        for topic in sorted(topics):
+            if topic in self.by_topic or topic in self.refused or _INTERNAL.match(topic):
+                continue
+            route = self.fleet.route_of(topic)
+            if route is None:
+                continue
+            config = ingest_view(config_from_dump(self.fleet.document(route, topic)))
+            identifier = config.table.identifier.lower()
+            if identifier in owners:
+                self.refused[topic] = (f"its table {config.table.identifier} is already topic "
+                                       f"{owners[identifier]!r}'s (names that differ only in characters an "
+                                       "identifier cannot hold); rename the topic or give it a route of its own")
+                get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
+                continue
+            owners[identifier] = topic
+            self.by_topic[topic] = config
+            new.append(topic)
+        return new
+
+
+def ingest_view(config: StreambergConfig) -> StreambergConfig:
+    from streamberg.common.changelog import ingest_config
+
+    return ingest_config(config)
+
+
+def broker_topics(consumer: Consumer, timeout: float = 30.0) -> list[str]:
+    return sorted(consumer.list_topics(timeout=timeout).topics)
+
+
+class FleetWriter:
+    """One writer subtask of a many-table job: one consumer, a lane per table."""
+
+    def __init__(self, fleet: FleetConfig, index: int, parallelism: int, run_id: str) -> None:
+        from streamberg.ingest.writer import consumer_settings
+
+        self.fleet, self.index, self.parallelism, self.run_id = fleet, index, parallelism, run_id
+        self.tables = FleetTables(fleet)
+        self.lanes: dict[str, Any] = {}  # topic -> IngestWriter
+        self.log = get_logger("ingest.fleet", writer=index, run=run_id)
+        self.settings = consumer_settings
+        self.consumer: Consumer | None = None
+        self.finished = False
+        self._next_discovery = 0.0
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Every lane's read position, `topic/partition` -> next offset (run progress)."""
+        return {f"{t}/{p}": o for t, lane in self.lanes.items() for p, o in lane.position.items()}
+
+    def open(self) -> None:
+        any_table = next(iter(self.tables.by_topic.values()), None)
+        first = any_table or config_from_dump(self.fleet.document(self.fleet.tables[0], "streamberg-probe"))
+        self.consumer = Consumer({**self.settings(first), "group.id": f"streamberg-fleet-{self.run_id}"})
+        self.discover(force=True)
+
+    def discover(self, force: bool = False) -> None:
+        """Route the topics the broker has now; open a lane for each new one."""
+        now = time.monotonic()
+        if not force and now < self._next_discovery:
+            return
+        interval = float(self.fleet.defaults.ingest.get("topic_discovery_seconds", 60.0))
+        self._next_discovery = now + interval
+        assert self.consumer is not None
+        new = self.tables.update(broker_topics(self.consumer))
+        for topic in new:
+            self._open_lane(topic)
+        if new:
+            self.reassign()
+            self.log.info("tables routed", new_topics=new, tables=len(self.lanes))
+
+    def _open_lane(self, topic: str) -> None:
+        from streamberg.ingest.writer import IngestWriter
+
+        config = self.tables.by_topic[topic]
+        ensure_fleet_table(config, self.consumer, topic)
+        lane = IngestWriter(config, self.index, self.parallelism, self.run_id, consumer=self.consumer,
+                            reassign=self.reassign)
+        lane.open()
+        self.lanes[topic] = lane
+
+    def reassign(self) -> None:
+        assert self.consumer is not None
+        self.consumer.assign([tp for lane in self.lanes.values() for tp in lane.assignment()])
+
+    def poll(self) -> list[FlushUnit]:
+        """Read one batch across every table; every table's units when the interval ended."""
+        assert self.consumer is not None
+        if self.finished:
+            return []
+        self.discover()
+        lanes = list(self.lanes.values())
+        if not lanes:
+            time.sleep(0.2)
+            return []
+        interval = lanes[0].interval
+        batch = self.consumer.consume(lanes[0].config.ingest.max_poll_records,
+                                      lanes[0].config.ingest.poll_timeout_seconds)
+        if batch:
+            by_topic: dict[str, list] = {}
+            for message in batch:
+                by_topic.setdefault(message.topic(), []).append(message)
+            for topic, messages in by_topic.items():
+                lane = self.lanes.get(topic)
+                if lane is not None:
+                    lane._process(messages)
+        epoch = int(time.time() // interval)
+        units = []
+        for lane in lanes:
+            if epoch != lane.epoch:
+                unit = lane._flush(final=False)
+                lane.epoch = epoch
+                if not unit.empty or lane.unrecorded:
+                    units.append(unit)
+                else:
+                    units.append(unit)  # the committer needs every writer's report to commit an interval
+        return units
+
+    def finish(self) -> list[FlushUnit]:
+        self.finished = True
+        return [lane.finish() for lane in self.lanes.values()]
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            lane.close()
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+
+def ensure_fleet_table(config: StreambergConfig, consumer: Consumer | None, topic: str) -> None:
+    """Create the table of a routed topic when absent (a race with another writer is won by
+    one, the other loads theirs): declared, from the registry, or inferred from its records."""
+    from streamberg.ingest.dead_letters import open_tables
+
+    if config.table.schema_ is not None or config.kafka.value_format != "json":
+        open_tables(config)
+        return
+    catalog = load_catalog(config.catalog)
+    try:
+        catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        create_inferred(config, sample_values(config, topic))
+    open_tables(config)
+
+
+def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
+    """Up to `limit` values from the start of the topic's partitions (what the table is
+    inferred from); empty when the topic holds none yet."""
+    from streamberg.ingest.writer import consumer_settings, topic_partitions
+
+    consumer = Consumer({**consumer_settings(config), "group.id": f"streamberg-infer-{topic}",
+                         "auto.offset.reset": "earliest"})
+    try:
+        partitions = topic_partitions(consumer, topic)
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: the beginning
+        values: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(values) < limit and time.monotonic() < deadline:
+            for m in consumer.consume(limit, 0.5):
+                if m.error() is None and m.value() is not None:
+                    values.append(m.value())
+            if values:
+                break
+        return values[:limit]
+    finally:
+        consumer.close()
+
+
+def create_inferred(config: StreambergConfig, values: list[bytes]) -> None:
+    """Create the table of `schema: infer` from its first records' fields (typed as schema
+    evolution types them: every column optional); the route's partition spec when its
+    sources are among them with a type it fits, else unpartitioned (said in the log)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.schema import Schema, assign_fresh_schema_ids
+    from pyiceberg.types import NestedField, StringType
+
+    from streamberg.common.catalog import ensure_namespace
+    from streamberg.common.schema import partition_spec_from_config
+    from streamberg.common.summary_keys import BOUNDED_METADATA
+    from streamberg.ingest.decode.json_decode import JsonDecoder
+
+    log = get_logger("ingest.fleet", table=config.table.identifier, topic=config.kafka.topic)
+    # One column no record can carry (a '#' is no field name evolution takes): every field of
+    # the records is then reported, typed as schema evolution types it.
+    probe = Schema(NestedField(1, "#streamberg-probe", StringType(), required=False))
+    found = JsonDecoder(probe, config.ingest.max_record_bytes, None, "report").decode(values)
+    top = {u.path[0]: u.type for u in found.unknown if len(u.path) == 1}
+    if not top:
+        raise NoSuchTableError(f"{config.table.identifier}: schema infer and no JSON object record yet to infer it from")
+    schema = assign_fresh_schema_ids(Schema(*[NestedField(i + 1, name, t, required=False)
+                                              for i, (name, t) in enumerate(top.items())]))
+    try:
+        spec = partition_spec_from_config(config.table, schema)
+        for part in spec.fields:  # day(ts) needs ts a timestamp: JSON infers a string
+            source = schema.find_type(part.source_id)
+            if not part.transform.can_transform(source):
+                raise ValueError(f"{part.transform} cannot partition {schema.find_column_name(part.source_id)} "
+                                 f"({source})")
+    except (ValueError, KeyError) as exc:
+        log.warning("the route's partition spec does not fit the inferred columns; the table is unpartitioned",
+                    problem=str(exc)[:200])
+        spec = UNPARTITIONED_PARTITION_SPEC
+    catalog = load_catalog(config.catalog)
+    ensure_namespace(catalog, config.table.namespace)
+    properties = {**BOUNDED_METADATA, **config.table.properties, "streamberg.route.topic": config.kafka.topic}
+    try:
+        catalog.create_table(config.table.identifier, schema=schema, partition_spec=spec, properties=properties)
+        log.info("table created from its first records", columns=list(top), records=len(values), spec=str(spec))
+    except TableAlreadyExistsError:
+        pass  # another writer made it first
+
+
+class FleetCommitter:
+    """The one committer of a many-table job: a Committer per table, failures kept apart."""
+
+    def __init__(self, fleet: FleetConfig, parallelism: int, run_id: str) -> None:
+        self.fleet, self.parallelism, self.run_id = fleet, parallelism, run_id
+        self.committers: dict[str, Any] = {}  # table identifier -> Committer
+        self.failing: dict[str, tuple[int, float, list[FlushUnit]]] = {}  # table -> (failures, retry at, units)
+        self.paused: dict[str, str] = {}
+        self.finished_writers: set[int] = set()
+        self.drained = False
+        self.log = get_logger("ingest.fleet.committer", run=run_id)
+        defaults = fleet.defaults.ingest
+        self.pause_after = int(defaults.get("table_failures_to_pause", 5))
+
+    def open(self) -> None:
+        """Nothing to open until a table's first unit: each table's committer opens then."""
+
+    def _committer(self, unit: FlushUnit) -> Any:
+        from streamberg.ingest.committer import Committer
+
+        found = self.committers.get(unit.table)
+        if found is None:
+            config = ingest_view(config_from_dump(self.fleet.document(self.fleet.route_of(unit.topic), unit.topic)))
+            found = Committer(config, self.parallelism, self.run_id, fleet_member=True)
+            found.open()
+            self.committers[unit.table] = found
+        return found
+
+    def offer(self, unit: FlushUnit) -> int:
+        """Take one table's unit; return the records committed (any table) now."""
+        if unit.final:
+            self.finished_writers.add(unit.writer)
+        if unit.table in self.paused:
+            return 0
+        records = 0
+        try:
+            committer = self._committer(unit)
+            retry = self.failing.get(unit.table)
+            if retry is not None and time.monotonic() < retry[1]:
+                retry[2].append(unit)
+                return 0
+            if retry is not None:  # the backoff passed: the held units first, in order
+                del self.failing[unit.table]
+                for held in retry[2]:
+                    result = committer.offer(held)
+                    records += result.records if result is not None else 0
+            result = committer.offer(unit)
+            records += result.records if result is not None else 0
+        except FencedError:
+            raise  # per job: another instance writes this table
+        except Exception as exc:  # noqa: BLE001 - one table's trouble must not stop the others
+            self._failed(unit, exc)
+        self._maybe_drained()
+        return records
+
+    def _failed(self, unit: FlushUnit, exc: BaseException) -> None:
+        failures, _, units = self.failing.get(unit.table, (0, 0.0, []))
+        failures += 1
+        committer = self.committers.pop(unit.table, None)  # re-opened from the table at the retry
+        pending = (committer.pending.units if committer is not None else []) + units + [unit]
+        reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if failures >= self.pause_after:
+            self.paused[unit.table] = reason
+            self.failing.pop(unit.table, None)
+            self.log.error("table paused after repeated commit failures; the others go on; it resumes at the next "
+                           "start", table=unit.table, failures=failures, reason=reason)
+            self._write_paused()
+            return
+        backoff = min(60.0, 2.0 ** failures)
+        self.failing[unit.table] = (failures, time.monotonic() + backoff, pending)
+        self.log.warning("table commit failed; retried after a backoff while the others go on", table=unit.table,
+                         failures=failures, retry_in_seconds=backoff, reason=reason)
+
+    def _write_paused(self) -> None:
+        folder = self._run_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PAUSED_NAME).write_text(json.dumps(self.paused, indent=1))
+
+    def _run_folder(self) -> Path:
+        state = Path(self.fleet.defaults.ingest.get("state_dir", ".streamberg/state"))
+        return state / "runs" / self.run_id
+
+    def _maybe_drained(self) -> None:
+        if self.drained or len(self.finished_writers) < self.parallelism:
+            return
+        if any(not c.writers_finished for c in self.committers.values()):
+            return
+        from streamberg.ingest.run_folder import RunFolder
+
+        self.drained = True
+        any_config = next((c.config for c in self.committers.values()), None)
+        if any_config is not None:
+            RunFolder.of(any_config, self.run_id).mark_drained({})
+        self.log.info("all writers finished and every table committed", tables=len(self.committers),
+                      paused=sorted(self.paused))
+
+    def close(self) -> None:
+        for committer in self.committers.values():
+            committer.close()
+
+
+Factory = Callable[[], Any]

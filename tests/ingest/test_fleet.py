@@ -1,0 +1,151 @@
+"""Many tables from one ingest (ingest/fleet.py), driven in process: the real FleetWriter
+(one consumer, a lane per table) and FleetCommitter (a Committer per table) on a real broker,
+a SQLite catalog and Parquet files; read back by pyiceberg and DuckDB.
+
+22 topics: one named topic with a declared schema, twenty by a pattern whose tables are
+created from their first records (`schema: infer`), and a Debezium topic whose change log a
+pattern route makes; malformed records in each; a topic whose name collides with another's
+table once made an identifier; a topic created while the job runs; a table dropped while it
+runs, which the others outlive. Every table: its rows once (count and distinct ids), its dead
+letters with their reasons.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_fleet
+from streamberg.ingest.fleet import FleetCommitter, FleetWriter
+
+EVENTS = 20
+
+
+def _fleet(tmp_path: Path, broker: str, prefix: str) -> Path:
+    document = {
+        "kafka": {"bootstrap_servers": broker, "value_format": "json"},
+        "catalog": {"name": f"c{prefix.replace('-', '_')}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "defaults": {"table": {"partition_spec": [{"source": "ts", "transform": "day"}]},
+                     "ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
+                                "topic_discovery_seconds": 0.5, "table_failures_to_pause": 3}},
+        "tables": [
+            {"identifier": "shop.orders", "topics": [f"{prefix}orders"],
+             "schema": [{"name": "id", "type": "long", "required": True},
+                        {"name": "ts", "type": "timestamptz", "required": True},
+                        {"name": "amount", "type": "double"}]},
+            {"identifier": "raw.{topic}", "topic_pattern": f"{prefix}events\\..*", "schema": "infer"},
+            {"identifier": "cdc.{source_table}", "topic_pattern": f"{prefix}dbserver1\\.inventory\\..*",
+             "envelope": "debezium", "primary_key": ["id"], "partition_spec": [],
+             "schema": [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"}]},
+        ],
+    }
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def _produce(broker: str, topic: str, values: list[bytes]) -> None:
+    ensure_topic(broker, topic, 2)
+    producer = Producer({"bootstrap.servers": broker, "linger.ms": 5})
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, partition=i % 2)
+    assert producer.flush(30) == 0
+
+
+def _event(i: int, **extra) -> bytes:
+    return json.dumps({"id": i, "ts": "2026-11-26T01:00:00+00:00", "amount": i / 2, **extra}).encode()
+
+
+def _drive(writer: FleetWriter, committer: FleetCommitter, until, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, ("the fleet did not get there in time", sorted(writer.lanes),
+                                             committer.paused, {t: f[0] for t, f in committer.failing.items()})
+        for unit in writer.poll():
+            committer.offer(unit)
+
+
+def _rows(catalog, identifier: str) -> list[int]:
+    return catalog.load_table(identifier).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+
+
+def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker: str) -> None:
+    prefix = f"f{int(time.time() * 1000) % 100000}-"
+    fleet = load_fleet(_fleet(tmp_path, broker, prefix))
+    catalog_config = fleet.document(fleet.tables[0], f"{prefix}orders")["catalog"]
+    expected: dict[str, int] = {}
+    dead: dict[str, int] = {}
+    _produce(broker, f"{prefix}orders", [_event(i) for i in range(300)] + [b"not json", b'{"id": "x"}'])
+    expected["shop.orders"], dead["shop.orders"] = 300, 2
+    for t in range(EVENTS):
+        topic = f"{prefix}events.t{t:02d}"
+        extra = {"kind": f"k{t}"} if t % 2 else {}
+        _produce(broker, topic, [_event(i, **extra) for i in range(50 + t)] + [b"[1, 2]"])
+        expected[f"raw.{prefix.replace('-', '_')}events_t{t:02d}"] = 50 + t
+        dead[f"raw.{prefix.replace('-', '_')}events_t{t:02d}"] = 1
+    cdc_topic = f"{prefix}dbserver1.inventory.customers"
+    _produce(broker, cdc_topic, [json.dumps({"op": "c", "after": {"id": i, "name": f"n{i}"},
+                                             "source": {"ts_ms": 1000 + i}}).encode() for i in range(40)])
+
+    writer = FleetWriter(fleet, 0, 1, "fleet-test")
+    committer = FleetCommitter(fleet, 1, "fleet-test")
+    writer.open()
+    committer.open()
+    from streamberg.common.catalog import load_catalog as open_catalog
+    from streamberg.common.config import CatalogConfig
+
+    catalog = open_catalog(CatalogConfig.model_validate({**catalog_config, "name": fleet.catalog["name"]}))
+
+    def all_there() -> bool:
+        try:
+            return all(len(_rows(catalog, t)) >= n for t, n in expected.items()) and \
+                catalog.load_table("cdc.customers_changelog").scan().to_arrow().num_rows >= 40
+        except Exception:  # noqa: BLE001 - a table not created yet
+            return False
+
+    try:
+        _drive(writer, committer, all_there)
+        # A name that makes the same identifier as events.t00's, made later: not read, reported.
+        _produce(broker, f"{prefix}events.T00", [_event(0)])
+        _drive(writer, committer, lambda: f"{prefix}events.T00" in writer.tables.refused)
+        assert "already topic" in writer.tables.refused[f"{prefix}events.T00"]
+
+        # A topic created while the job runs gets its table without a restart.
+        late = f"{prefix}events.late"
+        _produce(broker, late, [_event(i, late=True) for i in range(25)])
+        expected[f"raw.{prefix.replace('-', '_')}events_late"] = 25
+        _drive(writer, committer, all_there)
+
+        # A table dropped while the job runs: its commits fail, it is paused, the others go on.
+        dropped = f"raw.{prefix.replace('-', '_')}events_t05"
+        catalog.drop_table(dropped)
+        expected.pop(dropped)
+        _produce(broker, f"{prefix}events.t05", [_event(1000 + i) for i in range(10)])
+        _produce(broker, f"{prefix}orders", [_event(300 + i) for i in range(30)])
+        expected["shop.orders"] = 330
+        _drive(writer, committer, lambda: dropped in committer.paused and all_there())
+        for unit in writer.finish():
+            committer.offer(unit)
+    finally:
+        writer.close()
+        committer.close()
+
+    assert committer.paused == {dropped: committer.paused[dropped]} and "NoSuchTable" in committer.paused[dropped]
+    assert json.loads((Path(fleet.defaults.ingest["state_dir"]) / "runs" / "fleet-test" / "paused-tables.json")
+                      .read_text()).keys() == {dropped}
+    for table, count in expected.items():
+        ids = _rows(catalog, table)
+        assert len(ids) == count and len(set(ids)) == count, (table, len(ids), len(set(ids)))
+        letters = catalog.load_table(f"{table}_dead_letters").scan().to_arrow().num_rows
+        assert letters == dead.get(table, 0), (table, letters)
+    # Inferred tables: typed from their first records, partitioned by the route's spec.
+    odd = catalog.load_table(f"raw.{prefix.replace('-', '_')}events_t01")
+    assert {f.name for f in odd.schema().fields} == {"id", "ts", "amount", "kind"}
+    changelog = catalog.load_table("cdc.customers_changelog").scan().to_arrow()
+    assert changelog.num_rows == 40 and sorted(changelog.column("id").to_pylist()) == list(range(40))
