@@ -20,7 +20,6 @@ import yaml
 from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_fleet
 from streamberg.ingest.fleet import FleetCommitter, FleetWriter
 
