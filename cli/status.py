@@ -38,8 +38,55 @@ def _print(status: Status, as_json: bool, watching: bool) -> None:
         print("" if sys.stdout.isatty() else "-" * 72, flush=True)
 
 
+def _fleet_status(args: argparse.Namespace) -> int:
+    """A config of many tables: one line a table, worst first (monitoring/fleet.py)."""
+    from streamberg.common.config import load_fleet
+    from streamberg.monitoring.fleet import collect_fleet, render_fleet
+
+    fleet = load_fleet(args.config)
+    cache = ManifestCache()
+    while True:
+        status = collect_fleet(fleet, cache)
+        if args.json:
+            print(redact(json.dumps(status.to_dict(), indent=None if args.watch else 2)), flush=True)
+        else:
+            print(redact(render_fleet(status)), flush=True)
+        if args.watch is None:
+            return EXIT[status.verdict]
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return EXIT[status.verdict]
+
+
+def _config_of(args: argparse.Namespace) -> StreambergConfig:
+    """The config's table, or with --table one table of a config of many."""
+    from streamberg.common.config import fleet_table, is_fleet, load_fleet
+
+    if not is_fleet(args.config):
+        if getattr(args, "table", None):
+            raise CommandError("--table names one table of a config of many tables (tables:); this config has one")
+        return load_config(args.config)
+    fleet = load_fleet(args.config)
+    topics = None
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        sample = fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092")
+        topics = sorted(AdminClient({"bootstrap.servers": sample}).list_topics(timeout=5).topics)
+    except Exception:  # noqa: BLE001 - the named topics' tables are found without the broker
+        topics = None
+    return fleet_table(fleet, args.table, topics)
+
+
 def _status(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    from streamberg.common.config import is_fleet
+
+    if args.watch is not None and args.watch <= 0:
+        raise CommandError("--watch needs a positive number of seconds")
+    if is_fleet(args.config) and not args.table:
+        return _fleet_status(args)
+    config = _config_of(args)
     cache = ManifestCache()
     if args.watch is not None and args.watch <= 0:
         raise CommandError("--watch needs a positive number of seconds")
@@ -96,6 +143,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(also when the catalog, the table or the broker cannot be reached), 2 invalid configuration.",
     )
     status.add_argument("--config", required=True, help="the streamberg YAML config")
+    status.add_argument("--table", default=None, metavar="NAMESPACE.TABLE",
+                        help="with a config of many tables: this table's screen (without it: one line a table, "
+                             "worst first)")
     status.add_argument("--json", action="store_true",
                         help="one JSON object (with --watch: one per line, per refresh) for scripts and alerting")
     status.add_argument("--watch", nargs="?", type=float, const=DEFAULT_WATCH_SECONDS, default=None, metavar="SECONDS",

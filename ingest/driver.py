@@ -61,7 +61,7 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
 def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: int | None = None,
                      duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest of a config of many tables (ingest/fleet.py) as one job."""
-    from streamberg.ingest.fleet import FleetTables, broker_topics, ensure_fleet_table
+    from streamberg.ingest.fleet import FleetTables, TableOwnedElsewhere, broker_topics, ensure_fleet_table
     from streamberg.ingest.job import _run_config
 
     base = ingest_config(_run_config(fleet.model_dump(mode="json", by_alias=True)))
@@ -81,7 +81,11 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
         finally:
             probe.close()
         for topic in topics:  # the tables of the topics there now, before any worker starts
-            ensure_fleet_table(tables.by_topic[topic], None, topic)
+            try:
+                ensure_fleet_table(tables.by_topic[topic], None, topic)
+            except TableOwnedElsewhere as exc:
+                tables.refused[topic] = str(exc)
+                log.error("topic not read", topic=topic, reason=str(exc))
         folder = RunFolder.of(base, run_id).create()
         prune_runs(folder)
         worker_log = (folder.path / WORKER_LOG_NAME).resolve()

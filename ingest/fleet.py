@@ -27,7 +27,6 @@ lane per table, one committer for them all, each table committed in its own tran
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,13 +38,13 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
+from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY
+from streamberg.common.config.loading import resolve_fleet
 from streamberg.common.errors import FencedError
 from streamberg.common.log import get_logger
 from streamberg.ingest.units import FlushUnit
 
 PAUSED_NAME = "paused-tables.json"
-# Topics the broker has but no route takes, kept in the log once (not reported again).
-_INTERNAL = re.compile(r"^(__|_schemas$|_confluent)")
 
 
 @dataclass
@@ -53,31 +52,28 @@ class FleetTables:
     """The fleet's routes applied to the broker's topics: topic -> its table's configuration."""
 
     fleet: FleetConfig
-    by_topic: dict[str, StreambergConfig] = field(default_factory=dict)
+    by_topic: dict[str, StreambergConfig] = field(default_factory=dict)  # the ingest's view (change logs)
+    raw: dict[str, StreambergConfig] = field(default_factory=dict)  # the tables' own configurations
     refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
 
     def update(self, topics: list[str]) -> list[str]:
         """Take the topics the broker has now; return the ones newly routed."""
-        owners = {c.table.identifier.lower(): t for t, c in self.by_topic.items()}
-        new = []
-        for topic in sorted(topics):
-            if topic in self.by_topic or topic in self.refused or _INTERNAL.match(topic):
-                continue
-            route = self.fleet.route_of(topic)
-            if route is None:
-                continue
-            config = ingest_view(config_from_dump(self.fleet.document(route, topic)))
-            identifier = config.table.identifier.lower()
-            if identifier in owners:
-                self.refused[topic] = (f"its table {config.table.identifier} is already topic "
-                                       f"{owners[identifier]!r}'s (names that differ only in characters an "
-                                       "identifier cannot hold); rename the topic or give it a route of its own")
-                get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
-                continue
-            owners[identifier] = topic
-            self.by_topic[topic] = config
-            new.append(topic)
+        before = set(self.refused)
+        new = resolve_fleet(self.fleet, topics, self.raw, self.refused, owner_of=self._recorded)
+        for topic in new:
+            self.by_topic[topic] = ingest_view(self.raw[topic])
+        for topic in set(self.refused) - before:
+            get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
         return new
+
+
+    def _recorded(self, identifier: str) -> str | None:
+        try:
+            any_config = next(iter(self.raw.values()), None) or config_from_dump(
+                self.fleet.document(self.fleet.tables[0], "streamberg-probe"))
+            return load_catalog(any_config.catalog).load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
+        except Exception:  # noqa: BLE001 - no table yet
+            return None
 
 
 def ingest_view(config: StreambergConfig) -> StreambergConfig:
@@ -88,6 +84,10 @@ def ingest_view(config: StreambergConfig) -> StreambergConfig:
 
 def broker_topics(consumer: Consumer, timeout: float = 30.0) -> list[str]:
     return sorted(consumer.list_topics(timeout=timeout).topics)
+
+
+class TableOwnedElsewhere(Exception):
+    """A routed topic's table records another topic as its own: the topic is not read."""
 
 
 class FleetWriter:
@@ -126,7 +126,11 @@ class FleetWriter:
         assert self.consumer is not None
         new = self.tables.update(broker_topics(self.consumer))
         for topic in new:
-            self._open_lane(topic)
+            try:
+                self._open_lane(topic)
+            except TableOwnedElsewhere as exc:
+                self.tables.refused[topic] = str(exc)
+                self.log.error("topic not read", topic=topic, reason=str(exc))
         if new:
             self.reassign()
             self.log.info("tables routed", new_topics=new, tables=len(self.lanes))
@@ -195,15 +199,19 @@ def ensure_fleet_table(config: StreambergConfig, consumer: Consumer | None, topi
     one, the other loads theirs): declared, from the registry, or inferred from its records."""
     from streamberg.ingest.dead_letters import open_tables
 
-    if config.table.schema_ is not None or config.kafka.value_format != "json":
-        open_tables(config)
-        return
-    catalog = load_catalog(config.catalog)
-    try:
-        catalog.load_table(config.table.identifier)
-    except NoSuchTableError:
-        create_inferred(config, sample_values(config, topic))
-    open_tables(config)
+    if config.table.schema_ is None and config.kafka.value_format == "json":
+        catalog = load_catalog(config.catalog)
+        try:
+            catalog.load_table(config.table.identifier)
+        except NoSuchTableError:
+            create_inferred(config, sample_values(config, topic))
+    _, table, _ = open_tables(config)
+    owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
+    if owner is None:  # the topic this table is fed from, recorded once
+        with table.transaction() as tx:
+            tx.set_properties({ROUTE_TOPIC_PROPERTY: topic})
+    elif owner != topic:
+        raise TableOwnedElsewhere(f"table {config.table.identifier} is fed from topic {owner!r}, not {topic!r}")
 
 
 def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
@@ -266,7 +274,7 @@ def create_inferred(config: StreambergConfig, values: list[bytes]) -> None:
         spec = UNPARTITIONED_PARTITION_SPEC
     catalog = load_catalog(config.catalog)
     ensure_namespace(catalog, config.table.namespace)
-    properties = {**BOUNDED_METADATA, **config.table.properties, "streamberg.route.topic": config.kafka.topic}
+    properties = {**BOUNDED_METADATA, **config.table.properties, ROUTE_TOPIC_PROPERTY: config.kafka.topic}
     try:
         catalog.create_table(config.table.identifier, schema=schema, partition_spec=spec, properties=properties)
         log.info("table created from its first records", columns=list(top), records=len(values), spec=str(spec))

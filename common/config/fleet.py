@@ -60,6 +60,9 @@ _PLACEHOLDER = re.compile(r"\{(topic|source_table)\}")
 _TEMPLATE = re.compile(r"[A-Za-z_{][A-Za-z0-9_{}]*\.[A-Za-z_{][A-Za-z0-9_{}]*")
 TopicName = Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule)")]
 MAX_ROUTES = 1000
+# The table property naming the topic a fleet table is fed from (written when the ingest
+# first opens it): two topics that make one identifier never share a table.
+ROUTE_TOPIC_PROPERTY = "streamberg.route.topic"
 
 
 def topic_identifier(name: str) -> str:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,45 @@ def load_fleet(path: str | Path) -> FleetConfig:
             raise ConfigError(f"{path}: tables.{i} ({route.identifier}): {exc}") from None
         _register_secrets(config)
     return fleet
+
+
+def resolve_fleet(fleet: FleetConfig, topics: list[str], known: dict[str, StreambergConfig] | None = None,
+                  refused: dict[str, str] | None = None,
+                  owner_of: Callable[[str], str | None] | None = None) -> list[str]:
+    """Route `topics` (the broker's) into `known` (topic -> its table's configuration) and
+    `refused` (topic -> why it is not read); return the topics newly routed. Two topics whose
+    names make one identifier: the table's recorded topic keeps it (`owner_of(identifier)`,
+    the table property the ingest writes, `streamberg.route.topic`), else the one routed first
+    (names in sorted order at one look); the other is refused and reported, never merged in."""
+    known = {} if known is None else known
+    refused = {} if refused is None else refused
+    owners = {c.table.identifier.lower(): t for t, c in known.items()}
+    new = []
+    candidates = sorted(topics)
+    if owner_of is not None:  # the topics tables record first: they keep their tables
+        recorded = set()
+        for topic in candidates:
+            route = fleet.route_of(topic)
+            if route is not None and owner_of(route.table_identifier(topic)) == topic:
+                recorded.add(topic)
+        candidates = sorted(recorded) + [t for t in candidates if t not in recorded]
+    for topic in candidates:
+        if topic in known or topic in refused or topic.startswith("__") or topic in ("_schemas",):
+            continue
+        route = fleet.route_of(topic)
+        if route is None:
+            continue
+        config = config_from_dump(fleet.document(route, topic))
+        identifier = config.table.identifier.lower()
+        if identifier in owners:
+            refused[topic] = (f"its table {config.table.identifier} is already topic {owners[identifier]!r}'s (names "
+                              "that differ only in characters an identifier cannot hold); rename the topic or give "
+                              "it a route of its own")
+            continue
+        owners[identifier] = topic
+        known[topic] = config
+        new.append(topic)
+    return new
 
 
 def fleet_table(fleet: FleetConfig, identifier: str, topics: list[str] | None = None) -> StreambergConfig:

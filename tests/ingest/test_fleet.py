@@ -148,3 +148,19 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     assert {f.name for f in odd.schema().fields} == {"id", "ts", "amount", "kind"}
     changelog = catalog.load_table("cdc.customers_changelog").scan().to_arrow()
     assert changelog.num_rows == 40 and sorted(changelog.column("id").to_pylist()) == list(range(40))
+
+    # `streamberg status` of the whole config: one line a table, worst first, the paused one
+    # named with its reason, the refused topic listed; --table X is that table's screen.
+    from tests.runbooks.inprocess import cli
+
+    with_run = Path(fleet.defaults.ingest["state_dir"]) / "runs" / "fleet-test"
+    assert with_run.is_dir()
+    out = cli("status", "--config", str(tmp_path / "fleet.yaml"), check=False)
+    lines = out.stdout.splitlines()
+    # The tables expected, the dropped one and the CDC table (critical until a merge makes it).
+    assert out.returncode == 1 and lines[0].startswith(f"{len(expected) + 2} tables, verdict CRITICAL"), out.stdout
+    assert lines[2].startswith("PAUSED") and dropped in lines[2] and "NoSuchTable" in lines[2], lines[2]
+    assert any(line.startswith("REFUSED") and f"{prefix}events.T00" in line for line in lines)
+    assert sum(1 for line in lines if "shop.orders" in line) == 1
+    one = cli("status", "--config", str(tmp_path / "fleet.yaml"), "--table", "shop.orders", "--json", check=False)
+    assert json.loads(one.stdout)["table"] == "shop.orders", one.stdout

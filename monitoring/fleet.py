@@ -1,0 +1,130 @@
+"""`streamberg status` of a config of many tables: one line a table, worst first.
+
+Each table's facts and verdict are the single-table ones (collect_status, with_health); the
+tables are the routes' named topics' and the broker's topics that a route takes (as the
+ingest routes them, common/config/loading.resolve_fleet). A table the ingest paused (its
+commits kept failing, ingest/fleet.py) is critical with the reason the run folder records;
+a topic no table can take (a name colliding with another's table) is listed as refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamberg.common.config import FleetConfig, StreambergConfig
+from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY
+from streamberg.common.config.loading import resolve_fleet
+from streamberg.common.table_files import ManifestCache
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.model import Status
+
+_RANK = {"critical": 0, "warn": 1, "ok": 2}
+PAUSED_NAME = "paused-tables.json"  # written by the ingest's committer (ingest/fleet.py)
+
+
+@dataclass
+class FleetStatus:
+    tables: list[tuple[str, Status]] = field(default_factory=list)  # (topic, status), worst first
+    paused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    broker_error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        verdicts = [s.health.verdict for _, s in self.tables] + (["critical"] if self.paused else [])
+        return min(verdicts, key=lambda v: _RANK[v]) if verdicts else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "tables": [{"topic": t, **s.to_dict()} for t, s in self.tables],
+                "paused": self.paused, "refused": self.refused, "broker_error": self.broker_error}
+
+
+def _topics(fleet: FleetConfig, any_config: StreambergConfig) -> tuple[list[str], str | None]:
+    """The broker's topics (the named ones alone when it does not answer)."""
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient({"bootstrap.servers": any_config.kafka.bootstrap_servers,
+                             **{k: v for k, v in any_config.kafka.consumer.items()
+                                if k.startswith(("security.", "sasl.", "ssl."))}})
+        return sorted(admin.list_topics(timeout=any_config.monitoring.broker_timeout_seconds).topics), None
+    except Exception as exc:  # noqa: BLE001 - status reports an unreachable broker, it does not fail on it
+        return fleet.named_topics(), f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def _recorded_topic(config: StreambergConfig) -> Any:
+    """identifier -> the topic its table records as its own (None: no table, no record)."""
+    from streamberg.common.catalog import open_catalog_readonly
+
+    try:
+        catalog = open_catalog_readonly(config.catalog)
+    except Exception:  # noqa: BLE001 - no catalog: the sorted order decides
+        return lambda identifier: None
+
+    def owner(identifier: str) -> str | None:
+        try:
+            return catalog.load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
+        except Exception:  # noqa: BLE001 - no such table yet
+            return None
+
+    return owner
+
+
+def paused_tables(state_dir: str) -> dict[str, str]:
+    """The tables the newest ingest run paused (its run folder's record)."""
+    runs = Path(state_dir) / "runs"
+    try:
+        newest = max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        data = json.loads((newest / PAUSED_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> FleetStatus:
+    from streamberg.common.config import config_from_dump
+
+    cache = cache or ManifestCache()
+    sample = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
+    topics, broker_error = _topics(fleet, sample)
+    known: dict[str, StreambergConfig] = {}
+    out = FleetStatus(broker_error=broker_error)
+    resolve_fleet(fleet, topics, known, out.refused, owner_of=_recorded_topic(sample))
+    out.paused = paused_tables(sample.ingest.state_dir)
+    for topic, config in known.items():
+        out.tables.append((topic, with_health(collect_status(config, cache=cache), config)))
+    out.tables.sort(key=lambda ts: (_RANK[ts[1].health.verdict] if ts[1].table not in out.paused else -1,
+                                    -(ts[1].ingest.lag.total if ts[1].ingest.lag is not None else 0)))
+    return out
+
+
+def render_fleet(status: FleetStatus) -> str:
+    """One line a table: verdict, last commit, lag, files waiting, dead letters, first reason."""
+    lines = [f"{len(status.tables)} tables, verdict {status.verdict.upper()}"
+             + (f"; broker not reached ({status.broker_error}): pattern routes' tables not listed"
+                if status.broker_error else ""),
+             f"{'verdict':<9}{'table':<40}{'last commit':>12}{'lag':>10}{'waiting':>9}{'dead':>7}  reason"]
+    for _topic, s in status.tables:
+        commit = s.ingest.last_commit
+        verdict = "PAUSED" if s.table in status.paused else s.health.verdict.upper()
+        reason = status.paused.get(s.table) or (s.health.reasons[0] if s.health.reasons else "")
+        lines.append(f"{verdict:<9}{s.table[:39]:<40}"
+                     f"{(f'{commit.age_seconds:.0f} s ago' if commit else 'never'):>12}"
+                     f"{(f'{s.ingest.lag.total:,}' if s.ingest.lag is not None else '?'):>10}"
+                     f"{(f'{s.compactor.pending_files:,}' if s.compactor is not None else '-'):>9}"
+                     f"{(f'{s.dead_letters.records:,}' if s.dead_letters is not None else '-'):>7}  {reason[:90]}")
+    for table, reason in status.paused.items():
+        if not any(s.table == table for _, s in status.tables):
+            lines.append(f"{'PAUSED':<9}{table[:39]:<40}{'':>12}{'':>10}{'':>9}{'':>7}  {reason[:90]}")
+    for topic, reason in status.refused.items():
+        lines.append(f"{'REFUSED':<9}{('topic ' + topic)[:39]:<40}{'':>38}  {reason[:90]}")
+    return "\n".join(lines)
+
+
+def fleet_checked_at() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
