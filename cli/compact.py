@@ -6,8 +6,9 @@ import argparse
 import json
 import threading
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import LAYOUT_STRATEGIES, load_config
+from streamberg.common.config import LAYOUT_STRATEGIES
 from streamberg.common.redact import redact
 
 DESCRIPTION = """\
@@ -58,7 +59,7 @@ def _compact(args: argparse.Namespace) -> int:
 
     if args.full and args.once:
         raise CommandError("--full is already a single pass; drop --once")
-    config = load_config(args.config)
+    config = config_of(args)
     options = CompactOptions(once=args.once, full=args.full, dry_run=args.dry_run, strategy=args.strategy,
                              columns=args.columns)
     stop = threading.Event()
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config (sections catalog, table, compactor)")
+    add_table_argument(parser)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true",
                       help="process what is pending now (Trigger.AvailableNow), then exit; for cron and tests")

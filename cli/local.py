@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
 from streamberg.common.broker import EmbeddedBroker, ensure_topic
-from streamberg.common.config import load_config
 from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
 from streamberg.common.times import iso_from_ms
@@ -41,7 +41,7 @@ def _produce(args: argparse.Namespace) -> int:
 
     from streamberg.cli.sample_events import produce_events
 
-    config = load_config(args.config)
+    config = config_of(args)
     if not 0 <= args.bad_fraction < 1:
         raise CommandError("--bad-fraction must be in [0, 1)")
     value_format = args.format or config.kafka.value_format
@@ -65,7 +65,7 @@ def _evolve(args: argparse.Namespace) -> int:
     from streamberg.common.catalog import evolve_table, open_catalog_readonly
     from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError
 
-    config = load_config(args.config)
+    config = config_of(args)
     try:
         # Opened the reader's way: a mistyped catalog path must not create an empty catalog.
         plan = evolve_table(open_catalog_readonly(config.catalog), config.table, dry_run=args.dry_run)
@@ -97,7 +97,7 @@ def _table(args: argparse.Namespace) -> int:
         raise CommandError("--dry-run goes with --evolve")
     if args.evolve:
         return _evolve(args)
-    config = load_config(args.config)
+    config = config_of(args)
     try:
         facts = table_facts(config)
     except CatalogUnreachable as exc:
@@ -167,6 +167,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Avro: another magic byte, a record cut short). Prints a JSON summary on stdout.",
     )
     produce.add_argument("--config", required=True, help="the streamberg YAML config")
+    add_table_argument(produce)
     produce.add_argument("--count", type=int, required=True, help="number of records to produce")
     produce.add_argument("--rate", type=float, default=None, help="records per second (default: as fast as possible)")
     produce.add_argument("--bad-fraction", type=float, default=0.0, help="share of malformed records, e.g. 0.01")
@@ -189,6 +190,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "table exits 1 and creates nothing.",
     )
     table.add_argument("--config", required=True, help="the streamberg YAML config")
+    add_table_argument(table)
     table.add_argument("--json", action="store_true", help="machine-readable output")
     table.add_argument("--evolve", action="store_true",
                        help="change the table so it takes the config's records: add the optional columns the config "

@@ -7,8 +7,8 @@ import json
 import threading
 from typing import Any
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import load_config
 from streamberg.common.redact import redact
 
 DESCRIPTION = """\
@@ -103,7 +103,7 @@ def _maintain(args: argparse.Namespace) -> int:
     from streamberg.common.stop import install_stop_handlers
     from streamberg.maintenance.app import MaintainOptions, run_maintain
 
-    config = load_config(args.config)
+    config = config_of(args)
     options = MaintainOptions(once=args.once, dry_run=args.dry_run)
     stop = threading.Event()
     if not (args.once or args.dry_run):
@@ -126,6 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config (sections catalog, table, maintenance)")
+    add_table_argument(parser)
     parser.add_argument("--once", action="store_true", help="one run, then exit (for cron and tests)")
     parser.add_argument("--dry-run", action="store_true",
                         help="one run that reports what would be removed and removes nothing (implies --once)")

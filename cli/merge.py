@@ -7,8 +7,8 @@ import json
 import threading
 from datetime import datetime
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import load_config
 from streamberg.common.redact import redact
 
 DESCRIPTION = """\
@@ -55,7 +55,7 @@ def _merge(args: argparse.Namespace) -> int:
     from streamberg.common.stop import install_stop_handlers
     from streamberg.merge.app import MergeOptions, run_merge
 
-    config = load_config(args.config)
+    config = config_of(args)
     stop = threading.Event()
     once = args.once or args.resynced_since is not None
     if not once:
@@ -76,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config (catalog, table, kafka, merge)")
+    add_table_argument(parser)
     parser.add_argument("--once", action="store_true", help="apply what is pending now, then exit; for cron and tests")
     parser.add_argument("--resynced-since", type=_moment, metavar="ISO-8601",
                         help="the source was resynced (every row sent again, op r) from this time: after merging, "

@@ -6,8 +6,8 @@ import argparse
 import datetime as dt
 import json
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import load_config
 
 DESCRIPTION = """\
 Re-ingests records into the table as ONE Iceberg append, with the ingest's own decoding
@@ -46,7 +46,7 @@ def _replay(args: argparse.Namespace) -> int:
     from streamberg.ingest.replay import replay_dead_letters, replay_range
 
     validate(args)
-    config = load_config(args.config)  # the ingest writes a primary-key table's change log itself
+    config = config_of(args)  # the ingest writes a primary-key table's change log itself
     try:
         if args.dead_letters:
             outcome = replay_dead_letters(config, reason_like=args.reason_like, since=args.since, dry_run=args.dry_run)
@@ -68,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config")
+    add_table_argument(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--partition", type=int, help="the Kafka partition of the range to replay")
     source.add_argument("--dead-letters", action="store_true", help="replay dead-lettered records instead of a range")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.config import FleetConfig, StreambergConfig, load_config
 from streamberg.common.config.components import COMPONENTS
 from streamberg.common.errors import ConfigError, IngestFenced
 from streamberg.common.exit_codes import ExitCode
@@ -89,15 +89,61 @@ def _components(text: str) -> list[str]:
     return names
 
 
+def fleet_status_collector(fleet: FleetConfig) -> Callable[[], dict[str, Any]]:
+    """The status line of a config of many tables: its tables together (monitoring/fleet.py)."""
+    from streamberg.common.table_files import ManifestCache
+    from streamberg.monitoring.fleet import collect_fleet
+
+    cache = ManifestCache()
+
+    def collect() -> dict[str, Any]:
+        status = collect_fleet(fleet, cache)
+        statuses = [s for _, s in status.tables]
+        reasons = [f"{name}: {reason}" for name, reason in status.paused.items()] + \
+            [f"{s.table}: {s.health.reasons[0]}" for s in statuses if s.health.reasons]
+        return {
+            "tables": len(statuses),
+            "records": sum(s.files.records for s in statuses if s.files is not None),
+            "consumed_total": sum(s.ingest.last_commit.consumed_total for s in statuses
+                                  if s.ingest.last_commit is not None),
+            "lag": sum(s.ingest.lag.total for s in statuses if s.ingest.lag is not None),
+            "pending_files": sum(s.compactor.pending_files for s in statuses if s.compactor is not None),
+            "last_optimize_age_seconds": None,
+            "dead_letters": sum(s.dead_letters.records for s in statuses if s.dead_letters is not None),
+            "health": status.verdict,
+            "health_reasons": reasons[:5],
+        }
+
+    return collect
+
+
 def _run(args: argparse.Namespace) -> int:
+    from streamberg.common.config import config_from_dump, is_fleet, load_fleet
     from streamberg.supervisor.supervisor import Supervisor
 
+    if is_fleet(args.config):
+        # Many tables: the one ingest job runs them all; keeping each table (compactor, merge,
+        # maintenance) is `streamberg compact|merge|maintain --table X` until one service does.
+        fleet = load_fleet(args.config)
+        base = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
+        wanted = [c for c in (args.components or ["ingest"]) if c == "ingest"]
+        if args.components and wanted != args.components:
+            raise CommandError("a config of many tables runs its ingest under `streamberg run`; keep each table with "
+                               "`streamberg compact|merge|maintain --config F --table X`")
+        supervisor = Supervisor(base, str(fleet.config_path or args.config), duration=args.duration,
+                                components=["ingest"], status=not args.no_status,
+                                status_collector=fleet_status_collector(fleet))
+        return _supervise(supervisor)
     config = load_config(args.config)  # an invalid file fails here (exit 2), before any child starts
     if args.duration is not None and args.duration <= 0:
         raise CommandError("--duration must be positive")
     supervisor = Supervisor(config, str(config.config_path or args.config), duration=args.duration,
                             components=args.components, status=not args.no_status,
                             status_collector=status_collector(config))
+    return _supervise(supervisor)
+
+
+def _supervise(supervisor: Any) -> int:
     code = supervisor.run()
     print(json.dumps(supervisor.summary()), flush=True)
     if code == ExitCode.FENCED:

@@ -7,8 +7,9 @@ import json
 import sys
 import time
 
+from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import StreambergConfig, load_config
+from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.common.table_files import ManifestCache
@@ -59,26 +60,6 @@ def _fleet_status(args: argparse.Namespace) -> int:
             return EXIT[status.verdict]
 
 
-def _config_of(args: argparse.Namespace) -> StreambergConfig:
-    """The config's table, or with --table one table of a config of many."""
-    from streamberg.common.config import fleet_table, is_fleet, load_fleet
-
-    if not is_fleet(args.config):
-        if getattr(args, "table", None):
-            raise CommandError("--table names one table of a config of many tables (tables:); this config has one")
-        return load_config(args.config)
-    fleet = load_fleet(args.config)
-    topics = None
-    try:
-        from confluent_kafka.admin import AdminClient
-
-        sample = fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092")
-        topics = sorted(AdminClient({"bootstrap.servers": sample}).list_topics(timeout=5).topics)
-    except Exception:  # noqa: BLE001 - the named topics' tables are found without the broker
-        topics = None
-    return fleet_table(fleet, args.table, topics)
-
-
 def _status(args: argparse.Namespace) -> int:
     from streamberg.common.config import is_fleet
 
@@ -86,7 +67,7 @@ def _status(args: argparse.Namespace) -> int:
         raise CommandError("--watch needs a positive number of seconds")
     if is_fleet(args.config) and not args.table:
         return _fleet_status(args)
-    config = _config_of(args)
+    config = config_of(args)
     cache = ManifestCache()
     if args.watch is not None and args.watch <= 0:
         raise CommandError("--watch needs a positive number of seconds")
@@ -109,7 +90,7 @@ def _metrics(args: argparse.Namespace) -> int:
 
     from streamberg.monitoring.metrics import exposition, registry_for
 
-    config = load_config(args.config)
+    config = config_of(args)
     if args.once:
         print(redact(exposition(config)), end="")
         return 0
@@ -145,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--config", required=True, help="the streamberg YAML config")
     status.add_argument("--table", default=None, metavar="NAMESPACE.TABLE",
                         help="with a config of many tables: this table's screen (without it: one line a table, "
-                             "worst first)")
+                             "worst first); a pattern route's table is found through the broker's topics")
     status.add_argument("--json", action="store_true",
                         help="one JSON object (with --watch: one per line, per refresh) for scripts and alerting")
     status.add_argument("--watch", nargs="?", type=float, const=DEFAULT_WATCH_SECONDS, default=None, metavar="SECONDS",
@@ -160,6 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(for tests and node_exporter's textfile collector). Metrics and sources: docs/monitoring.md.",
     )
     metrics.add_argument("--config", required=True, help="the streamberg YAML config")
+    add_table_argument(metrics)
     metrics.add_argument("--port", type=int, default=None, help="port to listen on (default monitoring.metrics_port, 9464)")
     metrics.add_argument("--address", default=None,
                          help="address to bind (default monitoring.metrics_address, 127.0.0.1; 0.0.0.0 for every interface)")

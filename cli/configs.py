@@ -1,0 +1,37 @@
+"""The configuration a command works on: the file's table, or with --table one table of a
+config of many tables (common/config/fleet.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from streamberg.cli.errors import CommandError
+from streamberg.common.config import StreambergConfig, fleet_table, is_fleet, load_config, load_fleet
+
+TABLE_HELP = ("with a config of many tables (tables:): the table to work on, namespace.table (a pattern route's "
+              "table is found through the broker's topics)")
+
+
+def add_table_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--table", default=None, metavar="NAMESPACE.TABLE", help=TABLE_HELP)
+
+
+def config_of(args: argparse.Namespace) -> StreambergConfig:
+    """The config's table, or --table's of a config of many."""
+    table = getattr(args, "table", None)
+    if not is_fleet(args.config):
+        if table:
+            raise CommandError("--table names one table of a config of many tables (tables:); this config has one")
+        return load_config(args.config)
+    if not table:
+        raise CommandError(f"{args.config} declares many tables: give --table <namespace.table>")
+    fleet = load_fleet(args.config)
+    topics: list[str] | None
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092")})
+        topics = sorted(admin.list_topics(timeout=5).topics)
+    except Exception:  # noqa: BLE001 - the named topics' tables are found without the broker
+        topics = None
+    return fleet_table(fleet, table, topics)
