@@ -4,11 +4,12 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo test test-fast lint bench-ingest bench-compact bench-incremental bench-cdc bench-soak clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-compact bench-incremental bench-cdc bench-soak clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
 	@echo "make demo           the whole loop: broker, a minute of events, ingest + compactor + maintenance, status, layout PNG"
+	@echo "make demo-fleet     24 tables from one ingest job (examples/fleet.yaml), each exactly once"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make lint           ruff over the tree, mypy over common/ (CI runs it before the tests)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
@@ -26,6 +27,9 @@ setup:
 # status verdict, layout report PNG; stops the broker on any exit.
 demo: setup
 	VENV=$(VENV) CONFIG=$(CONFIG) bash scripts/demo.sh
+
+demo-fleet: setup
+	$(PY) scripts/fleet_demo.py
 
 test: setup
 	$(PY) -m pytest tests

@@ -8,6 +8,7 @@ the writer flushes at the end of a commit interval; each closed file is describe
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,8 @@ class _OpenFile:
         self.rows = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.pending_bytes = 0
+        self.last_write = 0  # monotonic ns of this file's last write (least recent first)
 
     def bytes_written(self) -> int:
         return self._output.tell()
@@ -151,7 +154,7 @@ class _OpenFile:
         if self.pending_rows:
             self._writer.write_table(pa.concat_tables(self.pending), row_group_size=self.pending_rows)
             self.rows += self.pending_rows
-            self.pending, self.pending_rows = [], 0
+            self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
 
     def close(self) -> pq.FileMetaData:
         self.write_row_group()
@@ -189,6 +192,8 @@ class PartitionedFileWriter:
                 current = self._open[partition] = _OpenFile(self.io, self._path_for(partition), table.schema, self._writer_kwargs)
             current.pending.append(rows)
             current.pending_rows += rows.num_rows
+            current.pending_bytes += rows.nbytes
+            current.last_write = time.monotonic_ns()  # comparable across the writers of many tables
             if current.pending_rows >= self.row_group_rows:
                 current.write_row_group()
                 if current.bytes_written() >= self.target_file_size:
@@ -207,6 +212,24 @@ class PartitionedFileWriter:
             path=current.path, record_count=current.rows, size_bytes=len(self.io.new_input(current.path)),
             spec_id=self.spec.spec_id, partition=partition, stats=statistics.to_serialized_dict(),
         ))
+
+    # -- bounds (a many-table writer keeps its open files and buffers bounded, ingest/fleet.py) --
+    @property
+    def open_files(self) -> int:
+        return len(self._open)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return sum(f.pending_bytes for f in self._open.values())
+
+    def oldest_write(self) -> int | None:
+        """When the least recently written open file was written (None: none open)."""
+        return min((f.last_write for f in self._open.values()), default=None)
+
+    def close_oldest(self) -> None:
+        """Close the least recently written open file (a smaller file; the compactor merges it)."""
+        partition = min(self._open, key=lambda p: self._open[p].last_write)
+        self._close(partition)
 
     def flush(self) -> list[WrittenFile]:
         """Close every open file; return all files finished since the last flush."""

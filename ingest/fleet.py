@@ -104,6 +104,7 @@ class FleetWriter:
         self.consumer: Consumer | None = None
         self.finished = False
         self._next_discovery = 0.0
+        self.closed_early = 0  # files closed before their interval's end to bound memory
 
     @property
     def position(self) -> dict[str, int]:
@@ -159,7 +160,6 @@ class FleetWriter:
         if not lanes:
             time.sleep(0.2)
             return []
-        interval = lanes[0].interval
         batch = self.consumer.consume(lanes[0].config.ingest.max_poll_records,
                                       lanes[0].config.ingest.poll_timeout_seconds)
         if batch:
@@ -170,17 +170,28 @@ class FleetWriter:
                 lane = self.lanes.get(topic)
                 if lane is not None:
                     lane._process(messages)
-        epoch = int(time.time() // interval)
+            self._bound_memory(lanes[0].config)
         units = []
-        for lane in lanes:
+        for lane in lanes:  # each table on its own interval (a route may set its own)
+            epoch = lane._epoch_now()
             if epoch != lane.epoch:
-                unit = lane._flush(final=False)
+                # Empty units too: a table's committer commits an interval once every writer reported it.
+                units.append(lane._flush(final=False))
                 lane.epoch = epoch
-                if not unit.empty or lane.unrecorded:
-                    units.append(unit)
-                else:
-                    units.append(unit)  # the committer needs every writer's report to commit an interval
         return units
+
+    def _bound_memory(self, settings: StreambergConfig) -> None:
+        """Past ingest.max_open_files or max_buffered_bytes over all tables, close the least
+        recently written files (each lane's files join its next unit)."""
+        limit_files, limit_bytes = settings.ingest.max_open_files, settings.ingest.max_buffered_bytes
+        while True:
+            writers = [lane.files for lane in self.lanes.values() if lane.files.open_files]
+            if (sum(w.open_files for w in writers) <= limit_files
+                    and sum(w.buffered_bytes for w in writers) <= limit_bytes):
+                return
+            oldest = min(writers, key=lambda w: w.oldest_write() or 0)
+            oldest.close_oldest()
+            self.closed_early += 1
 
     def finish(self) -> list[FlushUnit]:
         self.finished = True
@@ -295,6 +306,8 @@ class FleetCommitter:
         self.log = get_logger("ingest.fleet.committer", run=run_id)
         defaults = fleet.defaults.ingest
         self.pause_after = int(defaults.get("table_failures_to_pause", 5))
+        self.commit_times: list[float] = []
+        self._next_report = time.monotonic() + 60
 
     def open(self) -> None:
         """Nothing to open until a table's first unit: each table's committer opens then."""
@@ -330,12 +343,25 @@ class FleetCommitter:
                     records += result.records if result is not None else 0
             result = committer.offer(unit)
             records += result.records if result is not None else 0
+            if result is not None:
+                self._count_commit()
         except FencedError:
             raise  # per job: another instance writes this table
         except Exception as exc:  # noqa: BLE001 - one table's trouble must not stop the others
             self._failed(unit, exc)
         self._maybe_drained()
         return records
+
+    def _count_commit(self) -> None:
+        """Catalog commits per minute, all tables together, logged once a minute."""
+        now = time.monotonic()
+        self.commit_times.append(now)
+        while self.commit_times and self.commit_times[0] < now - 60:
+            self.commit_times.pop(0)
+        if now >= self._next_report:
+            self._next_report = now + 60
+            self.log.info("catalog commits in the last minute", commits=len(self.commit_times),
+                          tables=len(self.committers), failing=sorted(self.failing), paused=sorted(self.paused))
 
     def _failed(self, unit: FlushUnit, exc: BaseException) -> None:
         failures, _, units = self.failing.get(unit.table, (0, 0.0, []))

@@ -52,6 +52,10 @@ best given through the environment; whatever the source, every output passes thr
 decimal(P,S)` (and `time uuid binary` in a table, not in JSON records); nested `{type: struct,
 fields: [...]}`, `{type: list, element: T}`, `{type: map, key: K, value: V}` or the short
 forms `list<string>`, `map<string,long>`, `struct<a:long>`, to 16 levels and 10,000 fields.
+
+A config of many tables has no `table` and no `kafka.topic`: it has `defaults` (table and
+ingest settings every table starts from) and `tables` (routes from topics to tables, below);
+`kafka`, `catalog` and the components' sections are shared (common/config/fleet.py, docs/fleet.md).
 """
 
 
@@ -180,6 +184,11 @@ def render() -> str:
         if model is None or name == "config_path":
             continue
         _rows(model, f"{name}.", sections)
+    from streamberg.common.config.fleet import FleetDefaults, RouteConfig
+
+    # A config of many tables (common/config/fleet.py): its routes and defaults.
+    _rows(FleetDefaults, "defaults.", sections)
+    _rows(RouteConfig, "tables[].", sections)
     parts = [HEAD]
     for title, rows in sections:
         parts.append(f"\n## `{title}`\n\n| key | type | default | bound | meaning |\n|---|---|---|---|---|\n"

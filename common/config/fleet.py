@@ -49,6 +49,7 @@ from streamberg.common.config.bounds import (
     MAX_IDENTIFIER,
     Identifier,
     Properties,
+    _float,
     _int,
     _Section,
     _text,
@@ -101,6 +102,9 @@ class RouteConfig(_Section):
     partition_spec: list[PartitionFieldConfig] | None = Field(default=None, max_length=64)
     properties: Properties | None = None
     target_file_size_bytes: Annotated[int | None, _int(1, 2**40, optional=True)] = None
+    # This route's tables commit on their own interval (a hot table often, quiet ones rarely);
+    # null: defaults.ingest's. A table with nothing new in an interval makes no commit.
+    commit_interval_seconds: Annotated[float | None, _float(0, 86400.0, optional=True)] = None
 
     model_config = {"extra": "forbid", "frozen": True, "populate_by_name": True}
 
@@ -219,7 +223,10 @@ class FleetConfig(_Section):
             table["partition_spec"] = [p.model_dump() for p in route.partition_spec]
         if route.properties is not None:
             table["properties"] = {**table.get("properties", {}), **route.properties}
-        return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": dict(self.defaults.ingest),
+        ingest = dict(self.defaults.ingest)
+        if route.commit_interval_seconds is not None:
+            ingest["commit_interval_seconds"] = route.commit_interval_seconds
+        return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": ingest,
                 "compactor": self.compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
                 "merge": self.merge, "run": self.run, "config_path": self.config_path}
 

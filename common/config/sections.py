@@ -16,6 +16,7 @@ from streamberg.common.config.bounds import (
     _PRINTABLE_ASCII,
     _TOPIC,
     DAY_SECONDS,
+    MAX_BYTES,
     MAX_COUNT,
     MAX_MAP_ENTRIES,
     MAX_RECORD_BYTES,
@@ -172,6 +173,11 @@ class IngestConfig(_Section):
     # ... and how many commits in a row a table may fail (with backoff) before it is paused
     # while the others go on; a paused table resumes at the next start of the ingest.
     table_failures_to_pause: Annotated[int, _int(1, 1000)] = 5
+    # ... and a writer's memory, whatever the number of tables: at most this many Parquet files
+    # open and this many bytes of rows buffered for row groups; past either, the least recently
+    # written file is closed (a smaller file, which the compactor merges).
+    max_open_files: Annotated[int, _int(1, 100_000)] = 64
+    max_buffered_bytes: Annotated[int, _int(1, MAX_BYTES)] = 256 * 1024 * 1024
 
 
 class DeadLetterConfig(_Section):

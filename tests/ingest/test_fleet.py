@@ -32,7 +32,8 @@ def _fleet(tmp_path: Path, broker: str, prefix: str) -> Path:
         "catalog": {"name": f"c{prefix.replace('-', '_')}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "defaults": {"table": {"partition_spec": [{"source": "ts", "transform": "day"}]},
                      "ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
-                                "topic_discovery_seconds": 0.5, "table_failures_to_pause": 3}},
+                                "topic_discovery_seconds": 0.5, "table_failures_to_pause": 3,
+                                "max_open_files": 5}},
         "tables": [
             {"identifier": "shop.orders", "topics": [f"{prefix}orders"],
              "schema": [{"name": "id", "type": "long", "required": True},
@@ -68,6 +69,8 @@ def _drive(writer: FleetWriter, committer: FleetCommitter, until, timeout: float
                                              committer.paused, {t: f[0] for t, f in committer.failing.items()})
         for unit in writer.poll():
             committer.offer(unit)
+        # Memory bounded whatever the number of tables: ingest.max_open_files over them all.
+        assert sum(lane.files.open_files for lane in writer.lanes.values()) <= 5
 
 
 def _rows(catalog, identifier: str) -> list[int]:
@@ -136,6 +139,7 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
         committer.close()
 
     assert committer.paused == {dropped: committer.paused[dropped]} and "NoSuchTable" in committer.paused[dropped]
+    assert writer.closed_early > 0  # 22 tables, 5 open files: the least recently written were closed
     assert json.loads((Path(fleet.defaults.ingest["state_dir"]) / "runs" / "fleet-test" / "paused-tables.json")
                       .read_text()).keys() == {dropped}
     for table, count in expected.items():
