@@ -9,7 +9,7 @@ CONFIG ?= examples/demo.yaml
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
 	@echo "make demo           the whole loop: broker, a minute of events, ingest + compactor + maintenance, status, layout PNG"
-	@echo "make demo-fleet     24 tables from one ingest job (examples/fleet.yaml), each exactly once"
+	@echo "make demo-fleet     28 tables from one ingest job (examples/fleet.yaml), each exactly once"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make lint           ruff over the tree, mypy over common/ (CI runs it before the tests)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"

@@ -165,6 +165,26 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
         pass
 
 
+def routed_values(catalog: Catalog, namespace: str, topic: str) -> list[str]:
+    """The route values (common/config/fleet.py route_field) whose tables `topic` feeds in
+    `namespace`: the tables' own record of them (table properties the ingest writes)."""
+    from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
+
+    try:
+        identifiers = catalog.list_tables(namespace)
+    except Exception:  # noqa: BLE001 - no namespace yet: no table yet
+        return []
+    values = set()
+    for identifier in identifiers:
+        try:
+            props = catalog.load_table(identifier).properties
+        except Exception:  # noqa: BLE001 - dropped meanwhile, or a table pyiceberg cannot read
+            continue
+        if props.get(ROUTE_TOPIC_PROPERTY) == topic and ROUTE_VALUE_PROPERTY in props:
+            values.add(props[ROUTE_VALUE_PROPERTY])
+    return sorted(values)
+
+
 def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Schema] | None = None) -> Table:
     """Create the table from the config when absent; when present, check it can take our records.
 

@@ -61,6 +61,8 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
 def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: int | None = None,
                      duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest of a config of many tables (ingest/fleet.py) as one job."""
+    from pyiceberg.exceptions import NoSuchTableError
+
     from streamberg.ingest.fleet import FleetTables, TableOwnedElsewhere, broker_topics, ensure_fleet_table
     from streamberg.ingest.job import _run_config
 
@@ -81,11 +83,14 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
         finally:
             probe.close()
         for topic in topics:  # the tables of the topics there now, before any worker starts
+            route = fleet.route_of(topic)
             try:
-                ensure_fleet_table(tables.by_topic[topic], None, topic)
+                ensure_fleet_table(tables.by_topic[topic], topic, anchor_field=route.route_field if route else None)
             except TableOwnedElsewhere as exc:
                 tables.refused[topic] = str(exc)
                 log.error("topic not read", topic=topic, reason=str(exc))
+            except NoSuchTableError as exc:  # schema: infer, no record yet: the writers route it once there is
+                tables.wait(topic, str(exc))
         folder = RunFolder.of(base, run_id).create()
         prune_runs(folder)
         worker_log = (folder.path / WORKER_LOG_NAME).resolve()

@@ -36,11 +36,11 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import load_catalog, routed_values
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
-from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY
+from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
 from streamberg.common.config.loading import resolve_fleet
-from streamberg.common.errors import FencedError
+from streamberg.common.errors import ConfigError, FencedError
 from streamberg.common.log import get_logger
 from streamberg.ingest.units import FlushUnit
 
@@ -55,6 +55,7 @@ class FleetTables:
     by_topic: dict[str, StreambergConfig] = field(default_factory=dict)  # the ingest's view (change logs)
     raw: dict[str, StreambergConfig] = field(default_factory=dict)  # the tables' own configurations
     refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
+    waiting: dict[str, str] = field(default_factory=dict)  # topic -> what it waits for (routed again later)
 
     def update(self, topics: list[str]) -> list[str]:
         """Take the topics the broker has now; return the ones newly routed."""
@@ -62,10 +63,19 @@ class FleetTables:
         new = resolve_fleet(self.fleet, topics, self.raw, self.refused, owner_of=self._recorded)
         for topic in new:
             self.by_topic[topic] = ingest_view(self.raw[topic])
+            self.waiting.pop(topic, None)
         for topic in set(self.refused) - before:
             get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
         return new
 
+
+    def wait(self, topic: str, reason: str) -> None:
+        """Route `topic` again at the next look (its table cannot be made yet)."""
+        self.raw.pop(topic, None)
+        self.by_topic.pop(topic, None)
+        if topic not in self.waiting:
+            get_logger("ingest.fleet").info("topic waits for its table", topic=topic, reason=reason)
+        self.waiting[topic] = reason
 
     def _recorded(self, identifier: str) -> str | None:
         try:
@@ -91,25 +101,46 @@ class TableOwnedElsewhere(Exception):
 
 
 class FleetWriter:
-    """One writer subtask of a many-table job: one consumer, a lane per table."""
+    """One writer subtask of a many-table job: one consumer, a lane per table.
+
+    A topic routed by a record field (route_field) feeds several lanes: its route's
+    `_unrouted` table (the anchor: it takes the records no table can, as dead letters with
+    the reason) and one lane per field value. They share the topic's partitions: the consumer
+    reads each partition from the lowest position of its lanes, every lane skips the records
+    below its own (what its table committed already) and moves on past the records of the
+    others (`IngestWriter.advance`). A lane opened mid-run (a value first seen) starts where
+    the writer has examined the topic to: no record of its value lies before that that is not
+    already in a table or a dead letter."""
 
     def __init__(self, fleet: FleetConfig, index: int, parallelism: int, run_id: str) -> None:
         from streamberg.ingest.writer import consumer_settings
 
         self.fleet, self.index, self.parallelism, self.run_id = fleet, index, parallelism, run_id
         self.tables = FleetTables(fleet)
-        self.lanes: dict[str, Any] = {}  # topic -> IngestWriter
+        self.lanes: dict[str, Any] = {}  # table identifier (the ingest's view) -> IngestWriter
+        self.by_topic: dict[str, list[str]] = {}  # topic -> its lanes, a field-routed topic's anchor first
+        self.split: dict[str, Any] = {}  # a field-routed topic -> its route
+        self.known: dict[str, set[str]] = {}  # ... -> the values its tables were made for (catalog's, ours)
+        self.refused_values: dict[tuple[str, str], str] = {}  # (topic, value) -> why no table takes it
         self.log = get_logger("ingest.fleet", writer=index, run=run_id)
         self.settings = consumer_settings
         self.consumer: Consumer | None = None
         self.finished = False
         self._next_discovery = 0.0
+        self._in_batch = self._reassign_pending = False
         self.closed_early = 0  # files closed before their interval's end to bound memory
 
     @property
     def position(self) -> dict[str, int]:
-        """Every lane's read position, `topic/partition` -> next offset (run progress)."""
-        return {f"{t}/{p}": o for t, lane in self.lanes.items() for p, o in lane.position.items()}
+        """How far each topic's partitions were read, `topic/partition` -> next offset (run
+        progress: a field-routed topic's records count once, whatever its tables)."""
+        out: dict[str, int] = {}
+        for topic, names in self.by_topic.items():
+            for name in names:
+                for p, o in self.lanes[name].position.items():
+                    key = f"{topic}/{p}"
+                    out[key] = max(out.get(key, 0), o)
+        return out
 
     def open(self) -> None:
         any_table = next(iter(self.tables.by_topic.values()), None)
@@ -118,7 +149,8 @@ class FleetWriter:
         self.discover(force=True)
 
     def discover(self, force: bool = False) -> None:
-        """Route the topics the broker has now; open a lane for each new one."""
+        """Route the topics the broker has now; open a lane for each new one. A route whose
+        tables reached ingest.max_tables_per_route learns the ones other writers made."""
         now = time.monotonic()
         if not force and now < self._next_discovery:
             return
@@ -126,29 +158,97 @@ class FleetWriter:
         self._next_discovery = now + interval
         assert self.consumer is not None
         new = self.tables.update(broker_topics(self.consumer))
+        opened = []
         for topic in new:
             try:
-                self._open_lane(topic)
+                self._open_topic(topic)
+                opened.append(topic)
             except TableOwnedElsewhere as exc:
                 self.tables.refused[topic] = str(exc)
                 self.log.error("topic not read", topic=topic, reason=str(exc))
-        if new:
+            except NoSuchTableError as exc:  # schema: infer, and no record yet to infer the table from
+                self.tables.wait(topic, str(exc))
+        for topic in list(self.split):
+            anchor = self.lanes[self.by_topic[topic][0]]
+            if len(self.known[topic]) >= anchor.config.ingest.max_tables_per_route:
+                for value in set(routed_values(load_catalog(anchor.config.catalog), anchor.config.table.namespace,
+                                               topic)) - self.known[topic]:
+                    self._open_value(topic, value, sample=None)
+        if opened:
             self.reassign()
-            self.log.info("tables routed", new_topics=new, tables=len(self.lanes))
+            self.log.info("tables routed", new_topics=opened, tables=len(self.lanes))
 
-    def _open_lane(self, topic: str) -> None:
+    def _value_config(self, topic: str, value: str) -> StreambergConfig:
+        return ingest_view(config_from_dump(self.fleet.document(self.split[topic], topic, value)))
+
+    def _open_topic(self, topic: str) -> None:
+        route = self.fleet.route_of(topic)
+        config = self.tables.by_topic[topic]
+        if route is None or route.route_field is None:
+            self._open_lane(topic, config, None)
+            return
+        self._open_lane(topic, config, None, route_field=route.route_field)
+        self.split[topic] = route
+        self.known[topic] = set()
+        for value in routed_values(load_catalog(config.catalog), config.table.namespace, topic):
+            self.known[topic].add(value)  # the values earlier runs made tables for: from their own offsets
+            self._open_lane(topic, self._value_config(topic, value), value)
+
+    def _open_value(self, topic: str, value: str, sample: list[bytes] | None) -> Any:
+        """A lane for a value first seen in this run, from where the topic was examined to;
+        None when the table is another topic's or value's (the reason kept for its records)."""
+        names = self.by_topic[topic]
+        examined: dict[int, int] = {}
+        for name in names:
+            for p, o in self.lanes[name].position.items():
+                examined[p] = min(examined.get(p, o), o)
+        try:
+            lane = self._open_lane(topic, self._value_config(topic, value), value, sample=sample, start=examined)
+        except TableOwnedElsewhere as exc:
+            if len(self.refused_values) < 10_000:
+                self.refused_values[(topic, value)] = str(exc)
+            self.log.error("route value not routed", topic=topic, value=value, reason=str(exc))
+            return None
+        self.known[topic].add(value)
+        self.reassign()
+        self.log.info("table made for a route value", topic=topic, value=value, table=lane.config.table.identifier)
+        return lane
+
+    def _open_lane(self, topic: str, config: StreambergConfig, value: str | None,
+                   sample: list[bytes] | None = None, start: dict[int, int] | None = None,
+                   route_field: str | None = None) -> Any:
         from streamberg.ingest.writer import IngestWriter
 
-        config = self.tables.by_topic[topic]
-        ensure_fleet_table(config, self.consumer, topic)
+        ensure_fleet_table(config, topic, value, sample, anchor_field=route_field)
         lane = IngestWriter(config, self.index, self.parallelism, self.run_id, consumer=self.consumer,
-                            reassign=self.reassign)
+                            reassign=self.reassign, route_value=value)
         lane.open()
-        self.lanes[topic] = lane
+        if start is not None:
+            for p in lane.unrecorded:  # a table its records were never committed to: they begin here
+                if p in start:
+                    lane.position[p] = start[p]
+            lane.unit_start = dict(lane.position)
+            lane.expect_first = {}
+        self.lanes[config.table.identifier] = lane
+        self.by_topic.setdefault(topic, []).append(config.table.identifier)
+        return lane
 
     def reassign(self) -> None:
+        """Every lane's partitions, each read from the lowest position of the lanes sharing it.
+
+        Asked while a batch is being handed out (a table made for a route value, a refused
+        position), it waits for the batch's end: assigning then would fetch again the records
+        of the batch's other topics not handed out yet, and they would be written twice."""
+        if self._in_batch:
+            self._reassign_pending = True
+            return
         assert self.consumer is not None
-        self.consumer.assign([tp for lane in self.lanes.values() for tp in lane.assignment()])
+        lowest: dict[tuple[str, int], int] = {}
+        for lane in self.lanes.values():
+            for tp in lane.assignment():
+                key = (tp.topic, tp.partition)
+                lowest[key] = min(lowest.get(key, tp.offset), tp.offset)
+        self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in lowest.items()])
 
     def poll(self) -> list[FlushUnit]:
         """Read one batch across every table; every table's units when the interval ended."""
@@ -166,19 +266,92 @@ class FleetWriter:
             by_topic: dict[str, list] = {}
             for message in batch:
                 by_topic.setdefault(message.topic(), []).append(message)
-            for topic, messages in by_topic.items():
-                lane = self.lanes.get(topic)
-                if lane is not None:
-                    lane._process(messages)
+            self._in_batch = True
+            try:
+                for topic, messages in by_topic.items():
+                    names = self.by_topic.get(topic)
+                    if not names:
+                        continue
+                    if topic in self.split:
+                        self._split(topic, messages)
+                    else:
+                        self.lanes[names[0]]._process(messages)
+            finally:
+                self._in_batch = False
+            if self._reassign_pending:
+                self._reassign_pending = False
+                self.reassign()
             self._bound_memory(lanes[0].config)
         units = []
-        for lane in lanes:  # each table on its own interval (a route may set its own)
+        for lane in list(self.lanes.values()):  # each table on its own interval (a route may set its own)
             epoch = lane._epoch_now()
             if epoch != lane.epoch:
                 # Empty units too: a table's committer commits an interval once every writer reported it.
                 units.append(lane._flush(final=False))
                 lane.epoch = epoch
         return units
+
+    def _split(self, topic: str, messages: list) -> None:
+        """A field-routed topic's batch: each record to its value's table, or a dead letter of
+        the route's unrouted table with the reason; every lane then moves past the batch."""
+        import orjson
+
+        from streamberg.common.config.fleet import route_value
+        from streamberg.ingest.dead_letters import dead_letter_from_message
+
+        route = self.split[topic]
+        anchor = self.lanes[self.by_topic[topic][0]]
+        limit = anchor.config.ingest.max_tables_per_route
+        good = [m for m in messages if m.error() is None]
+        errors = [m for m in messages if m.error() is not None]
+        ends: dict[int, int] = {}
+        for m in good:
+            ends[m.partition()] = m.offset() + 1
+        groups: dict[str, list] = {}
+        refused: list[tuple[Any, str]] = []
+        for m in good:
+            try:
+                record = orjson.loads(m.value()) if m.value() is not None else None
+            except orjson.JSONDecodeError:
+                refused.append((m, "not JSON"))
+                continue
+            if not isinstance(record, dict):
+                refused.append((m, f"route field {route.route_field!r}: the record is not a JSON object"))
+                continue
+            try:
+                value = route_value(record.get(route.route_field))
+            except ValueError as exc:
+                refused.append((m, f"route field {route.route_field!r} is {exc}"))
+                continue
+            groups.setdefault(value, []).append(m)
+        for value, group in groups.items():
+            why = self.refused_values.get((topic, value))
+            try:
+                lane = self.lanes.get(self._value_config(topic, value).table.identifier)
+            except ConfigError as exc:  # e.g. a name past 128 characters with this value
+                lane, why = None, f"route field {route.route_field!r} = {value!r} makes no valid table: {exc}"[:500]
+            if lane is None and why is None:
+                if len(self.known[topic]) >= limit and value not in self.known[topic]:
+                    why = (f"route field {route.route_field!r} = {value!r} would make a table past "
+                           f"ingest.max_tables_per_route ({limit})")
+                else:
+                    lane = self._open_value(topic, value, sample=[m.value() for m in group])
+                    why = self.refused_values.get((topic, value), "its table could not be opened")
+            if lane is None:
+                refused.extend((m, why or "its table could not be opened") for m in group)
+                continue
+            mine = [m for m in group if m.offset() >= lane.position.get(m.partition(), 0)]
+            if mine:
+                lane._process(mine)
+        refused = [(m, why) for m, why in refused if m.offset() >= anchor.position.get(m.partition(), 0)]
+        if refused:
+            anchor.messages += len(refused)
+            anchor.dead_letters.extend(dead_letter_from_message(m, why) for m, why in refused)
+        for name in self.by_topic[topic]:
+            self.lanes[name].advance(ends)
+        if errors:  # out of range and the like, after the records before them: every table of the topic
+            for name in list(self.by_topic[topic]):
+                self.lanes[name]._process(errors)
 
     def _bound_memory(self, settings: StreambergConfig) -> None:
         """Past ingest.max_open_files or max_buffered_bytes over all tables, close the least
@@ -205,9 +378,12 @@ class FleetWriter:
             self.consumer = None
 
 
-def ensure_fleet_table(config: StreambergConfig, consumer: Consumer | None, topic: str) -> None:
-    """Create the table of a routed topic when absent (a race with another writer is won by
-    one, the other loads theirs): declared, from the registry, or inferred from its records."""
+def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None = None,
+                       sample: list[bytes] | None = None, anchor_field: str | None = None) -> None:
+    """Create the table of a routed topic (and route value) when absent (a race with another
+    writer is won by one, the other loads theirs): declared, from the registry, or inferred
+    from its records (`sample`, else the topic's first ones). A field-routed topic's unrouted
+    table (`anchor_field`) never holds rows: its one column is the route field."""
     from streamberg.ingest.dead_letters import open_tables
 
     if config.table.schema_ is None and config.kafka.value_format == "json":
@@ -215,14 +391,21 @@ def ensure_fleet_table(config: StreambergConfig, consumer: Consumer | None, topi
         try:
             catalog.load_table(config.table.identifier)
         except NoSuchTableError:
-            create_inferred(config, sample_values(config, topic))
+            if anchor_field is not None:
+                create_inferred(config, [json.dumps({anchor_field: ""}).encode()], partitioned=False)
+            else:
+                create_inferred(config, sample if sample else sample_values(config, topic), value=value)
     _, table, _ = open_tables(config)
     owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
-    if owner is None:  # the topic this table is fed from, recorded once
+    if owner is None:  # the topic (and route value) this table is fed from, recorded once
         with table.transaction() as tx:
-            tx.set_properties({ROUTE_TOPIC_PROPERTY: topic})
+            tx.set_properties({ROUTE_TOPIC_PROPERTY: topic,
+                               **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
     elif owner != topic:
         raise TableOwnedElsewhere(f"table {config.table.identifier} is fed from topic {owner!r}, not {topic!r}")
+    elif table.properties.get(ROUTE_VALUE_PROPERTY) != value:
+        raise TableOwnedElsewhere(f"table {config.table.identifier} holds topic {topic!r}'s records of route value "
+                                  f"{table.properties.get(ROUTE_VALUE_PROPERTY)!r}, not {value!r}")
 
 
 def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
@@ -248,7 +431,8 @@ def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeou
         consumer.close()
 
 
-def create_inferred(config: StreambergConfig, values: list[bytes]) -> None:
+def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: bool = True,
+                    value: str | None = None) -> None:
     """Create the table of `schema: infer` from its first records' fields (typed as schema
     evolution types them: every column optional); the route's partition spec when its
     sources are among them with a type it fits, else unpartitioned (said in the log)."""
@@ -273,7 +457,7 @@ def create_inferred(config: StreambergConfig, values: list[bytes]) -> None:
     schema = assign_fresh_schema_ids(Schema(*[NestedField(i + 1, name, t, required=False)
                                               for i, (name, t) in enumerate(top.items())]))
     try:
-        spec = partition_spec_from_config(config.table, schema)
+        spec = partition_spec_from_config(config.table, schema) if partitioned else UNPARTITIONED_PARTITION_SPEC
         for part in spec.fields:  # day(ts) needs ts a timestamp: JSON infers a string
             source = schema.find_type(part.source_id)
             if not part.transform.can_transform(source):
@@ -285,7 +469,8 @@ def create_inferred(config: StreambergConfig, values: list[bytes]) -> None:
         spec = UNPARTITIONED_PARTITION_SPEC
     catalog = load_catalog(config.catalog)
     ensure_namespace(catalog, config.table.namespace)
-    properties = {**BOUNDED_METADATA, **config.table.properties, ROUTE_TOPIC_PROPERTY: config.kafka.topic}
+    properties = {**BOUNDED_METADATA, **config.table.properties, ROUTE_TOPIC_PROPERTY: config.kafka.topic,
+                  **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})}
     try:
         catalog.create_table(config.table.identifier, schema=schema, partition_spec=spec, properties=properties)
         log.info("table created from its first records", columns=list(top), records=len(values), spec=str(spec))
@@ -317,7 +502,8 @@ class FleetCommitter:
 
         found = self.committers.get(unit.table)
         if found is None:
-            config = ingest_view(config_from_dump(self.fleet.document(self.fleet.route_of(unit.topic), unit.topic)))
+            route = self.fleet.route_of(unit.topic)
+            config = ingest_view(config_from_dump(self.fleet.document(route, unit.topic, unit.route_value)))
             found = Committer(config, self.parallelism, self.run_id, fleet_member=True)
             found.open()
             self.committers[unit.table] = found

@@ -46,6 +46,7 @@ class FlushUnit:
     topic: str
     # The table the unit is for (a many-table job's committer routes by it; ingest/fleet.py).
     table: str = ""
+    route_value: str | None = None  # a field-routed table's value (common/config/fleet.py route_field)
     # partition -> (first offset covered, next offset to read); only partitions that moved
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
     files: list[WrittenFile] = field(default_factory=list)

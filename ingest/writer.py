@@ -85,9 +85,11 @@ class IngestWriter:
     partitions together, and asks the fleet to re-assign after a refused position."""
 
     def __init__(self, config: StreambergConfig, index: int, parallelism: int, run_id: str,
-                 consumer: Consumer | None = None, reassign: Callable[[], None] | None = None):
+                 consumer: Consumer | None = None, reassign: Callable[[], None] | None = None,
+                 route_value: str | None = None):
         self.config, self.index, self.parallelism, self.run_id = config, index, parallelism, run_id
         self.shared_consumer, self.reassign = consumer, reassign
+        self.route_value = route_value  # a table of a field-routed topic: its field's value
         self.topic = config.kafka.topic
         self.interval = config.ingest.commit_interval_seconds
         self.log = get_logger("ingest.writer", job=config.ingest_target.job_id, table=config.table.identifier,
@@ -227,6 +229,13 @@ class IngestWriter:
         else:
             self.consumer.assign(self.assignment())
 
+    def advance(self, ends: dict[int, int]) -> None:
+        """A field-routed topic's batch went past records of other tables: this table has read
+        them too (nothing of them is its), so its position moves on to the batch's end."""
+        for p, end in ends.items():
+            if p in self.position and end > self.position[p]:
+                self.position[p] = end
+
     def assignment(self) -> list[TopicPartition]:
         """This writer's partitions at their positions (the next offsets to read)."""
         return [TopicPartition(self.topic, p, o) for p, o in self.position.items()]
@@ -359,7 +368,7 @@ class IngestWriter:
             | self.unrecorded
         ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
         unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
-                         table=self.config.table.identifier,
+                         table=self.config.table.identifier, route_value=self.route_value,
                          ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
                          messages=self.messages, skipped=self.skipped, skips=self.skips, held=self.held, new_fields=self.changes.add,
                          widen=self.changes.widen,

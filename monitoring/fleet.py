@@ -2,7 +2,8 @@
 
 Each table's facts and verdict are the single-table ones (collect_status, with_health); the
 tables are the routes' named topics' and the broker's topics that a route takes (as the
-ingest routes them, common/config/loading.resolve_fleet). A table the ingest paused (its
+ingest routes them, common/config/loading.resolve_fleet), and for a route by a record field
+the tables its values made (the catalog's record of them). A table the ingest paused (its
 commits kept failing, ingest/fleet.py) is critical with the reason the run folder records;
 a topic no table can take (a name colliding with another's table) is listed as refused.
 """
@@ -75,6 +76,15 @@ def _recorded_topic(config: StreambergConfig) -> Any:
     return owner
 
 
+def _values(config: StreambergConfig, topic: str) -> list[str]:
+    from streamberg.common.catalog import open_catalog_readonly, routed_values
+
+    try:
+        return routed_values(open_catalog_readonly(config.catalog), config.table.namespace, topic)
+    except Exception:  # noqa: BLE001 - no catalog: no value tables to list
+        return []
+
+
 def paused_tables(state_dir: str) -> dict[str, str]:
     """The tables the newest ingest run paused (its run folder's record)."""
     runs = Path(state_dir) / "runs"
@@ -96,8 +106,13 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
     out = FleetStatus(broker_error=broker_error)
     resolve_fleet(fleet, topics, known, out.refused, owner_of=_recorded_topic(sample))
     out.paused = paused_tables(sample.ingest.state_dir)
-    for topic, config in known.items():
+    for topic, config in list(known.items()):
         out.tables.append((topic, with_health(collect_status(config, cache=cache), config)))
+        route = fleet.route_of(topic)
+        if route is not None and route.route_field is not None:  # the tables its field's values made
+            for value in _values(config, topic):
+                made = config_from_dump(fleet.document(route, topic, value))
+                out.tables.append((topic, with_health(collect_status(made, cache=cache), made)))
     out.tables.sort(key=lambda ts: (_RANK[ts[1].health.verdict] if ts[1].table not in out.paused else -1,
                                     -(ts[1].ingest.lag.total if ts[1].ingest.lag is not None else 0)))
     return out

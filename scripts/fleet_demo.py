@@ -1,9 +1,10 @@
-"""`make demo-fleet`: 24 tables from one ingest job on the embedded defaults (examples/fleet.yaml).
+"""`make demo-fleet`: 28 tables from one ingest job on the embedded defaults (examples/fleet.yaml).
 
 1. A fresh embedded broker (tansu, in memory) and a fresh fleet catalog under .streamberg/fleet/.
 2. 24 topics: `orders` (its declared table), 21 `events.*` topics (tables inferred from their
    records), one Debezium topic per source table `dbserver1.inventory.{customers,addresses}`
-   (their change logs); 1 % malformed records in each.
+   (their change logs), and `clicks`, split by its records' `region` into web.clicks_{eu,us,apac};
+   1 % malformed records in each.
 3. `streamberg run` on the fleet config for --seconds: one ingest job for every table; a topic
    made halfway gets its table without a restart.
 4. `streamberg status` of the whole fleet: one line a table, worst first; then each table's
@@ -55,21 +56,23 @@ def main() -> int:
         topics = ["orders"] + [f"events.{name}" for name in (
             "clicks", "views", "searches", "carts", "payments", "refunds", "logins", "logouts", "signups",
             "shares", "likes", "comments", "reviews", "ratings", "alerts", "errors", "pings", "deploys",
-            "builds", "tests", "audits")] + ["dbserver1.inventory.customers", "dbserver1.inventory.addresses"]
+            "builds", "tests", "audits")] + ["dbserver1.inventory.customers", "dbserver1.inventory.addresses", "clicks"]
+        regions = ("eu", "us", "apac")
 
         def produce(topic: str, start: int, count: int) -> None:
             ensure_topic(info.bootstrap, topic, 2)
-            ids = produced.setdefault(topic, [])
             for i in range(start, start + count):
                 if i % 100 == 99:
                     producer.produce(topic, value=b"{not json", partition=i % 2)
                     continue
+                region = regions[i % 3] if topic == "clicks" else None
+                produced.setdefault(f"{topic}/{region}" if region else topic, []).append(i)
                 if topic.startswith("dbserver1"):
                     value = {"op": "c", "after": {"id": i, "name": f"n{i}", "city": "ams"}, "source": {"ts_ms": i}}
                 else:
-                    value = {"id": i, "ts": "2026-11-26T10:00:00Z", "user_id": f"u{i % 50}", "amount": i / 10}
+                    value = {"id": i, "ts": "2026-11-26T10:00:00Z", "user_id": f"u{i % 50}", "amount": i / 10,
+                             **({"region": region} if region else {})}
                 producer.produce(topic, value=json.dumps(value).encode(), partition=i % 2)
-                ids.append(i)
             producer.flush(30)
 
         _say(f"{len(topics)} topics, {args.per_topic:,} events each, 1 % malformed")
@@ -89,8 +92,11 @@ def main() -> int:
         _say("each table's rows against what was produced into its topic")
         fleet = load_fleet(CONFIG)
         exact = 0
-        for topic, ids in sorted(produced.items()):
-            config = fleet_table(fleet, fleet.route_of(topic).table_identifier(topic), list(produced))
+        for key, ids in sorted(produced.items()):
+            topic, _, region = key.partition("/")
+            route = fleet.route_of(topic)
+            config = fleet_table(fleet, route.table_identifier(topic, region or None),
+                                 sorted({k.partition("/")[0] for k in produced}))
             name = config.table.identifier + ("_changelog" if topic.startswith("dbserver1") else "")
             rows = load_catalog(config.catalog).load_table(name).scan(selected_fields=("id",)).to_arrow()
             got = rows.column("id").to_pylist()

@@ -58,12 +58,39 @@ from streamberg.common.config.sections import _TOPIC
 from streamberg.common.config.table import FieldConfig, PartitionFieldConfig
 
 _PLACEHOLDER = re.compile(r"\{(topic|source_table)\}")
+_ANY_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 _TEMPLATE = re.compile(r"[A-Za-z_{][A-Za-z0-9_{}]*\.[A-Za-z_{][A-Za-z0-9_{}]*")
 TopicName = Annotated[str, _text(249, _TOPIC, "must be 1 to 249 characters of [A-Za-z0-9._-] (Kafka's rule)")]
 MAX_ROUTES = 1000
+# A route value (route_field): it becomes part of a table's name, so only this, lower-cased;
+# it starts with a letter or digit, so no value can make the route's own `_unrouted` table.
+ROUTE_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{0,62}")
+UNROUTED = "_unrouted"
+
+
+# A route value ending so would name another table's side table (its dead letters, change
+# log or key state: common/config/model.py, common/changelog.py): refused.
+SIDE_TABLE_ENDINGS = ("dead_letters", "changelog", "merge_keys")
+
+
+def route_value(value: object) -> str:
+    """A record's route field as a table-name part; ValueError saying why it cannot be one."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        kind = "missing" if value is None else f"a {type(value).__name__}, not a string or integer"
+        raise ValueError(kind)
+    text = str(value)
+    if not ROUTE_VALUE.fullmatch(text):
+        raise ValueError(f"{text[:60]!r}: a table name part is 1 to 63 letters, digits or _, starting with a letter "
+                         "or digit")
+    if text.lower().endswith(SIDE_TABLE_ENDINGS):
+        raise ValueError(f"{text[:60]!r} ends like a side table's name ({', '.join(SIDE_TABLE_ENDINGS)})")
+    return text.lower()
+
+
 # The table property naming the topic a fleet table is fed from (written when the ingest
 # first opens it): two topics that make one identifier never share a table.
 ROUTE_TOPIC_PROPERTY = "streamberg.route.topic"
+ROUTE_VALUE_PROPERTY = "streamberg.route.value"  # ... and the route field's value it holds
 
 
 def topic_identifier(name: str) -> str:
@@ -88,6 +115,12 @@ class RouteConfig(_Section):
     topics: list[TopicName] | None = Field(default=None, max_length=10_000)
     # ... or every topic whose whole name matches this regular expression.
     topic_pattern: Annotated[str | None, _text(1024, optional=True)] = None
+    # A top-level field of each record (JSON values) whose value names the record's table:
+    # `{<route_field>}` stands for it in the identifier (`web.clicks_{region}`). A value is a
+    # string or integer of 1 to 63 letters, digits or _ (lower-cased into the name); any other record is a
+    # dead letter of the route's `<...>_unrouted` table, with the reason. At most
+    # ingest.max_tables_per_route tables a route (past it: dead letters, with the reason).
+    route_field: Identifier | None = None
     # The table's columns, `infer` (from the first records: JSON; later fields evolve it), or
     # null with a registry format (the writer schema makes the table).
     schema_: list[FieldConfig] | Literal["infer"] | None = Field(default=None, alias="schema")
@@ -122,14 +155,22 @@ class RouteConfig(_Section):
     def _one_source(self) -> RouteConfig:
         if (self.topics is None) == (self.topic_pattern is None):
             raise ValueError("give exactly one of topics and topic_pattern")
+        allowed = {"{topic}", "{source_table}"} | ({"{" + self.route_field + "}"} if self.route_field else set())
         if not _TEMPLATE.fullmatch(self.identifier) or \
-                {m.group(0) for m in re.finditer(r"\{[^}]*\}", self.identifier)} - {"{topic}", "{source_table}"}:
-            raise ValueError("identifier: must be namespace.table, each part an identifier in which {topic} or "
-                             "{source_table} may stand")
-        if self.topic_pattern is not None and not _PLACEHOLDER.search(self.identifier):
+                {m.group(0) for m in re.finditer(r"\{[^}]*\}", self.identifier)} - allowed:
+            raise ValueError("identifier: must be namespace.table, each part an identifier in which {topic}, "
+                             "{source_table} or {<route_field>} may stand")
+        if self.route_field is not None:
+            if "{" + self.route_field + "}" not in self.identifier.split(".", 1)[1]:
+                raise ValueError(f"identifier: route_field {self.route_field} needs {{{self.route_field}}} in the "
+                                 "table part of the identifier")
+            if self.envelope not in (None, "none"):
+                raise ValueError("route_field: routes rows (envelope none); a change stream is routed by topic")
+        if self.topic_pattern is not None and not _PLACEHOLDER.search(self.identifier) and not self.route_field:
             raise ValueError("identifier: a topic_pattern route needs {topic} or {source_table} in its identifier "
                              "(else every matching topic would write one table)")
-        if self.topics is not None and len(self.topics) > 1 and not _PLACEHOLDER.search(self.identifier):
+        if self.topics is not None and len(self.topics) > 1 and not _PLACEHOLDER.search(self.identifier) \
+                and not self.route_field:
             raise ValueError("identifier: a route of several topics needs {topic} or {source_table} (one table a topic)")
         return self
 
@@ -139,9 +180,32 @@ class RouteConfig(_Section):
         assert self.topic_pattern is not None
         return re.fullmatch(self.topic_pattern, topic) is not None
 
-    def table_identifier(self, topic: str) -> str:
-        return self.identifier.replace("{topic}", topic_identifier(topic)).replace("{source_table}",
+    def table_identifier(self, topic: str, value: str | None = None) -> str:
+        """The table of `topic` (and, with route_field, of records whose field holds `value`:
+        an already checked route value, or None for the route's unrouted table)."""
+        made = self.identifier.replace("{topic}", topic_identifier(topic)).replace("{source_table}",
                                                                                   source_table(topic))
+        if self.route_field is not None:
+            made = made.replace("{" + self.route_field + "}", value if value is not None else UNROUTED)
+        return made
+
+    def value_of(self, topic: str, identifier: str) -> str | None:
+        """The route value whose table under `topic` is `identifier` (UNROUTED for the route's
+        unrouted table); None when no value of this route makes it."""
+        if self.route_field is None:
+            return None
+        marker = "\x00"
+        pattern = re.escape(self.table_identifier(topic, marker).lower()).replace(re.escape(marker), "([a-z0-9_]+)")
+        found = re.fullmatch(pattern, identifier.lower())
+        if found is None or len(set(found.groups())) != 1:
+            return None
+        value = found.group(1)
+        if value == UNROUTED:
+            return UNROUTED
+        try:
+            return route_value(value)
+        except ValueError:
+            return None
 
 
 class FleetDefaults(_Section):
@@ -166,15 +230,15 @@ def check_routes(routes: list[RouteConfig]) -> None:
                                  "one route (narrow the pattern)")
     fixed: dict[str, int] = {}
     for i, route in enumerate(routes):
-        if not _PLACEHOLDER.search(route.identifier):
+        if not _ANY_PLACEHOLDER.search(route.identifier):
             key = route.identifier.lower()
             if key in fixed:
                 raise ValueError(f"tables.{i}.identifier: {route.identifier} is also tables.{fixed[key]}'s")
             fixed[key] = i
-    templated = [(i, r) for i, r in enumerate(routes) if _PLACEHOLDER.search(r.identifier)]
+    templated = [(i, r) for i, r in enumerate(routes) if _ANY_PLACEHOLDER.search(r.identifier)]
     for a, (i, first) in enumerate(templated):
         for j, second in templated[a + 1:]:
-            if _PLACEHOLDER.sub("*", first.identifier).lower() == _PLACEHOLDER.sub("*", second.identifier).lower():
+            if _ANY_PLACEHOLDER.sub("*", first.identifier).lower() == _ANY_PLACEHOLDER.sub("*", second.identifier).lower():
                 raise ValueError(f"tables.{j}.identifier: {second.identifier} can name the same tables as "
                                  f"tables.{i}'s {first.identifier}; give one of them another namespace or prefix")
     for i, route in enumerate(routes):
@@ -205,15 +269,19 @@ class FleetConfig(_Section):
             raise ValueError("kafka.topic: a config of many tables names its topics in tables[].topics or "
                              "tables[].topic_pattern")
         check_routes(self.tables)
+        for i, route in enumerate(self.tables):
+            if route.route_field is not None and (route.value_format or self.kafka.get("value_format", "json")) != "json":
+                raise ValueError(f"tables.{i}.route_field: routing by a field reads JSON values (value_format json)")
         return self
 
-    def document(self, route: RouteConfig, topic: str) -> dict[str, Any]:
-        """The single-table configuration of `topic` under `route`, as data."""
+    def document(self, route: RouteConfig, topic: str, value: str | None = None) -> dict[str, Any]:
+        """The single-table configuration of `topic` under `route` (with route_field: of the
+        records whose field holds `value`, None for the route's unrouted table), as data."""
         kafka = {**self.kafka, "topic": topic}
         for key in ("envelope", "value_format", "key_format", "key_field"):
             if getattr(route, key) is not None:
                 kafka[key] = getattr(route, key)
-        table = {**self.defaults.table, "identifier": route.table_identifier(topic)}
+        table = {**self.defaults.table, "identifier": route.table_identifier(topic, value)}
         if isinstance(route.schema_, list):
             table["schema"] = [f.model_dump(by_alias=True, exclude_none=True) for f in route.schema_]
         for key in ("primary_key", "sequence_field", "target_file_size_bytes"):

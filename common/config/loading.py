@@ -29,7 +29,7 @@ from streamberg.common.config.bounds import (
 from streamberg.common.config.components import (
     CompactorConfig,
 )
-from streamberg.common.config.fleet import FleetConfig
+from streamberg.common.config.fleet import UNROUTED, FleetConfig
 from streamberg.common.config.messages import (
     _MAX_SHOWN,
     _format_errors,
@@ -241,6 +241,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
         sample = route.topics[0] if route.topics else "sample.topic"
         try:
             config = config_from_dump(fleet.document(route, sample))
+            if route.route_field is not None:  # the longest value a record can give must make a table too
+                config_from_dump(fleet.document(route, sample, "v" * 63))
         except ConfigError as exc:
             raise ConfigError(f"{path}: tables.{i} ({route.identifier}): {exc}") from None
         _register_secrets(config)
@@ -293,6 +295,9 @@ def fleet_table(fleet: FleetConfig, identifier: str, topics: list[str] | None = 
         for topic in (route.topics or [t for t in topics or () if route.claims(t)]):
             if route.table_identifier(topic).lower() == identifier.lower():
                 return config_from_dump(fleet.document(route, topic))
+            value = route.value_of(topic, identifier)  # a table a route value makes
+            if value is not None:
+                return config_from_dump(fleet.document(route, topic, None if value == UNROUTED else value))
     raise ConfigError(f"table {identifier}: no route of {fleet.config_path} makes it"
                       + ("" if topics is not None else " from its named topics (a pattern route's table needs the "
                                                          "broker's topics)"))

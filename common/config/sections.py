@@ -178,6 +178,10 @@ class IngestConfig(_Section):
     # written file is closed (a smaller file, which the compactor merges).
     max_open_files: Annotated[int, _int(1, 100_000)] = 64
     max_buffered_bytes: Annotated[int, _int(1, MAX_BYTES)] = 256 * 1024 * 1024
+    # How many tables one route's field (tables[].route_field) may make: past it, a record
+    # naming yet another table is a dead letter saying so (a hostile stream of values must
+    # not create tables without end).
+    max_tables_per_route: Annotated[int, _int(1, 100_000)] = 100
 
 
 class DeadLetterConfig(_Section):

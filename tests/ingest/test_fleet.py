@@ -168,3 +168,120 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     assert sum(1 for line in lines if "shop.orders" in line) == 1
     one = cli("status", "--config", str(tmp_path / "fleet.yaml"), "--table", "shop.orders", "--json", check=False)
     assert json.loads(one.stdout)["table"] == "shop.orders", one.stdout
+
+
+def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, broker: str) -> None:
+    """`route_field`: one topic, a table per value of a record field. Hostile values (missing,
+    null, nested, too long, a path, a side table's name, not JSON) are dead letters of the
+    route's `_unrouted` table with their reason; a value past ingest.max_tables_per_route too.
+    The lanes share the topic's partitions but each table keeps its own offsets: a restart
+    after records were read and not committed puts every record in its table once."""
+    prefix = f"r{int(time.time() * 1000) % 100000}-"
+    topic = f"{prefix}clicks"
+    document = {
+        "kafka": {"bootstrap_servers": broker, "value_format": "json"},
+        "catalog": {"name": f"c{prefix.replace('-', '_')}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "defaults": {"ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
+                                "topic_discovery_seconds": 0.5, "max_tables_per_route": 3}},
+        "tables": [{"identifier": "web.clicks_{region}", "topics": [topic], "route_field": "region",
+                    "schema": "infer"},
+                   {"identifier": "web.plain", "topics": [f"{prefix}plain"], "schema": "infer"}],
+    }
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    from streamberg.common.catalog import load_catalog as open_catalog
+    from streamberg.common.config import CatalogConfig, fleet_table
+
+    catalog = open_catalog(CatalogConfig.model_validate(fleet.document(fleet.tables[0], topic)["catalog"]))
+    expected: dict[str, set[int]] = {"web.clicks_eu": set(), "web.clicks_us": set(), "web.clicks_7": set(),
+                                     "web.plain": set()}
+    next_id = iter(range(1_000_000))
+
+    def clicks(region: object, n: int, table: str | None) -> list[bytes]:
+        out = []
+        for _ in range(n):
+            i = next(next_id)
+            out.append(json.dumps({"id": i, "region": region, "ts": "2026-11-26T01:00:00+00:00"}).encode())
+            if table is not None:
+                expected[table].add(i)
+        return out
+
+    hostile = [json.dumps({"id": -1}).encode(), json.dumps({"id": -2, "region": None}).encode(),
+               json.dumps({"id": -3, "region": {"x": 1}}).encode(), json.dumps({"id": -4, "region": "../etc"}).encode(),
+               json.dumps({"id": -5, "region": "a" * 70}).encode(), json.dumps({"id": -6, "region": "x_dead_letters"}).encode(),
+               json.dumps({"id": -7, "region": True}).encode(), b"not json", b"[1, 2]"]
+    _produce(broker, topic, clicks("eu", 30, "web.clicks_eu") + clicks("US", 30, "web.clicks_us")
+             + clicks(7, 30, "web.clicks_7") + hostile)
+    # Another topic's records in the same batches as the first of each value: a table made
+    # mid-batch must not make the consumer fetch them again (they would be written twice).
+    _produce(broker, f"{prefix}plain", clicks("any", 200, "web.plain"))
+    anchor = "web.clicks__unrouted"
+
+    def holds(extra_dead: int) -> bool:
+        try:
+            return all(set(_rows(catalog, t)) >= ids for t, ids in expected.items()) and \
+                catalog.load_table(f"{anchor}_dead_letters").scan().to_arrow().num_rows >= len(hostile) + extra_dead
+        except Exception:  # noqa: BLE001 - a table not created yet
+            return False
+
+    writer, committer = FleetWriter(fleet, 0, 1, "route-1"), FleetCommitter(fleet, 1, "route-1")
+    writer.open()
+    committer.open()
+    try:
+        _drive(writer, committer, lambda: holds(0))
+        # A fourth value: past max_tables_per_route (3), its records are dead letters saying so.
+        _produce(broker, topic, clicks("apac", 10, None) + clicks("eu", 10, "web.clicks_eu"))
+        _drive(writer, committer, lambda: holds(10))
+        # Read and written; one table (eu) commits them, the others do not: then the job is gone.
+        _produce(broker, topic, clicks("us", 10, "web.clicks_us") + clicks(7, 5, "web.clicks_7")
+                 + clicks("eu", 5, "web.clicks_eu") + [b"junk"])
+        deadline = time.monotonic() + 10
+        while sum(lane.messages for lane in writer.lanes.values()) < 21 and time.monotonic() < deadline:
+            writer._split(topic, [m for m in writer.consumer.consume(500, 0.5) if m.topic() == topic])
+        assert sum(lane.messages for lane in writer.lanes.values()) >= 21, "the records were not read"
+        committer.offer(writer.lanes["web.clicks_eu"]._flush(final=False))
+        assert set(_rows(catalog, "web.clicks_eu")) == expected["web.clicks_eu"]
+    finally:
+        writer.close()
+        committer.close()
+    assert not set(_rows(catalog, "web.clicks_us")) & {i for i in expected["web.clicks_us"] if i >= 100}
+
+    # The next run: every lane from its own table's offsets; the limit still holds.
+    _produce(broker, topic, clicks("eu", 5, "web.clicks_eu") + clicks("apac", 1, None))
+    writer, committer = FleetWriter(fleet, 0, 1, "route-2"), FleetCommitter(fleet, 1, "route-2")
+    writer.open()
+    committer.open()
+    try:
+        assert sorted(writer.known[topic]) == ["7", "eu", "us"]
+        _drive(writer, committer, lambda: holds(12))
+        for unit in writer.finish():
+            committer.offer(unit)
+    finally:
+        writer.close()
+        committer.close()
+
+    for table, ids in expected.items():
+        got = _rows(catalog, table)
+        assert len(got) == len(ids) and set(got) == ids, (table, len(got), len(set(got)), len(ids))
+        if table != "web.plain":
+            assert catalog.load_table(table).properties["streamberg.route.value"] == table.rsplit("_", 1)[1]
+    assert catalog.load_table(anchor).scan().to_arrow().num_rows == 0
+    letters = catalog.load_table(f"{anchor}_dead_letters").scan().to_arrow()
+    assert letters.num_rows == len(hostile) + 12, letters.num_rows  # each once
+    reasons = letters.column("reason").to_pylist()
+    assert sum("max_tables_per_route" in r for r in reasons) == 11
+    for needle in ("is missing", "is a dict", "'../etc'", "side table", "is a bool", "not JSON", "not a JSON object"):
+        assert any(needle in r for r in reasons), (needle, reasons)
+    assert not any(t[1].startswith("clicks_apac") or "etc" in t[1] for t in catalog.list_tables("web"))
+    # DuckDB, an independent reader, agrees on one table.
+    from tests.cdc.helpers import rows_by_duckdb
+
+    assert set(rows_by_duckdb(fleet_table(fleet, "web.clicks_eu"))) == expected["web.clicks_eu"]
+
+    # `streamberg status` lists the value tables; --table resolves one of them.
+    from tests.runbooks.inprocess import cli
+
+    lines = cli("status", "--config", str(tmp_path / "fleet.yaml"), check=False).stdout.splitlines()
+    assert lines[0].startswith("5 tables"), lines
+    assert fleet_table(fleet, "web.clicks_eu").kafka.topic == topic
+    assert fleet_table(fleet, "web.clicks__unrouted").table.identifier == anchor
