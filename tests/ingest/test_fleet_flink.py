@@ -1,9 +1,10 @@
 """Many tables from one real `streamberg ingest` (PyFlink), killed with SIGKILL twice in the
 middle of an interval, then drained: every table holds each of its records once.
 
-24 tables from one config: a named topic with a declared schema, 21 topics of a pattern whose
+28 tables from one config: a named topic with a declared schema, 21 topics of a pattern whose
 tables are inferred from their first records, a Debezium topic whose change log a pattern
-route makes, and an Avro topic through the registry stand-in (tests/fixtures/registry.py:
+route makes, a topic split by its records' `region` into three tables (route_field; hostile
+values dead letters of its `_unrouted` table), and an Avro topic through the registry stand-in (tests/fixtures/registry.py:
 no registry server is installable here; records written by confluent-kafka's real
 AvroSerializer). Producers keep writing into every topic while the job is killed; a topic
 created between the kills gets its table without a restart. Each table is then read by
@@ -32,11 +33,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig
+from streamberg.common.config.fleet import UNROUTED
 from tests.cdc.helpers import rows_by_duckdb
 
 pytestmark = pytest.mark.flink
 
 PATTERN_TOPICS = 21
+REGIONS = ("eu", "us", "ap")
 AVRO = {"type": "record", "name": "Click", "namespace": "web", "fields": [
     {"name": "id", "type": "long"}, {"name": "page", "type": "string"}]}
 
@@ -57,8 +60,11 @@ class Producers:
 
     def add(self, topic: str) -> None:
         ensure_topic(self.broker, topic, 2)
-        self.valid.setdefault(topic, [])
-        self.bad.setdefault(topic, 0)
+        for key in ([f"{topic}/{r}" for r in REGIONS] if topic.endswith("visits") else [topic]):
+            self.valid.setdefault(key, [])
+            self.bad.setdefault(key, 0)
+        if topic.endswith("visits"):
+            self.bad.setdefault(f"{topic}/{UNROUTED}", 0)
         self.topics.append(topic)
 
     def _value(self, topic: str, i: int) -> bytes:
@@ -66,7 +72,15 @@ class Producers:
             return self.avro({"id": i, "page": f"/p{i % 9}"}, SerializationContext(topic, MessageField.VALUE))
         if ".inventory." in topic:
             return json.dumps({"op": "c", "after": {"id": i, "name": f"n{i}"}, "source": {"ts_ms": i}}).encode()
+        if topic.endswith("visits"):
+            return json.dumps({"id": i, "region": REGIONS[i % 3] if i % 89 else "../x"}).encode()
         return json.dumps({"id": i, "ts": "2026-11-26T01:00:00+00:00", "v": i % 7}).encode()
+
+    def _key(self, topic: str, i: int) -> str:
+        """Where record i of `topic` belongs: its topic, or its region's (a field-routed topic)."""
+        if not topic.endswith("visits"):
+            return topic
+        return f"{topic}/{REGIONS[i % 3]}" if i % 89 else f"{topic}/{UNROUTED}"
 
     def round(self, per_topic: int) -> None:
         for topic in list(self.topics):
@@ -75,10 +89,14 @@ class Producers:
                 self.next_id += 1
                 if i % 97 == 0 and not topic.endswith("clicks"):
                     self.producer.produce(topic, value=b"{broken", partition=i % 2)
-                    self.bad[topic] += 1
+                    self.bad[f"{topic}/{UNROUTED}" if topic.endswith("visits") else topic] += 1
                 else:
                     self.producer.produce(topic, value=self._value(topic, i), partition=i % 2)
-                    self.valid[topic].append(i)
+                    key = self._key(topic, i)
+                    if key.endswith(UNROUTED):
+                        self.bad[key] += 1
+                    else:
+                        self.valid[key].append(i)
         assert self.producer.flush(30) == 0
 
     def _run(self) -> None:
@@ -102,6 +120,8 @@ def _fleet(tmp_path: Path, broker: str, registry_url: str, prefix: str) -> Path:
              "envelope": "debezium", "primary_key": ["id"],
              "schema": [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"}]},
             {"identifier": "web.clicks", "topics": [f"{prefix}clicks"], "value_format": "avro"},
+            {"identifier": "web.visits_{region}", "topics": [f"{prefix}visits"], "route_field": "region",
+             "schema": "infer"},
         ],
     }
     document["kafka"]["schema_registry"] = {"url": registry_url, "retries": 2}
@@ -111,6 +131,9 @@ def _fleet(tmp_path: Path, broker: str, registry_url: str, prefix: str) -> Path:
 
 
 def _table_of(prefix: str, topic: str) -> str:
+    """The table of a topic, or of `topic/region` for the field-routed one."""
+    if "/" in topic:
+        return f"web.visits_{topic.rsplit('/', 1)[1]}"
     if topic.endswith("orders"):
         return "shop.orders"
     if topic.endswith("clicks"):
@@ -141,7 +164,7 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
     prefix = f"k{int(time.time() * 1000) % 100000}-"
     path = _fleet(tmp_path, broker, registry.url, prefix)
     producers = Producers(broker, registry.url, prefix)
-    for topic in ([f"{prefix}orders", f"{prefix}clicks", f"{prefix}db.inventory.customers"]
+    for topic in ([f"{prefix}orders", f"{prefix}clicks", f"{prefix}db.inventory.customers", f"{prefix}visits"]
                   + [f"{prefix}events.t{t:02d}" for t in range(PATTERN_TOPICS)]):
         producers.add(topic)
     producers.round(50)
@@ -180,7 +203,7 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
     # Drain: bounded runs read what is left of every topic.
     def counts() -> dict[str, tuple[int, int]]:
         out = {}
-        for topic in producers.topics:
+        for topic in producers.valid:
             table = _table_of(prefix, topic)
             rows = catalog.load_table(table).scan(selected_fields=("id",)).to_arrow().num_rows \
                 if catalog.table_exists(table) else 0
@@ -197,13 +220,15 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
     missing = {t: c for t, c in counts().items() if c[0] != c[1]}
     assert not missing, (missing, finish.stderr[-3000:])
 
-    for topic in producers.topics:
+    for topic in producers.valid:
         table = _table_of(prefix, topic)
         ids = catalog.load_table(table).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
         assert len(ids) == len(producers.valid[topic]) and len(set(ids)) == len(ids), (table, len(ids))
         assert sorted(ids) == sorted(producers.valid[topic]), table
-        letters = f"{table.removesuffix('_changelog')}_dead_letters"
-        assert catalog.load_table(letters).scan().to_arrow().num_rows == producers.bad[topic], letters
+    for key, bad in producers.bad.items():  # every malformed record and hostile route value once
+        letters = f"{_table_of(prefix, key).removesuffix('_changelog')}_dead_letters"
+        assert catalog.load_table(letters).scan().to_arrow().num_rows == bad, letters
+    assert producers.bad[f"{prefix}visits/{UNROUTED}"] > 0
     # An independent reader agrees on two of them.
     from streamberg.common.config import load_fleet
     from streamberg.common.config.loading import fleet_table
