@@ -45,7 +45,7 @@ COMPONENTS = ("ingest", "compact", "maintain")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _children() -> dict[int, list[int]]:
+def process_tree() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -65,13 +65,13 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _tree_rss(pid: int, tree: dict[int, list[int]]) -> int:
-    return _rss(pid) + sum(_tree_rss(child, tree) for child in tree.get(pid, []))
+def tree_rss(pid: int, tree: dict[int, list[int]]) -> int:
+    return _rss(pid) + sum(tree_rss(child, tree) for child in tree.get(pid, []))
 
 
 def component_rss(supervisor: int) -> dict[str, int]:
     """Resident bytes of each component's process tree under the supervisor."""
-    tree = _children()
+    tree = process_tree()
     out = {name: 0 for name in COMPONENTS}
     for child in tree.get(supervisor, []):
         try:
@@ -81,7 +81,7 @@ def component_rss(supervisor: int) -> dict[str, int]:
         words = [a.decode(errors="replace") for a in argv]
         name = next((w for w in words if w in COMPONENTS), None)
         if name is not None:
-            out[name] += _tree_rss(child, tree)
+            out[name] += tree_rss(child, tree)
     return out
 
 

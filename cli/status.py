@@ -86,21 +86,31 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
+    from prometheus_client import generate_latest, start_http_server
 
-    from streamberg.monitoring.metrics import exposition, registry_for
+    from streamberg.common.config import config_from_dump, is_fleet, load_fleet
+    from streamberg.monitoring.metrics import fleet_registry, registry_for
 
-    config = config_of(args)
+    if is_fleet(args.config) and not args.table:  # every table of the config, one `table` label each
+        fleet = load_fleet(args.config)
+        registry = fleet_registry(fleet)
+        route = fleet.tables[0]
+        config = config_from_dump(fleet.document(route, (route.topics or ["sample.topic"])[0]))
+        scope = f"{len(fleet.tables)} routes of {args.config}"
+    else:
+        config = config_of(args)
+        registry = registry_for(config)
+        scope = config.table.identifier
     if args.once:
-        print(redact(exposition(config)), end="")
+        print(redact(generate_latest(registry).decode()), end="")
         return 0
     port = args.port or config.monitoring.metrics_port
     address = args.address or config.monitoring.metrics_address
     try:
-        server, thread = start_http_server(port, addr=address, registry=registry_for(config))
+        server, thread = start_http_server(port, addr=address, registry=registry)
     except OSError as exc:
         raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
-    log = get_logger("monitoring.metrics", table=config.table.identifier)
+    log = get_logger("monitoring.metrics", table=scope)
     log.info("serving metrics", url=f"http://{address}:{port}/metrics")
     try:
         while thread.is_alive():
@@ -138,7 +148,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serves /metrics in the Prometheus text format. Every scrape computes the metrics from the "
                     "same facts as `streamberg status` (table snapshot summaries, the broker's end offsets), so "
                     "the exporter holds no state and can restart at any time. --once prints one scrape to stdout "
-                    "(for tests and node_exporter's textfile collector). Metrics and sources: docs/monitoring.md.",
+                    "(for tests and node_exporter's textfile collector). With a config of many tables and no --table: every "
+                    "table's series in one scrape, each with its `table` label, and which tables the ingest paused. "
+                    "Metrics and sources: docs/monitoring.md.",
     )
     metrics.add_argument("--config", required=True, help="the streamberg YAML config")
     add_table_argument(metrics)

@@ -142,6 +142,7 @@ class Committer:
         self._dead_letters_behind = False  # an add to the dead-letter table failed; retried at the next commit
         self.drained = False
         self._group_consumer = None
+        self._waiting_since: float | None = None  # commit_min_bytes: since when small intervals wait
 
     # -- life cycle -------------------------------------------------------------------
     def open(self) -> None:
@@ -178,13 +179,33 @@ class Committer:
         self.pending.units.append(unit)
         if unit.final:
             self.finished_writers.add(unit.writer)
-        if not self._ready():
+        if not self._ready() or self._waiting_for_more():
             return None
         units, self.pending = self.pending.units, _Pending()
+        self._waiting_since = None
         result = self.commit(units) if any(not u.empty for u in units) else None
         if len(self.finished_writers) == self.parallelism and not self.fleet_member:
             self._mark_drained()
         return result
+
+    def _waiting_for_more(self) -> bool:
+        """ingest.commit_min_bytes: a complete interval with little data (or none: a table of a
+        field-routed topic that only moved past the others' records) waits for the next ones
+        (they join one commit, their offsets chain), up to commit_max_wait_seconds. Never a
+        writer's last unit, records held for a schema change (their writers wait on it), nor
+        the first position of a partition (a restart must start there, not at a later end)."""
+        ingest = self.config.ingest
+        units = self.pending.units
+        if not ingest.commit_min_bytes or all(u.empty for u in units) \
+                or any(u.final or u.held or u.new_fields or u.widen for u in units) \
+                or any(p not in self.expected for u in units for p in u.ranges):
+            return False
+        if sum(f.size_bytes for u in units for f in u.files) >= ingest.commit_min_bytes:
+            return False
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        return now - self._waiting_since < ingest.commit_max_wait_seconds
 
     def _ready(self) -> bool:
         active = set(range(self.parallelism)) - (self.finished_writers - self.pending.writers())

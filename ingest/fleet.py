@@ -287,6 +287,8 @@ class FleetWriter:
             epoch = lane._epoch_now()
             if epoch != lane.epoch:
                 # Empty units too: a table's committer commits an interval once every writer reported it.
+                # (A value table that only moved past the others' records: its committer's
+                # ingest.commit_min_bytes makes that position wait, ingest/committer.py.)
                 units.append(lane._flush(final=False))
                 lane.epoch = epoch
         return units
@@ -385,8 +387,9 @@ def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None =
     from its records (`sample`, else the topic's first ones). A field-routed topic's unrouted
     table (`anchor_field`) never holds rows: its one column is the route field."""
     from streamberg.ingest.dead_letters import open_tables
+    from streamberg.ingest.decode.formats import value_format
 
-    if config.table.schema_ is None and config.kafka.value_format == "json":
+    if config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
         catalog = load_catalog(config.catalog)
         try:
             catalog.load_table(config.table.identifier)
@@ -439,19 +442,15 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
     from pyiceberg.exceptions import TableAlreadyExistsError
     from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
     from pyiceberg.schema import Schema, assign_fresh_schema_ids
-    from pyiceberg.types import NestedField, StringType
+    from pyiceberg.types import NestedField
 
     from streamberg.common.catalog import ensure_namespace
     from streamberg.common.schema import partition_spec_from_config
     from streamberg.common.summary_keys import BOUNDED_METADATA
-    from streamberg.ingest.decode.json_decode import JsonDecoder
+    from streamberg.ingest.decode.formats import value_format
 
     log = get_logger("ingest.fleet", table=config.table.identifier, topic=config.kafka.topic)
-    # One column no record can carry (a '#' is no field name evolution takes): every field of
-    # the records is then reported, typed as schema evolution types it.
-    probe = Schema(NestedField(1, "#streamberg-probe", StringType(), required=False))
-    found = JsonDecoder(probe, config.ingest.max_record_bytes, None, "report").decode(values)
-    top = {u.path[0]: u.type for u in found.unknown if len(u.path) == 1}
+    top = value_format(config.kafka.value_format).infer_fields(values, config.ingest.max_record_bytes)
     if not top:
         raise NoSuchTableError(f"{config.table.identifier}: schema infer and no JSON object record yet to infer it from")
     schema = assign_fresh_schema_ids(Schema(*[NestedField(i + 1, name, t, required=False)

@@ -88,6 +88,8 @@ def _ingest(status: Status, config: StreambergConfig, out: _Findings) -> None:
     if lag.total == 0:
         return  # nothing waits: an old last commit only means there was nothing to commit
     last, interval = ingest.last_commit, config.ingest.commit_interval_seconds
+    if config.ingest.commit_min_bytes:  # small intervals wait for more, up to this long
+        interval = max(interval, config.ingest.commit_max_wait_seconds)
     if last is None:
         out.add("commit_age", "warn", f"{lag.total:,} records wait in Kafka but the table has no ingest commit "
                                       f"for topic {ingest.topic} yet (is `streamberg ingest` running?)")

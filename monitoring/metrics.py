@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
@@ -269,3 +269,45 @@ def registry_for(config: StreambergConfig) -> CollectorRegistry:
 def exposition(config: StreambergConfig) -> str:
     """One scrape's output in the Prometheus text format (`streamberg metrics --once`)."""
     return generate_latest(registry_for(config)).decode()
+
+
+class FleetStatusCollector(Collector):
+    """A config of many tables: every table's metrics in one scrape, each family once with a
+    sample per table (`table` label), plus which tables the ingest paused and which topics it
+    refused (monitoring/fleet.py)."""
+
+    def __init__(self, fleet: FleetConfig) -> None:
+        self.fleet = fleet
+        self.cache = ManifestCache()
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        from streamberg.monitoring.fleet import collect_fleet
+
+        with self._lock:
+            started = time.monotonic()
+            fleet = collect_fleet(self.fleet, self.cache)
+            elapsed = round(time.monotonic() - started, 3)
+            merged: dict[str, Metric] = {}
+            for _topic, status in fleet.tables:
+                for family in status_metrics(status, elapsed):
+                    if family.name in merged:
+                        merged[family.name].samples.extend(family.samples)
+                    else:
+                        merged[family.name] = family
+            paused = GaugeMetricFamily("streamberg_table_paused", "1 when the ingest paused the table after repeated "
+                                       "commit failures (it resumes at the next start)", labels=["table"])
+            for _topic, status in fleet.tables:
+                paused.add_metric([status.table], float(status.table in fleet.paused))
+            tables = GaugeMetricFamily("streamberg_fleet_tables", "tables of the config the status found")
+            tables.add_metric([], float(len(fleet.tables)))
+            refused = GaugeMetricFamily("streamberg_fleet_refused_topics", "topics a route takes that no table can "
+                                        "(their names collide with another topic's table)")
+            refused.add_metric([], float(len(fleet.refused)))
+        yield from [*merged.values(), paused, tables, refused]
+
+
+def fleet_registry(fleet: FleetConfig) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetStatusCollector(fleet))
+    return registry

@@ -127,6 +127,12 @@ class KafkaConfig(_Section):
 class IngestConfig(_Section):
     # Each commit interval, writers close their files and the committer makes one snapshot.
     commit_interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
+    # A table commits at an interval's end once its new data files hold this many bytes (0:
+    # every interval with data), or once its oldest uncommitted interval waited
+    # commit_max_wait_seconds: the quiet tables of a many-table job then commit rarely, the hot
+    # ones every interval. What is not committed yet is read again after a crash, as always.
+    commit_min_bytes: Annotated[int, _int(0, MAX_BYTES)] = 0
+    commit_max_wait_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
     # Writer subtasks: partition p is read by writer p % parallelism.
     parallelism: Annotated[int, _int(1, 256)] = 2
     # Upper bound of records fetched by one poll (one decode batch).

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
@@ -27,10 +28,13 @@ Unknown = Literal["ignore", "report"]
 
 
 class ValueFormat:
-    """A value format. `needs_registry`: its records carry a writer-schema id to look up."""
+    """A value format. `needs_registry`: its records carry a writer-schema id to look up;
+    `infers_table`: its records' own fields can make a table."""
 
     name: ClassVar[str] = ""
     needs_registry: ClassVar[bool] = True
+    # Its records' own fields can make a table (a many-table route's `schema: infer`).
+    infers_table: ClassVar[bool] = False
 
     def decoder(self, schema: Schema, max_record_bytes: int, unknown: Unknown, *,
                 epoch_units: Mapping[str, str] | None = None, registry: WriterSchemas | None = None,
@@ -47,10 +51,16 @@ class ValueFormat:
     def check_table(self, schema: Schema) -> None:
         """Refuse a table with columns this format's records cannot fill (UnsupportedSchemaError)."""
 
+    def infer_fields(self, values: list[bytes], max_record_bytes: int) -> dict[str, IcebergType]:
+        """The top-level fields of `values` and their types, as schema evolution types them
+        (`infers_table` formats; empty when no record is an object)."""
+        raise ConfigError(f"kafka.value_format {self.name}: its records make no table by themselves")
+
 
 class JsonFormat(ValueFormat):
     name = "json"
     needs_registry = False
+    infers_table = True
 
     def decoder(self, schema: Schema, max_record_bytes: int, unknown: Unknown, *,
                 epoch_units: Mapping[str, str] | None = None, registry: WriterSchemas | None = None,
@@ -63,6 +73,17 @@ class JsonFormat(ValueFormat):
         from streamberg.ingest.decode.json_values import check_supported
 
         check_supported(schema)
+
+    def infer_fields(self, values: list[bytes], max_record_bytes: int) -> dict[str, IcebergType]:
+        from pyiceberg.types import NestedField, StringType
+
+        from streamberg.ingest.decode.json_decode import JsonDecoder
+
+        # One column no record can carry (a '#' is no field name evolution takes): every field
+        # of the records is then reported, typed as schema evolution types it.
+        probe = Schema(NestedField(1, "#streamberg-probe", StringType(), required=False))
+        found = JsonDecoder(probe, max_record_bytes, None, "report").decode(values)
+        return {u.path[0]: u.type for u in found.unknown if len(u.path) == 1}
 
 
 class AvroFormat(ValueFormat):

@@ -97,6 +97,36 @@ def test_commit_waits_for_every_writer_then_makes_one_snapshot(config) -> None:
     committer.close()
 
 
+def test_small_intervals_wait_for_commit_min_bytes_or_the_max_wait(tmp_path: Path, broker: str) -> None:
+    """ingest.commit_min_bytes: intervals whose files are small join the next ones in one
+    commit (offsets chained), until the bytes are there or commit_max_wait_seconds passed;
+    a writer's last unit is committed at once."""
+    import time
+
+    cfg = config_at(write_config(tmp_path, broker, "quiet", ingest={"commit_min_bytes": 10_000_000,
+                                                                     "commit_max_wait_seconds": 1.5}))
+    open_tables(cfg)
+    table_of = lambda: load_catalog(cfg.catalog).load_table(cfg.table.identifier)  # noqa: E731
+    committer = Committer(cfg, parallelism=1, run_id="r1")
+    committer.open()
+    # A partition's first position is committed at once (a restart must start there).
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=0, end=10, epoch=1)).records == 10
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=10, end=20, epoch=2)) is None
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=20, end=30, epoch=3)) is None
+    assert len(table_of().metadata.snapshots) == 1  # small: waiting for more
+    time.sleep(1.6)
+    result = committer.offer(make_unit(cfg, writer=0, partition=0, start=30, end=40, epoch=4))
+    assert result is not None and result.records == 30  # three intervals, one commit
+    assert len(table_of().metadata.snapshots) == 2
+    assert committed_position(table_of(), "quiet").offsets == {0: 40}
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=40, end=45, epoch=5)) is None
+    last = make_unit(cfg, writer=0, partition=0, start=45, end=50, epoch=6)
+    last.final = True
+    assert committer.offer(last).records == 10  # the writer's last unit: no waiting
+    assert table_ids(cfg) == list(range(50)) and committer.writers_finished
+    committer.close()
+
+
 def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:
     first = Committer(config, parallelism=1, run_id="first")
     second = Committer(config, parallelism=1, run_id="second")

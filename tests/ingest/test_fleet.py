@@ -182,7 +182,10 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
         "kafka": {"bootstrap_servers": broker, "value_format": "json"},
         "catalog": {"name": f"c{prefix.replace('-', '_')}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "defaults": {"ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
-                                "topic_discovery_seconds": 0.5, "max_tables_per_route": 3}},
+                                "topic_discovery_seconds": 0.5, "max_tables_per_route": 3,
+                                # Any data commits at once; a value table that only moved past the
+                                # others' records commits its position at most every 3 s.
+                                "commit_min_bytes": 1, "commit_max_wait_seconds": 3}},
         "tables": [{"identifier": "web.clicks_{region}", "topics": [topic], "route_field": "region",
                     "schema": "infer"},
                    {"identifier": "web.plain", "topics": [f"{prefix}plain"], "schema": "infer"}],
@@ -254,12 +257,27 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
     try:
         assert sorted(writer.known[topic]) == ["7", "eu", "us"]
         _drive(writer, committer, lambda: holds(12))
+        # A trickle of eu records for 6 s: the other value tables only move past them. Their
+        # position-only commits wait (commit_min_bytes, up to commit_max_wait_seconds 3 s)
+        # where every 0.5 s interval would make one.
+        trickle_ms = time.time() * 1000
+        while time.time() * 1000 < trickle_ms + 6000:
+            _produce(broker, topic, clicks("eu", 1, "web.clicks_eu"))
+            end = time.monotonic() + 0.3
+            _drive(writer, committer, lambda: time.monotonic() > end)  # noqa: B023 - this iteration's end
+        trickle_end_ms = time.time() * 1000
+        _drive(writer, committer, lambda: holds(12))
         for unit in writer.finish():
             committer.offer(unit)
     finally:
         writer.close()
         committer.close()
 
+    for table in ("web.clicks_7", "web.clicks_us"):
+        idle = [s for s in catalog.load_table(table).metadata.snapshots
+                if trickle_ms <= s.timestamp_ms <= trickle_end_ms and s.summary.get("added-records") is None]
+        assert len(idle) <= 3, (table, len(idle))  # 6 s / 3 s, and one the trickle's start may cut
+    assert len(catalog.load_table("web.clicks_eu").metadata.snapshots) >= 5  # its data did not wait
     for table, ids in expected.items():
         got = _rows(catalog, table)
         assert len(got) == len(ids) and set(got) == ids, (table, len(got), len(set(got)), len(ids))
@@ -283,5 +301,13 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
 
     lines = cli("status", "--config", str(tmp_path / "fleet.yaml"), check=False).stdout.splitlines()
     assert lines[0].startswith("5 tables"), lines
+    # `streamberg metrics` of the whole config: each family once, a sample per table.
+    scrape = cli("metrics", "--config", str(tmp_path / "fleet.yaml"), "--once").stdout
+    helps = [line for line in scrape.splitlines() if line.startswith("# HELP")]
+    assert len(helps) == len(set(helps)), "a metric family written twice"
+    for table in (*expected, anchor):
+        assert f'streamberg_table_paused{{table="{table}"}} 0.0' in scrape, table
+    assert "streamberg_fleet_tables 5.0" in scrape
+    assert f'streamberg_dead_letters_total{{table="{anchor}"}} {len(hostile) + 12}.0' in scrape
     assert fleet_table(fleet, "web.clicks_eu").kafka.topic == topic
     assert fleet_table(fleet, "web.clicks__unrouted").table.identifier == anchor
