@@ -63,7 +63,7 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
     """Run the ingest of a config of many tables (ingest/fleet.py) as one job."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from streamberg.ingest.fleet import FleetTables, TableOwnedElsewhere, broker_topics, ensure_fleet_table
+    from streamberg.ingest.fleet_tables import FleetTables, TableOwnedElsewhere, broker_topics, ensure_fleet_table
     from streamberg.ingest.job import _run_config
 
     base = ingest_config(_run_config(fleet.model_dump(mode="json", by_alias=True)))

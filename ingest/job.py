@@ -37,7 +37,8 @@ from streamberg.common.changelog import ingest_config
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, dump_config
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
-from streamberg.ingest.fleet import FleetCommitter, FleetWriter
+from streamberg.ingest.fleet import FleetWriter
+from streamberg.ingest.fleet_committer import FleetCommitter
 from streamberg.ingest.local.gateway import start_local_gateway
 from streamberg.ingest.local.settings import configuration, local_settings
 from streamberg.ingest.local.worker_logs import WorkerLogTarget

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import FleetConfig, StreambergConfig
-from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY
+from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
 from streamberg.common.config.loading import resolve_fleet
 from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
@@ -25,7 +25,6 @@ from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Status
 
 _RANK = {"critical": 0, "warn": 1, "ok": 2}
-PAUSED_NAME = "paused-tables.json"  # written by the ingest's committer (ingest/fleet.py)
 
 
 @dataclass
@@ -90,7 +89,7 @@ def paused_tables(state_dir: str) -> dict[str, str]:
     runs = Path(state_dir) / "runs"
     try:
         newest = max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        data = json.loads((newest / PAUSED_NAME).read_text())
+        data = json.loads((newest / PAUSED_TABLES_FILE).read_text())
     except (OSError, ValueError):
         return {}
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

@@ -91,6 +91,9 @@ def route_value(value: object) -> str:
 # first opens it): two topics that make one identifier never share a table.
 ROUTE_TOPIC_PROPERTY = "streamberg.route.topic"
 ROUTE_VALUE_PROPERTY = "streamberg.route.value"  # ... and the route field's value it holds
+# The run folder's record of the tables the ingest paused (written by ingest/fleet_committer.py,
+# read by `status`, monitoring/fleet.py).
+PAUSED_TABLES_FILE = "paused-tables.json"
 
 
 def topic_identifier(name: str) -> str:

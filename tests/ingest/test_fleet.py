@@ -21,7 +21,8 @@ from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.config import load_fleet
-from streamberg.ingest.fleet import FleetCommitter, FleetWriter
+from streamberg.ingest.fleet import FleetWriter
+from streamberg.ingest.fleet_committer import FleetCommitter
 
 EVENTS = 20
 

@@ -1,0 +1,136 @@
+"""The one committer of a many-table ingest (ingest/fleet.py): a single-table Committer per
+table (ingest/committer.py), each table's failures kept apart: retried with backoff, paused
+after ingest.table_failures_to_pause in a row (named in the run folder's paused-tables.json,
+which `status` reads), resumed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from streamberg.common.config import FleetConfig, config_from_dump
+from streamberg.common.config.fleet import PAUSED_TABLES_FILE
+from streamberg.common.errors import FencedError
+from streamberg.common.log import get_logger
+from streamberg.ingest.fleet_tables import ingest_view
+from streamberg.ingest.units import FlushUnit
+
+
+class FleetCommitter:
+    """The one committer of a many-table job: a Committer per table, failures kept apart."""
+
+    def __init__(self, fleet: FleetConfig, parallelism: int, run_id: str) -> None:
+        self.fleet, self.parallelism, self.run_id = fleet, parallelism, run_id
+        self.committers: dict[str, Any] = {}  # table identifier -> Committer
+        self.failing: dict[str, tuple[int, float, list[FlushUnit]]] = {}  # table -> (failures, retry at, units)
+        self.paused: dict[str, str] = {}
+        self.finished_writers: set[int] = set()
+        self.drained = False
+        self.log = get_logger("ingest.fleet.committer", run=run_id)
+        defaults = fleet.defaults.ingest
+        self.pause_after = int(defaults.get("table_failures_to_pause", 5))
+        self.commit_times: list[float] = []
+        self._next_report = time.monotonic() + 60
+
+    def open(self) -> None:
+        """Nothing to open until a table's first unit: each table's committer opens then."""
+
+    def _committer(self, unit: FlushUnit) -> Any:
+        from streamberg.ingest.committer import Committer
+
+        found = self.committers.get(unit.table)
+        if found is None:
+            route = self.fleet.route_of(unit.topic)
+            config = ingest_view(config_from_dump(self.fleet.document(route, unit.topic, unit.route_value)))
+            found = Committer(config, self.parallelism, self.run_id, fleet_member=True)
+            found.open()
+            self.committers[unit.table] = found
+        return found
+
+    def offer(self, unit: FlushUnit) -> int:
+        """Take one table's unit; return the records committed (any table) now."""
+        if unit.final:
+            self.finished_writers.add(unit.writer)
+        if unit.table in self.paused:
+            return 0
+        records = 0
+        try:
+            committer = self._committer(unit)
+            retry = self.failing.get(unit.table)
+            if retry is not None and time.monotonic() < retry[1]:
+                retry[2].append(unit)
+                return 0
+            if retry is not None:  # the backoff passed: the held units first, in order
+                del self.failing[unit.table]
+                for held in retry[2]:
+                    result = committer.offer(held)
+                    records += result.records if result is not None else 0
+            result = committer.offer(unit)
+            records += result.records if result is not None else 0
+            if result is not None:
+                self._count_commit()
+        except FencedError:
+            raise  # per job: another instance writes this table
+        except Exception as exc:  # noqa: BLE001 - one table's trouble must not stop the others
+            self._failed(unit, exc)
+        self._maybe_drained()
+        return records
+
+    def _count_commit(self) -> None:
+        """Catalog commits per minute, all tables together, logged once a minute."""
+        now = time.monotonic()
+        self.commit_times.append(now)
+        while self.commit_times and self.commit_times[0] < now - 60:
+            self.commit_times.pop(0)
+        if now >= self._next_report:
+            self._next_report = now + 60
+            self.log.info("catalog commits in the last minute", commits=len(self.commit_times),
+                          tables=len(self.committers), failing=sorted(self.failing), paused=sorted(self.paused))
+
+    def _failed(self, unit: FlushUnit, exc: BaseException) -> None:
+        failures, _, units = self.failing.get(unit.table, (0, 0.0, []))
+        failures += 1
+        committer = self.committers.pop(unit.table, None)  # re-opened from the table at the retry
+        pending = (committer.pending.units if committer is not None else []) + units + [unit]
+        reason = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if failures >= self.pause_after:
+            self.paused[unit.table] = reason
+            self.failing.pop(unit.table, None)
+            self.log.error("table paused after repeated commit failures; the others go on; it resumes at the next "
+                           "start", table=unit.table, failures=failures, reason=reason)
+            self._write_paused()
+            return
+        backoff = min(60.0, 2.0 ** failures)
+        self.failing[unit.table] = (failures, time.monotonic() + backoff, pending)
+        self.log.warning("table commit failed; retried after a backoff while the others go on", table=unit.table,
+                         failures=failures, retry_in_seconds=backoff, reason=reason)
+
+    def _write_paused(self) -> None:
+        folder = self._run_folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PAUSED_TABLES_FILE).write_text(json.dumps(self.paused, indent=1))
+
+    def _run_folder(self) -> Path:
+        state = Path(self.fleet.defaults.ingest.get("state_dir", ".streamberg/state"))
+        return state / "runs" / self.run_id
+
+    def _maybe_drained(self) -> None:
+        if self.drained or len(self.finished_writers) < self.parallelism:
+            return
+        if any(not c.writers_finished for c in self.committers.values()):
+            return
+        from streamberg.ingest.run_folder import RunFolder
+
+        self.drained = True
+        any_config = next((c.config for c in self.committers.values()), None)
+        if any_config is not None:
+            RunFolder.of(any_config, self.run_id).mark_drained({})
+        self.log.info("all writers finished and every table committed", tables=len(self.committers),
+                      paused=sorted(self.paused))
+
+    def close(self) -> None:
+        for committer in self.committers.values():
+            committer.close()

@@ -1,0 +1,171 @@
+"""The tables of a many-table ingest (ingest/fleet.py): the routes applied to the broker's
+topics, and each routed table made when absent (declared, from the registry's writer schema,
+or inferred from its first records), recording the topic (and route value) it is fed from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+from pyiceberg.exceptions import NoSuchTableError
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
+from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
+from streamberg.common.config.loading import resolve_fleet
+from streamberg.common.log import get_logger
+
+
+@dataclass
+class FleetTables:
+    """The fleet's routes applied to the broker's topics: topic -> its table's configuration."""
+
+    fleet: FleetConfig
+    by_topic: dict[str, StreambergConfig] = field(default_factory=dict)  # the ingest's view (change logs)
+    raw: dict[str, StreambergConfig] = field(default_factory=dict)  # the tables' own configurations
+    refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
+    waiting: dict[str, str] = field(default_factory=dict)  # topic -> what it waits for (routed again later)
+
+    def update(self, topics: list[str]) -> list[str]:
+        """Take the topics the broker has now; return the ones newly routed."""
+        before = set(self.refused)
+        new = resolve_fleet(self.fleet, topics, self.raw, self.refused, owner_of=self._recorded)
+        for topic in new:
+            self.by_topic[topic] = ingest_view(self.raw[topic])
+            self.waiting.pop(topic, None)
+        for topic in set(self.refused) - before:
+            get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
+        return new
+
+
+    def wait(self, topic: str, reason: str) -> None:
+        """Route `topic` again at the next look (its table cannot be made yet)."""
+        self.raw.pop(topic, None)
+        self.by_topic.pop(topic, None)
+        if topic not in self.waiting:
+            get_logger("ingest.fleet").info("topic waits for its table", topic=topic, reason=reason)
+        self.waiting[topic] = reason
+
+    def _recorded(self, identifier: str) -> str | None:
+        try:
+            any_config = next(iter(self.raw.values()), None) or config_from_dump(
+                self.fleet.document(self.fleet.tables[0], "streamberg-probe"))
+            return load_catalog(any_config.catalog).load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
+        except Exception:  # noqa: BLE001 - no table yet
+            return None
+
+
+def ingest_view(config: StreambergConfig) -> StreambergConfig:
+    from streamberg.common.changelog import ingest_config
+
+    return ingest_config(config)
+
+
+def broker_topics(consumer: Consumer, timeout: float = 30.0) -> list[str]:
+    return sorted(consumer.list_topics(timeout=timeout).topics)
+
+
+class TableOwnedElsewhere(Exception):
+    """A routed topic's table records another topic as its own: the topic is not read."""
+
+
+def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None = None,
+                       sample: list[bytes] | None = None, anchor_field: str | None = None) -> None:
+    """Create the table of a routed topic (and route value) when absent (a race with another
+    writer is won by one, the other loads theirs): declared, from the registry, or inferred
+    from its records (`sample`, else the topic's first ones). A field-routed topic's unrouted
+    table (`anchor_field`) never holds rows: its one column is the route field."""
+    from streamberg.ingest.dead_letters import open_tables
+    from streamberg.ingest.decode.formats import value_format
+
+    if config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
+        catalog = load_catalog(config.catalog)
+        try:
+            catalog.load_table(config.table.identifier)
+        except NoSuchTableError:
+            if anchor_field is not None:
+                create_inferred(config, [json.dumps({anchor_field: ""}).encode()], partitioned=False)
+            else:
+                create_inferred(config, sample if sample else sample_values(config, topic), value=value)
+    _, table, _ = open_tables(config)
+    owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
+    if owner is None:  # the topic (and route value) this table is fed from, recorded once
+        with table.transaction() as tx:
+            tx.set_properties({ROUTE_TOPIC_PROPERTY: topic,
+                               **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
+    elif owner != topic:
+        raise TableOwnedElsewhere(f"table {config.table.identifier} is fed from topic {owner!r}, not {topic!r}")
+    elif table.properties.get(ROUTE_VALUE_PROPERTY) != value:
+        raise TableOwnedElsewhere(f"table {config.table.identifier} holds topic {topic!r}'s records of route value "
+                                  f"{table.properties.get(ROUTE_VALUE_PROPERTY)!r}, not {value!r}")
+
+
+def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
+    """Up to `limit` values from the start of the topic's partitions (what the table is
+    inferred from); empty when the topic holds none yet."""
+    from streamberg.ingest.writer import consumer_settings, topic_partitions
+
+    consumer = Consumer({**consumer_settings(config), "group.id": f"streamberg-infer-{topic}",
+                         "auto.offset.reset": "earliest"})
+    try:
+        partitions = topic_partitions(consumer, topic)
+        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: the beginning
+        values: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(values) < limit and time.monotonic() < deadline:
+            for m in consumer.consume(limit, 0.5):
+                if m.error() is None and m.value() is not None:
+                    values.append(m.value())
+            if values:
+                break
+        return values[:limit]
+    finally:
+        consumer.close()
+
+
+def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: bool = True,
+                    value: str | None = None) -> None:
+    """Create the table of `schema: infer` from its first records' fields (typed as schema
+    evolution types them: every column optional); the route's partition spec when its
+    sources are among them with a type it fits, else unpartitioned (said in the log)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+    from pyiceberg.schema import Schema, assign_fresh_schema_ids
+    from pyiceberg.types import NestedField
+
+    from streamberg.common.catalog import ensure_namespace
+    from streamberg.common.schema import partition_spec_from_config
+    from streamberg.common.summary_keys import BOUNDED_METADATA
+    from streamberg.ingest.decode.formats import value_format
+
+    log = get_logger("ingest.fleet", table=config.table.identifier, topic=config.kafka.topic)
+    top = value_format(config.kafka.value_format).infer_fields(values, config.ingest.max_record_bytes)
+    if not top:
+        raise NoSuchTableError(f"{config.table.identifier}: schema infer and no JSON object record yet to infer it from")
+    schema = assign_fresh_schema_ids(Schema(*[NestedField(i + 1, name, t, required=False)
+                                              for i, (name, t) in enumerate(top.items())]))
+    try:
+        spec = partition_spec_from_config(config.table, schema) if partitioned else UNPARTITIONED_PARTITION_SPEC
+        for part in spec.fields:  # day(ts) needs ts a timestamp: JSON infers a string
+            source = schema.find_type(part.source_id)
+            if not part.transform.can_transform(source):
+                raise ValueError(f"{part.transform} cannot partition {schema.find_column_name(part.source_id)} "
+                                 f"({source})")
+    except (ValueError, KeyError) as exc:
+        log.warning("the route's partition spec does not fit the inferred columns; the table is unpartitioned",
+                    problem=str(exc)[:200])
+        spec = UNPARTITIONED_PARTITION_SPEC
+    catalog = load_catalog(config.catalog)
+    ensure_namespace(catalog, config.table.namespace)
+    properties = {**BOUNDED_METADATA, **config.table.properties, ROUTE_TOPIC_PROPERTY: config.kafka.topic,
+                  **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})}
+    try:
+        catalog.create_table(config.table.identifier, schema=schema, partition_spec=spec, properties=properties)
+        log.info("table created from its first records", columns=list(top), records=len(values), spec=str(spec))
+    except TableAlreadyExistsError:
+        pass  # another writer made it first
+
+
