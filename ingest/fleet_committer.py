@@ -66,6 +66,8 @@ class FleetCommitter:
             if retry is not None:  # the backoff passed: the held units first, in order
                 del self.failing[unit.table]
                 for held in retry[2]:
+                    if _landed(held, committer.expected):
+                        continue  # the failed commit did land (its answer was lost): not twice
                     result = committer.offer(held)
                     records += result.records if result is not None else 0
             result = committer.offer(unit)
@@ -134,3 +136,10 @@ class FleetCommitter:
     def close(self) -> None:
         for committer in self.committers.values():
             committer.close()
+
+
+def _landed(unit: FlushUnit, committed: dict[int, int]) -> bool:
+    """Whether the table's committed offsets already cover every range of `unit`: a commit
+    whose answer was lost (a 5xx, a timeout) may have landed; a table's units commit together
+    or not at all, so a unit is either wholly in the table or not at all."""
+    return bool(unit.ranges) and all(committed.get(p, -1) >= end for p, (_, end) in unit.ranges.items())

@@ -312,3 +312,59 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
     assert f'streamberg_dead_letters_total{{table="{anchor}"}} {len(hostile) + 12}.0' in scrape
     assert fleet_table(fleet, "web.clicks_eu").kafka.topic == topic
     assert fleet_table(fleet, "web.clicks__unrouted").table.identifier == anchor
+
+
+def test_a_commit_whose_answer_was_lost_is_not_made_twice(tmp_path: Path, broker: str, monkeypatch) -> None:
+    """A catalog that commits but whose answer is lost (a 5xx, a timeout: pyiceberg's
+    CommitStateUnknownException): the table's retry finds the interval in the table and does
+    not commit it again; the others are not held up."""
+    from pyiceberg.exceptions import CommitStateUnknownException
+
+    from streamberg.ingest.committer import Committer
+
+    prefix = f"u{int(time.time() * 1000) % 100000}-"
+    document = {
+        "kafka": {"bootstrap_servers": broker, "value_format": "json"},
+        "catalog": {"name": f"c{prefix.replace('-', '_')}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "defaults": {"ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1}},
+        "tables": [{"identifier": "raw.{topic}", "topic_pattern": f"{prefix}.*", "schema": "infer"}],
+    }
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(document))
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    _produce(broker, f"{prefix}a", [_event(i) for i in range(50)])
+    _produce(broker, f"{prefix}b", [_event(i) for i in range(50)])
+    real, lost = Committer.commit, []
+
+    def commit_then_lose_the_answer(self, units):
+        result = real(self, units)
+        if not lost and self.config.table.identifier.endswith("_a") and result.records:
+            lost.append(result.snapshot_id)
+            raise CommitStateUnknownException("the catalog's answer was lost (test)")
+        return result
+
+    monkeypatch.setattr(Committer, "commit", commit_then_lose_the_answer)
+    from streamberg.common.catalog import load_catalog as open_catalog
+    from streamberg.common.config import CatalogConfig
+
+    catalog = open_catalog(CatalogConfig.model_validate(fleet.document(fleet.tables[0], f"{prefix}a")["catalog"]))
+    table_a, table_b = f"raw.{prefix.replace('-', '_')}a", f"raw.{prefix.replace('-', '_')}b"
+    writer, committer = FleetWriter(fleet, 0, 1, "lost-1"), FleetCommitter(fleet, 1, "lost-1")
+    writer.open()
+    committer.open()
+
+    def rows(identifier: str) -> int:
+        try:
+            return len(_rows(catalog, identifier))
+        except Exception:  # noqa: BLE001 - not there yet
+            return 0
+
+    try:
+        _drive(writer, committer, lambda: lost and rows(table_b) >= 50)
+        _produce(broker, f"{prefix}a", [_event(i) for i in range(50, 70)])
+        _drive(writer, committer, lambda: rows(table_a) >= 70 and not committer.failing)
+    finally:
+        writer.close()
+        committer.close()
+    ids = _rows(catalog, table_a)
+    assert len(ids) == len(set(ids)) == 70 and not committer.paused, (len(ids), len(set(ids)), committer.paused)
+    assert rows(table_b) == 50
