@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -21,7 +22,7 @@ from streamberg.common.config import CatalogConfig, StreambergConfig, TableConfi
 from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError, StreambergError
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import PruningSqlCatalog
-from streamberg.common.redact import redact
+from streamberg.common.redact import redact, register_secret
 from streamberg.common.retry import commit_retrying
 from streamberg.common.schema import (
     SchemaEvolution,
@@ -87,6 +88,14 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
     `streamberg table`) must never do that: a mistyped path would be hidden behind a new,
     empty catalog. Raises CatalogUnreachable, in one redacted sentence, otherwise.
     """
+    if config.type == "rest":  # creating nothing is the server's business: one round trip
+        catalog = _rest_catalog(config)
+        try:
+            catalog.list_namespaces()
+        except Exception as exc:
+            raise CatalogUnreachable(f"REST catalog {redact(config.uri)} cannot be read: "
+                                     f"{redact(first_line(exc))}") from exc
+        return catalog
     sqlite = _sqlite_path(config.uri)
     if sqlite is not None and not Path(sqlite).is_file():
         raise CatalogUnreachable(f"catalog database {sqlite} does not exist")
@@ -129,7 +138,90 @@ def _lost_catalog_tables_race(exc: BaseException) -> bool:
     return "no such table" in text or "already exists" in text
 
 
+def _secret_of(value: str | None, path: str | None, key: str) -> str | None:
+    """A secret given as is, or read from a file (a mounted secret), registered for redaction."""
+    if path is not None:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as exc:
+            raise CatalogUnreachable(f"catalog.{key}_file {path}: cannot be read ({exc.strerror or exc})") from None
+    register_secret(value)
+    return value
+
+
+def rest_properties(config: CatalogConfig) -> dict[str, str]:
+    """The properties of a REST catalog client, pyiceberg's and Iceberg Java's alike (they
+    share the key names): URL, warehouse, authentication and the pass-through properties."""
+    props = {"uri": config.uri, **({"warehouse": config.warehouse} if config.warehouse else {})}
+    credential = _secret_of(config.credential, config.credential_file, "credential")
+    token = _secret_of(config.token, config.token_file, "token")
+    if credential:
+        props["credential"] = credential
+        # Both clients warn when the token endpoint is left implicit (the spec deprecates it).
+        props["oauth2-server-uri"] = config.oauth2_server_uri or f"{config.uri.rstrip('/')}/v1/oauth/tokens"
+    if token:
+        props["token"] = token
+    if config.scope:
+        props["scope"] = config.scope
+    props.update(config.properties)
+    return props
+
+
+def _rest_catalog(config: CatalogConfig) -> Catalog:
+    """pyiceberg's REST client: it fetches /v1/config (and a token) on creation, so an
+    unreachable server or refused credentials surface here, in one redacted sentence."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    try:
+        return RestCatalog(config.name, **rest_properties(config))
+    except CatalogUnreachable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - connection refused, 401/403, a bad answer: one clear refusal
+        text = first_line(exc)
+        kind = "" if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: "
+        raise CatalogUnreachable(f"REST catalog {redact(config.uri)} cannot be used: {kind}{redact(text)}") from None
+
+
+def warehouse_location(config: CatalogConfig, catalog: Catalog) -> str | None:
+    """Where the catalog keeps its tables, as a location: the SQL catalog's warehouse; for a
+    REST catalog the warehouse its server states (the client's properties after /v1/config)
+    when that is a location, else None (a warehouse known by name only)."""
+    if config.type == "sql":
+        return config.warehouse
+    for key in ("warehouse", "default-base-location"):  # the latter: Polaris's name for it
+        stated = str(catalog.properties.get(key, ""))
+        if "://" in stated or stated.startswith("/"):
+            return stated
+    return None
+
+
+def state_engine(config: CatalogConfig, catalog: Catalog | None = None) -> sqlalchemy.engine.Engine:
+    """The database of streamberg's own small tables (common/private_tables.py): the SQL
+    catalog's own, else catalog.state_uri's (one engine per URI in a process)."""
+    if config.type == "sql":
+        sql = catalog if catalog is not None else load_catalog(config)
+        assert isinstance(sql, SqlCatalog)
+        return sql.engine
+    uri = config.state_uri or "sqlite:///.streamberg/state.db"
+    with _state_lock:
+        engine = _state_engines.get(uri)
+        if engine is None:
+            if uri.startswith("sqlite:"):
+                _prepare_sqlite(uri)
+            engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
+            if uri.startswith("sqlite:"):
+                sqlalchemy.event.listen(engine, "connect", _bounded_wal)
+            _state_engines[uri] = engine
+    return engine
+
+
+_state_engines: dict[str, sqlalchemy.engine.Engine] = {}
+_state_lock = threading.Lock()
+
+
 def load_catalog(config: CatalogConfig) -> Catalog:
+    if config.type == "rest":
+        return _rest_catalog(config)
     if config.uri.startswith("sqlite:"):
         _prepare_sqlite(config.uri)
     if config.warehouse.startswith("file://"):

@@ -81,9 +81,9 @@ def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = No
     cannot be reached raises SQLAlchemy's OperationalError (the caller reports it).
     """
     if engine is None:
-        from streamberg.common.catalog import load_catalog
+        from streamberg.common.catalog import state_engine
 
-        engine = load_catalog(config.catalog).engine
+        engine = state_engine(config.catalog)
     if not sa.inspect(engine).has_table(RUNS_TABLE):
         return None
     query = (sa.select(runs)

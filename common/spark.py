@@ -107,11 +107,25 @@ def is_s3_warehouse(catalog: CatalogConfig) -> bool:
     return bool(separator) and scheme.lower() in S3_SCHEMES
 
 
+def rest_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+    """Iceberg Java's RESTCatalog properties for `catalog`: the keys pyiceberg's RestCatalog
+    is given (common/catalog.rest_properties), the same names in both clients."""
+    from streamberg.common.catalog import rest_properties
+
+    props = {"type": "rest", **rest_properties(catalog)}
+    # Another engine (pyiceberg ingest) commits to the same tables all the time.
+    props.setdefault("cache-enabled", "false")
+    if is_s3_warehouse(catalog) and "io-impl" not in props:
+        props["io-impl"] = S3_FILE_IO_IMPL
+    return props
+
+
 def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
     """Spark conf entries registering `catalog` as a Spark catalog of the same name."""
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: SPARK_CATALOG_CLASS}
-    conf.update({f"{prefix}.{key}": value for key, value in jdbc_catalog_properties(catalog).items()})
+    props = rest_catalog_properties(catalog) if catalog.type == "rest" else jdbc_catalog_properties(catalog)
+    conf.update({f"{prefix}.{key}": value for key, value in props.items()})
     return conf
 
 
@@ -127,7 +141,7 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
             jars.append(str(postgres_jdbc_jar()))
         except MissingJarError:
             pass
-    elif make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
+    elif catalog.type == "sql" and make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
         jars.append(str(postgres_jdbc_jar()))
     if catalog is not None and is_s3_warehouse(catalog):
         jars.extend(str(p) for p in spark_s3_jars())

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.catalog import open_existing_table
+from streamberg.common.catalog import open_existing_table, state_engine
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
@@ -64,7 +64,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     # Bad columns fail before Spark starts.
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     log = get_logger("compactor", table=config.table.identifier)
-    lease = TableLease(catalog.engine, config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
+    lease = TableLease(state_engine(config.catalog, catalog), config.catalog.name, config.table.identifier, config.compactor.lease_ttl_seconds)
     try:
         from streamberg.common.errors import LeaseHeldError
 

@@ -72,12 +72,19 @@ def _real(p: Place) -> Place:
     return Place("", os.path.realpath(p.path), p.raw_path) if p.local else p
 
 
-def check_location(settings: MaintenanceConfig, warehouse_path: str, catalog: Catalog, identifier: str,
+def check_location(settings: MaintenanceConfig, warehouse_path: str | None, catalog: Catalog, identifier: str,
                    location: str) -> None:
     """Raise LocationRefused when orphan removal must not run on the table at `location`
-    (in `catalog`, whose warehouse is `warehouse_path`)."""
-    table_place, warehouse = place(location), place(warehouse_path)
-    if not is_within(_real(table_place), _real(warehouse)) and not settings.allow_location_outside_warehouse:
+    (in `catalog`, whose warehouse is `warehouse_path`: None when the catalog states no
+    location for it, a REST catalog whose warehouse is a name)."""
+    table_place = place(location)
+    if warehouse_path is None and not settings.allow_location_outside_warehouse:
+        raise LocationRefused(
+            f"table {identifier} is located at {location}, and the catalog states no warehouse location to hold "
+            "orphan removal inside (a REST catalog's warehouse is a name); set "
+            "maintenance.allow_location_outside_warehouse: true once each table's location holds only its own files")
+    if warehouse_path is not None and not is_within(_real(table_place), _real(place(warehouse_path))) \
+            and not settings.allow_location_outside_warehouse:
         raise LocationRefused(
             f"table {identifier} is located at {location}, outside the catalog warehouse "
             f"{warehouse_path}; orphan removal deletes unreferenced files under the table location, "

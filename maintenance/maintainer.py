@@ -25,7 +25,7 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import load_catalog, state_engine
 from streamberg.common.config import MaintenanceConfig, TableTarget
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
@@ -125,7 +125,8 @@ class Maintainer:
         }
         try:
             if record:
-                record_run(self.catalog.engine, self.target.catalog.name, result, started_at=started,
+                record_run(state_engine(self.target.catalog, self.catalog), self.target.catalog.name, result,
+                           started_at=started,
                            finished_at=finished)
         except Exception as exc:  # noqa: BLE001 - the work is done; a missing record is reported, not fatal
             log.error("could not record the maintenance run", error=str(exc))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from streamberg.common.catalog import warehouse_location
 from streamberg.common.errors import LocationRefused
 from streamberg.common.jvm import iterate, java_message
 from streamberg.common.times import iso_from_ms
@@ -81,8 +82,8 @@ class OrphansStep(Step):
         location = table.location()
         try:
             # Refuses a location outside the warehouse or holding another table (confine.py).
-            check_location(context.settings, context.target.catalog.warehouse, context.catalog,
-                           context.target.identifier, location)
+            check_location(context.settings, warehouse_location(context.target.catalog, context.catalog),
+                           context.catalog, context.target.identifier, location)
         except LocationRefused as exc:
             log.error("orphan removal refused", location=location, reason=str(exc))
             raise

@@ -17,6 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from streamberg.common.catalog import state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
@@ -130,7 +131,8 @@ def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[
     if catalog is None:
         return {"available": True, "last_run": None, "error": "not read: the catalog database is unreachable"}
     try:
-        return {"available": True, "last_run": last_maintenance_run(config, engine=catalog.engine), "error": None}
+        engine = state_engine(config.catalog, catalog)
+        return {"available": True, "last_run": last_maintenance_run(config, engine=engine), "error": None}
     except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
         return {"available": True, "last_run": None, "error": first_line(exc)}
 

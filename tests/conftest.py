@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.mock_kafka",
     "tests.fixtures.registry",
+    "tests.fixtures.rest_catalog",
     "tests.runbooks.drill",  # the `drills` fixture of the runbook drills (tests/runbooks, tests/cdc)
 ]
 

@@ -47,7 +47,7 @@ from streamberg.common.config.table import (
     CatalogConfig,
 )
 from streamberg.common.errors import ConfigError
-from streamberg.common.redact import register_mapping_secrets, register_uri_secrets
+from streamberg.common.redact import register_mapping_secrets, register_secret, register_uri_secrets
 
 
 def _is_path(value: Any) -> bool:
@@ -72,7 +72,18 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(raw)
     # A section given as a scalar or list is left as it is: validation names it.
     catalog = raw.get("catalog", {})
-    if isinstance(catalog, dict):
+    if isinstance(catalog, dict) and catalog.get("type", "sql") == "rest":
+        # A REST catalog's warehouse is what its server calls it: never a path made absolute.
+        catalog = dict(catalog)
+        state = catalog.get("state_uri") or "sqlite:///.streamberg/state.db"
+        if _is_path(state) and state.startswith("sqlite:///") and not state.startswith("sqlite:////"):
+            state = "sqlite:///" + _absolute(state.removeprefix("sqlite:///"), base, "catalog.state_uri")
+        catalog["state_uri"] = state
+        for key in ("credential_file", "token_file"):
+            if _is_path(catalog.get(key)):
+                catalog[key] = _absolute(catalog[key], base, f"catalog.{key}")
+        out["catalog"] = catalog
+    elif isinstance(catalog, dict):
         catalog = dict(catalog)
         uri = catalog.get("uri", CatalogConfig.model_fields["uri"].default)
         if _is_path(uri) and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -346,7 +357,10 @@ def _absolute_overrides(config: StreambergConfig) -> StreambergConfig:
     catalog = config.catalog
     if catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") and _is_path(catalog.uri):
         catalog = catalog.model_copy(update={"uri": "sqlite:///" + str(cwd / catalog.uri.removeprefix("sqlite:///"))})
-    if "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
+    state = catalog.state_uri
+    if state and state.startswith("sqlite:///") and not state.startswith("sqlite:////") and _is_path(state):
+        catalog = catalog.model_copy(update={"state_uri": "sqlite:///" + str(cwd / state.removeprefix("sqlite:///"))})
+    if catalog.type == "sql" and "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
         catalog = catalog.model_copy(update={"warehouse": "file://" + str(cwd / catalog.warehouse)})
     if catalog is not config.catalog:
         updates["catalog"] = catalog
@@ -365,6 +379,11 @@ def dump_config(config: StreambergConfig) -> dict[str, Any]:
 
 def _register_secrets(config: StreambergConfig) -> None:
     register_uri_secrets(config.catalog.uri)
+    register_uri_secrets(config.catalog.state_uri)
+    for secret in (config.catalog.credential, config.catalog.token):
+        register_secret(secret)
+    if config.catalog.credential:  # the client secret alone, as a server's error may quote it
+        register_secret(config.catalog.credential.partition(":")[2])
     register_mapping_secrets(config.catalog.properties)
     register_mapping_secrets(config.kafka.consumer)
     if config.kafka.schema_registry is not None:

@@ -58,19 +58,60 @@ DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 class CatalogConfig(_Section):
     # Goes into Spark SQL text (`CALL <name>.system...`) and Spark conf keys: an identifier.
     name: Identifier = "streamberg"
-    # Any SQLAlchemy URI: sqlite:///catalog.db (default) or postgresql+psycopg2://user:pw@host/db.
+    # sql: a SQL database (SQLite, PostgreSQL) that pyiceberg's SqlCatalog and Spark's
+    # JdbcCatalog share. rest: an Iceberg REST catalog (Apache Polaris, Nessie, Lakekeeper,
+    # Gravitino, Unity Catalog, AWS Glue's and S3 Tables' Iceberg REST endpoints), reached by
+    # pyiceberg's RestCatalog and Spark's RESTCatalog with the same keys.
+    type: Literal["sql", "rest"] = "sql"
+    # sql: any SQLAlchemy URI, sqlite:///catalog.db (default) or postgresql+psycopg2://user:pw@host/db.
+    # rest: the catalog's base URL, the one its clients are given (https://polaris.example/api/catalog).
     uri: Text = "sqlite:///.streamberg/catalog.db"
-    # Table data root: a local path or an object-store URI (s3://bucket/prefix).
+    # sql: the table data root, a local path or an object-store URI (s3://bucket/prefix).
+    # rest: the warehouse the server serves (a name or a location, as the server expects it).
     warehouse: Text = ".streamberg/warehouse"
-    # Extra catalog / FileIO properties (s3.endpoint, s3.access-key-id, ...).
+    # rest: OAuth2 client credentials, `client_id:client_secret`, exchanged for a token at
+    # oauth2_server_uri; or a bearer `token` given as is. Secrets: set them in the environment
+    # (STREAMBERG_CATALOG__CREDENTIAL) or in a file (credential_file, token_file: a mounted
+    # secret), not in the config file. Redacted wherever printed.
+    credential: Text | None = None
+    credential_file: Text | None = None
+    token: Text | None = None
+    token_file: Text | None = None
+    # rest: the token endpoint (default: <uri>/v1/oauth/tokens) and the scope asked for.
+    oauth2_server_uri: Text | None = None
+    scope: Text | None = None
+    # streamberg's own small tables (the compactor's leases, the maintenance runs): in the
+    # catalog's database for sql; for rest in this SQLAlchemy database (default: a SQLite file
+    # .streamberg/state.db beside the config; PostgreSQL when compactors run on several hosts).
+    state_uri: Text | None = None
+    # Extra catalog / FileIO properties (s3.endpoint, s3.access-key-id, header.X-Tenant, ...),
+    # passed to pyiceberg and to Spark's Iceberg catalog alike.
     properties: Properties = Field(default_factory=dict)
 
-    @field_validator("uri")
-    @classmethod
-    def _sqlalchemy_uri(cls, value: str) -> str:
-        if "://" not in value:
-            raise ValueError("must be a SQLAlchemy URI such as sqlite:///catalog.db or postgresql+psycopg2://u:p@host/db")
-        return value
+    @model_validator(mode="after")
+    def _uri_of_its_type(self) -> CatalogConfig:
+        if self.type == "sql":
+            if "://" not in self.uri:
+                raise ValueError("uri: must be a SQLAlchemy URI such as sqlite:///catalog.db or "
+                                 "postgresql+psycopg2://u:p@host/db")
+            rest_only = [k for k in ("credential", "credential_file", "token", "token_file", "oauth2_server_uri",
+                                     "scope", "state_uri") if getattr(self, k) is not None]
+            if rest_only:
+                raise ValueError(f"{', '.join(rest_only)}: keys of a REST catalog (catalog.type: rest); a SQL "
+                                 "catalog's credentials go in its uri")
+            return self
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.uri):
+            raise ValueError("uri: a REST catalog's URL, http(s)://host[:port][/path] (catalog.type: rest)")
+        for key in ("oauth2_server_uri",):
+            value = getattr(self, key)
+            if value is not None and not re.fullmatch(r"https?://\S+", value):
+                raise ValueError(f"{key}: an http(s) URL")
+        if self.credential is not None and ":" not in self.credential:
+            raise ValueError("credential: client_id:client_secret")
+        given = [k for k in ("credential", "credential_file", "token", "token_file") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{', '.join(given)}: give one way to authenticate")
+        return self
 
 
 class TypeConfig(_Section):

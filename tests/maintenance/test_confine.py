@@ -176,3 +176,22 @@ def test_one_bucket_under_two_schemes_is_one_store() -> None:
 def test_object_store_prefixes_need_a_path_boundary() -> None:
     assert outside_reason("s3://b/w/t-other/x.parquet", "s3://b/w/t") == "outside the table location"
     assert outside_reason("s3://b/w/t/data/x.parquet", "s3://b/w/t") is None
+
+
+def test_a_catalog_stating_no_warehouse_location_needs_the_operators_word() -> None:
+    """A REST catalog whose warehouse is a name states no location to hold orphan removal in:
+    refused, naming the key, until maintenance.allow_location_outside_warehouse is set."""
+    from streamberg.common.config.components import MaintenanceConfig
+    from streamberg.common.errors import LocationRefused
+    from streamberg.maintenance.confine import check_location
+
+    class NoOtherTables:
+        def list_namespaces(self) -> list:
+            return []
+
+    with pytest.raises(LocationRefused, match="allow_location_outside_warehouse"):
+        check_location(MaintenanceConfig(), None, NoOtherTables(), "db.t", "s3://lake/db/t")
+    check_location(MaintenanceConfig(allow_location_outside_warehouse=True), None, NoOtherTables(), "db.t",
+                   "s3://lake/db/t")
+    with pytest.raises(LocationRefused, match="outside the catalog warehouse"):
+        check_location(MaintenanceConfig(), "s3://lake/warehouse", NoOtherTables(), "db.t", "s3://other/db/t")
