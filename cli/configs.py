@@ -7,6 +7,7 @@ import argparse
 
 from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig, fleet_table, is_fleet, load_config, load_fleet
+from streamberg.common.kafka_settings import connection_settings
 
 TABLE_HELP = ("with a config of many tables (tables:): the table to work on, namespace.table (a pattern route's "
               "table is found through the broker's topics)")
@@ -30,7 +31,8 @@ def config_of(args: argparse.Namespace) -> StreambergConfig:
     try:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092")})
+        admin = AdminClient(connection_settings(fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092"),
+                                                fleet.kafka.get("consumer")))
         topics = sorted(admin.list_topics(timeout=5).topics)
     except Exception:  # noqa: BLE001 - the named topics' tables are found without the broker
         topics = None

@@ -48,7 +48,8 @@ def _produce(args: argparse.Namespace) -> int:
     if value_format != "json" and config.kafka.schema_registry is None:
         raise CommandError(f"--format {value_format} needs kafka.schema_registry (its url) in the config")
     try:
-        ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions)
+        ensure_topic(config.kafka.bootstrap_servers, config.kafka.topic, args.partitions,
+                     connection=config.kafka.consumer)
     except BrokerError as exc:
         raise CommandError(f"{exc} (is the broker at {config.kafka.bootstrap_servers} running? `streamberg broker start`)") from exc
     with tqdm(total=args.count, unit="rec", unit_scale=True, desc=f"produce {config.kafka.topic}",

@@ -23,6 +23,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from streamberg.common.config import FieldConfig, StreambergConfig
 from streamberg.common.config.types import FieldSpec, ListOf, MapOf, StructOf, TypeSpec
+from streamberg.common.kafka_settings import connection_settings
 
 # The event shape of the demo (examples/demo.yaml), the tests and the benchmarks.
 SAMPLE_EVENT_SCHEMA = [
@@ -232,7 +233,8 @@ def produce_events(
     value_format = value_format or config.kafka.value_format
     framed = _registry_writer(config, fields, value_format) if value_format != "json" else None
     producer = Producer({
-        "bootstrap.servers": config.kafka.bootstrap_servers,
+        # The cluster's security settings (kafka.consumer's SASL/TLS part) reach this client too.
+        **connection_settings(config.kafka.bootstrap_servers, config.kafka.consumer),
         "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
         "message.max.bytes": max(2 * config.ingest.max_record_bytes + 1024, 1_000_000),
         **(producer_config or {}),

@@ -15,13 +15,18 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamberg.common.errors import BrokerError
+from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.processes import process_start_time
+from streamberg.common.watermarks import kafka_error_text
 
 
 def tansu_binary() -> Path:
@@ -188,9 +193,14 @@ def _terminate(pidfd: int, grace_seconds: float) -> None:
             poller.poll(int(grace_seconds * 1000))
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 15.0) -> None:
-    """Create `topic` with `partitions` partitions unless it exists."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 15.0,
+                 connection: Mapping[str, Any] | None = None) -> None:
+    """Create `topic` with `partitions` partitions unless it exists. `connection`: the
+    security settings of the cluster (common/kafka_settings.py)."""
+    try:
+        admin = AdminClient(connection_settings(bootstrap, connection))
+    except KafkaException as exc:  # a TLS file or SASL setting librdkafka refuses before connecting
+        raise BrokerError(f"the Kafka client refused kafka.consumer's connection settings: {kafka_error_text(exc)}") from exc
     existing = admin.list_topics(timeout=timeout).topics
     if topic in existing:
         return

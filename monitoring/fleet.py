@@ -19,6 +19,7 @@ from typing import Any
 from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
 from streamberg.common.config.loading import resolve_fleet
+from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
@@ -44,14 +45,12 @@ class FleetStatus:
                 "paused": self.paused, "refused": self.refused, "broker_error": self.broker_error}
 
 
-def _topics(fleet: FleetConfig, any_config: StreambergConfig) -> tuple[list[str], str | None]:
+def broker_topics(fleet: FleetConfig, any_config: StreambergConfig) -> tuple[list[str], str | None]:
     """The broker's topics (the named ones alone when it does not answer)."""
     from confluent_kafka.admin import AdminClient
 
     try:
-        admin = AdminClient({"bootstrap.servers": any_config.kafka.bootstrap_servers,
-                             **{k: v for k, v in any_config.kafka.consumer.items()
-                                if k.startswith(("security.", "sasl.", "ssl."))}})
+        admin = AdminClient(connection_settings(any_config.kafka.bootstrap_servers, any_config.kafka.consumer))
         return sorted(admin.list_topics(timeout=any_config.monitoring.broker_timeout_seconds).topics), None
     except Exception as exc:  # noqa: BLE001 - status reports an unreachable broker, it does not fail on it
         return fleet.named_topics(), f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -100,7 +99,7 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
 
     cache = cache or ManifestCache()
     sample = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
-    topics, broker_error = _topics(fleet, sample)
+    topics, broker_error = broker_topics(fleet, sample)
     known: dict[str, StreambergConfig] = {}
     out = FleetStatus(broker_error=broker_error)
     resolve_fleet(fleet, topics, known, out.refused, owner_of=_recorded_topic(sample))
