@@ -216,6 +216,8 @@ def main() -> int:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--rate", type=int, default=5000, help="events/s during the freshness phase")
     parser.add_argument("--seconds", type=int, default=60, help="length of each freshness phase")
+    parser.add_argument("--max-open-files", type=int, default=None,
+                        help="ingest.max_open_files of every run (default: the product's default)")
     parser.add_argument("--min-bytes", type=int, default=16 * 1024,
                         help="ingest.commit_min_bytes of the second freshness phase (quiet tables wait, up to 60 s)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fleet")
@@ -230,7 +232,8 @@ def main() -> int:
     catalog_doc = {"name": "benchfleet", "uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
     common = {"kafka": {"bootstrap_servers": info.bootstrap, "value_format": "json"}, "catalog": catalog_doc}
     ingest_settings = {"commit_interval_seconds": args.interval, "state_dir": str(work / "state"),
-                       "max_poll_records": 10000, "topic_discovery_seconds": 10}
+                       "max_poll_records": 10000, "topic_discovery_seconds": 10,
+                       **({"max_open_files": args.max_open_files} if args.max_open_files else {})}
     single_path = work / "single.yaml"
     single_path.write_text(yaml.safe_dump({
         **common, "kafka": {**common["kafka"], "topic": "single"},

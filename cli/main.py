@@ -30,6 +30,8 @@ COMMAND_MODULES = (
     "streamberg.cli.maintain",
     "streamberg.cli.status",
     "streamberg.cli.run",
+    "streamberg.cli.check",
+    "streamberg.cli.deploy",
 )
 # Subcommands whose code needs an optional extra: module, command, extra.
 OPTIONAL_COMMAND_MODULES = (

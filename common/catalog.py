@@ -88,6 +88,8 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
     `streamberg table`) must never do that: a mistyped path would be hidden behind a new,
     empty catalog. Raises CatalogUnreachable, in one redacted sentence, otherwise.
     """
+    if config.type in ("glue", "hive"):  # the service's own: nothing to create here
+        return _metastore_catalog(config)
     if config.type == "rest":  # creating nothing is the server's business: one round trip
         catalog = _rest_catalog(config)
         try:
@@ -167,6 +169,25 @@ def rest_properties(config: CatalogConfig) -> dict[str, str]:
     return props
 
 
+def _metastore_catalog(config: CatalogConfig) -> Catalog:
+    """pyiceberg's Glue or Hive catalog, deleting old metadata files after each commit as
+    the SQL catalog does (common/metadata_files.py). Their clients connect on creation or
+    first call: an unreachable service surfaces as one redacted sentence."""
+    from streamberg.common.metadata_files import pruning_catalog_class
+
+    props = {"warehouse": config.warehouse, **config.properties}
+    if config.type == "hive":
+        props["uri"] = config.uri
+    try:
+        catalog = pruning_catalog_class(config.type)(config.name, **props)
+        catalog.list_namespaces()
+    except Exception as exc:  # noqa: BLE001 - no credentials, no route, a refusal: one clear sentence
+        where = config.uri if config.type == "hive" else f"Glue ({config.properties.get('glue.region', 'region from the environment')})"
+        raise CatalogUnreachable(f"{config.type} catalog {redact(where)} cannot be used: "
+                                 f"{type(exc).__name__}: {redact(first_line(exc))}") from None
+    return catalog
+
+
 def _rest_catalog(config: CatalogConfig) -> Catalog:
     """pyiceberg's REST client: it fetches /v1/config (and a token) on creation, so an
     unreachable server or refused credentials surface here, in one redacted sentence."""
@@ -186,7 +207,7 @@ def warehouse_location(config: CatalogConfig, catalog: Catalog) -> str | None:
     """Where the catalog keeps its tables, as a location: the SQL catalog's warehouse; for a
     REST catalog the warehouse its server states (the client's properties after /v1/config)
     when that is a location, else None (a warehouse known by name only)."""
-    if config.type == "sql":
+    if config.type != "rest":
         return config.warehouse
     for key in ("warehouse", "default-base-location"):  # the latter: Polaris's name for it
         stated = str(catalog.properties.get(key, ""))
@@ -222,6 +243,8 @@ _state_lock = threading.Lock()
 def load_catalog(config: CatalogConfig) -> Catalog:
     if config.type == "rest":
         return _rest_catalog(config)
+    if config.type in ("glue", "hive"):
+        return _metastore_catalog(config)
     if config.uri.startswith("sqlite:"):
         _prepare_sqlite(config.uri)
     if config.warehouse.startswith("file://"):

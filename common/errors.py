@@ -24,9 +24,14 @@ class StreambergError(Exception):
 
 # -- configuration and set-up ----------------------------------------------------------------
 class ConfigError(StreambergError, ValueError):
-    """Raised when the configuration cannot be used; the message names every offending key."""
+    """Raised when the configuration cannot be used; the message names every offending key
+    (in one line), `problems` lists them one by one (`streamberg check` prints them all)."""
 
     exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 class MissingJarError(StreambergError):

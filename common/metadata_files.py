@@ -136,6 +136,17 @@ class PruningSqlCatalog(PrunesMetadata, SqlCatalog):
     """pyiceberg's SqlCatalog, deleting old metadata files after each commit as Iceberg Java does."""
 
 
+def pruning_catalog_class(kind: str) -> type:
+    """pyiceberg's Glue or Hive catalog with the same pruning (imported on use: boto3, thrift)."""
+    if kind == "glue":
+        from pyiceberg.catalog.glue import GlueCatalog
+
+        return type("PruningGlueCatalog", (PrunesMetadata, GlueCatalog), {})
+    from pyiceberg.catalog.hive import HiveCatalog
+
+    return type("PruningHiveCatalog", (PrunesMetadata, HiveCatalog), {})
+
+
 def bound_metadata(table: Table) -> Table:
     """Set BOUNDED_METADATA's properties the table lacks (never one it has); the table again."""
     missing = {k: v for k, v in BOUNDED_METADATA.items() if k not in table.properties}

@@ -120,11 +120,27 @@ def rest_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
     return props
 
 
+def metastore_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+    """Iceberg Java's Glue or Hive catalog properties: the same warehouse, the pass-through
+    properties (glue.id, glue.endpoint, client.region and the FileIO's own) as pyiceberg's."""
+    props = {"type": catalog.type, "warehouse": catalog.warehouse, "cache-enabled": "false"}
+    if catalog.type == "hive":
+        props["uri"] = catalog.uri
+    if catalog.type == "glue" and "glue.region" in catalog.properties:
+        props["client.region"] = catalog.properties["glue.region"]  # Iceberg Java's name for it
+    if (catalog.type == "glue" or is_s3_warehouse(catalog)) and "io-impl" not in catalog.properties:
+        props["io-impl"] = S3_FILE_IO_IMPL
+    props.update(catalog.properties)
+    return props
+
+
 def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
     """Spark conf entries registering `catalog` as a Spark catalog of the same name."""
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: SPARK_CATALOG_CLASS}
-    props = rest_catalog_properties(catalog) if catalog.type == "rest" else jdbc_catalog_properties(catalog)
+    props = (rest_catalog_properties(catalog) if catalog.type == "rest"
+             else metastore_catalog_properties(catalog) if catalog.type in ("glue", "hive")
+             else jdbc_catalog_properties(catalog))
     conf.update({f"{prefix}.{key}": value for key, value in props.items()})
     return conf
 
@@ -143,7 +159,8 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
             pass
     elif catalog.type == "sql" and make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
         jars.append(str(postgres_jdbc_jar()))
-    if catalog is not None and is_s3_warehouse(catalog):
+    # Glue's client is the AWS SDK v2 too (Iceberg's GlueCatalog is in the runtime jar, the SDK not).
+    if catalog is not None and (is_s3_warehouse(catalog) or catalog.type == "glue"):
         jars.extend(str(p) for p in spark_s3_jars())
     return jars
 

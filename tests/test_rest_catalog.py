@@ -65,7 +65,8 @@ def test_rest_catalog_config_is_checked_at_load(tmp_path: Path) -> None:
         ({"type": "rest", "uri": "https://polaris.example/api/catalog", "credential": "no-colon"}, "client_id"),
         ({"type": "rest", "uri": "https://p.example", "credential": "a:b", "token": "t"}, "one way"),
         ({"uri": "sqlite:///x.db", "credential": "a:b"}, "REST catalog"),
-        ({"type": "hive", "uri": "thrift://h:9083"}, "catalog.type"),
+        ({"type": "nessie", "uri": "thrift://h:9083"}, "catalog.type"),
+        ({"type": "hive", "uri": "thrift://h:9083"}, "catalog.warehouse"),
     ):
         with pytest.raises(ConfigError) as error:
             load(catalog)

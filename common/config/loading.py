@@ -32,9 +32,9 @@ from streamberg.common.config.components import (
 from streamberg.common.config.fleet import UNROUTED, FleetConfig
 from streamberg.common.config.messages import (
     _MAX_SHOWN,
-    _format_errors,
     _key_shown,
     _one_line,
+    config_error,
 )
 from streamberg.common.config.model import (
     ENV_PREFIX,
@@ -72,8 +72,9 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(raw)
     # A section given as a scalar or list is left as it is: validation names it.
     catalog = raw.get("catalog", {})
-    if isinstance(catalog, dict) and catalog.get("type", "sql") == "rest":
-        # A REST catalog's warehouse is what its server calls it: never a path made absolute.
+    if isinstance(catalog, dict) and catalog.get("type", "sql") != "sql":
+        # A REST catalog's warehouse is what its server calls it, a Glue or Hive catalog's a
+        # location every engine reaches: never a local path made absolute.
         catalog = dict(catalog)
         state = catalog.get("state_uri") or "sqlite:///.streamberg/state.db"
         if _is_path(state) and state.startswith("sqlite:///") and not state.startswith("sqlite:////"):
@@ -247,7 +248,8 @@ def load_fleet(path: str | Path) -> FleetConfig:
     try:
         fleet = FleetConfig(**raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(str(path), exc)) from None
+        raise config_error(str(path), exc) from None
+    refused: list[tuple[str, ConfigError]] = []  # every bad route, not only the first
     for i, route in enumerate(fleet.tables):
         sample = route.topics[0] if route.topics else "sample.topic"
         try:
@@ -255,8 +257,12 @@ def load_fleet(path: str | Path) -> FleetConfig:
             if route.route_field is not None:  # the longest value a record can give must make a table too
                 config_from_dump(fleet.document(route, sample, "v" * 63))
         except ConfigError as exc:
-            raise ConfigError(f"{path}: tables.{i} ({route.identifier}): {exc}") from None
+            refused.append((f"tables.{i} ({route.identifier})", exc))
+            continue
         _register_secrets(config)
+    if refused:
+        raise ConfigError(f"{path}: " + "; ".join(f"{where}: {exc}" for where, exc in refused),
+                          problems=[f"{where}: {problem}" for where, exc in refused for problem in exc.problems])
     return fleet
 
 
@@ -339,7 +345,7 @@ def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
     try:
         config = StreambergConfig(**raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(str(path), exc)) from None
+        raise config_error(str(path), exc) from None
     except SettingsError as exc:
         raise _env_error(exc) from None
     config = _absolute_overrides(config)
@@ -355,7 +361,8 @@ def _absolute_overrides(config: StreambergConfig) -> StreambergConfig:
     cwd = Path.cwd()
     updates: dict[str, Any] = {}
     catalog = config.catalog
-    if catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") and _is_path(catalog.uri):
+    if catalog.type == "sql" and catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") \
+            and _is_path(catalog.uri):
         catalog = catalog.model_copy(update={"uri": "sqlite:///" + str(cwd / catalog.uri.removeprefix("sqlite:///"))})
     state = catalog.state_uri
     if state and state.startswith("sqlite:///") and not state.startswith("sqlite:////") and _is_path(state):
@@ -409,7 +416,7 @@ def config_from_dump(data: dict[str, Any]) -> StreambergConfig:
     try:
         handed = _HandedConfig(**data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors("the configuration handed to a worker", exc)) from None
+        raise config_error("the configuration handed to a worker", exc) from None
     # Validated above; the values move into the class every caller knows.
     config = StreambergConfig.model_construct(_fields_set=handed.model_fields_set, **dict(handed))
     _register_secrets(config)  # worker logs are redacted like the driver's

@@ -13,6 +13,7 @@ from pydantic import (
 from streamberg.common.config.bounds import (
     _CONTROL,
 )
+from streamberg.common.errors import ConfigError
 from streamberg.common.redact import redact
 
 _SECRET_BEARING = ("catalog.uri", "catalog.properties", "kafka.consumer", "kafka.bootstrap_servers",
@@ -56,11 +57,30 @@ def _shown(key: str, item: Mapping[str, Any]) -> str:
 
 
 def _format_errors(source: str, error: ValidationError) -> str:
-    """One line: every bad key and why, values shown only when harmless."""
+    """One line: every bad key and why (the first ten), values shown only when harmless."""
+    parts = problems_of(error)
+    if len(parts) > _MAX_ERRORS:
+        parts = [*parts[:_MAX_ERRORS], f"and {len(parts) - _MAX_ERRORS} more"]
+    return f"invalid configuration in {source}: " + "; ".join(parts)
+
+
+def config_error(source: str, error: ValidationError) -> ConfigError:
+    """The ConfigError of a failed validation: one line, and every problem one by one."""
+    return ConfigError(_format_errors(source, error), problems=problems_of(error))
+
+
+def problems_of(error: ValidationError) -> list[str]:
+    """Every bad key and why, one item each, values shown only when harmless."""
     parts = []
-    for item in error.errors():
-        key = ".".join(_key_shown(p) for p in item["loc"] if not str(p).startswith("function-"))
-        key = key.replace("schema_", "schema")
+    items = error.errors()
+    # A union's members are named in the location (`list[...]`, `literal['infer']`): they are
+    # pydantic's bookkeeping, not keys of the file. Where one member went deeper, the others'
+    # "expected a literal" adds nothing.
+    keys = [".".join(_key_shown(p) for p in item["loc"] if "[" not in str(p) and not str(p).startswith("function-"))
+            .replace("schema_", "schema") for item in items]
+    for item, key in zip(items, keys):
+        if item["type"] == "literal_error" and any(k.startswith(key + ".") for k in keys):
+            continue
         msg = _PLAIN_MESSAGES.get(item["type"]) or item["msg"].removeprefix("Value error, ")
         if (nested := _KEY_PREFIX.match(msg)) and not nested.group(1).startswith(key + "."):
             key, msg = (f"{key}.{nested.group(1)}" if key else nested.group(1)), nested.group(2)
@@ -68,6 +88,4 @@ def _format_errors(source: str, error: ValidationError) -> str:
         if len(msg) > _MAX_MESSAGE:  # a validator may quote the (huge) value it refused
             msg = msg[: _MAX_MESSAGE - 3] + "..."
         parts.append(f"{key or '(top level)'}: {msg}{_shown(key, item)}")
-    if len(parts) > _MAX_ERRORS:
-        parts = [*parts[:_MAX_ERRORS], f"and {len(parts) - _MAX_ERRORS} more"]
-    return f"invalid configuration in {source}: " + "; ".join(parts)
+    return parts

@@ -55,19 +55,27 @@ SEQUENCE_TYPES = {"int", "long", "date", "timestamp", "timestamptz", "string"}
 DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 
 
+DEFAULT_CATALOG_URI = "sqlite:///.streamberg/catalog.db"
+
+
 class CatalogConfig(_Section):
     # Goes into Spark SQL text (`CALL <name>.system...`) and Spark conf keys: an identifier.
     name: Identifier = "streamberg"
     # sql: a SQL database (SQLite, PostgreSQL) that pyiceberg's SqlCatalog and Spark's
     # JdbcCatalog share. rest: an Iceberg REST catalog (Apache Polaris, Nessie, Lakekeeper,
     # Gravitino, Unity Catalog, AWS Glue's and S3 Tables' Iceberg REST endpoints), reached by
-    # pyiceberg's RestCatalog and Spark's RESTCatalog with the same keys.
-    type: Literal["sql", "rest"] = "sql"
+    # pyiceberg's RestCatalog and Spark's RESTCatalog with the same keys. glue: AWS Glue's
+    # Data Catalog (properties glue.region, glue.id, glue.endpoint; AWS credentials from the
+    # environment). hive: a Hive metastore (uri thrift://host:9083). Glue and Hive are tested
+    # as far as these machines allow (docs/catalogs.md), not against the real services.
+    type: Literal["sql", "rest", "glue", "hive"] = "sql"
     # sql: any SQLAlchemy URI, sqlite:///catalog.db (default) or postgresql+psycopg2://user:pw@host/db.
     # rest: the catalog's base URL, the one its clients are given (https://polaris.example/api/catalog).
-    uri: Text = "sqlite:///.streamberg/catalog.db"
+    # hive: the metastore's thrift://host:port. glue: not used (leave it unset).
+    uri: Text = DEFAULT_CATALOG_URI
     # sql: the table data root, a local path or an object-store URI (s3://bucket/prefix).
     # rest: the warehouse the server serves (a name or a location, as the server expects it).
+    # glue, hive: where new tables go, an object-store or HDFS location (s3://lake/warehouse).
     warehouse: Text = ".streamberg/warehouse"
     # rest: OAuth2 client credentials, `client_id:client_secret`, exchanged for a token at
     # oauth2_server_uri; or a bearer `token` given as is. Secrets: set them in the environment
@@ -81,7 +89,7 @@ class CatalogConfig(_Section):
     oauth2_server_uri: Text | None = None
     scope: Text | None = None
     # streamberg's own small tables (the compactor's leases, the maintenance runs): in the
-    # catalog's database for sql; for rest in this SQLAlchemy database (default: a SQLite file
+    # catalog's database for sql; otherwise in this SQLAlchemy database (default: a SQLite file
     # .streamberg/state.db beside the config; PostgreSQL when compactors run on several hosts).
     state_uri: Text | None = None
     # Extra catalog / FileIO properties (s3.endpoint, s3.access-key-id, header.X-Tenant, ...),
@@ -100,6 +108,8 @@ class CatalogConfig(_Section):
                 raise ValueError(f"{', '.join(rest_only)}: keys of a REST catalog (catalog.type: rest); a SQL "
                                  "catalog's credentials go in its uri")
             return self
+        if self.type in ("glue", "hive"):
+            return self._metastore_keys()
         if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.uri):
             raise ValueError("uri: a REST catalog's URL, http(s)://host[:port][/path] (catalog.type: rest)")
         for key in ("oauth2_server_uri",):
@@ -111,6 +121,21 @@ class CatalogConfig(_Section):
         given = [k for k in ("credential", "credential_file", "token", "token_file") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"{', '.join(given)}: give one way to authenticate")
+        return self
+
+    def _metastore_keys(self) -> CatalogConfig:
+        rest_only = [k for k in ("credential", "credential_file", "token", "token_file", "oauth2_server_uri", "scope")
+                     if getattr(self, k) is not None]
+        if rest_only:
+            raise ValueError(f"{', '.join(rest_only)}: keys of a REST catalog (catalog.type: rest)")
+        if self.type == "glue" and self.uri != DEFAULT_CATALOG_URI:
+            raise ValueError("uri: not used by a Glue catalog (its endpoint is properties glue.endpoint, its region "
+                             "glue.region)")
+        if self.type == "hive" and not re.fullmatch(r"thrift://[^\s/:]+:\d{1,5}(,thrift://[^\s/:]+:\d{1,5})*", self.uri):
+            raise ValueError("uri: a Hive metastore's thrift://host:port (catalog.type: hive)")
+        if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", self.warehouse):
+            raise ValueError(f"warehouse: a {self.type} catalog's tables need a location every engine reaches "
+                             "(s3://bucket/prefix, hdfs://..., file:///...)")
         return self
 
 

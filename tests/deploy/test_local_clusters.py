@@ -4,9 +4,9 @@
   wheel's distribution by deploy/flink/local-cluster.sh; the ingest job submitted detached
   with `flink run -py` (deploy/flink/submit-ingest.sh -> cli/flink_submit.py, the entry point
   the Kubernetes FlinkDeployment names), stopped with `flink stop`.
-- Spark: a standalone master + worker from the pyspark wheel (deploy/spark/local-cluster.sh);
-  the compactor run once with spark-submit (deploy/spark/submit-compactor.sh ->
-  cli/spark_submit.py), its executors on the worker.
+- Spark: a standalone master + worker from the pyspark wheel (deploy/spark/local-cluster.sh),
+  shared by the module's Spark tests; the compactor, the merge and maintenance each run once
+  with spark-submit (deploy/spark/submit.sh -> cli/spark_submit.py), executors on the worker.
 
 Every daemon runs under the test's tmp dir; the fixtures stop them, and kill by pid whatever
 survives, even when the test fails.
@@ -49,6 +49,7 @@ FLINK_CLUSTER = REPO / "deploy" / "flink" / "local-cluster.sh"
 SUBMIT_INGEST = REPO / "deploy" / "flink" / "submit-ingest.sh"
 SPARK_CLUSTER = REPO / "deploy" / "spark" / "local-cluster.sh"
 SUBMIT_COMPACTOR = REPO / "deploy" / "spark" / "submit-compactor.sh"
+SUBMIT_SPARK = REPO / "deploy" / "spark" / "submit.sh"
 
 PARTITIONS = 2
 BEFORE_SUBMIT = 3_000  # records waiting in the topic when the job starts
@@ -184,9 +185,9 @@ def test_ingest_on_a_flink_session_cluster(flink_cluster, broker: str, tmp_path:
 
 # -- Spark -------------------------------------------------------------------------------
 
-@pytest.fixture
-def spark_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    directory = tmp_path / "spark-cluster"
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
+    directory = tmp_path_factory.mktemp("spark") / "spark-cluster"
     for env in managed_cluster(SPARK_CLUSTER, directory, "--cores", "1", "--memory", "1g"):
         yield directory, env
 
@@ -222,9 +223,56 @@ def test_compactor_once_on_a_spark_standalone_cluster(spark_cluster, tmp_path: P
     assert out["files_out"] == out["table_data_files"] == len(files_after)
     # It ran on the cluster: the master saw the application finish with the worker's cores,
     # and the worker ran its executor.
-    apps = get_json(f"{env['SPARK_MASTER_UI']}/json/")["completedapps"]
-    assert [a["name"] for a in apps] == ["streamberg-compactor"] and apps[0]["cores"] >= 1
-    assert list((directory / "work").glob("app-*/*/stderr"))
+    assert_ran_on_the_cluster(directory, env, "streamberg-compactor")
+
+
+def assert_ran_on_the_cluster(directory: Path, env: dict[str, str], name: str) -> None:
+    """The master saw the application `name` finish with the worker's cores, and the worker ran
+    an executor of it."""
+    apps = [a for a in get_json(f"{env['SPARK_MASTER_UI']}/json/")["completedapps"] if a["name"] == name]
+    assert len(apps) == 1 and apps[0]["cores"] >= 1, apps
+    assert list((directory / "work").glob(f"{apps[0]['id']}/*/stderr"))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_merge_and_maintenance_on_a_spark_standalone_cluster(spark_cluster, broker: str, tmp_path: Path) -> None:
+    """The one entry point with the component named: upserts and tombstones ingested into the
+    change log (in process), applied by `submit.sh merge --once` on the cluster, then
+    `submit.sh maintain --once` expires and trims there; the table read by pyiceberg and
+    DuckDB equals the state this test computes."""
+    import random
+
+    from streamberg.common.changelog import changelog_identifier, ingest_config
+    from tests.cdc.helpers import cdc_config, rows_by_duckdb, rows_by_pyiceberg
+    from tests.cdc.test_upsert import _changes, _produce
+    from tests.runbooks.inprocess import ingest_until
+
+    directory, env = spark_cluster
+    config = cdc_config(tmp_path / "cdc", broker, "upsert", {
+        "merge": {"interval_seconds": 1, "spark_conf": {"spark.sql.shuffle.partitions": "2"}},
+        "compactor": {"spark_conf": {"spark.sql.shuffle.partitions": "2"}},
+        "maintenance": {"changelog": {"keep_applied_seconds": 0}, "orphan": {"enabled": False}}},
+        key_format="value")
+    state: dict[int, dict] = {}
+    batches = _changes(random.Random(5), 200, 1500, state)
+    _produce(config, batches)
+    ingest_until(ingest_config(config), {p: len(b) for p, b in enumerate(batches)})
+
+    submit_env = {"SPARK_CLUSTER_DIR": str(directory), "SPARK_LOCAL_IP": "127.0.0.1"}
+    run(SUBMIT_SPARK, "merge", "--config", config.config_path, "--once", timeout=420, cwd=tmp_path, env=submit_env)
+    assert rows_by_pyiceberg(config) == rows_by_duckdb(config) == state
+    assert_ran_on_the_cluster(directory, env, "streamberg-merge")
+
+    changelog = load_catalog(config.catalog).load_table(changelog_identifier(config))
+    logged = changelog.scan().to_arrow().num_rows
+    run(SUBMIT_SPARK, "maintain", "--config", config.config_path, "--once", "--json", timeout=420, cwd=tmp_path,
+        env=submit_env)
+    assert_ran_on_the_cluster(directory, env, "streamberg-maintenance")
+    # Applied changes kept for 0 s: maintenance on the cluster trimmed them; the table is unchanged.
+    trimmed = load_catalog(config.catalog).load_table(changelog_identifier(config)).scan().to_arrow()
+    assert logged > 0 and trimmed.num_rows < logged
+    assert rows_by_pyiceberg(config) == state
 
 
 # -- Kubernetes manifests (no Kubernetes here: check what can be checked) ------------------
