@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "streamberg.cli.run",
     "streamberg.cli.check",
     "streamberg.cli.deploy",
+    "streamberg.cli.govern",
 )
 # Subcommands whose code needs an optional extra: module, command, extra.
 OPTIONAL_COMMAND_MODULES = (

@@ -9,8 +9,10 @@ verdict can name it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -25,6 +27,7 @@ from streamberg.common.field_sightings import added_fields_of, sightings_of, wid
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
+from streamberg.common.policy import GOVERN_STATE_FILE, policy_of
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.times import iso_from_ms
@@ -192,4 +195,20 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
+        policy_problems=policy_of(table.properties).problems, governor=governor_state(config),
     )
+
+
+def governor_state(config: StreambergConfig) -> dict[str, Any] | None:
+    """What `streamberg govern` last wrote about this table (<state_dir>/govern.json)."""
+    path = Path(config.ingest.state_dir) / GOVERN_STATE_FILE
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    mine = config.table.identifier
+    return {"written_age_seconds": round(time.time() - float(document.get("written_at", 0)), 1),
+            "actions": [a for a in document.get("actions", []) if isinstance(a, dict) and a.get("table") == mine],
+            "fleet": document.get("fleet")}

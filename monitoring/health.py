@@ -191,9 +191,19 @@ def judge(status: Status, config: StreambergConfig) -> Health:
     _ingest(status, config, out)
     _table(status, config, out)
     _merge(status, config, out)
+    _governed(status, out)
     findings = sorted(out.items, key=lambda f: -SEVERITY[f["severity"]])
     verdict: Verdict = max((f["severity"] for f in findings), key=SEVERITY.__getitem__, default="ok")  # type: ignore[assignment]
     return Health(verdict=verdict, reasons=[f["reason"] for f in findings], findings=findings)
+
+
+def _governed(status: Status, out: _Findings) -> None:
+    for problem in status.policy_problems:
+        out.add("policy", "warn", f"table policy: {problem} (ignored)")
+    for action in (status.governor or {}).get("actions", []):
+        if action.get("failures"):
+            out.add("governor", "warn", f"governor: {action['action']} failed {action['failures']} time(s) in a row: "
+                                        f"{action.get('last_error')}")
 
 
 def with_health(status: Status, config: StreambergConfig) -> Status:

@@ -228,6 +228,10 @@ class Status:
     health: Health | None = None
     # A primary-key table's merge stage (kafka.envelope debezium or upsert); None otherwise.
     merge: MergeFacts | None = None
+    # Bad streamberg.* policy values in the table's properties (common/policy.py), and what
+    # `streamberg govern` last recorded for this table (None: no governor state found).
+    policy_problems: list[str] = field(default_factory=list)
+    governor: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -140,5 +140,23 @@ def render_screen(status: Status) -> str:
     if status.catalog.reachable and status.table_exists is False:
         catalog += f"; table {status.table} does not exist"
     lines += ["", _line("catalog", catalog), *_ingest_lines(status), *_table_lines(status),
-              _maintenance_line(status.maintenance)]
+              _maintenance_line(status.maintenance), *_governor_lines(status)]
     return "\n".join(lines)
+
+
+def _governor_lines(status: Status) -> list[str]:
+    """What `streamberg govern` last recorded for the table, and its policy's bad values."""
+    lines = [_line("policy", f"ignored: {problem}") for problem in status.policy_problems]
+    governor = status.governor
+    if governor is None:
+        return lines
+    parts = []
+    for action in governor.get("actions", []):
+        state = (f"waiting {human_age(action['waiting_seconds'])}" if action.get("waiting_seconds") is not None
+                 else f"last run {human_age(action['last_run_age_seconds'])} ago"
+                 if action.get("last_run_age_seconds") is not None else "not run")
+        if action.get("failures"):
+            state += f", failed {action['failures']}x: {action.get('last_error')}"
+        parts.append(f"{action['action']} {state}")
+    seen = f"state {human_age(governor.get('written_age_seconds', 0))} old"
+    return [*lines, _line("governor", "; ".join(parts) + f" ({seen})" if parts else f"nothing recorded ({seen})")]

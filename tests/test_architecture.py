@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("ingest", "compactor", "maintenance", "merge", "monitoring")
+COMPONENTS = ("ingest", "compactor", "maintenance", "merge", "monitoring", "governor")
 # Besides itself, what each folder may import from streamberg.
 ALLOWED = {**{c: {"common"} for c in COMPONENTS}, "common": set(), "supervisor": {"common"}}
 

@@ -251,6 +251,11 @@ def check_routes(routes: list[RouteConfig]) -> None:
                 raise ValueError(f"tables.{i}: topic {topic!r} would make {made}, which is tables.{fixed[made.lower()]}")
 
 
+def per_table_checkpoint(checkpoint_dir: str, identifier: str) -> str:
+    """The compactor checkpoint folder of one table among many: <checkpoint_dir>/<identifier>."""
+    return f"{checkpoint_dir.rstrip('/')}/{identifier}"
+
+
 class FleetConfig(_Section):
     """A config of many tables: the shared sections, `defaults` and the routes."""
 
@@ -297,8 +302,13 @@ class FleetConfig(_Section):
         ingest = dict(self.defaults.ingest)
         if route.commit_interval_seconds is not None:
             ingest["commit_interval_seconds"] = route.commit_interval_seconds
+        # Each table's compactor keeps its own streaming checkpoint (a shared one would hand a
+        # table another table's snapshot ids).
+        compactor = dict(self.compactor)
+        if compactor.get("checkpoint_dir"):
+            compactor["checkpoint_dir"] = per_table_checkpoint(str(compactor["checkpoint_dir"]), table["identifier"])
         return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": ingest,
-                "compactor": self.compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
+                "compactor": compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
                 "merge": self.merge, "run": self.run, "config_path": self.config_path}
 
     def route_of(self, topic: str) -> RouteConfig | None:

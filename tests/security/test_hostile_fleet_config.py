@@ -74,6 +74,12 @@ def test_the_base_fleet_is_valid(tmp_path: Path) -> None:
     fleet = load_fleet(tmp_path / "fleet.yaml")
     assert fleet.tables[0].table_identifier("clicks", "eu") == "web.clicks_eu"
     assert fleet.tables[0].table_identifier("clicks") == f"web.clicks_{UNROUTED}"
+    # Each table keeps its own compactor checkpoint: a shared one hands a table another's snapshot ids.
+    from streamberg.common.config import config_from_dump
+
+    made = [config_from_dump(fleet.document(fleet.tables[1], topic)) for topic in ("events.a", "events.b")]
+    folders = [m.compactor.checkpoint_dir for m in made]
+    assert folders[0] != folders[1] and folders[0].endswith("/raw.events_a")
 
 
 @pytest.mark.parametrize("name", list(CASES))

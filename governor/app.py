@@ -1,0 +1,130 @@
+"""`streamberg govern`: one process keeps many tables, by need, one action at a time.
+
+The governor is given, per table, a *probe* (what is due now, and the problems of its
+policy: cheap, no Spark) and a *runner* (run one action: the compactor's, the merge's or
+maintenance's own code, on the one Spark session the caller made). Each round it probes every
+table, asks the scheduler what to run within the round's budget, runs it, and records the
+outcome: a table's failure backs off with its reason while the others go on. The wiring lives
+in cli/govern.py; this module imports only common/ and its own floor.
+
+Every round's state (each table's due work, last action, wait, failures, policy problems, and
+a fleet line: tables due, oldest wait, actions a minute) is written to `<state_dir>/govern.json`
+for `status` and operators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamberg.common.log import get_logger
+from streamberg.common.policy import GOVERN_STATE_FILE as STATE_FILE
+from streamberg.governor.scheduler import Choice, Due, Scheduler
+
+
+@dataclass
+class Keeper:
+    """What the governor is given for one table."""
+
+    identifier: str
+    probe: Callable[[], tuple[list[Due], list[str]]]  # due actions now, policy problems
+    run: Callable[[str], dict[str, Any]]  # run one action ("compact", "merge", "maintain")
+
+
+@dataclass
+class RoundReport:
+    planned: list[Choice] = field(default_factory=list)
+    ran: list[dict[str, Any]] = field(default_factory=list)
+    due: list[Due] = field(default_factory=list)
+    problems: dict[str, list[str]] = field(default_factory=dict)
+
+    def plan_lines(self) -> list[str]:
+        lines = [f"{c.due.table:<40} {c.due.action:<9} {c.reason}" for c in self.planned]
+        waiting = [d for d in self.due if (d.table, d.action) not in {(c.due.table, c.due.action) for c in self.planned}]
+        lines += [f"{d.table:<40} {d.action:<9} due, not this round (urgency {d.urgency:.1f}: {d.why})" for d in waiting]
+        lines += [f"{table:<40} {'policy':<9} {problem}" for table, found in self.problems.items() for problem in found]
+        return lines or ["nothing is due"]
+
+
+class Governor:
+    def __init__(self, keepers: Callable[[], list[Keeper]], scheduler: Scheduler, *, budget: int = 1,
+                 state_dir: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.keepers, self.scheduler, self.budget = keepers, scheduler, budget
+        self.state_path = Path(state_dir) / STATE_FILE if state_dir else None
+        self.clock = clock
+        self.log = get_logger("governor")
+        self.actions: list[float] = []  # when each action finished (actions a minute)
+
+    def round(self, dry_run: bool = False) -> RoundReport:
+        report = RoundReport()
+        keepers = {k.identifier: k for k in self.keepers()}
+        for identifier, keeper in keepers.items():
+            try:
+                due, problems = keeper.probe()
+            except Exception as exc:  # noqa: BLE001 - a table that cannot be read is its own problem
+                due, problems = [], [f"cannot be read: {type(exc).__name__}: {str(exc)[:200]}"]
+            report.due += due
+            if problems:
+                report.problems[identifier] = problems
+        now = self.clock()
+        report.planned = self.scheduler.plan(report.due, now, self.budget)
+        if not dry_run:
+            for choice in report.planned:
+                report.ran.append(self._run(keepers[choice.due.table], choice))
+        self._write_state(report)
+        return report
+
+    def _run(self, keeper: Keeper, choice: Choice) -> dict[str, Any]:
+        log = self.log.bind(table=keeper.identifier, action=choice.due.action)
+        started = self.clock()
+        log.info("action started", why=choice.reason, waited_seconds=round(choice.waited_seconds, 1))
+        try:
+            result = keeper.run(choice.due.action)
+        except Exception as exc:  # noqa: BLE001 - isolated: this table backs off, the others go on
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            backoff = self.scheduler.failed(choice, self.clock(), error)
+            log.warning("action failed; the table backs off, the others go on", error=error,
+                        backoff_seconds=backoff)
+            return {"table": keeper.identifier, "action": choice.due.action, "ok": False, "error": error}
+        finished = self.clock()
+        self.scheduler.ran(choice, finished, result)
+        self.actions.append(finished)
+        log.info("action finished", seconds=round(finished - started, 2))
+        return {"table": keeper.identifier, "action": choice.due.action, "ok": True,
+                "seconds": round(finished - started, 2)}
+
+    def fleet_line(self) -> dict[str, Any]:
+        now = self.clock()
+        recent = [t for t in self.actions if now - t <= 60]
+        return {"tables_due": len({t["table"] for t in self.scheduler.state(now) if t["waiting_seconds"] is not None}),
+                "oldest_wait_seconds": round(self.scheduler.oldest_wait(now), 1),
+                "actions_last_minute": len(recent)}
+
+    def _write_state(self, report: RoundReport) -> None:
+        if self.state_path is None:
+            return
+        document = {"written_at": time.time(), "fleet": self.fleet_line(),
+                    "actions": self.scheduler.state(self.clock()), "problems": report.problems,
+                    "due": [{"table": d.table, "action": d.action, "urgency": round(d.urgency, 2), "why": d.why}
+                            for d in report.due]}
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(document, indent=1))
+        os.replace(temporary, self.state_path)
+
+    def run(self, stop: threading.Event, interval_seconds: float, rounds: int | None = None) -> int:
+        """Rounds until `stop` (or `rounds` of them); returns how many ran."""
+        done = 0
+        while not stop.is_set() and (rounds is None or done < rounds):
+            report = self.round()
+            done += 1
+            self.log.info("round", planned=len(report.planned), due=len(report.due), **self.fleet_line())
+            if not report.planned:
+                stop.wait(interval_seconds)
+        return done

@@ -1,0 +1,123 @@
+"""`streamberg govern`: one Spark session keeps a catalog of tables by their properties.
+
+12 tables in one catalog: the config's own (db.events) and 11 in namespace `lake`, written by
+plain pyiceberg appends, their policy set through Spark SQL (`ALTER TABLE ... SET
+TBLPROPERTIES`, the SQL entry). One has compaction switched off, one a bad value, one is dropped
+between rounds. The governor (the real TableKeeper probes and runners on the shared session)
+compacts every due table: rows unchanged (pyiceberg and DuckDB count rows and distinct ids),
+files fewer; the bad value is reported for its table and the others go on; a property changed
+between rounds takes effect at the next; `--dry-run` through the real command changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.spark import register_catalog
+from streamberg.common.summary_keys import SummaryKeys
+from streamberg.governor.app import Governor, Keeper
+from streamberg.governor.scheduler import Scheduler
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.render import render_screen
+from tests.compactor.helpers import DAY, FakeIngest, compactor_snapshots, live_files, reload, row_multiset, summary
+from tests.compactor.helpers import write_config as compactor_config
+from tests.helpers import config_at, streamberg
+
+pytestmark = pytest.mark.spark
+LAKE = [f"lake.t{i:02d}" for i in range(11)]
+
+
+def _duckdb_counts(table) -> tuple[int, int]:
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+        con.execute(f"LOAD '{Path(module.__path__[0]) / 'extensions' / f'v{duckdb.__version__}' / f'{name}.duckdb_extension'}'")
+    location = table.metadata_location.removeprefix("file://")
+    return con.execute(f"SELECT count(*), count(DISTINCT id) FROM iceberg_scan('{location}')").fetchone()
+
+
+def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) -> None:
+    from streamberg.cli.govern import TableKeeper
+
+    path = compactor_config(tmp_path, partition_spec=DAY, compactor={"min_files": 2})
+    config = config_at(path)
+    catalog = load_catalog(config.catalog)
+    ensure_table(catalog, config.table)
+    configs = {"db.events": config}
+    for identifier in LAKE:
+        configs[identifier] = config.model_copy(update={"table": config.table.model_copy(update={"identifier": identifier})})
+        ensure_table(catalog, configs[identifier].table)
+    ingests = {i: FakeIngest(c, seed=n) for n, (i, c) in enumerate(configs.items())}
+    for ingest in ingests.values():
+        for _ in range(3):
+            ingest.append(120, days=2)
+
+    # Policy from Spark SQL: the lake's tables opt in (maintenance left to its own schedule here).
+    name = config.catalog.name
+    register_catalog(spark, config.catalog)
+    for identifier in LAKE:
+        spark.sql(f"ALTER TABLE {name}.{identifier} SET TBLPROPERTIES ('streamberg.maintain.enabled'='false', "
+                  "'streamberg.govern.min_interval_seconds'='0')")
+    spark.sql(f"ALTER TABLE {name}.lake.t01 SET TBLPROPERTIES ('streamberg.compact.enabled'='false')")
+    spark.sql(f"ALTER TABLE {name}.lake.t02 SET TBLPROPERTIES ('streamberg.cluster.strategy'='spiral')")
+    spark.sql(f"ALTER TABLE {name}.lake.t03 SET TBLPROPERTIES ('streamberg.cluster.strategy'='hilbert')")
+    spark.sql(f"ALTER TABLE {name}.db.events SET TBLPROPERTIES ('streamberg.maintain.enabled'='false')")
+    before = {i: (row_multiset(reload(c)), set(live_files(reload(c)))) for i, c in configs.items()}
+
+    # The real command's plan: every table but t01 due for compaction, nothing changed.
+    proc = streamberg("govern", "--config", str(path), "--namespace", "lake", "--dry-run", "--json")
+    plan = json.loads(proc.stdout)
+    assert len(plan["planned"]) == 1 and plan["planned"][0]["action"] == "compact"  # budget 1: the most urgent
+    assert plan["planned"][0]["table"] != "lake.t01"
+    assert "lake.t02" in plan["problems"] and "spiral" in plan["problems"]["lake.t02"][0]
+    assert all(set(live_files(reload(c))) == before[i][1] for i, c in configs.items())
+
+    # The namespace's tables as the command finds them (policy keys set: opted in), each with
+    # its own compactor checkpoint.
+    from streamberg.cli.govern import _opted_in
+
+    live = {"db.events": config, **{c.table.identifier: c for c in _opted_in(config, ["lake"], {"db.events"})}}
+    assert sorted(live) == sorted(configs)
+    assert len({c.compactor.checkpoint_dir for c in live.values()}) == len(live)
+    keepers = lambda: [Keeper(i, k.probe, k.run) for i, k in ((i, TableKeeper(c, spark)) for i, c in live.items())]  # noqa: E731
+    governor = Governor(keepers, Scheduler(max_wait_seconds=600), budget=len(configs),
+                        state_dir=config.ingest.state_dir)
+    report = governor.round()
+    assert sorted(r["table"] for r in report.ran) == sorted(set(configs) - {"lake.t01"})
+    assert all(r["ok"] for r in report.ran), report.ran
+    for identifier, c in configs.items():
+        table = reload(c)
+        rows, files = before[identifier]
+        assert row_multiset(table) == rows, identifier
+        assert _duckdb_counts(table) == (sum(rows.values()), sum(rows.values())), identifier
+        if identifier == "lake.t01":
+            assert set(live_files(table)) == files and not compactor_snapshots(table)
+        else:
+            assert len(live_files(table)) < len(files), identifier
+    assert summary(compactor_snapshots(reload(configs["lake.t03"]))[-1])[SummaryKeys.COMPACTOR_STRATEGY] == "hilbert"
+    state = json.loads((Path(config.ingest.state_dir) / "govern.json").read_text())
+    assert state["problems"]["lake.t02"] and state["fleet"]["actions_last_minute"] == len(configs) - 1
+    # status tells the truth about each table: the bad value (a warning), what the governor did.
+    bad = with_health(collect_status(configs["lake.t02"]), configs["lake.t02"])
+    assert bad.policy_problems and any("table policy: streamberg.cluster.strategy" in r for r in bad.health.reasons)
+    assert [a["action"] for a in bad.governor["actions"]] == ["compact"]
+    assert "governor" in render_screen(bad) and "ignored: streamberg.cluster.strategy" in render_screen(bad)
+
+    # Between rounds: t01 switched on, t04 dropped under the governor; new data everywhere.
+    spark.sql(f"ALTER TABLE {name}.lake.t01 SET TBLPROPERTIES ('streamberg.compact.enabled'='true')")
+    for identifier in ("lake.t01", "lake.t05"):
+        ingests[identifier].append(120, days=2)
+        ingests[identifier].append(120, days=2)
+    catalog.drop_table("lake.t04")
+    report = governor.round()
+    assert "lake.t04" in report.problems and "cannot be read" in report.problems["lake.t04"][0]
+    assert {r["table"] for r in report.ran} >= {"lake.t01", "lake.t05"} and all(r["ok"] for r in report.ran)
+    assert compactor_snapshots(reload(configs["lake.t01"]))

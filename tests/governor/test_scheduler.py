@@ -1,0 +1,73 @@
+"""The governor's scheduler and policy parsing, pure: no Spark, no catalog (fast)."""
+
+from __future__ import annotations
+
+import random
+
+from streamberg.common.policy import POLICY_KEYS, policy_of
+from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
+
+
+def test_a_hot_table_cannot_starve_the_quiet_ones() -> None:
+    """20 quiet tables due a little, 3 hot ones always very due, one action a round (10 s):
+    every quiet table still runs, none waiting past the bound plus one round."""
+    bound, round_seconds = 120.0, 10.0
+    scheduler = Scheduler(max_wait_seconds=bound)
+    rng = random.Random(3)
+    quiet_due: dict[str, float] = {}
+    waits: list[float] = []
+    ran_quiet: set[str] = set()
+    now = 0.0
+    for _ in range(400):
+        for q in range(20):  # a quiet table becomes due now and then, stays due until run
+            if f"q{q}" not in quiet_due and rng.random() < 0.02:
+                quiet_due[f"q{q}"] = now
+        due = [Due(f"hot{h}", "compact", 50.0 + h, "hot", 0) for h in range(3)]
+        due += [Due(t, "compact", 1.0, "quiet", 0) for t in quiet_due]
+        for choice in scheduler.plan(due, now, budget=1):
+            scheduler.ran(choice, now)
+            if choice.due.table in quiet_due:
+                waits.append(now - quiet_due.pop(choice.due.table))
+                ran_quiet.add(choice.due.table)
+        now += round_seconds
+    assert len(ran_quiet) == 20 and waits
+    # The bound, plus the rounds of other quiet tables that passed it at the same moment (140 s here).
+    assert max(waits) <= bound + 5 * round_seconds, max(waits)
+    # Without the bound the quiet ones would never run: the hot tables are always more urgent.
+    greedy = Scheduler(max_wait_seconds=float("inf"))
+    chosen = {c.due.table for _ in range(50)
+              for c in greedy.plan([Due("hot", "compact", 50, "", 0), Due("q", "compact", 1, "", 0)], 0.0, 1)}
+    assert chosen == {"hot"}
+
+
+def test_min_interval_and_backoff_isolate_a_table() -> None:
+    scheduler = Scheduler(max_wait_seconds=600)
+    a, b = Due("a", "compact", 5, "", 60), Due("b", "compact", 1, "", 60)
+    first = scheduler.plan([a, b], 0.0, budget=1)[0]
+    assert first.due.table == "a"
+    scheduler.failed(first, 0.0, "RuntimeError: boom")
+    # a backs off; b goes on
+    assert [c.due.table for c in scheduler.plan([a, b], 1.0, budget=2)] == ["b"]
+    scheduler.ran(scheduler.plan([b], 1.0, budget=1)[0], 1.0)
+    assert scheduler.plan([b], 30.0, budget=1) == []  # its minimum interval
+    assert [c.due.table for c in scheduler.plan([a, b], BACKOFF_BASE_SECONDS + 70.0, budget=2)] == ["a", "b"]
+    state = {s["table"]: s for s in scheduler.state(1.0)}
+    assert state["a"]["failures"] == 1 and state["a"]["last_error"] == "RuntimeError: boom"
+
+
+def test_policy_keys_parse_and_bad_values_are_named() -> None:
+    policy = policy_of({"streamberg.cluster.columns": "user_id, city", "streamberg.cluster.strategy": "HILBERT",
+                        "streamberg.compact.enabled": "maybe", "streamberg.cluster.colums": "x",
+                        "streamberg.route.topic": "events", "write.format.default": "parquet"})
+    assert policy.governed and policy.cluster_columns == ["user_id", "city"] and policy.cluster_strategy == "hilbert"
+    assert policy.compact_enabled  # the bad value is ignored, not guessed
+    assert [p.split(":")[0] for p in policy.problems] == ["streamberg.cluster.colums", "streamberg.compact.enabled"]
+    assert not policy_of({"streamberg.route.topic": "events"}).governed
+    assert len({k.name for k in POLICY_KEYS}) == len(POLICY_KEYS)
+
+
+def test_every_policy_key_is_documented() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "governor.md").read_text()
+    assert [k.name for k in POLICY_KEYS if f"`{k.name}`" not in text] == []
