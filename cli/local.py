@@ -98,6 +98,8 @@ def _table(args: argparse.Namespace) -> int:
         raise CommandError("--dry-run goes with --evolve")
     if args.evolve:
         return _evolve(args)
+    if args.set or args.unset:
+        return _set_policy(args)
     config = config_of(args)
     try:
         facts = table_facts(config)
@@ -125,6 +127,34 @@ def _table(args: argparse.Namespace) -> int:
     print(f"committed        topic {offsets['topic']} by {offsets['job_id']} in snapshot {offsets['snapshot_id']}")
     for partition, offset in offsets["partitions"].items():
         print(f"  partition {partition:>3}  next offset {offset:,}")
+    return 0
+
+
+def _set_policy(args: argparse.Namespace) -> int:
+    """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
+    checked against the registry first; nothing is written when one is refused."""
+    from streamberg.common.catalog import load_catalog
+    from streamberg.common.policy import POLICY_KEYS, refusal
+
+    config = config_of(args)
+    settings: dict[str, str] = {}
+    for assignment in args.set:
+        name, equals, value = assignment.partition("=")
+        if not equals:
+            raise CommandError(f"--set {assignment!r}: give KEY=VALUE")
+        if problem := refusal(name.strip(), value.strip()):
+            raise CommandError(problem)
+        settings[name.strip()] = value.strip()
+    for name in args.unset:
+        if name not in {k.name for k in POLICY_KEYS}:
+            raise CommandError(f"--unset {name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}")
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    with table.transaction() as transaction:
+        if settings:
+            transaction.set_properties(settings)
+        if args.unset:
+            transaction.remove_properties(*args.unset)
+    print(json.dumps({"table": config.table.identifier, "set": settings, "unset": list(args.unset)}))
     return 0
 
 
@@ -198,4 +228,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "has and the table lacks, make optional the columns the config makes optional; any other "
                             "difference (type change, new required column, dropped column) is refused, exit 1")
     table.add_argument("--dry-run", action="store_true", help="with --evolve: print the changes, make none")
+    table.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="set a streamberg.* policy property of the table (what `streamberg govern` reads; the keys: "
+                            "docs/governor.md); checked before anything is written. Repeatable")
+    table.add_argument("--unset", action="append", default=[], metavar="KEY", help="remove a policy property")
     table.set_defaults(func=_table)

@@ -87,6 +87,19 @@ class TablePolicy:
     governed: bool = False  # any policy key set (what an opt-in namespace's tables need)
 
 
+def refusal(name: str, text: str) -> str | None:
+    """Why `name=text` is not a policy setting (None: it is), as `streamberg table --set` checks
+    before writing: only the registry's keys, each value as its parser takes it."""
+    key = {k.name: k for k in POLICY_KEYS}.get(name)
+    if key is None:
+        return f"{name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}"
+    try:
+        key.parse(text)
+    except (ValueError, TypeError) as exc:
+        return f"{name}: {text[:60]!r} is not {exc}"
+    return None
+
+
 def policy_of(properties: Mapping[str, str]) -> TablePolicy:
     """The policy the table's properties state; bad values named in `problems`, never raised."""
     policy = TablePolicy()

@@ -71,3 +71,31 @@ def test_every_policy_key_is_documented() -> None:
 
     text = (Path(__file__).parents[2] / "docs" / "governor.md").read_text()
     assert [k.name for k in POLICY_KEYS if f"`{k.name}`" not in text] == []
+
+
+def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
+    """`streamberg table --set/--unset` (the CLI entry beside Spark SQL): a refused value writes
+    nothing; accepted ones land in the table's properties, where `govern` reads them."""
+    from streamberg.common.catalog import ensure_table, load_catalog
+    from tests.compactor.helpers import write_config
+    from tests.helpers import config_at, streamberg
+
+    path = write_config(tmp_path)
+    config = config_at(path)
+    ensure_table(load_catalog(config.catalog), config.table)
+
+    def properties() -> dict:
+        return dict(load_catalog(config.catalog).load_table(config.table.identifier).properties)
+
+    before = properties()
+    for bad in ("streamberg.cluster.strategy=spiral", "streamberg.nope=1", "write.format.default=orc", "no-equals"):
+        proc = streamberg("table", "--config", str(path), "--set", "streamberg.compact.enabled=false", "--set", bad,
+                          check=False)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (bad, proc.stderr)
+        assert properties() == before, bad
+    streamberg("table", "--config", str(path), "--set", "streamberg.cluster.columns=user_id,city",
+               "--set", "streamberg.cluster.strategy=hilbert")
+    policy = policy_of(properties())
+    assert policy.cluster_columns == ["user_id", "city"] and policy.cluster_strategy == "hilbert" and not policy.problems
+    streamberg("table", "--config", str(path), "--unset", "streamberg.cluster.strategy")
+    assert "streamberg.cluster.strategy" not in properties()
