@@ -63,6 +63,28 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
     yield from _clustering_metrics(status)
     yield from _snapshot_metrics(status)
     yield from _merge_metrics(status)
+    yield from _governor_metrics(status)
+
+
+def _governor_metrics(status: Status) -> Iterator[Metric]:
+    """The table's policy problems and what `streamberg govern` recorded, per action."""
+    t = status.table
+    yield from _gauge("streamberg_table_policy_problems", "streamberg.* table properties ignored as invalid", t,
+                      len(status.policy_problems))
+    actions = (status.governor or {}).get("actions", [])
+    labels = ["table", "action"]
+    families = {
+        "streamberg_governor_waiting_seconds": ("how long this due action has waited for the governor", "waiting_seconds"),
+        "streamberg_governor_last_run_age_seconds": ("seconds since the governor last ran this action",
+                                                     "last_run_age_seconds"),
+        "streamberg_governor_failures": ("failures in a row of this action (it backs off)", "failures"),
+    }
+    for name, (doc, key) in families.items():
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for action in actions:
+            if action.get(key) is not None:
+                family.add_metric([t, str(action["action"])], float(action[key]))
+        yield family
 
 
 def _merge_metrics(status: Status) -> Iterator[Metric]:

@@ -24,6 +24,7 @@ from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Scheduler
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
+from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
 from tests.compactor.helpers import DAY, FakeIngest, compactor_snapshots, live_files, reload, row_multiset, summary
 from tests.compactor.helpers import write_config as compactor_config
@@ -110,6 +111,10 @@ def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) ->
     assert bad.policy_problems and any("table policy: streamberg.cluster.strategy" in r for r in bad.health.reasons)
     assert [a["action"] for a in bad.governor["actions"]] == ["compact"]
     assert "governor" in render_screen(bad) and "ignored: streamberg.cluster.strategy" in render_screen(bad)
+    scraped = {(m.name, tuple(s.labels.values())): s.value for m in status_metrics(bad, 0.1) for s in m.samples}
+    assert scraped[("streamberg_table_policy_problems", ("lake.t02",))] == 1
+    assert scraped[("streamberg_governor_failures", ("lake.t02", "compact"))] == 0
+    assert ("streamberg_governor_last_run_age_seconds", ("lake.t02", "compact")) in scraped
 
     # Between rounds: t01 switched on, t04 dropped under the governor; new data everywhere.
     spark.sql(f"ALTER TABLE {name}.lake.t01 SET TBLPROPERTIES ('streamberg.compact.enabled'='true')")
