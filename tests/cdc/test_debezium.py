@@ -213,11 +213,20 @@ def test_debezium_stream_through_kill_9_of_ingest_and_merge(tmp_path: Path, brok
         second = source.take()
         log = tmp_path / f"ingest-{attempt}.log"
 
-        def more_while_it_runs(second=second) -> None:
+        def part_of(second: list, part: int) -> list:
+            return [e[len(e) * part // 5:len(e) * (part + 1) // 5] for e in second]
+
+        # A retry follows a kill that came after everything was committed: nothing would be
+        # left to read until `meanwhile`, which waits for a commit. Its first slice goes first.
+        first_part = 1 if attempt else 0
+        if attempt:
+            _produce(config, part_of(second, 0))
+
+        def more_while_it_runs(second=second, first_part=first_part) -> None:
             # In slices over about two commit intervals; the kill follows the last at once, so
             # it comes with records read and not committed.
-            for part in range(5):
-                _produce(config, [e[len(e) * part // 5:len(e) * (part + 1) // 5] for e in second])  # in order
+            for part in range(first_part, 5):
+                _produce(config, part_of(second, part))  # in order
                 time.sleep(0.4)
 
         before = consumed
