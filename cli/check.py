@@ -25,6 +25,7 @@ from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.redact import redact
+from streamberg.common.watermarks import kafka_error_text
 
 
 @dataclass
@@ -70,9 +71,7 @@ def _broker(kafka: dict[str, Any], wanted: list[str], patterns: list[str], timeo
         admin = AdminClient({**connection_settings(bootstrap, kafka.get("consumer")), "log_level": 0})
         topics = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        error = exc.args[0] if exc.args else exc
-        text = error.str() if hasattr(error, "str") else str(exc)
-        return Probe("broker", False, f"{bootstrap}: {text}")
+        return Probe("broker", False, f"{bootstrap}: {kafka_error_text(exc)}")
     partitions = {t: len(topics[t].partitions) for t in wanted if t in topics}
     missing = [t for t in wanted if t not in topics]
     matched = {p: sorted(t for t in topics if re.fullmatch(p, t)) for p in patterns}

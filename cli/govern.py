@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from streamberg.common.catalog import first_line
 from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config, resolve_fleet
@@ -113,7 +114,7 @@ class TableKeeper:
                     due.append(Due(identifier, "compact", urgency,
                                    f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups", gap))
             except Exception as exc:  # noqa: BLE001 - e.g. a clustering column the table lacks: this table's problem
-                problems.append(f"compact: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                problems.append(f"compact: {first_line(exc)[:300]}")
         if policy.merge_enabled and has_changelog(config):
             from streamberg.common.catalog import load_catalog
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamberg.common.catalog import first_line
 from streamberg.common.log import get_logger
 from streamberg.common.policy import GOVERN_STATE_FILE as STATE_FILE
 from streamberg.governor.scheduler import Choice, Due, Scheduler
@@ -87,7 +88,7 @@ class Governor:
         try:
             result = keeper.run(choice.due.action)
         except Exception as exc:  # noqa: BLE001 - isolated: this table backs off, the others go on
-            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            error = first_line(exc)[:300]
             backoff = self.scheduler.failed(choice, self.clock(), error)
             log.warning("action failed; the table backs off, the others go on", error=error,
                         backoff_seconds=backoff)
