@@ -32,6 +32,7 @@ from pyiceberg.types import (
     LongType,
     MapType,
     NestedField,
+    PrimitiveType,
     StringType,
     StructType,
     TimestampType,
@@ -42,6 +43,7 @@ from pyiceberg.types import (
 
 from streamberg.common.config import TableConfig
 from streamberg.common.config.types import FieldSpec, ListOf, MapOf, Primitive, StructOf, TypeSpec
+from streamberg.common.schema_pairs import PairVisitor, walk_pair
 
 _PRIMITIVES: dict[str, IcebergType] = {
     "boolean": BooleanType(), "int": IntegerType(), "long": LongType(), "float": FloatType(),
@@ -155,48 +157,68 @@ class SchemaDiff:
 
 
 def compare(expected: Schema, actual: Schema) -> SchemaDiff:
-    diff = SchemaDiff()
-    _compare_fields("", expected.fields, actual.fields, diff)
-    return diff
+    visitor = _ConfigAgainstTable()
+    walk_pair(visitor, expected, actual)
+    return visitor.diff
 
 
 def _join(parent: str, name: str) -> str:
     return f"{parent}.{name}" if parent else name
 
 
-def _compare_fields(parent: str, want: tuple[NestedField, ...], have: tuple[NestedField, ...], diff: SchemaDiff) -> None:
-    by_name = {f.name: f for f in have}
-    for w in want:
-        h = by_name.get(w.name)
-        path = _join(parent, w.name)
-        if h is None:
-            diff.missing.append((parent, w))
-            continue
-        if h.required and not w.required:
-            diff.relaxed.append(path)
-        _compare_types(path, w.field_type, h.field_type, diff)
-    named = {f.name for f in want}
-    diff.required_unnamed.extend(_join(parent, h.name) for h in have if h.name not in named and h.required)
+class _ConfigAgainstTable(PairVisitor):
+    """The config's schema visited with the table's fields as partners (common/schema_pairs.py):
+    each part compared where both schemas have it, once, at its own level."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.diff = SchemaDiff()
 
-def _compare_types(path: str, want: IcebergType, have: IcebergType, diff: SchemaDiff) -> None:
-    if isinstance(want, StructType) and isinstance(have, StructType):
-        _compare_fields(path, want.fields, have.fields, diff)
-    elif isinstance(want, ListType) and isinstance(have, ListType):
-        if have.element_required and not want.element_required:
-            diff.relaxed_parts.append((path, "elements"))
-        _compare_types(path, want.element_type, have.element_type, diff)
-    elif isinstance(want, MapType) and isinstance(have, MapType):
-        if have.value_required and not want.value_required:
-            diff.relaxed_parts.append((path, "values"))
-        if want.key_type != have.key_type:
-            diff.type_changes.append((f"{path} (its keys)", have.key_type, want.key_type))
-        _compare_types(path, want.value_type, have.value_type, diff)
-    elif want.is_primitive and have.is_primitive:
-        if want != have:
-            diff.type_changes.append((path, have, want))
-    else:
-        diff.type_changes.append((path, have, want))
+    def struct(self, struct: StructType, struct_partner: NestedField | None, field_results: list[None]) -> None:
+        if struct_partner is None:
+            return
+        have = struct_partner.field_type
+        if not isinstance(have, StructType):
+            self.diff.type_changes.append((self.names(), have, struct))
+            return
+        parent = self.names()
+        by_name = {f.name: f for f in have.fields}
+        for w in struct.fields:
+            h = by_name.get(w.name)
+            if h is None:
+                self.diff.missing.append((parent, w))
+            elif h.required and not w.required:
+                self.diff.relaxed.append(_join(parent, w.name))
+        named = {f.name for f in struct.fields}
+        self.diff.required_unnamed.extend(_join(parent, h.name) for h in have.fields
+                                          if h.name not in named and h.required)
+
+    def list(self, list_type: ListType, list_partner: NestedField | None, element_result: None) -> None:
+        if list_partner is None:
+            return
+        have = list_partner.field_type
+        if not isinstance(have, ListType):
+            self.diff.type_changes.append((self.names(), have, list_type))
+        elif have.element_required and not list_type.element_required:
+            self.diff.relaxed_parts.append((self.names(), "elements"))
+
+    def map(self, map_type: MapType, map_partner: NestedField | None, key_result: None, value_result: None) -> None:
+        if map_partner is None:
+            return
+        have = map_partner.field_type
+        if not isinstance(have, MapType):
+            self.diff.type_changes.append((self.names(), have, map_type))
+            return
+        if have.value_required and not map_type.value_required:
+            self.diff.relaxed_parts.append((self.names(), "values"))
+
+    def primitive(self, primitive: PrimitiveType, primitive_partner: NestedField | None) -> None:
+        if primitive_partner is None:
+            return
+        have = primitive_partner.field_type
+        if have != primitive:
+            what = f"{self.names()} (its keys)" if self.path and self.path[-1] == ("key", False) else self.names()
+            self.diff.type_changes.append((what, have, primitive))
 
 
 def describe_schema_differences(expected: Schema, actual: Schema) -> list[str]:

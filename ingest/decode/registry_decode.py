@@ -36,15 +36,10 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import (
-    IcebergType,
-    ListType,
-    MapType,
-    NestedField,
-    StructType,
-)
+from pyiceberg.types import IcebergType, ListType, MapType, NestedField, PrimitiveType, StructType
 
 from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
+from streamberg.common.schema_pairs import PairVisitor, walk_pair
 from streamberg.ingest.decode.interface import DecodeResult
 from streamberg.ingest.decode.registry import WriterSchemas
 from streamberg.ingest.decode.required_fields import missing as missing_field
@@ -129,43 +124,8 @@ class RegistryDecoder:
             return fit
         if self.wrap is not None:
             writer = StructType(NestedField(1, self.wrap, writer, required=False))
-        self._compare(key[0], (), writer, self.schema.as_struct(), fit)
+        walk_pair(_WriterAgainstTable(key[0], fit), writer, self.schema)
         return fit
-
-    def _compare(self, schema_id: int, path: Path, writer: IcebergType, table: IcebergType, fit: _Fit) -> None:
-        where = display(path)
-        if isinstance(writer, StructType) and isinstance(table, StructType):
-            theirs = {f.name: f for f in table.fields}
-            mine = {f.name for f in writer.fields}
-            for f in writer.fields:
-                if f.name in theirs:
-                    self._compare(schema_id, (*path, f.name), f.field_type, theirs[f.name].field_type, fit)
-                else:
-                    fit.unknown.append(((*path, f.name), f.field_type))
-            for f in table.fields:
-                if f.required and f.name not in mine and fit.refusal is None:
-                    fit.refusal = missing_field(display((*path, f.name)), f"writer schema id {schema_id} lacks it")
-        elif isinstance(writer, ListType) and isinstance(table, ListType):
-            self._compare(schema_id, (*path, "element"), writer.element_type, table.element_type, fit)
-        elif isinstance(writer, MapType) and isinstance(table, MapType):
-            if not readable_as(writer.key_type, table.key_type) and fit.refusal is None:
-                fit.refusal = (f"field {where!r}: the writer schema (id {schema_id}) has map keys of "
-                               f"{writer.key_type} where the table has {table.key_type}")
-            self._compare(schema_id, (*path, "value"), writer.value_type, table.value_type, fit)
-        elif readable_as(writer, table):
-            return
-        elif widens(table, writer):
-            # Every column this writer schema needs wider goes in the one reason: the
-            # committer widens them all in the same commit.
-            dotted = ".".join(p for p in path if p != "element")
-            if fit.widen is None:
-                fit.widen = Widening(f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the "
-                                     f"table has {table}", dotted, writer)
-            else:
-                fit.widen = Widening(str(fit.widen), fit.widen.path, fit.widen.wider,
-                                     (*fit.widen.also, (dotted, writer)))
-        elif fit.refusal is None:
-            fit.refusal = f"field {where!r}: the writer schema (id {schema_id}) has {writer} where the table has {table}"
 
     # -- a batch -----------------------------------------------------------------------------
     def decode(self, values: list[bytes | None]) -> DecodeResult:
@@ -260,6 +220,72 @@ class RegistryDecoder:
         keep = np.ones(len(kept), dtype=bool)
         keep[list(missing)] = False
         return table.filter(pa.array(keep)), kept[keep], refused
+
+
+
+class _WriterAgainstTable(PairVisitor):
+    """A writer schema visited with the table's fields as partners (common/schema_pairs.py),
+    its judgement kept in the fit: the first refusal, the widenings, the fields the table lacks."""
+
+    def __init__(self, schema_id: int, fit: _Fit) -> None:
+        super().__init__()
+        self.schema_id, self.fit = schema_id, fit
+
+    def _refuse(self, reason: str) -> None:
+        if self.fit.refusal is None:
+            self.fit.refusal = reason
+
+    def _differs(self, writer: IcebergType, table: IcebergType) -> None:
+        self._refuse(f"field {display(self.parts())!r}: the writer schema (id {self.schema_id}) has {writer} where "
+                     f"the table has {table}")
+
+    def struct(self, struct: StructType, struct_partner: NestedField | None, field_results: list[None]) -> None:
+        if struct_partner is None:
+            return
+        table = struct_partner.field_type
+        if not isinstance(table, StructType):
+            self._differs(struct, table)
+            return
+        path = self.parts()
+        theirs = {f.name for f in table.fields}
+        self.fit.unknown += [((*path, f.name), f.field_type) for f in struct.fields if f.name not in theirs]
+        mine = {f.name for f in struct.fields}
+        for f in table.fields:
+            if f.required and f.name not in mine:
+                self._refuse(missing_field(display((*path, f.name)), f"writer schema id {self.schema_id} lacks it"))
+
+    def list(self, list_type: ListType, list_partner: NestedField | None, element_result: None) -> None:
+        if list_partner is not None and not isinstance(list_partner.field_type, ListType):
+            self._differs(list_type, list_partner.field_type)
+
+    def map(self, map_type: MapType, map_partner: NestedField | None, key_result: None, value_result: None) -> None:
+        if map_partner is None:
+            return
+        table = map_partner.field_type
+        if not isinstance(table, MapType):
+            self._differs(map_type, table)
+        elif not readable_as(map_type.key_type, table.key_type):
+            self._refuse(f"field {display(self.parts())!r}: the writer schema (id {self.schema_id}) has map keys of "
+                         f"{map_type.key_type} where the table has {table.key_type}")
+
+    def primitive(self, primitive: PrimitiveType, primitive_partner: NestedField | None) -> None:
+        if primitive_partner is None or (self.path and self.path[-1] == ("key", False)):
+            return  # a field the table lacks (its struct reports it); a map's key (its map judges it)
+        table = primitive_partner.field_type
+        if readable_as(primitive, table):
+            return
+        if not widens(table, primitive):
+            self._differs(primitive, table)
+            return
+        # Every column this writer schema needs wider goes in the one reason: the committer
+        # widens them all in the same commit.
+        dotted = ".".join(name for name, is_field in self.path if is_field or name != "element")
+        widen = self.fit.widen
+        if widen is None:
+            self.fit.widen = Widening(f"field {display(self.parts())!r}: the writer schema (id {self.schema_id}) "
+                                      f"has {primitive} where the table has {table}", dotted, primitive)
+        else:
+            self.fit.widen = Widening(str(widen), widen.path, widen.wider, (*widen.also, (dotted, primitive)))
 
 
 def _framing(value: bytes, exc: Exception) -> str:

@@ -79,7 +79,7 @@ def test_bad_events_are_dead_letters_with_their_reason() -> None:
     result = _decoder().decode(values, None, _positions(len(values)))
     reasons = dict(result.rejected)
     assert "unknown op" in reasons[0] and "missing required field 'id'" in reasons[1]
-    assert "missing required field 'name'" in reasons[2] and reasons[3].startswith("before: field 'id'")
+    assert "missing required field 'name'" in reasons[2] and reasons[3].startswith("field 'before.id'")
     assert "op d without its before image" in reasons[4]
     assert "not a Debezium change event" in reasons[5] and "not JSON" in reasons[6]
     assert "not a Debezium change event" in reasons[7]

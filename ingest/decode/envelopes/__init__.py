@@ -3,12 +3,14 @@
 - `none`: a row to append (ingest/decode/records.py: the value, and the key where the config
   keeps it);
 - `debezium` and `upsert`: a change of a primary-key table's row, appended to its change log
-  (ingest/decode/envelopes/changes.py: one class per kind over one shared assembly; the Avro
-  form of Debezium's envelope in ingest/decode/envelopes/avro.py, a change's source position
-  in ingest/decode/envelopes/source_position.py).
+  (ingest/decode/envelopes/changes.py: one class per kind over one shared assembly; Debezium's
+  rules written once over an Arrow table of envelopes each format fills in
+  ingest/decode/envelopes/debezium.py, a change's source position in
+  ingest/decode/envelopes/source_position.py).
 
-Adding an envelope is one class (an EnvelopeDecoder with its `_change` and `_framed`) and one
-entry in ENVELOPES, with the value formats it reads.
+Adding an envelope is one class (an EnvelopeDecoder with its `_changes`) and one entry in
+ENVELOPES, with the value formats it reads; reading Debezium in another format is one entry in
+debezium.ENVELOPE_READERS.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from streamberg.common.changelog import required_columns
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
 from streamberg.ingest.decode.envelopes.changes import DebeziumDecoder, EnvelopeDecoder, UpsertDecoder
+from streamberg.ingest.decode.envelopes.debezium import ENVELOPE_READERS
 from streamberg.ingest.decode.formats import format_of
 from streamberg.ingest.decode.interface import RecordBatchDecoder
 from streamberg.ingest.decode.json_decode import epoch_units
@@ -30,7 +33,7 @@ Unknown = Literal["ignore", "report"]
 # kind -> (its decoder class; None: rows, RecordDecoder), and the value formats it reads.
 ENVELOPES: dict[str, tuple[type[EnvelopeDecoder] | None, frozenset[str]]] = {
     "none": (None, frozenset({"json", "avro", "protobuf"})),
-    "debezium": (DebeziumDecoder, frozenset({"json", "avro"})),
+    "debezium": (DebeziumDecoder, frozenset(ENVELOPE_READERS)),
     "upsert": (UpsertDecoder, frozenset({"json", "avro"})),
 }
 
@@ -48,8 +51,8 @@ def record_decoder(config: StreambergConfig, schema: Schema, unknown: Unknown = 
                           f"{' or '.join(sorted(formats))}")
     if decoder_class is None:
         return RecordDecoder.for_config(config, schema, unknown)
-    return decoder_class(schema, config.ingest.max_record_bytes, epoch_units=epoch_units(config.table.schema_),
+    return decoder_class(schema, config.ingest.max_record_bytes, fmt, epoch_units=epoch_units(config.table.schema_),
                          key_format=config.kafka.key_format, required=required_columns(config.table.properties),
-                         unknown=unknown, fmt=fmt, registry=registry)
+                         unknown=unknown, registry=registry)
 
 

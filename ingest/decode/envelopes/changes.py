@@ -2,29 +2,25 @@
 
 The change log (common/changelog.py) holds each change's row image in the table's columns
 plus its own: the operation, the key before a key change, the Kafka position and the
-source's time. This decoder reads the envelope of each record in Python (one `json.loads`),
-then hands the row images to the JSON decoder (ingest/decode/json_decode.py) in one batch, so the
-table's types, schema evolution and every dead-letter reason of an append apply unchanged:
+source's time. One assembly (EnvelopeDecoder) over one class per kind:
 
-- `debezium`: `{"before", "after", "op", "source": {"ts_ms"}}`, or the same inside the
-  JsonConverter's `{"schema", "payload"}` wrapper. c, u and r take the after image, d the
-  before image. An update whose before and after keys differ records the before key (the
-  merge deletes it). The tombstone Kafka sends after a delete (a null value) is skipped and
+- `debezium` (DebeziumDecoder): `{"before", "after", "op", "source"}` in JSON (bare or in the
+  JsonConverter's wrapper) or Confluent-framed Avro; read by the rules of
+  ingest/decode/envelopes/debezium.py, written once over an Arrow table of envelopes that each
+  format fills. The tombstone Kafka sends after a delete (a null value) is skipped and
   counted: it carries nothing the delete did not.
-- `upsert`: the value is the whole row (`u`); a null value (tombstone) deletes the row whose
-  key the Kafka key carries (`d`): with `kafka.key_format: text` the key's text is the one
-  string key column, with `value` it is JSON (an object of the key columns, or one value for
-  a one-column key).
+- `upsert` (UpsertDecoder): the value is the whole row (`u`), read by its format's decoder; a
+  null value (tombstone) deletes the row whose key the Kafka key carries (`d`): with
+  `kafka.key_format: text` the key's text is the one string key column, with `value` it is
+  JSON (an object of the key columns, or one value for a one-column key).
 
-A change whose image is not a row of the table is a dead letter with the reason: no
-envelope, an unknown op, no image for its op, a missing key column, a value that does not fit
-its column. A delete's image needs only the key columns; every other image is held to the
-table's required columns (the change log relaxes them, the table does not).
+A change whose image is not a row of the table is a dead letter with the reason. A delete's
+image needs only the key columns; every other image is held to the table's required columns
+(the change log relaxes them, the table does not).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -41,35 +37,21 @@ from streamberg.common.changelog import (
     DELETE,
     OFFSET,
     OP,
-    OPS,
     PARTITION,
     SOURCE_SEQ,
     SOURCE_TS,
 )
 from streamberg.common.config import CHANGELOG_COLUMNS
-from streamberg.ingest.decode.envelopes.avro import AvroChanges, Changes
-from streamberg.ingest.decode.envelopes.source_position import source_sequence
+from streamberg.ingest.decode.envelopes.debezium import Changes, debezium_rules
 from streamberg.ingest.decode.formats import ValueFormat
 from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
 from streamberg.ingest.decode.json_decode import JsonDecoder
 from streamberg.ingest.decode.registry import WriterSchemas
 from streamberg.ingest.decode.unknown_fields import UnknownField
 
-# source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
-_MAX_TS_MS = 10**15
-
 
 class _Refused(Exception):
     """A change that is no row: its reason goes to the dead-letter table."""
-
-
-def _loads(data: bytes, what: str) -> Any:
-    # orjson: strict JSON (no NaN or Infinity; UTF-8 only; 1024 levels deep at most) at a
-    # fifth of the stdlib's time, which is most of this decoder's cost.
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise _Refused(f"{what} is not JSON ({str(exc)[:120]})") from None
 
 
 def _dumps(row: Mapping[str, Any]) -> bytes:
@@ -86,17 +68,16 @@ def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[Neste
 
 class EnvelopeDecoder:
     """Decodes batches of change events into the change log's Arrow schema. A template: each
-    kind of envelope (DebeziumDecoder, UpsertDecoder) reads one record's change (`_change`)
-    and its framed form (`_framed`); the images, the before keys, the reserved names and the
-    change log's own columns are this class's."""
+    kind of envelope reads a batch's changes (`_changes`); the change log's own columns and the
+    reserved names are this class's."""
 
     kind: str = ""
     needs_keys: bool = False  # whether decode needs the records' Kafka keys
 
-    def __init__(self, schema: Schema, max_record_bytes: int, *,
+    def __init__(self, schema: Schema, max_record_bytes: int, fmt: ValueFormat, *,
                  epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
                  required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
-                 fmt: ValueFormat | None = None, registry: WriterSchemas | None = None) -> None:
+                 registry: WriterSchemas | None = None) -> None:
         self.schema = schema
         self.file_schema = schema_to_pyarrow(schema)
         self.max_record_bytes = max_record_bytes
@@ -104,89 +85,18 @@ class EnvelopeDecoder:
         before = schema.find_field(BEFORE_KEY).field_type
         assert isinstance(before, StructType)
         self.key_columns = [f.name for f in before.fields]
-        rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
-        self.row_schema = pa.schema([self.file_schema.field(f.name) for f in rows])
-        # Inserts and updates: the table's own required columns; deletes: the key alone.
-        self.images: ValueDecoder = JsonDecoder(
-            Schema(*_with_required(rows, set(required)), schema_id=schema.schema_id), max_record_bytes, epoch_units,
-            unknown)
-        self.deletes = JsonDecoder(Schema(*rows, schema_id=schema.schema_id), max_record_bytes, epoch_units, unknown)
-        self.before_keys = JsonDecoder(Schema(*before.fields), max_record_bytes, epoch_units, "ignore")
-        self.avro: AvroChanges | None = None
-        if fmt is not None and fmt.needs_registry:
-            assert registry is not None  # formats.format_of gives one with a registry format
-            self._framed(fmt, registry, rows, required, unknown)
+        self.rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
+        self.row_schema = pa.schema([self.file_schema.field(f.name) for f in self.rows])
 
-    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
-                unknown: Literal["ignore", "report"]) -> None:
-        """Set up reading Confluent-framed records (kafka.value_format avro)."""
-        raise NotImplementedError
-
-    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, bytes | None, int | None,
-                                                                          str | None] | None:
-        """One record's change: (op, row image JSON, before key JSON, source ms, sequence), or
-        None for a record that is no change (counted as skipped); _Refused for a dead letter."""
+    def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
+        """A batch's changes: each record a row image, a dead letter, or skipped."""
         raise NotImplementedError
 
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
                positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
         if positions is None:
             raise ValueError("the change log records each change's Kafka position: positions are needed")
-        partitions, offsets = positions
-        if self.avro is not None:
-            return self._assemble(self.avro.read(values), partitions, offsets)
-        ops: dict[int, str] = {}
-        times: dict[int, int] = {}
-        sequences: dict[int, str] = {}
-        images: list[tuple[int, bytes]] = []
-        deletes: list[tuple[int, bytes]] = []
-        moved: list[tuple[int, bytes]] = []
-        rejected: list[tuple[int, Any]] = []
-        skipped = 0
-        for i, value in enumerate(values):
-            try:
-                change = self._change(value, None if keys is None else keys[i])
-            except _Refused as exc:
-                rejected.append((i, str(exc)))
-                continue
-            if change is None:
-                skipped += 1
-                continue
-            op, image, before_key, ts, seq = change
-            ops[i] = op
-            if ts is not None:
-                times[i] = ts
-            if seq is not None:
-                sequences[i] = seq
-            (deletes if op == DELETE else images).append((i, image))
-            if before_key is not None:
-                moved.append((i, before_key))
-        before = self._before_keys(moved, rejected)
-        if before.rejected:
-            gone = {i for i, _ in before.rejected}
-            images = [(i, v) for i, v in images if i not in gone]
-        parts: list[pa.Table] = []
-        kept_parts: list[np.ndarray] = []
-        unknown: list[UnknownField] = []
-        for decoder, batch in ((self.images, images), (self.deletes, deletes)):
-            if not batch:
-                continue
-            at = np.asarray([i for i, _ in batch], dtype=np.int64)
-            result = decoder.decode([v for _, v in batch])
-            # A Widening keeps its type: schema evolution widens the change log's column.
-            rejected += [(int(at[j]), reason) for j, reason in result.rejected]
-            unknown += [UnknownField(u.path, u.type, at[u.rows]) for u in result.unknown]
-            kept_parts.append(at[result.kept])
-            parts.append(result.table.cast(self.row_schema))
-        kept = np.concatenate(kept_parts) if kept_parts else np.empty(0, dtype=np.int64)
-        order = np.argsort(kept, kind="stable")
-        kept = kept[order]
-        table = pa.concat_tables(parts).take(pa.array(order)) if parts else self.row_schema.empty_table()
-        return self._assemble(Changes(table, kept, pa.array([ops[int(i)] for i in kept], pa.string()),
-                                      self._before_column(before, kept),
-                                      pa.array([times.get(int(i)) for i in kept], pa.int64()),
-                                      pa.array([sequences.get(int(i)) for i in kept], pa.string()),
-                                      rejected, unknown, skipped), partitions, offsets)
+        return self._assemble(self._changes(values, keys), *positions)
 
     def _assemble(self, changes: Changes, partitions: Sequence[int], offsets: Sequence[int]) -> DecodeResult:
         """The change-log rows: the images' columns, then the change log's own."""
@@ -222,105 +132,107 @@ class EnvelopeDecoder:
         return DecodeResult(table=out, kept=kept, rejected=sorted(rejected, key=lambda r: r[0]),
                             unknown=unknown, skipped=changes.skipped)
 
-    def _size(self, data: bytes, what: str) -> None:
-        if len(data) > self.max_record_bytes:
-            raise _Refused(f"oversized: {len(data)} bytes > max_record_bytes {self.max_record_bytes} ({what})")
-
-    # -- the key before a key change ---------------------------------------------------
-    def _before_keys(self, moved: list[tuple[int, bytes]], rejected: list[tuple[int, Any]]) -> DecodeResult:
-        """The before keys of key-changing updates, decoded to the key columns' types; an
-        update whose before key does not fit them is refused (its reason added)."""
-        at = np.asarray([i for i, _ in moved], dtype=np.int64)
-        result = self.before_keys.decode([v for _, v in moved])
-        result.kept = at[result.kept] if len(moved) else result.kept
-        result.rejected = [(int(at[j]), f"before: {reason}") for j, reason in result.rejected]
-        rejected += result.rejected
-        return result
-
-    def _before_column(self, before: DecodeResult, kept: np.ndarray) -> pa.Array:
-        struct = self.file_schema.field(BEFORE_KEY).type
-        if not len(before.kept):
-            return pa.nulls(len(kept), struct)
-        where = {int(i): j for j, i in enumerate(before.kept)}
-        take = np.asarray([where.get(int(i), -1) for i in kept], dtype=np.int64)
-        rows = pa.array(np.where(take < 0, 0, take))
-        return pa.StructArray.from_arrays([before.table.column(f.name).combine_chunks().take(rows) for f in struct],
-                                          fields=list(struct), mask=pa.array(take < 0))
-
 
 class DebeziumDecoder(EnvelopeDecoder):
-    """`debezium`: `{"before", "after", "op", "source"}`, bare or in the JsonConverter's
-    schema/payload wrapper; or Confluent-framed Avro through the registry, its envelope read by
-    the Avro ingest's own decoder (ingest/decode/envelopes/avro.py)."""
+    """`debezium`: the rules of ingest/decode/envelopes/debezium.py over the value format's
+    envelope decoder."""
 
     kind = "debezium"
 
-    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
-                unknown: Literal["ignore", "report"]) -> None:
-        self.avro = AvroChanges(rows, self.key_columns, required, self.row_schema,
-                                self.file_schema.field(BEFORE_KEY).type, self.max_record_bytes, registry, unknown)
+    def __init__(self, schema: Schema, max_record_bytes: int, fmt: ValueFormat, *,
+                 epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
+                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
+                 registry: WriterSchemas | None = None) -> None:
+        super().__init__(schema, max_record_bytes, fmt, epoch_units=epoch_units, key_format=key_format,
+                         required=required, unknown=unknown, registry=registry)
+        self.rules = debezium_rules(fmt.name, self.rows, self.key_columns, required, self.row_schema,
+                                    self.file_schema.field(BEFORE_KEY).type, max_record_bytes, epoch_units, unknown,
+                                    registry)
 
-    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, bytes | None, int | None,
-                                                                          str | None] | None:
-        if value is None:
-            return None  # the tombstone after a delete: log compaction's, not a change
-        self._size(value, "record")
-        event = _loads(value, "the change event")
-        if isinstance(event, dict) and "payload" in event and "schema" in event:
-            event = event["payload"]  # the JsonConverter's schemas.enable wrapper
-        if not isinstance(event, dict):
-            raise _Refused(f"not a Debezium change event: a JSON {type(event).__name__}, not an object with "
-                           "before, after and op")
-        op = event.get("op")
-        if op not in OPS:
-            shown = json.dumps(op)[:40] if op is not None else "none"
-            raise _Refused(f"unknown op {shown}: a Debezium change event's op is c, u, d or r")
-        image = event.get("before" if op == DELETE else "after")
-        if not isinstance(image, dict):
-            which = "before" if op == DELETE else "after"
-            raise _Refused(f"op {op} without its {which} image (an object of the row's columns)")
-        before_key = None
-        before = event.get("before")
-        if op == "u" and isinstance(before, dict) and all(k in before for k in self.key_columns) \
-                and any(before[k] != image.get(k) for k in self.key_columns):
-            before_key = _dumps({k: before[k] for k in self.key_columns})
-        source = event.get("source")
-        ts = source.get("ts_ms") if isinstance(source, dict) else None
-        if not isinstance(ts, int) or isinstance(ts, bool) or abs(ts) > _MAX_TS_MS:
-            ts = None
-        return op, _dumps(image), before_key, ts, source_sequence(source)
+    def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
+        return self.rules.read(values)
 
 
 class UpsertDecoder(EnvelopeDecoder):
-    """`upsert`: the value is the whole row (JSON, or one Avro record read as the Avro ingest
-    reads rows); a null value deletes the row of the record's Kafka key (text or JSON)."""
+    """`upsert`: the value is the whole row, read by its format's decoder; a null value deletes
+    the row of the record's Kafka key (text or JSON)."""
 
     kind = "upsert"
     needs_keys = True
 
-    def _framed(self, fmt: ValueFormat, registry: WriterSchemas, rows: list[NestedField], required: Sequence[str],
-                unknown: Literal["ignore", "report"]) -> None:
-        self.images = fmt.decoder(Schema(*_with_required(rows, set(required)), schema_id=self.schema.schema_id),
-                                  self.max_record_bytes, unknown, registry=registry)
+    def __init__(self, schema: Schema, max_record_bytes: int, fmt: ValueFormat, *,
+                 epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
+                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
+                 registry: WriterSchemas | None = None) -> None:
+        super().__init__(schema, max_record_bytes, fmt, epoch_units=epoch_units, key_format=key_format,
+                         required=required, unknown=unknown, registry=registry)
+        # Rows: the table's own required columns, in the value's format; deletes: the key alone.
+        rows = Schema(*_with_required(self.rows, set(required)), schema_id=schema.schema_id)
+        self.images: ValueDecoder = fmt.decoder(rows, max_record_bytes, unknown, epoch_units=epoch_units,
+                                                registry=registry)
+        self.deletes = JsonDecoder(Schema(*self.rows, schema_id=schema.schema_id), max_record_bytes, epoch_units,
+                                   unknown)
 
-    def _change(self, value: bytes | None, key: bytes | None) -> tuple[str, bytes, None, None, None]:
-        if value is not None:
-            return "u", value, None, None, None  # the row, JSON or Avro: its decoder reads it
+    def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
+        if keys is None:
+            raise ValueError("an upsert's tombstones delete by their Kafka key: keys are needed")
+        ops: dict[int, str] = {}
+        images: list[tuple[int, bytes]] = []
+        deletes: list[tuple[int, bytes]] = []
+        rejected: list[tuple[int, Any]] = []
+        for i, value in enumerate(values):
+            if value is not None:
+                ops[i] = "u"
+                images.append((i, value))  # the row, JSON or Avro: its decoder reads it
+                continue
+            try:
+                deletes.append((i, self._key_image(keys[i])))
+                ops[i] = DELETE
+            except _Refused as exc:
+                rejected.append((i, str(exc)))
+        parts: list[pa.Table] = []
+        kept_parts: list[np.ndarray] = []
+        unknown: list[UnknownField] = []
+        for decoder, batch in ((self.images, images), (self.deletes, deletes)):
+            if not batch:
+                continue
+            at = np.asarray([i for i, _ in batch], dtype=np.int64)
+            result = decoder.decode([v for _, v in batch])
+            # A Widening keeps its type: schema evolution widens the change log's column.
+            rejected += [(int(at[j]), reason) for j, reason in result.rejected]
+            unknown += [UnknownField(u.path, u.type, at[u.rows]) for u in result.unknown]
+            kept_parts.append(at[result.kept])
+            parts.append(result.table.cast(self.row_schema))
+        kept = np.concatenate(kept_parts) if kept_parts else np.empty(0, dtype=np.int64)
+        order = np.argsort(kept, kind="stable")
+        kept = kept[order]
+        table = pa.concat_tables(parts).take(pa.array(order)) if parts else self.row_schema.empty_table()
+        nothing = pa.nulls(len(kept))
+        return Changes(table, kept, pa.array([ops[int(i)] for i in kept], pa.string()),
+                       pa.nulls(len(kept), self.file_schema.field(BEFORE_KEY).type), nothing.cast(pa.int64()),
+                       nothing.cast(pa.string()), rejected, unknown, 0)
+
+    def _key_image(self, key: bytes | None) -> bytes:
+        """The delete image of a tombstone: the key columns from its Kafka key."""
         if key is None:
             raise _Refused("a tombstone (null value) without a key: no row to delete")
         key = bytes(key)
-        self._size(key, "key")
+        if len(key) > self.max_record_bytes:
+            raise _Refused(f"oversized: {len(key)} bytes > max_record_bytes {self.max_record_bytes} (key)")
         if self.key_format == "text":
             try:
-                return DELETE, _dumps({self.key_columns[0]: key.decode("utf-8")}), None, None, None
+                return _dumps({self.key_columns[0]: key.decode("utf-8")})
             except UnicodeDecodeError:
                 raise _Refused("the tombstone's key is not valid UTF-8") from None
-        parsed = _loads(key, "the tombstone's key")
+        try:
+            parsed = orjson.loads(key)
+        except orjson.JSONDecodeError as exc:
+            raise _Refused(f"the tombstone's key is not JSON ({str(exc)[:120]})") from None
         if isinstance(parsed, dict):
             if missing := [k for k in self.key_columns if k not in parsed]:
                 raise _Refused(f"the tombstone's key lacks the key column(s) {', '.join(missing)}")
-            return DELETE, _dumps({k: parsed[k] for k in self.key_columns}), None, None, None
+            return _dumps({k: parsed[k] for k in self.key_columns})
         if len(self.key_columns) == 1 and not isinstance(parsed, list):
-            return DELETE, _dumps({self.key_columns[0]: parsed}), None, None, None
+            return _dumps({self.key_columns[0]: parsed})
         raise _Refused(f"the tombstone's key is a JSON {type(parsed).__name__}; it must be an object of the key "
                        f"columns ({', '.join(self.key_columns)})")
