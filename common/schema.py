@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, SchemaVisitor, visit
 from pyiceberg.transforms import parse_transform
 from pyiceberg.types import (
     BinaryType,
@@ -87,17 +87,33 @@ def schema_from_config(table: TableConfig) -> Schema:
     return Schema(*fields, identifier_field_ids=keys)
 
 
+class _TypeSpecs(SchemaVisitor[TypeSpec]):
+    """An Iceberg type as the config's type tree (ids aside)."""
+
+    def schema(self, schema: Schema, struct_result: TypeSpec) -> TypeSpec:
+        return struct_result
+
+    def struct(self, struct: StructType, field_results: list[TypeSpec]) -> TypeSpec:
+        return StructOf(tuple(FieldSpec(f.name, spec, f.required, f.doc) for f, spec in zip(struct.fields, field_results)))
+
+    def field(self, field: NestedField, field_result: TypeSpec) -> TypeSpec:
+        return field_result
+
+    def list(self, list_type: ListType, element_result: TypeSpec) -> TypeSpec:
+        return ListOf(element_result, list_type.element_required)
+
+    def map(self, map_type: MapType, key_result: TypeSpec, value_result: TypeSpec) -> TypeSpec:
+        return MapOf(key_result, value_result, map_type.value_required)
+
+    def primitive(self, primitive: PrimitiveType) -> TypeSpec:
+        if isinstance(primitive, DecimalType):
+            return Primitive(f"decimal({primitive.precision},{primitive.scale})")
+        return Primitive(str(primitive))
+
+
 def type_spec(iceberg: IcebergType) -> TypeSpec:
     """An Iceberg type as a config type (the inverse of iceberg_type, ids aside)."""
-    if isinstance(iceberg, StructType):
-        return StructOf(field_specs(iceberg.fields))
-    if isinstance(iceberg, ListType):
-        return ListOf(type_spec(iceberg.element_type), iceberg.element_required)
-    if isinstance(iceberg, MapType):
-        return MapOf(type_spec(iceberg.key_type), type_spec(iceberg.value_type), iceberg.value_required)
-    if isinstance(iceberg, DecimalType):
-        return Primitive(f"decimal({iceberg.precision},{iceberg.scale})")
-    return Primitive(str(iceberg))
+    return visit(iceberg, _TypeSpecs())
 
 
 def field_specs(fields: tuple[NestedField, ...]) -> tuple[FieldSpec, ...]:
