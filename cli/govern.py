@@ -1,13 +1,14 @@
 """`streamberg govern --config F`: one Spark application keeps every table of a config.
 
 Which tables: the config's (one, or every table of a config of many that the broker's topics
-route to), and with `--namespace N` every table of N whose properties carry `streamberg.*`
-policy keys, whoever wrote it. Each round the governor (governor/app.py) probes every table
-without Spark (the compactor's own planner: files waiting past its trigger; a change log's
-unapplied changes; time since maintenance), the scheduler (governor/scheduler.py) picks by
-need within `--budget` actions a round, no due action waiting past `--max-wait-seconds`, and the
-chosen actions run on one Spark session with the components' own code (`compact --once`,
-`merge --once`, `maintain --once`). Policy is read from the table's properties at every round
+route to), and in the namespaces of `govern.namespaces` (or `--namespace N`) every table whose
+properties carry `streamberg.*` policy keys, whoever wrote it. Each round the governor
+(governor/app.py) probes every table without Spark (the compactor's own planner: files
+waiting past its trigger; a change log's unapplied changes; time since maintenance), the
+scheduler (governor/scheduler.py) picks by need, `govern.max_concurrent` actions at once (each
+on another table), no due action waiting past `govern.max_wait_seconds`, and the chosen
+actions run on one Spark session with the components' own code (`compact --once`, `merge
+--once`, `maintain --once`). Policy is read from the table's properties at every round
 (common/policy.py; docs/governor.md), so a change takes effect at the next round.
 
 `--dry-run` prints the plan (which table, which action, why) and changes nothing; `--once`
@@ -85,58 +86,95 @@ def _with_policy(config: StreambergConfig, policy: TablePolicy) -> StreambergCon
     return config.model_copy(update={"compactor": config.compactor.model_copy(update=updates)})
 
 
+class SharedCatalogs:
+    """One catalog (and state database) per catalog config for the whole service: a round
+    probes every table, and opening a catalog is far dearer than reading a table."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[Any, Any]] = {}
+
+    def get(self, config: StreambergConfig) -> tuple[Any, Any]:
+        from streamberg.common.catalog import load_catalog, state_engine
+
+        key = config.catalog.model_dump_json()
+        if key not in self._open:
+            catalog = load_catalog(config.catalog)
+            self._open[key] = (catalog, state_engine(config.catalog, catalog))
+        return self._open[key]
+
+
 class TableKeeper:
-    """Probe and runner of one table: the components' own code, the one shared session."""
+    """Probe and runner of one table: the components' own code, the one shared session. It
+    lives across rounds: a table whose metadata has not changed keeps its compaction plan
+    (planning reads manifests; probing a hundred tables every round must stay cheap), made
+    again after `govern.replan_seconds` when the plan held work back for a time trigger."""
 
-    def __init__(self, config: StreambergConfig, session: Any) -> None:
-        self.config, self.session = config, session
+    def __init__(self, config: StreambergConfig, session: Any, catalogs: SharedCatalogs) -> None:
+        self.config, self.session, self.catalogs = config, session, catalogs
         self.effective = config
-
-    def policy(self) -> TablePolicy:
-        from streamberg.common.catalog import load_catalog
-
-        return policy_of(load_catalog(self.config.catalog).load_table(self.config.table.identifier).properties)
+        self._plan: tuple[tuple[Any, ...], float, dict[str, Any]] | None = None  # (key, made at, plan)
+        self._maintained: tuple[float, float | None] | None = None  # (read at, age then)
 
     def probe(self) -> tuple[list[Due], list[str]]:
         from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position
-        from streamberg.common.maintenance_runs import last_maintenance_run
-        from streamberg.compactor.app import CompactOptions, dry_run
 
-        policy = self.policy()
+        catalog, _ = self.catalogs.get(self.config)
+        table = catalog.load_table(self.config.table.identifier)
+        policy = policy_of(table.properties)
         self.effective = config = _with_policy(self.config, policy)
         identifier, problems, due = config.table.identifier, list(policy.problems), []
         gap = policy.min_interval_seconds
         if policy.compact_enabled:
             try:
-                plan = dry_run(config, CompactOptions(dry_run=True))
+                plan = self._compaction_plan(config, table)
                 if plan["groups"]:
-                    urgency = max(1.0, plan["files"] / max(1, config.compactor.min_files))
+                    urgency = max(1.0, plan["files"] / max(1, config.compactor.min_files or 1))
                     due.append(Due(identifier, "compact", urgency,
                                    f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups", gap))
             except Exception as exc:  # noqa: BLE001 - e.g. a clustering column the table lacks: this table's problem
                 problems.append(f"compact: {first_line(exc)[:300]}")
-        if policy.merge_enabled and has_changelog(config):
-            from streamberg.common.catalog import load_catalog
-
-            catalog = load_catalog(config.catalog)
-            if catalog.table_exists(changelog_identifier(config)):
-                position = merge_position(catalog.load_table(changelog_identifier(config)),
-                                          catalog.load_table(identifier) if catalog.table_exists(identifier) else None)
-                if not position.up_to_date:
-                    age = time.time() - (position.oldest_pending_ms or 0) / 1000
-                    due.append(Due(identifier, "merge", max(1.0, age / max(1.0, config.merge.interval_seconds)),
-                                   f"{position.pending_records} changes in {position.pending_snapshots} snapshots", gap))
+        if policy.merge_enabled and has_changelog(config) and catalog.table_exists(changelog_identifier(config)):
+            position = merge_position(catalog.load_table(changelog_identifier(config)), table)
+            if not position.up_to_date:
+                age = time.time() - (position.oldest_pending_ms or 0) / 1000
+                due.append(Due(identifier, "merge", max(1.0, age / max(1.0, config.merge.interval_seconds)),
+                               f"{position.pending_records} changes in {position.pending_snapshots} snapshots", gap))
         if policy.maintain_enabled:
-            last = last_maintenance_run(config)
-            age = None if last is None else last["age_seconds"]
+            age = self._maintenance_age(config)
             interval = config.maintenance.interval_seconds
             if age is None or age >= interval:
-                due.append(Due(identifier, "maintain", 1.0 if age is None else age / interval,
+                due.append(Due(identifier, "maintain", 1.0 if age is None else age / max(1.0, interval),
                                "never maintained" if age is None else f"last maintained {age:.0f} s ago", gap))
         return due, problems
 
+    def _compaction_plan(self, config: StreambergConfig, table: Any) -> dict[str, Any]:
+        from streamberg.compactor.app import CompactOptions, dry_run
+
+        key = (table.metadata_location, config.compactor.model_dump_json())
+        now = time.monotonic()
+        if self._plan is not None and self._plan[0] == key:
+            made, plan = self._plan[1], self._plan[2]
+            if not plan.get("deferred_detail") or now - made < config.govern.replan_seconds:
+                return plan
+        plan = dry_run(config, CompactOptions(dry_run=True), table)
+        self._plan = (key, now, plan)
+        return plan
+
+    def _maintenance_age(self, config: StreambergConfig) -> float | None:
+        """Seconds since the table's last maintenance run (None: never): read from the runs
+        table at most once a minute, the time since then added."""
+        from streamberg.common.maintenance_runs import last_maintenance_run
+
+        now = time.monotonic()
+        if self._maintained is None or now - self._maintained[0] >= 60.0:
+            last = last_maintenance_run(config, engine=self.catalogs.get(config)[1])
+            self._maintained = (now, None if last is None else float(last["age_seconds"]))
+        read_at, age = self._maintained
+        return None if age is None else age + (now - read_at)
+
     def run(self, action: str) -> dict[str, Any]:
         config = self.effective
+        self._plan = None  # whatever ran, the next probe plans afresh
         if action == "compact":
             from streamberg.compactor.app import CompactOptions, run_compact
 
@@ -147,10 +185,23 @@ class TableKeeper:
             return run_merge(config, MergeOptions(once=True), spark=self.session)
         from streamberg.maintenance.app import MaintainOptions, run_maintain
 
+        self._maintained = None
         summary = run_maintain(config, MaintainOptions(once=True), spark=self.session)
         if summary.failed_runs:
             raise RuntimeError(f"maintenance failed: {json.dumps(summary.last)[:300]}")
         return {"runs": summary.runs}
+
+
+def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergConfig:
+    """The config's `govern` section with the command line's flags over it."""
+    flags = {"max_concurrent": args.max_concurrent, "max_wait_seconds": args.max_wait_seconds,
+             "interval_seconds": args.interval_seconds}
+    updates = {k: v for k, v in flags.items() if v is not None}
+    if args.namespace:
+        updates["namespaces"] = list(dict.fromkeys([*base.govern.namespaces, *args.namespace]))
+    document = dump_config(base)
+    document["govern"] = {**document.get("govern", {}), **updates}
+    return config_from_dump(document)  # checked as the config's own keys are
 
 
 def _govern(args: argparse.Namespace) -> int:
@@ -158,23 +209,36 @@ def _govern(args: argparse.Namespace) -> int:
     from streamberg.common.stop import install_stop_handlers
 
     configs = _configs(args)
-    base = configs[0] if configs else None
-    if base is None:
+    if not configs:
         print("streamberg govern: no table yet (no topic of the config's routes on the broker)")
         return 0
+    base = _settings(args, configs[0])
+    settings = base.govern
     session = None
     if not args.dry_run:
         session = build_spark_session(base.catalog, base.compactor.spark_master, base.compactor.spark_conf,
                                       app_name="streamberg-governor")
         quiet_spark_logs(session)
+    catalogs = SharedCatalogs()
+    kept: dict[str, TableKeeper] = {}
+    listed: list[Any] = [0.0, []]  # (when, the opted-in tables' configs) of the last namespace listing
 
     def keepers() -> list[Keeper]:
         tables = _configs(args) if is_fleet(args.config) else configs
-        tables = tables + _opted_in(base, args.namespace, {c.table.identifier for c in tables})
-        made = [TableKeeper(c, session) for c in tables]
-        return [Keeper(k.config.table.identifier, k.probe, k.run) for k in made]
+        if settings.namespaces and time.monotonic() - listed[0] >= settings.replan_seconds:
+            listed[:] = [time.monotonic(), _opted_in(base, settings.namespaces, {c.table.identifier for c in tables})]
+        tables = tables + [c for c in listed[1] if c.table.identifier not in {t.table.identifier for t in tables}]
+        for c in tables:
+            keeper = kept.get(c.table.identifier)
+            if keeper is None or keeper.config != c:
+                kept[c.table.identifier] = TableKeeper(c, session, catalogs)
+        names = {c.table.identifier for c in tables}
+        for gone in set(kept) - names:
+            del kept[gone]
+        return [Keeper(k.config.table.identifier, k.probe, k.run) for k in kept.values()]
 
-    governor = Governor(keepers, Scheduler(max_wait_seconds=args.max_wait_seconds), budget=args.budget,
+    governor = Governor(keepers, Scheduler(max_wait_seconds=settings.max_wait_seconds),
+                        budget=settings.max_concurrent, concurrent=settings.max_concurrent,
                         state_dir=base.ingest.state_dir)
     try:
         if args.dry_run or args.once:
@@ -189,7 +253,7 @@ def _govern(args: argparse.Namespace) -> int:
             return 1 if any(not r["ok"] for r in report.ran) else 0
         stop = threading.Event()
         install_stop_handlers(stop)
-        governor.run(stop, args.interval_seconds)
+        governor.run(stop, settings.interval_seconds)
         return 0
     finally:
         if session is not None:
@@ -202,11 +266,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="a config of one table or of many (tables:)")
     parser.add_argument("--namespace", action="append", default=[], metavar="NAMESPACE",
-                        help="also keep this namespace's tables that carry streamberg.* properties (repeatable)")
-    parser.add_argument("--budget", type=int, default=1, help="actions a round (default 1: one at a time)")
-    parser.add_argument("--max-wait-seconds", type=float, default=600.0,
-                        help="a due action waiting this long goes before every other (default 600)")
-    parser.add_argument("--interval-seconds", type=float, default=10.0, help="pause after a round with nothing due")
+                        help="also keep this namespace's tables that carry streamberg.* properties (repeatable; "
+                        "added to govern.namespaces)")
+    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                        help="actions at once, each on another table (default: govern.max_concurrent, 1)")
+    parser.add_argument("--max-wait-seconds", type=float, default=None,
+                        help="a due action waiting this long goes before every other (default: "
+                        "govern.max_wait_seconds, 600)")
+    parser.add_argument("--interval-seconds", type=float, default=None,
+                        help="pause after a round with nothing due (default: govern.interval_seconds, 10)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (table, action, why) and change nothing")
     parser.add_argument("--once", action="store_true", help="one round, then exit (cron, tests)")
     parser.add_argument("--json", action="store_true", help="with --once/--dry-run: one JSON object")

@@ -28,9 +28,11 @@ class CompactOptions:
     columns: list[str] | None = None
 
 
-def dry_run(config: StreambergConfig, options: CompactOptions) -> dict[str, Any]:
-    """What a pass would rewrite now, without Spark and without the lease."""
-    _, table = open_existing_table(config, "compactor", CompactError)
+def dry_run(config: StreambergConfig, options: CompactOptions, table: Any = None) -> dict[str, Any]:
+    """What a pass would rewrite now, without Spark and without the lease (of `table` when
+    the caller has it loaded already)."""
+    if table is None:
+        _, table = open_existing_table(config, "compactor", CompactError)
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     plan = PassPlanner(config.compactor, config.target, layout.columns).plan(table, "full" if options.full else "incremental")
     return {

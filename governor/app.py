@@ -1,4 +1,4 @@
-"""`streamberg govern`: one process keeps many tables, by need, one action at a time.
+"""`streamberg govern`: one process keeps many tables, by need, within a budget.
 
 The governor is given, per table, a *probe* (what is due now, and the problems of its
 policy: cheap, no Spark) and a *runner* (run one action: the compactor's, the merge's or
@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,11 @@ class RoundReport:
 
 class Governor:
     def __init__(self, keepers: Callable[[], list[Keeper]], scheduler: Scheduler, *, budget: int = 1,
-                 state_dir: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.keepers, self.scheduler, self.budget = keepers, scheduler, budget
+                 concurrent: int = 1, state_dir: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        # budget: actions a round; concurrent: of them at once (threads on the one session,
+        # each on another table: the scheduler plans one action a table a round).
+        self.keepers, self.scheduler, self.budget, self.concurrent = keepers, scheduler, budget, concurrent
+        self._lock = threading.Lock()
         self.state_path = Path(state_dir) / STATE_FILE if state_dir else None
         self.clock = clock
         self.log = get_logger("governor")
@@ -75,7 +79,10 @@ class Governor:
                 report.problems[identifier] = problems
         now = self.clock()
         report.planned = self.scheduler.plan(report.due, now, self.budget)
-        if not dry_run:
+        if not dry_run and self.concurrent > 1 and len(report.planned) > 1:
+            with ThreadPoolExecutor(self.concurrent, thread_name_prefix="governor") as pool:
+                report.ran = list(pool.map(lambda c: self._run(keepers[c.due.table], c), report.planned))
+        elif not dry_run:
             for choice in report.planned:
                 report.ran.append(self._run(keepers[choice.due.table], choice))
         self._write_state(report)
@@ -89,13 +96,15 @@ class Governor:
             result = keeper.run(choice.due.action)
         except Exception as exc:  # noqa: BLE001 - isolated: this table backs off, the others go on
             error = first_line(exc)[:300]
-            backoff = self.scheduler.failed(choice, self.clock(), error)
+            with self._lock:
+                backoff = self.scheduler.failed(choice, self.clock(), error)
             log.warning("action failed; the table backs off, the others go on", error=error,
                         backoff_seconds=backoff)
             return {"table": keeper.identifier, "action": choice.due.action, "ok": False, "error": error}
         finished = self.clock()
-        self.scheduler.ran(choice, finished, result)
-        self.actions.append(finished)
+        with self._lock:
+            self.scheduler.ran(choice, finished, result)
+            self.actions.append(finished)
         log.info("action finished", seconds=round(finished - started, 2))
         return {"table": keeper.identifier, "action": choice.due.action, "ok": True,
                 "seconds": round(finished - started, 2)}

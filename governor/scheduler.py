@@ -56,7 +56,7 @@ class Scheduler:
     tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
 
     def plan(self, due: list[Due], now: float, budget: int) -> list[Choice]:
-        """Up to `budget` actions to run now, in order."""
+        """Up to `budget` actions to run now, in order, at most one a table."""
         seen = {(d.table, d.action) for d in due}
         for key, track in self.tracks.items():  # no longer due: its wait ends
             if key not in seen:
@@ -76,7 +76,11 @@ class Scheduler:
             else:
                 ready.append(((1, -d.urgency), Choice(d, waited, f"urgency {d.urgency:.1f}: {d.why}")))
         ready.sort(key=lambda item: item[0])
-        return [choice for _, choice in ready[:budget]]
+        chosen: list[Choice] = []
+        for _, choice in ready:  # one action a table a round: two at once on one table would race
+            if len(chosen) < budget and all(c.due.table != choice.due.table for c in chosen):
+                chosen.append(choice)
+        return chosen
 
     def ran(self, choice: Choice, now: float, result: dict[str, Any] | None = None) -> None:
         track = self.tracks[(choice.due.table, choice.due.action)]

@@ -26,6 +26,7 @@ from streamberg.common.config.components import (
     ORPHAN_SAFETY_FLOOR_SECONDS,
     CompactorConfig,
     ExpireConfig,
+    GovernConfig,
     MaintenanceConfig,
     ManifestsConfig,
     MergeConfig,
@@ -64,7 +65,7 @@ __all__ = [
     "CHANGELOG_COLUMNS", "CHANGELOG_TARGET_PROPERTY", "ENV_PREFIX", "LAYOUT_STRATEGIES", "MAX_CONFIG_BYTES", "MAX_RECORD_BYTES", "ORPHAN_SAFETY_FLOOR_SECONDS",
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
     "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MergeConfig", "MonitoringConfig", "OrphanConfig",
-    "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "StreambergConfig", "TableConfig", "TableTarget",
+    "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "GovernConfig", "StreambergConfig", "TableConfig", "TableTarget",
     "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "is_fleet", "load_fleet",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -347,6 +347,24 @@ Component = Literal["ingest", "compact", "maintain", "merge"]
 COMPONENTS: tuple[Component, ...] = get_args(Component)
 
 
+class GovernConfig(_Section):
+    """Settings of `streamberg govern` (governor/): one service keeps every table of a config
+    by need. Per-table policy lives in the tables' properties (docs/governor.md)."""
+
+    # Actions (a table's compaction, merge or maintenance) run at once on the one Spark
+    # session, each on a different table; Spark shares the session's cores among them.
+    max_concurrent: Annotated[int, _int(1, 64)] = 1
+    # A due action waiting this long goes before every other (the starvation bound).
+    max_wait_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 600.0
+    # Pause after a round with nothing due.
+    interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
+    # A table unchanged since its last probe keeps that probe's compaction plan; a plan that
+    # held work back for a time trigger is made again after this long.
+    replan_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
+    # Also keep these namespaces' tables that carry streamberg.* properties, whoever writes them.
+    namespaces: list[Text] = Field(default_factory=list, max_length=1000)
+
+
 class RunConfig(_Section):
     """Settings of `streamberg run`, the local supervisor of ingest + compactor + maintenance."""
 

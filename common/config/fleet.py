@@ -269,6 +269,7 @@ class FleetConfig(_Section):
     monitoring: dict[str, Any] = Field(default_factory=dict)
     merge: dict[str, Any] = Field(default_factory=dict)
     run: dict[str, Any] = Field(default_factory=dict)
+    govern: dict[str, Any] = Field(default_factory=dict)
     config_path: str | None = None
 
     @model_validator(mode="after")
@@ -309,7 +310,7 @@ class FleetConfig(_Section):
             compactor["checkpoint_dir"] = per_table_checkpoint(str(compactor["checkpoint_dir"]), table["identifier"])
         return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": ingest,
                 "compactor": compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
-                "merge": self.merge, "run": self.run, "config_path": self.config_path}
+                "merge": self.merge, "run": self.run, "govern": self.govern, "config_path": self.config_path}
 
     def route_of(self, topic: str) -> RouteConfig | None:
         return next((r for r in self.tables if r.claims(topic)), None)

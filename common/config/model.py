@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamberg.common.config.components import (
     CompactorConfig,
+    GovernConfig,
     MaintenanceConfig,
     MergeConfig,
     MonitoringConfig,
@@ -99,6 +100,7 @@ class StreambergConfig(BaseSettings):
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    govern: GovernConfig = Field(default_factory=GovernConfig)
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
 

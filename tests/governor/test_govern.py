@@ -46,7 +46,7 @@ def _duckdb_counts(table) -> tuple[int, int]:
 
 
 def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) -> None:
-    from streamberg.cli.govern import TableKeeper
+    from streamberg.cli.govern import SharedCatalogs, TableKeeper
 
     path = compactor_config(tmp_path, partition_spec=DAY, compactor={"min_files": 2})
     config = config_at(path)
@@ -88,7 +88,8 @@ def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) ->
     live = {"db.events": config, **{c.table.identifier: c for c in _opted_in(config, ["lake"], {"db.events"})}}
     assert sorted(live) == sorted(configs)
     assert len({c.compactor.checkpoint_dir for c in live.values()}) == len(live)
-    keepers = lambda: [Keeper(i, k.probe, k.run) for i, k in ((i, TableKeeper(c, spark)) for i, c in live.items())]  # noqa: E731
+    shared = SharedCatalogs()
+    keepers = lambda: [Keeper(i, k.probe, k.run) for i, k in ((i, TableKeeper(c, spark, shared)) for i, c in live.items())]  # noqa: E731
     governor = Governor(keepers, Scheduler(max_wait_seconds=600), budget=len(configs),
                         state_dir=config.ingest.state_dir)
     report = governor.round()
