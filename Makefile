@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-compact bench-incremental bench-cdc bench-soak bench-fleet clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
 	@echo "make bench-fleet    100 tables from one ingest job vs the same records into one table (memory, time, freshness)"
+	@echo "make bench-govern   one governor keeping 100 tables vs 100 per-table compactors (estimated from one each), ~20 min"
 	@echo "make bench-soak     the whole loop for 22 min at a 1 s commit interval: memory, metadata, commit time"
 	@echo "make bench-incremental  incremental clustering vs a full optimize over 30 passes (~30 min)"
 	@echo "make bench-skipping data skipping per layout (SKIPPING_SCALE=1 for the study's 1000 files)"
@@ -50,6 +51,9 @@ bench-compact: setup
 
 bench-cdc: setup
 	$(PY) bench/cdc.py
+
+bench-govern: setup
+	$(PY) bench/govern.py
 
 bench-soak: setup
 	$(PY) bench/soak.py

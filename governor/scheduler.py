@@ -6,8 +6,8 @@ Pure bookkeeping (no Spark, no catalog): the governor hands it what each table n
 - **Need**: each due action has an urgency in comparable units: how many times its trigger
   is passed (files waiting / the compactor's min_files; a change log's oldest pending
   change's age / merge.interval_seconds; time since maintenance / its interval).
-- **Fairness**: an action due for `max_wait_seconds` or longer goes before every other, the
-  longest waiting first, so a hot table cannot keep a quiet one waiting past the bound
+- **Fairness**: an action that could have run for `max_wait_seconds` or longer (due, and past
+  its own minimum interval and backoff) goes before every other, the longest waiting first, so a hot table cannot keep a quiet one waiting past the bound
   (given a budget that fits the due work at all: starvation is then measured, `oldest_wait`).
 - **Minimum interval**: a table's action does not run again within the table's
   `streamberg.govern.min_interval_seconds` of its last run.
@@ -43,6 +43,7 @@ class Choice:
 @dataclass
 class _Track:
     due_since: float | None = None
+    eligible_at: float = 0.0  # when it could run (past its minimum interval and backoff)
     last_run: float | None = None
     failures: int = 0
     retry_at: float = 0.0
@@ -66,11 +67,13 @@ class Scheduler:
             track = self.tracks.setdefault((d.table, d.action), _Track())
             if track.due_since is None:
                 track.due_since = now
-            if now < track.retry_at:
+            # It waits from when it could run: not while its own minimum interval or backoff
+            # holds it (that is the table's policy, not another table starving it).
+            rested = track.last_run + d.min_interval_seconds if track.last_run is not None else track.due_since
+            track.eligible_at = max(track.due_since, rested, track.retry_at)
+            if now < track.eligible_at:
                 continue
-            if track.last_run is not None and now - track.last_run < d.min_interval_seconds:
-                continue
-            waited = now - track.due_since
+            waited = now - track.eligible_at
             if waited >= self.max_wait_seconds:
                 ready.append(((0, -waited), Choice(d, waited, f"waited {waited:.0f} s, past the {self.max_wait_seconds:.0f} s bound")))
             else:
@@ -96,13 +99,14 @@ class Scheduler:
         return backoff
 
     def oldest_wait(self, now: float) -> float:
-        """The longest any due action has been waiting (the starvation figure)."""
-        return max((now - t.due_since for t in self.tracks.values() if t.due_since is not None), default=0.0)
+        """The longest any due action has been waiting while it could run (the starvation figure)."""
+        return max((now - t.eligible_at for t in self.tracks.values() if t.due_since is not None and t.eligible_at <= now),
+                   default=0.0)
 
     def state(self, now: float) -> list[dict[str, Any]]:
         """Every table's action as status shows it: waiting since, last run, failures."""
         return [{"table": table, "action": action,
-                 "waiting_seconds": round(now - t.due_since, 1) if t.due_since is not None else None,
+                 "waiting_seconds": round(max(0.0, now - t.eligible_at), 1) if t.due_since is not None else None,
                  "last_run_age_seconds": round(now - t.last_run, 1) if t.last_run is not None else None,
                  "failures": t.failures, "last_error": t.last_error,
                  "retry_in_seconds": round(t.retry_at - now, 1) if t.retry_at > now else None}
