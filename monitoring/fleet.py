@@ -21,7 +21,7 @@ from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPE
 from streamberg.common.config.loading import resolve_fleet
 from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.table_files import ManifestCache
-from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.collect import collect_status, governor_state
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Status
 
@@ -34,6 +34,7 @@ class FleetStatus:
     paused: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     broker_error: str | None = None
+    governor: dict[str, Any] | None = None  # `streamberg govern`'s fleet line, when it runs
 
     @property
     def verdict(self) -> str:
@@ -42,7 +43,8 @@ class FleetStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "tables": [{"topic": t, **s.to_dict()} for t, s in self.tables],
-                "paused": self.paused, "refused": self.refused, "broker_error": self.broker_error}
+                "paused": self.paused, "refused": self.refused, "broker_error": self.broker_error,
+                "governor": self.governor}
 
 
 def broker_topics(fleet: FleetConfig, any_config: StreambergConfig) -> tuple[list[str], str | None]:
@@ -104,6 +106,9 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
     out = FleetStatus(broker_error=broker_error)
     resolve_fleet(fleet, topics, known, out.refused, owner_of=_recorded_topic(sample))
     out.paused = paused_tables(sample.ingest.state_dir)
+    governor = governor_state(sample)
+    if governor is not None and isinstance(governor.get("fleet"), dict):
+        out.governor = {**governor["fleet"], "written_age_seconds": governor["written_age_seconds"]}
     for topic, config in list(known.items()):
         out.tables.append((topic, with_health(collect_status(config, cache=cache), config)))
         route = fleet.route_of(topic)
@@ -122,6 +127,10 @@ def render_fleet(status: FleetStatus) -> str:
              + (f"; broker not reached ({status.broker_error}): pattern routes' tables not listed"
                 if status.broker_error else ""),
              f"{'verdict':<9}{'table':<40}{'last commit':>12}{'lag':>10}{'waiting':>9}{'dead':>7}  reason"]
+    if (g := status.governor) is not None:
+        lines.insert(1, f"governor: {g.get('tables_due', '?')} tables due, oldest wait {g.get('oldest_wait_seconds', '?')} s, "
+                        f"{g.get('actions_last_minute', '?')} actions in the last minute "
+                        f"(written {g.get('written_age_seconds', '?')} s ago)")
     for _topic, s in status.tables:
         commit = s.ingest.last_commit
         verdict = "PAUSED" if s.table in status.paused else s.health.verdict.upper()

@@ -99,3 +99,24 @@ def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     assert policy.cluster_columns == ["user_id", "city"] and policy.cluster_strategy == "hilbert" and not policy.problems
     streamberg("table", "--config", str(path), "--unset", "streamberg.cluster.strategy")
     assert "streamberg.cluster.strategy" not in properties()
+
+
+def test_status_of_a_config_of_many_shows_the_governors_fleet_line(tmp_path) -> None:
+    """`streamberg status --config fleet.yaml` reads govern.json's fleet line (the governor's
+    own record, written every round) into one line under the header."""
+    import json
+    import time
+
+    from streamberg.common.config import StreambergConfig
+    from streamberg.monitoring.collect import governor_state
+    from streamberg.monitoring.fleet import FleetStatus, render_fleet
+
+    config = StreambergConfig(kafka={"topic": "t"}, table={"identifier": "db.a"}, ingest={"state_dir": str(tmp_path)})
+    (tmp_path / "govern.json").write_text(json.dumps({
+        "written_at": time.time() - 4, "actions": [{"table": "db.a", "action": "compact", "waiting_seconds": 12.0}],
+        "fleet": {"tables_due": 3, "oldest_wait_seconds": 41.5, "actions_last_minute": 7}}))
+    state = governor_state(config)
+    assert state is not None and [a["action"] for a in state["actions"]] == ["compact"]
+    lines = render_fleet(FleetStatus(governor={**state["fleet"], "written_age_seconds": state["written_age_seconds"]}))
+    assert lines.splitlines()[1].startswith("governor: 3 tables due, oldest wait 41.5 s, 7 actions in the last minute")
+    assert render_fleet(FleetStatus()).splitlines()[1].startswith("verdict")
