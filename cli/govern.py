@@ -272,9 +272,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="actions at once, each on another table (default: govern.max_concurrent, 1)")
     parser.add_argument("--max-wait-seconds", type=float, default=None,
                         help="a due action waiting this long goes before every other (default: "
-                        "govern.max_wait_seconds, 600)")
+                        "govern.max_wait_seconds, 600.0)")
     parser.add_argument("--interval-seconds", type=float, default=None,
-                        help="pause after a round with nothing due (default: govern.interval_seconds, 10)")
+                        help="pause after a round with nothing due (default: govern.interval_seconds, 10.0)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (table, action, why) and change nothing")
     parser.add_argument("--once", action="store_true", help="one round, then exit (cron, tests)")
     parser.add_argument("--json", action="store_true", help="with --once/--dry-run: one JSON object")

@@ -17,8 +17,10 @@ DESCRIPTION = f"""\
 Runs the whole loop on this machine: the ingest (`streamberg ingest`), the continuous
 compactor (`streamberg compact`), scheduled maintenance (`streamberg maintain`) and, for a
 primary-key table, the merge stage (`streamberg merge`), each its own process under one
-small supervisor (run.components: {','.join(COMPONENTS)} by default). This is the
-embedded local default; on clusters the same components run under Flink and Spark as
+small supervisor (run.components: {','.join(COMPONENTS)} by default). A config of many
+tables (tables:) runs its one ingest job and `streamberg govern`, one service keeping every
+table (docs/governor.md); `govern` may replace compact,maintain,merge for one table too. This
+is the embedded local default; on clusters the same components run under Flink and Spark as
 deploy/ describes.
 
 - Ctrl-C / SIGTERM stops them all gracefully (the ingest drains and commits, the compactor
@@ -43,6 +45,7 @@ Examples:
   streamberg run --config examples/demo.yaml
   streamberg run --config examples/demo.yaml --duration 90
   streamberg run --config examples/demo.yaml --components ingest,compact
+  streamberg run --config examples/fleet.yaml                 # ingest + govern
 """
 
 
@@ -86,6 +89,8 @@ def _components(text: str) -> list[str]:
     unknown = [n for n in names if n not in COMMANDS]
     if not names or unknown or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"give distinct names among {', '.join(COMMANDS)} (got {text!r})")
+    if "govern" in names and (both := [n for n in names if n in ("compact", "maintain", "merge")]):
+        raise argparse.ArgumentTypeError(f"govern keeps the tables itself: run it instead of {', '.join(both)}")
     return names
 
 
@@ -122,16 +127,16 @@ def _run(args: argparse.Namespace) -> int:
     from streamberg.supervisor.supervisor import Supervisor
 
     if is_fleet(args.config):
-        # Many tables: the one ingest job runs them all; keeping each table (compactor, merge,
-        # maintenance) is `streamberg compact|merge|maintain --table X` until one service does.
+        # Many tables: the one ingest job writes them all and one governor keeps them all.
         fleet = load_fleet(args.config)
         base = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
-        wanted = [c for c in (args.components or ["ingest"]) if c == "ingest"]
-        if args.components and wanted != args.components:
-            raise CommandError("a config of many tables runs its ingest under `streamberg run`; keep each table with "
-                               "`streamberg compact|merge|maintain --config F --table X`")
+        components = args.components or ["ingest", "govern"]
+        if set(components) - {"ingest", "govern"}:
+            raise CommandError("a config of many tables runs its ingest and `govern` (one service keeping every table) "
+                               "under `streamberg run`; one table alone: `streamberg compact|merge|maintain --config F "
+                               "--table X`")
         supervisor = Supervisor(base, str(fleet.config_path or args.config), duration=args.duration,
-                                components=["ingest"], status=not args.no_status,
+                                components=components, status=not args.no_status,
                                 status_collector=fleet_status_collector(fleet))
         return _supervise(supervisor)
     config = load_config(args.config)  # an invalid file fails here (exit 2), before any child starts

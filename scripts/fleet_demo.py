@@ -5,7 +5,8 @@
    records), one Debezium topic per source table `dbserver1.inventory.{customers,addresses}`
    (their change logs), and `clicks`, split by its records' `region` into web.clicks_{eu,us,apac};
    1 % malformed records in each.
-3. `streamberg run` on the fleet config for --seconds: one ingest job for every table; a topic
+3. `streamberg run` on the fleet config for --seconds: one ingest job for every table and one
+   governor keeping them (`streamberg govern`: clustering, merges of the CDC tables); a topic
    made halfway gets its table without a restart.
 4. `streamberg status` of the whole fleet: one line a table, worst first; then each table's
    rows against what was produced (exactly once).
@@ -85,7 +86,7 @@ def main() -> int:
             produce("events.late", 0, 500)
 
         threading.Thread(target=late, daemon=True).start()
-        _say(f"streamberg run for {args.seconds:.0f} s: one ingest job for every table")
+        _say(f"streamberg run for {args.seconds:.0f} s: one ingest job for every table, one governor keeping them")
         subprocess.run([str(exe), "run", "--config", str(CONFIG), "--duration", str(args.seconds)], check=True)
         _say("streamberg status: one line a table, worst first")
         subprocess.run([str(exe), "status", "--config", str(CONFIG)])

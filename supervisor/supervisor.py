@@ -56,10 +56,11 @@ COMMANDS = {
     "compact": ["compact"],
     "maintain": ["maintain"],
     "merge": ["merge"],
+    "govern": ["govern"],
 }
 # Stop order: ingest first (records in flight, the longest drain), then the compactor
 # (finishes its pass), then maintenance. They stop concurrently; only the signals are ordered.
-STOP_ORDER = ("ingest", "merge", "compact", "maintain")
+STOP_ORDER = ("ingest", "merge", "compact", "maintain", "govern")
 
 EXIT_OK, EXIT_FENCED, EXIT_CONFIG = ExitCode.OK, ExitCode.FENCED, ExitCode.USAGE
 

@@ -60,6 +60,17 @@ def test_invalid_run_section_fails_before_anything_starts(tmp_path: Path) -> Non
     assert proc.returncode == 2 and "run.components" in proc.stderr and "component started" not in proc.stderr
 
 
+def test_govern_is_one_keeper_not_a_second_one(tmp_path: Path) -> None:
+    """`govern` keeps tables itself: beside compact, maintain or merge two keepers would fight
+    over one table's lease, so the pair is refused before anything starts (config and flag)."""
+    path = write_config(tmp_path, "127.0.0.1:1", extra={"run": {"components": ["ingest", "govern", "compact"]}})
+    proc = streamberg("run", "--config", str(path), check=False, timeout=60)
+    assert proc.returncode == 2 and "govern keeps the tables itself" in proc.stderr and "compact" in proc.stderr
+    path = write_config(tmp_path, "127.0.0.1:1")
+    proc = streamberg("run", "--config", str(path), "--components", "ingest,govern,maintain", check=False, timeout=60)
+    assert proc.returncode == 2 and "govern keeps the tables itself" in proc.stderr and "component started" not in proc.stderr
+
+
 def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_path: Path) -> None:
     path = write_config(tmp_path, "127.0.0.1:1", extra={"compactor": {"wait_for_table_seconds": 2},
                                                         "maintenance": {"wait_for_table_seconds": 2}})

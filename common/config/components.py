@@ -343,8 +343,11 @@ class MergeConfig(_Section):
     deleted_keys_keep_seconds: Annotated[float, _float(0, 366 * DAY_SECONDS, lo_open=False)] = 7 * DAY_SECONDS
 
 
-Component = Literal["ingest", "compact", "maintain", "merge"]
-COMPONENTS: tuple[Component, ...] = get_args(Component)
+Component = Literal["ingest", "compact", "maintain", "merge", "govern"]
+# A table's own components, what `streamberg run` starts by default; `govern` keeps tables
+# itself (one service instead of compact, maintain and merge).
+COMPONENTS: tuple[Component, ...] = ("ingest", "compact", "maintain", "merge")
+KEEPERS: tuple[Component, ...] = ("compact", "maintain", "merge")
 
 
 class GovernConfig(_Section):
@@ -388,4 +391,7 @@ class RunConfig(_Section):
     def _distinct_components(cls, value: list[str]) -> list[str]:
         if len(set(value)) != len(value):
             raise ValueError(f"components listed twice: {value}")
+        if "govern" in value and (both := [c for c in value if c in KEEPERS]):
+            raise ValueError(f"govern keeps the tables itself: run it instead of {', '.join(both)}, not beside them "
+                             "(two keepers of one table would fight over its lease)")
         return value
