@@ -52,6 +52,7 @@ from streamberg.ingest.decode.unknown_fields import UnknownField
 IMAGES = ("after", "before")
 POSITION = "streamberg.position"  # no writer schema has it: an Avro name holds no dot
 _INT64 = (-(2**63), 2**63)
+_OPS = pa.array(sorted(OPS), pa.string())
 # source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
 _MAX_TS_MS = 10**15
 
@@ -161,6 +162,10 @@ class JsonEnvelopes:
                                             key=lambda r: r[0]), unknown=result.unknown)
 
 
+def _mask(array: pa.Array) -> np.ndarray:
+    return pc.fill_null(array, False).to_numpy(zero_copy_only=False)
+
+
 # -- the rules, once -------------------------------------------------------------------------
 def _row_reason(reason: Any) -> Any:
     """A reason about the envelope, told about the change log: a widening of `after.score`
@@ -191,26 +196,25 @@ class DebeziumRules:
         env = result.table
         at = present[result.kept]
         n = env.num_rows
-        ops = env.column("op").to_pylist()
+        ops = env.column("op").combine_chunks() if n else pa.array([], pa.string())
         after = env.column("after").combine_chunks() if n else pa.nulls(0, env.schema.field("after").type)
         before = env.column("before").combine_chunks() if n else pa.nulls(0, env.schema.field("before").type)
         after_valid = after.is_valid().to_numpy(zero_copy_only=False)
         before_valid = before.is_valid().to_numpy(zero_copy_only=False)
-        take: list[int] = []
-        chosen: list[int] = []
-        for j, op in enumerate(ops):
-            if op not in OPS:
-                shown = json.dumps(op)[:40] if op is not None else "none"
-                rejected.append((int(at[j]), f"unknown op {shown}: a Debezium change event's op is c, u, d or r"))
-            elif op == DELETE and not before_valid[j]:
-                rejected.append((int(at[j]), "op d without its before image (an object of the row's columns)"))
-            elif op != DELETE and not after_valid[j]:
-                rejected.append((int(at[j]), f"op {op} without its after image (an object of the row's columns)"))
-            else:
-                take.append(n + j if op == DELETE else j)
-                chosen.append(j)
-        images = pa.concat_arrays([after, before]).take(pa.array(take, pa.int64()))
-        is_delete = np.asarray([ops[j] == DELETE for j in chosen], dtype=bool)
+        known = _mask(pc.is_in(ops, value_set=_OPS))
+        deleting = _mask(pc.equal(ops, DELETE))
+        no_image = known & np.where(deleting, ~before_valid, ~after_valid)
+        for j in np.flatnonzero(~known).tolist():  # the rare ones, one at a time, for their reasons
+            op = ops[j].as_py()
+            shown = json.dumps(op)[:40] if op is not None else "none"
+            rejected.append((int(at[j]), f"unknown op {shown}: a Debezium change event's op is c, u, d or r"))
+        for j in np.flatnonzero(no_image).tolist():
+            op = ops[j].as_py()
+            which = "before" if op == DELETE else "after"
+            rejected.append((int(at[j]), f"op {op} without its {which} image (an object of the row's columns)"))
+        chosen = np.flatnonzero(known & ~no_image)
+        images = pa.concat_arrays([after, before]).take(pa.array(np.where(deleting[chosen], n + chosen, chosen)))
+        is_delete = deleting[chosen]
         good = np.ones(len(chosen), dtype=bool)
         for name in self.keys + [r for r in self.required if r not in self.keys]:
             missing = ~images.field(name).is_valid().to_numpy(zero_copy_only=False)
@@ -220,19 +224,19 @@ class DebeziumRules:
                 rejected.append((int(at[chosen[k]]), missing_field(name)))
             good &= ~missing
         # An update's before image, when it has one, names the key it had: all of it.
-        chosen_at = np.asarray(chosen, dtype=np.int64)
-        has_before = before_valid[chosen_at] & np.asarray([ops[j] == "u" for j in chosen], dtype=bool)
+        updating = _mask(pc.equal(ops, "u"))
+        has_before = before_valid[chosen] & updating[chosen]
         for name in self.keys:
-            missing = has_before & ~before.field(name).is_valid().to_numpy(zero_copy_only=False)[chosen_at]
+            missing = has_before & ~before.field(name).is_valid().to_numpy(zero_copy_only=False)[chosen]
             for k in np.flatnonzero(missing & good):
                 rejected.append((int(at[chosen[k]]), missing_field(f"before.{name}")))
             good &= ~missing
-        chosen_arr = np.asarray(chosen, dtype=np.int64)[good]
+        chosen_arr = chosen[good]
         images = images.filter(pa.array(good))
         kept = at[chosen_arr]
         rows = pa.Table.from_arrays([images.field(f.name) for f in self.row_schema], schema=self.row_schema)
-        ops_out = pa.array([ops[int(j)] for j in chosen_arr], pa.string())
         index = pa.array(chosen_arr, pa.int64())
+        ops_out = ops.take(index)
         if n:
             source = env.column("source").combine_chunks()
             ts = source.field("ts_ms").take(index)
@@ -240,7 +244,7 @@ class DebeziumRules:
             source_ms, source_seq = pc.if_else(in_range, ts, None), source.field(POSITION).take(index)
         else:
             source_ms, source_seq = pa.array([], pa.int64()), pa.array([], pa.string())
-        moved = self._moved(before, after, chosen_arr, ops_out)
+        moved = self._moved(before, after, chosen_arr, updating[chosen_arr])
         return Changes(rows, kept, ops_out, moved, source_ms, source_seq, rejected,
                        self._unknown(result.unknown, present, kept), skipped)
 
@@ -259,7 +263,8 @@ class DebeziumRules:
             unknown[path] = UnknownField(path, u.type, rows_of if seen is None else np.union1d(seen.rows, rows_of))
         return list(unknown.values())
 
-    def _moved(self, before: pa.StructArray, after: pa.StructArray, chosen: np.ndarray, ops: pa.Array) -> pa.Array:
+    def _moved(self, before: pa.StructArray, after: pa.StructArray, chosen: np.ndarray,
+               updates: np.ndarray) -> pa.Array:
         """The before key of each update that changed the key, null elsewhere."""
         index = pa.array(chosen, pa.int64())
         old = [before.field(k).take(index) for k in self.keys]
@@ -267,7 +272,7 @@ class DebeziumRules:
         changed = np.zeros(len(chosen), dtype=bool)
         for o, w in zip(old, new):
             changed |= pc.fill_null(pc.not_equal(o, w), False).to_numpy(zero_copy_only=False)
-        changed &= np.asarray([op == "u" for op in ops.to_pylist()], dtype=bool)
+        changed &= updates
         # Built in the change log's exact type: a struct with null entries over required
         # children cannot be cast to it (its children hold nulls only under null entries).
         return pa.StructArray.from_arrays(old, fields=list(self.key_type), mask=pa.array(~changed))
