@@ -129,8 +129,13 @@ class TableKeeper:
                 plan = self._compaction_plan(config, table)
                 if plan["groups"]:
                     urgency = max(1.0, plan["files"] / max(1, config.compactor.min_files or 1))
-                    due.append(Due(identifier, "compact", urgency,
-                                   f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups", gap))
+                    why = f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups"
+                    if deletes := plan.get("group_kinds", {}).get("deletes", 0):
+                        # Deletes past the compactor's thresholds slow every read of the table
+                        # (merge-on-read): urgent beside any number of waiting files.
+                        urgency = max(urgency, 2.0 * deletes)
+                        why += f"; deletes past their threshold in {deletes} partition(s)"
+                    due.append(Due(identifier, "compact", urgency, why, gap))
             except Exception as exc:  # noqa: BLE001 - e.g. a clustering column the table lacks: this table's problem
                 problems.append(f"compact: {first_line(exc)[:300]}")
         if policy.merge_enabled and has_changelog(config) and catalog.table_exists(changelog_identifier(config)):
