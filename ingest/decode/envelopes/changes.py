@@ -68,8 +68,8 @@ def _with_required(fields: Sequence[NestedField], names: set[str]) -> list[Neste
 
 class EnvelopeDecoder:
     """Decodes batches of change events into the change log's Arrow schema. A template: each
-    kind of envelope reads a batch's changes (`_changes`); the change log's own columns and the
-    reserved names are this class's."""
+    kind of envelope sets up its readers (`_readers`) and reads a batch's changes (`_changes`);
+    the change log's own columns and the reserved names are this class's."""
 
     kind: str = ""
     needs_keys: bool = False  # whether decode needs the records' Kafka keys
@@ -87,6 +87,12 @@ class EnvelopeDecoder:
         self.key_columns = [f.name for f in before.fields]
         self.rows = [f for f in schema.fields if f.name not in CHANGELOG_COLUMNS]
         self.row_schema = pa.schema([self.file_schema.field(f.name) for f in self.rows])
+        self._readers(fmt, required, epoch_units, unknown, registry)
+
+    def _readers(self, fmt: ValueFormat, required: Sequence[str], epoch_units: Mapping[str, str] | None,
+                 unknown: Literal["ignore", "report"], registry: WriterSchemas | None) -> None:
+        """Set up what reads this kind's records in the value format `fmt`."""
+        raise NotImplementedError
 
     def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
         """A batch's changes: each record a row image, a dead letter, or skipped."""
@@ -139,15 +145,11 @@ class DebeziumDecoder(EnvelopeDecoder):
 
     kind = "debezium"
 
-    def __init__(self, schema: Schema, max_record_bytes: int, fmt: ValueFormat, *,
-                 epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
-                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
-                 registry: WriterSchemas | None = None) -> None:
-        super().__init__(schema, max_record_bytes, fmt, epoch_units=epoch_units, key_format=key_format,
-                         required=required, unknown=unknown, registry=registry)
+    def _readers(self, fmt: ValueFormat, required: Sequence[str], epoch_units: Mapping[str, str] | None,
+                 unknown: Literal["ignore", "report"], registry: WriterSchemas | None) -> None:
         self.rules = debezium_rules(fmt.name, self.rows, self.key_columns, required, self.row_schema,
-                                    self.file_schema.field(BEFORE_KEY).type, max_record_bytes, epoch_units, unknown,
-                                    registry)
+                                    self.file_schema.field(BEFORE_KEY).type, self.max_record_bytes, epoch_units,
+                                    unknown, registry)
 
     def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
         return self.rules.read(values)
@@ -160,17 +162,14 @@ class UpsertDecoder(EnvelopeDecoder):
     kind = "upsert"
     needs_keys = True
 
-    def __init__(self, schema: Schema, max_record_bytes: int, fmt: ValueFormat, *,
-                 epoch_units: Mapping[str, str] | None = None, key_format: Literal["text", "value"] = "text",
-                 required: Sequence[str] = (), unknown: Literal["ignore", "report"] = "ignore",
-                 registry: WriterSchemas | None = None) -> None:
-        super().__init__(schema, max_record_bytes, fmt, epoch_units=epoch_units, key_format=key_format,
-                         required=required, unknown=unknown, registry=registry)
+    def _readers(self, fmt: ValueFormat, required: Sequence[str], epoch_units: Mapping[str, str] | None,
+                 unknown: Literal["ignore", "report"], registry: WriterSchemas | None) -> None:
         # Rows: the table's own required columns, in the value's format; deletes: the key alone.
-        rows = Schema(*_with_required(self.rows, set(required)), schema_id=schema.schema_id)
-        self.images: ValueDecoder = fmt.decoder(rows, max_record_bytes, unknown, epoch_units=epoch_units,
+        schema_id = self.schema.schema_id
+        rows = Schema(*_with_required(self.rows, set(required)), schema_id=schema_id)
+        self.images: ValueDecoder = fmt.decoder(rows, self.max_record_bytes, unknown, epoch_units=epoch_units,
                                                 registry=registry)
-        self.deletes = JsonDecoder(Schema(*self.rows, schema_id=schema.schema_id), max_record_bytes, epoch_units,
+        self.deletes = JsonDecoder(Schema(*self.rows, schema_id=schema_id), self.max_record_bytes, epoch_units,
                                    unknown)
 
     def _changes(self, values: list[bytes | None], keys: Sequence[bytes | None] | None) -> Changes:
