@@ -119,12 +119,17 @@ class TableKeeper:
         from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position
 
         catalog, _ = self.catalogs.get(self.config)
-        table = catalog.load_table(self.config.table.identifier)
-        policy = policy_of(table.properties)
+        identifier = self.config.table.identifier
+        changelog = changelog_identifier(self.config) if has_changelog(self.config) else None
+        if changelog is not None and not catalog.table_exists(identifier) and catalog.table_exists(changelog):
+            table = None  # a primary-key table its first merge makes: only the merge is due
+        else:
+            table = catalog.load_table(identifier)
+        policy = policy_of(table.properties if table is not None else {})
         self.effective = config = _with_policy(self.config, policy)
-        identifier, problems, due = config.table.identifier, list(policy.problems), []
+        problems, due = list(policy.problems), []
         gap = policy.min_interval_seconds
-        if policy.compact_enabled:
+        if table is not None and policy.compact_enabled:
             try:
                 plan = self._compaction_plan(config, table)
                 if plan["groups"]:
@@ -138,13 +143,13 @@ class TableKeeper:
                     due.append(Due(identifier, "compact", urgency, why, gap))
             except Exception as exc:  # noqa: BLE001 - e.g. a clustering column the table lacks: this table's problem
                 problems.append(f"compact: {first_line(exc)[:300]}")
-        if policy.merge_enabled and has_changelog(config) and catalog.table_exists(changelog_identifier(config)):
-            position = merge_position(catalog.load_table(changelog_identifier(config)), table)
+        if policy.merge_enabled and changelog is not None and catalog.table_exists(changelog):
+            position = merge_position(catalog.load_table(changelog), table)
             if not position.up_to_date:
                 age = time.time() - (position.oldest_pending_ms or 0) / 1000
                 due.append(Due(identifier, "merge", max(1.0, age / max(1.0, config.merge.interval_seconds)),
                                f"{position.pending_records} changes in {position.pending_snapshots} snapshots", gap))
-        if policy.maintain_enabled:
+        if table is not None and policy.maintain_enabled:
             age = self._maintenance_age(config)
             interval = config.maintenance.interval_seconds
             if age is None or age >= interval:

@@ -277,3 +277,27 @@ def test_a_resync_refuses_while_its_records_are_dead_letters(tmp_path: Path, bro
                         spark=spark)
     assert summary["resync"]["rows_deleted"] == 10, summary
     assert_table_holds(spark, config, {k: v for k, v in expected.items() if k < 10}, columns=["id", "name"])
+
+
+def test_the_governor_merges_a_primary_key_table(tmp_path: Path, broker: str, spark) -> None:
+    """`streamberg govern --once` (the real command, one Spark session of its own) finds the
+    change log's unapplied changes due before the table exists (its first merge makes it),
+    merges them with the merge's own code (ordered by source position), and plans no merge
+    after; every reader sees exactly the source's state."""
+    from tests.helpers import streamberg
+
+    config = cdc_config(tmp_path, broker, "debezium")
+    rng = random.Random(31)
+    source = Source()
+    changes = source.random_changes(rng, range(60), 600)
+    ends = _produce(config, 2, [(k % 2, json.dumps({"id": k}).encode(), v) for k, v in changes])
+    ingest_until(ingest_config(config), ends)
+    path = str(tmp_path / "streamberg.yaml")
+    plan = json.loads(streamberg("govern", "--config", path, "--dry-run", "--json").stdout)
+    # The table does not exist before its first merge: the merge alone is due, nothing refused.
+    assert [p["action"] for p in plan["planned"]] == ["merge"] and not plan["problems"], plan
+    ran = json.loads(streamberg("govern", "--config", path, "--once", "--json").stdout)["ran"]
+    assert [(r["action"], r["ok"]) for r in ran] == [("merge", True)], ran
+    assert_table_holds(spark, config, source.state, columns=COLUMNS)
+    after = json.loads(streamberg("govern", "--config", path, "--dry-run", "--json").stdout)
+    assert not any(p["action"] == "merge" for p in after["planned"]), after
