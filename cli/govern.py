@@ -203,15 +203,24 @@ class TableKeeper:
 
 
 def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergConfig:
-    """The config's `govern` section with the command line's flags over it."""
+    """The config's `govern` section with the command line's flags over it, checked as the
+    config's own keys are (a bad flag names itself)."""
+    from pydantic import ValidationError
+
+    from streamberg.common.config import GovernConfig
+    from streamberg.common.config.messages import config_error
+
     flags = {"max_concurrent": args.max_concurrent, "max_wait_seconds": args.max_wait_seconds,
              "interval_seconds": args.interval_seconds}
-    updates = {k: v for k, v in flags.items() if v is not None}
+    updates: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     if args.namespace:
         updates["namespaces"] = list(dict.fromkeys([*base.govern.namespaces, *args.namespace]))
-    document = dump_config(base)
-    document["govern"] = {**document.get("govern", {}), **updates}
-    return config_from_dump(document)  # checked as the config's own keys are
+    try:
+        govern = GovernConfig(**{**base.govern.model_dump(), **updates})
+    except ValidationError as exc:
+        raise config_error("the command line (--max-concurrent, --max-wait-seconds, --interval-seconds, "
+                           "--namespace)", exc) from None
+    return base.model_copy(update={"govern": govern})
 
 
 def _govern(args: argparse.Namespace) -> int:
