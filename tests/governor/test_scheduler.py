@@ -120,3 +120,18 @@ def test_status_of_a_config_of_many_shows_the_governors_fleet_line(tmp_path) -> 
     lines = render_fleet(FleetStatus(governor={**state["fleet"], "written_age_seconds": state["written_age_seconds"]}))
     assert lines.splitlines()[1].startswith("governor: 3 tables due, oldest wait 41.5 s, 7 actions in the last minute")
     assert render_fleet(FleetStatus()).splitlines()[1].startswith("verdict")
+
+
+def test_bad_govern_settings_are_refused_naming_them(tmp_path) -> None:
+    """A govern flag or config key out of its bounds: exit 2 and one line naming it, before any
+    table is read or Spark started."""
+    from tests.helpers import streamberg
+
+    path = tmp_path / "c.yaml"
+    path.write_text("kafka: {topic: t}\ncatalog: {uri: 'sqlite:///cat.db', warehouse: wh}\ntable: {identifier: db.a}\n")
+    proc = streamberg("govern", "--config", str(path), "--max-concurrent", "0", "--dry-run", check=False, timeout=60)
+    assert proc.returncode == 2 and "max_concurrent: must be an integer between 1 and 64" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    path.write_text(path.read_text() + "govern: {max_wait_seconds: .nan}\n")
+    proc = streamberg("govern", "--config", str(path), "--dry-run", check=False, timeout=60)
+    assert proc.returncode == 2 and "govern.max_wait_seconds" in proc.stderr and "Traceback" not in proc.stderr
