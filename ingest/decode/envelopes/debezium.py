@@ -44,6 +44,7 @@ from streamberg.ingest.decode.avro_decode import AvroDecoder
 from streamberg.ingest.decode.envelopes.source_position import source_sequence
 from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
 from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.ingest.decode.json_values import mask_of
 from streamberg.ingest.decode.registry import WriterSchemas
 from streamberg.ingest.decode.required_fields import missing as missing_field
 from streamberg.ingest.decode.types import Widening
@@ -162,10 +163,6 @@ class JsonEnvelopes:
                                             key=lambda r: r[0]), unknown=result.unknown)
 
 
-def _mask(array: pa.Array) -> np.ndarray:
-    return pc.fill_null(array, False).to_numpy(zero_copy_only=False)
-
-
 # -- the rules, once -------------------------------------------------------------------------
 def _row_reason(reason: Any) -> Any:
     """A reason about the envelope, told about the change log: a widening of `after.score`
@@ -201,8 +198,8 @@ class DebeziumRules:
         before = env.column("before").combine_chunks() if n else pa.nulls(0, env.schema.field("before").type)
         after_valid = after.is_valid().to_numpy(zero_copy_only=False)
         before_valid = before.is_valid().to_numpy(zero_copy_only=False)
-        known = _mask(pc.is_in(ops, value_set=_OPS))
-        deleting = _mask(pc.equal(ops, DELETE))
+        known = mask_of(pc.is_in(ops, value_set=_OPS))
+        deleting = mask_of(pc.equal(ops, DELETE))
         no_image = known & np.where(deleting, ~before_valid, ~after_valid)
         for j in np.flatnonzero(~known).tolist():  # the rare ones, one at a time, for their reasons
             op = ops[j].as_py()
@@ -224,7 +221,7 @@ class DebeziumRules:
                 rejected.append((int(at[chosen[k]]), missing_field(name)))
             good &= ~missing
         # An update's before image, when it has one, names the key it had: all of it.
-        updating = _mask(pc.equal(ops, "u"))
+        updating = mask_of(pc.equal(ops, "u"))
         has_before = before_valid[chosen] & updating[chosen]
         for name in self.keys:
             missing = has_before & ~before.field(name).is_valid().to_numpy(zero_copy_only=False)[chosen]
@@ -271,7 +268,7 @@ class DebeziumRules:
         new = [after.field(k).take(index) for k in self.keys]
         changed = np.zeros(len(chosen), dtype=bool)
         for o, w in zip(old, new):
-            changed |= pc.fill_null(pc.not_equal(o, w), False).to_numpy(zero_copy_only=False)
+            changed |= mask_of(pc.not_equal(o, w))
         changed &= updates
         # Built in the change log's exact type: a struct with null entries over required
         # children cannot be cast to it (its children hold nulls only under null entries).
