@@ -246,14 +246,14 @@ def _govern(args: argparse.Namespace) -> int:
         tables = _configs(args) if is_fleet(args.config) else configs
         if settings.namespaces and time.monotonic() - listed[0] >= settings.replan_seconds:
             listed[:] = [time.monotonic(), _opted_in(base, settings.namespaces, {c.table.identifier for c in tables})]
-        tables = tables + [c for c in listed[1] if c.table.identifier not in {t.table.identifier for t in tables}]
-        for c in tables:
-            keeper = kept.get(c.table.identifier)
-            if keeper is None or keeper.config != c:
-                kept[c.table.identifier] = TableKeeper(c, session, catalogs)
-        names = {c.table.identifier for c in tables}
-        for gone in set(kept) - names:
+        wanted = {c.table.identifier: c for c in tables}  # the config's own first, then the opted-in
+        for c in listed[1]:
+            wanted.setdefault(c.table.identifier, c)
+        for gone in set(kept) - set(wanted):
             del kept[gone]
+        for identifier, c in wanted.items():
+            if identifier not in kept or kept[identifier].config != c:
+                kept[identifier] = TableKeeper(c, session, catalogs)
         return [Keeper(k.config.table.identifier, k.probe, k.run) for k in kept.values()]
 
     governor = Governor(keepers, Scheduler(max_wait_seconds=settings.max_wait_seconds),

@@ -7,8 +7,9 @@ Pure bookkeeping (no Spark, no catalog): the governor hands it what each table n
   is passed (files waiting / the compactor's min_files; a change log's oldest pending
   change's age / merge.interval_seconds; time since maintenance / its interval).
 - **Fairness**: an action that could have run for `max_wait_seconds` or longer (due, and past
-  its own minimum interval and backoff) goes before every other, the longest waiting first, so a hot table cannot keep a quiet one waiting past the bound
-  (given a budget that fits the due work at all: starvation is then measured, `oldest_wait`).
+  its own minimum interval and backoff) goes before every other, the longest waiting first,
+  so a hot table cannot keep a quiet one waiting past the bound (given a budget that fits the
+  due work at all: starvation is then measured, `oldest_wait`).
 - **Minimum interval**: a table's action does not run again within the table's
   `streamberg.govern.min_interval_seconds` of its last run.
 - **Failures**: a failed action backs off (30 s doubled per failure, at most 15 min) with its
