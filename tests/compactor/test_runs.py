@@ -40,6 +40,7 @@ pytestmark = pytest.mark.spark
 
 SMALL_FILES = {"write.target-file-size-bytes": str(24 * 1024)}  # several files per run
 APPEND_INTERVAL_SECONDS = 0.5  # the writer of test_merges_commit_safely_while_ingest_appends
+MAX_RACING_PASSES = 12  # its bound on passes until a merge raced an append
 RUNS_ON = {"merge_factor": 3, "seal_after_commits": None, "seal_after_seconds": None}
 DAY1 = (19783,)  # 2024-03-01, the day FakeIngest writes without a day_offset
 # Sealing by time: long enough that the two passes after day 1's last append (~2 s each when
@@ -247,18 +248,31 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
         while not done.wait(APPEND_INTERVAL_SECONDS):
             appended.append(ingest.append(200, days=1).snapshot_id)
 
+    def merges_of(table) -> list:
+        return [s for s in compactor_snapshots(table) if "merge" in summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS]]
+
+    def rebased(merges: list) -> list:
+        # A merge whose commit's parent is not the snapshot it planned on was validated over
+        # appends that landed while it ran.
+        return [s for s in merges if str(s.parent_snapshot_id) != summary(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID]]
+
     writer = threading.Thread(target=keep_appending)
     writer.start()
     try:
-        for _ in range(3):
-            # Each pass has new appends to cluster: on an idle machine three passes can end
-            # within one append interval, leaving nothing to merge.
+        # Whether an append lands inside a given merge's window is timing (a merge takes about
+        # as long as one append interval), so passes go on until one did, within a bound: three
+        # passes are the least that merge, twelve make a miss on every one vanishingly unlikely.
+        for attempt in range(MAX_RACING_PASSES):
+            # Each pass has new appends to cluster: on an idle machine passes can end within one
+            # append interval, leaving nothing to merge.
             seen = len(appended)
             deadline = time.monotonic() + 30
             while len(appended) == seen and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(appended) > seen, "the writer appended nothing for 30 s"
             Compactor(config.compactor, config.target, spark).run_pass()
+            if attempt >= 2 and rebased(merges_of(reload(config))):
+                break
     finally:
         done.set()
         writer.join()
@@ -266,11 +280,10 @@ def test_merges_commit_safely_while_ingest_appends(spark, spark_catalog, tmp_pat
     after = reload(config)
     ids = Counter(after.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
     assert sorted(ids) == list(range(ingest.next_id)) and set(ids.values()) == {1}
-    merges = [s for s in compactor_snapshots(after) if "merge" in summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS]]
+    merges = merges_of(after)
     assert merges, [summary(s)[SummaryKeys.COMPACTOR_GROUP_KINDS] for s in compactor_snapshots(after)]
     assert len(appended) >= 2
-    # Some merge was validated over ingest appends that landed while it ran.
-    assert any(str(s.parent_snapshot_id) != summary(s)[SummaryKeys.COMPACTOR_PLAN_SNAPSHOT_ID] for s in merges)
+    assert rebased(merges), f"no merge of {len(merges)} was rebased over a concurrent append"
 
 
 def test_health_measure_equals_a_brute_force_count_from_the_data(spark, tmp_path) -> None:
