@@ -106,8 +106,9 @@ class SharedCatalogs:
 class TableKeeper:
     """Probe and runner of one table: the components' own code, the one shared session. It
     lives across rounds: a table whose metadata has not changed keeps its compaction plan
-    (planning reads manifests; probing a hundred tables every round must stay cheap), made
-    again after `govern.replan_seconds` when the plan held work back for a time trigger."""
+    (planning reads manifests; probing a hundred tables every round must stay cheap) for
+    `govern.replan_seconds`, then plans again: the time triggers (held-back files, idle
+    partitions to finish) change a plan without a commit."""
 
     def __init__(self, config: StreambergConfig, session: Any, catalogs: SharedCatalogs) -> None:
         self.config, self.session, self.catalogs = config, session, catalogs
@@ -132,9 +133,10 @@ class TableKeeper:
         if table is not None and policy.compact_enabled:
             try:
                 plan = self._compaction_plan(config, table)
-                if plan["groups"]:
+                if plan["groups"] or plan["seal_only"]:
                     urgency = max(1.0, plan["files"] / max(1, config.compactor.min_files or 1))
-                    why = f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups"
+                    why = (f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups"
+                           if plan["groups"] else f"{plan['seal_only']} finished partition(s) to seal")
                     if deletes := plan.get("group_kinds", {}).get("deletes", 0):
                         # Deletes past the compactor's thresholds slow every read of the table
                         # (merge-on-read): urgent beside any number of waiting files.
@@ -162,10 +164,11 @@ class TableKeeper:
 
         key = (table.metadata_location, config.compactor.model_dump_json())
         now = time.monotonic()
-        if self._plan is not None and self._plan[0] == key:
-            made, plan = self._plan[1], self._plan[2]
-            if not plan.get("deferred_detail") or now - made < config.govern.replan_seconds:
-                return plan
+        # An unchanged table's plan still ages: files held back reach max_delay_seconds, an idle
+        # partition reaches seal_after_seconds (a plan with nothing in it is the one that
+        # changes by time alone), so it is made again after replan_seconds.
+        if self._plan is not None and self._plan[0] == key and now - self._plan[1] < config.govern.replan_seconds:
+            return self._plan[2]
         plan = dry_run(config, CompactOptions(dry_run=True), table)
         self._plan = (key, now, plan)
         return plan

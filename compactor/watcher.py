@@ -14,9 +14,9 @@ table (planner.py), the re-run rewrites exactly the files the interrupted run ha
 committed. ``--once`` uses Trigger.AvailableNow: everything pending is processed, then the
 query stops.
 
-A rule can become true without any new snapshot (``max_delay_seconds``): when that rule is
-on, the watcher also runs a pass between triggers (continuous mode) or after the stream
-(``--once``). A lock keeps passes strictly one at a time.
+A rule can become true without any new snapshot (``max_delay_seconds``, and
+``seal_after_seconds`` finishing an idle partition): when either is on, the watcher also runs
+a pass between triggers (continuous mode) or after the stream (``--once``). A lock keeps passes strictly one at a time.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ class SnapshotWatcher:
             raise
 
     def _timer_pass(self) -> None:
-        if self.settings.max_delay_seconds is None:
-            return
+        if self.settings.max_delay_seconds is None and self.settings.seal_after_seconds is None:
+            return  # no rule that time alone makes true
         with self._lock:
             self.report.passes.append(self.compactor.run_pass())
 

@@ -361,8 +361,8 @@ class GovernConfig(_Section):
     max_wait_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 600.0
     # Pause after a round with nothing due.
     interval_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 10.0
-    # A table unchanged since its last probe keeps that probe's compaction plan; a plan that
-    # held work back for a time trigger is made again after this long.
+    # A table unchanged since its last probe keeps that probe's compaction plan this long,
+    # then plans again: time triggers (held-back files, idle partitions to finish) need no commit.
     replan_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
     # Also keep these namespaces' tables that carry streamberg.* properties, whoever writes them.
     namespaces: list[Text] = Field(default_factory=list, max_length=1000)
