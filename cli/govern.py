@@ -1,7 +1,7 @@
 """`streamberg govern --config F`: one Spark application keeps every table of a config.
 
 Which tables: the config's (one, or every table of a config of many that the broker's topics
-route to), and in the namespaces of `govern.namespaces` (or `--namespace N`) every table whose
+route to, with the tables a route field's values made), and in the namespaces of `govern.namespaces` (or `--namespace N`) every table whose
 properties carry `streamberg.*` policy keys, whoever wrote it. Each round the governor
 (governor/app.py) probes every table without Spark (the compactor's own planner: files
 waiting past its trigger; a change log's unapplied changes; time since maintenance), the
@@ -34,7 +34,8 @@ from streamberg.governor.scheduler import Due, Scheduler
 
 
 def _configs(args: argparse.Namespace) -> list[StreambergConfig]:
-    """The config's tables (a config of many: those the broker's topics route to now)."""
+    """The config's tables (a config of many: those the broker's topics route to now, and the
+    tables a field-routed topic's values made, by the catalog's record of them)."""
     if not is_fleet(args.config):
         return [load_config(args.config)]
     from streamberg.monitoring.fleet import broker_topics
@@ -44,7 +45,16 @@ def _configs(args: argparse.Namespace) -> list[StreambergConfig]:
     topics, _ = broker_topics(fleet, sample)
     known: dict[str, StreambergConfig] = {}
     resolve_fleet(fleet, topics, known, {})
-    return list(known.values())
+    out = list(known.values())
+    field_routed = [(topic, route) for topic in known if (route := fleet.route_of(topic)) is not None and route.route_field]
+    if field_routed:
+        from streamberg.common.catalog import load_catalog, routed_values
+
+        catalog = load_catalog(sample.catalog)
+        for topic, route in field_routed:
+            for value in routed_values(catalog, known[topic].table.namespace, topic):
+                out.append(config_from_dump(fleet.document(route, topic, value)))
+    return out
 
 
 def _opted_in(base: StreambergConfig, namespaces: list[str], have: set[str]) -> list[StreambergConfig]:
@@ -244,9 +254,13 @@ def _govern(args: argparse.Namespace) -> int:
     catalogs = SharedCatalogs()
     kept: dict[str, TableKeeper] = {}
     listed: list[Any] = [0.0, []]  # (when, the opted-in tables' configs) of the last namespace listing
+    routed: list[Any] = [time.monotonic(), configs]  # (when, the config's tables) of the last broker listing
 
     def keepers() -> list[Keeper]:
-        tables = _configs(args) if is_fleet(args.config) else configs
+        # A config of many is listed again (new topics, new route values) every replan_seconds.
+        if is_fleet(args.config) and time.monotonic() - routed[0] >= settings.replan_seconds:
+            routed[:] = [time.monotonic(), _configs(args)]
+        tables = routed[1]
         if settings.namespaces and time.monotonic() - listed[0] >= settings.replan_seconds:
             listed[:] = [time.monotonic(), _opted_in(base, settings.namespaces, {c.table.identifier for c in tables})]
         wanted = {c.table.identifier: c for c in tables}  # the config's own first, then the opted-in

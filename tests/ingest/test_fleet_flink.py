@@ -238,3 +238,14 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
         config = fleet_table(fleet, table, producers.topics)
         assert sorted(rows_by_duckdb(config)) == sorted(producers.valid[
             next(t for t in producers.topics if _table_of(prefix, t) == table)])
+
+    # One governor keeps every table of this config: the route field's tables too (found by the
+    # catalog's record of them), each with a compactor checkpoint of its own.
+    import argparse
+
+    from streamberg.cli.govern import _configs
+
+    kept = {c.table.identifier: c for c in _configs(argparse.Namespace(config=str(path)))}
+    assert {f"web.visits_{r}" for r in REGIONS} <= set(kept), sorted(kept)
+    assert {"shop.orders", _table_of(prefix, f"{prefix}events.late")} <= set(kept)
+    assert len({c.compactor.checkpoint_dir for c in kept.values()}) == len(kept)
