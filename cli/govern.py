@@ -27,7 +27,7 @@ from streamberg.common.catalog import first_line
 from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config, resolve_fleet
-from streamberg.common.policy import TablePolicy, policy_of
+from streamberg.common.policy import configured, policy_of
 from streamberg.common.redact import redact
 from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Due, Scheduler
@@ -85,17 +85,6 @@ def _opted_in(base: StreambergConfig, namespaces: list[str], have: set[str]) -> 
     return found
 
 
-def _with_policy(config: StreambergConfig, policy: TablePolicy) -> StreambergConfig:
-    updates: dict[str, Any] = {}
-    if policy.cluster_columns is not None:
-        updates["columns"] = policy.cluster_columns
-    if policy.cluster_strategy is not None:
-        updates["strategy"] = policy.cluster_strategy
-    if not updates:
-        return config
-    return config.model_copy(update={"compactor": config.compactor.model_copy(update=updates)})
-
-
 class SharedCatalogs:
     """One catalog (and state database) per catalog config for the whole service: a round
     probes every table, and opening a catalog is far dearer than reading a table."""
@@ -137,7 +126,7 @@ class TableKeeper:
         else:
             table = catalog.load_table(identifier)
         policy = policy_of(table.properties if table is not None else {})
-        self.effective = config = _with_policy(self.config, policy)
+        self.effective = config = configured(self.config, policy)
         problems, due = list(policy.problems), []
         gap = policy.min_interval_seconds
         if table is not None and policy.compact_enabled:

@@ -134,7 +134,7 @@ def _set_policy(args: argparse.Namespace) -> int:
     """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
     checked against the registry first; nothing is written when one is refused."""
     from streamberg.common.catalog import load_catalog
-    from streamberg.common.policy import POLICY_KEYS, refusal
+    from streamberg.common.policy import POLICY_KEYS, configured, policy_of, refusal
 
     config = config_of(args)
     settings: dict[str, str] = {}
@@ -149,6 +149,13 @@ def _set_policy(args: argparse.Namespace) -> int:
         if name not in {k.name for k in POLICY_KEYS}:
             raise CommandError(f"--unset {name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}")
     table = load_catalog(config.catalog).load_table(config.table.identifier)
+    # A setting's bounds and the rules between keys (retention.days needs a column) are its
+    # config section's: checked with the table's other keys as they will be.
+    after = {k: v for k, v in {**table.properties, **settings}.items() if k not in args.unset}
+    policy = policy_of(after)
+    configured(config, policy)
+    if refused := [p for p in policy.problems if p.split(":", 1)[0] in settings]:
+        raise CommandError(refused[0])
     with table.transaction() as transaction:
         if settings:
             transaction.set_properties(settings)

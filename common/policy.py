@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamberg.common.config import LAYOUT_STRATEGIES
+from pydantic import ValidationError
+
+from streamberg.common.config import LAYOUT_STRATEGIES, StreambergConfig
 
 PREFIX = "streamberg."
 # `streamberg govern` writes every round's state here, under ingest.state_dir; status reads it.
@@ -42,6 +44,24 @@ def _strategy(text: str) -> str:
     return value
 
 
+def _int(text: str) -> int:
+    return int(text.strip())
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("a finite number")
+    return value
+
+
+def _name(text: str) -> str:
+    value = text.strip()
+    if not value or len(value) > 200:
+        raise ValueError("a column name")
+    return value
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 30 * 86400:
@@ -52,7 +72,9 @@ def _seconds(text: str) -> float:
 @dataclass(frozen=True)
 class PolicyKey:
     name: str  # the property, streamberg.*
-    attribute: str  # TablePolicy's field
+    # A TablePolicy field (the governor's own switches), or, dotted, the config setting this
+    # table's value stands in for (`compactor.columns`), bounded by that setting's own rules.
+    target: str
     parse: Callable[[str], Any]
     doc: str
 
@@ -62,27 +84,48 @@ class PolicyKey:
 POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("streamberg.compact.enabled", "compact_enabled", _bool,
               "cluster and compact this table (true unless set false)"),
-    PolicyKey("streamberg.cluster.columns", "cluster_columns", _columns,
+    PolicyKey("streamberg.cluster.columns", "compactor.columns", _columns,
               "clustering columns, comma-separated (default: compactor.columns)"),
-    PolicyKey("streamberg.cluster.strategy", "cluster_strategy", _strategy,
+    PolicyKey("streamberg.cluster.strategy", "compactor.strategy", _strategy,
               "the layout, a compactor.strategy value (default: compactor.strategy)"),
+    PolicyKey("streamberg.compact.min_files", "compactor.min_files", _int,
+              "a partition's files waiting before it is compacted (default: compactor.min_files)"),
+    PolicyKey("streamberg.compact.target_file_size_bytes", "compactor.target_file_size_bytes", _int,
+              "size of the files a rewrite writes (default: compactor.target_file_size_bytes)"),
+    PolicyKey("streamberg.compact.merge_factor", "compactor.merge_factor", _int,
+              "runs of a size tier merged at once (default: compactor.merge_factor)"),
+    PolicyKey("streamberg.compact.seal_after_seconds", "compactor.seal_after_seconds", _float,
+              "a partition idle this long is finished (default: compactor.seal_after_seconds)"),
     PolicyKey("streamberg.merge.enabled", "merge_enabled", _bool,
               "apply a primary-key table's change log (true unless set false)"),
     PolicyKey("streamberg.maintain.enabled", "maintain_enabled", _bool,
               "expiry, orphans, manifests, retention (true unless set false)"),
+    PolicyKey("streamberg.maintain.interval_seconds", "maintenance.interval_seconds", _float,
+              "maintenance is due this long after the last run (default: maintenance.interval_seconds)"),
+    PolicyKey("streamberg.snapshots.max_age_seconds", "maintenance.expire.max_snapshot_age_seconds", _float,
+              "snapshots older than this may be expired (default: maintenance.expire.max_snapshot_age_seconds)"),
+    PolicyKey("streamberg.snapshots.keep", "maintenance.expire.min_snapshots_to_keep", _int,
+              "the newest N snapshots are kept whatever their age, for restores "
+              "(default: maintenance.expire.min_snapshots_to_keep)"),
+    PolicyKey("streamberg.snapshots.max", "maintenance.expire.max_snapshots", _int,
+              "at most this many snapshots kept (default: maintenance.expire.max_snapshots)"),
+    PolicyKey("streamberg.retention.column", "maintenance.retention.column", _name,
+              "the time column rows are aged by (default: maintenance.retention.column)"),
+    PolicyKey("streamberg.retention.days", "maintenance.retention.days", _float,
+              "rows older than this many days are deleted; needs a column (default: maintenance.retention.days)"),
     PolicyKey("streamberg.govern.min_interval_seconds", "min_interval_seconds", _seconds,
               "at least this long between two actions of one kind on this table (default 60)"),
 )
+_FAMILIES = ("compact", "cluster", "merge", "maintain", "govern", "snapshots", "retention")
 
 
 @dataclass
 class TablePolicy:
     compact_enabled: bool = True
-    cluster_columns: list[str] | None = None
-    cluster_strategy: str | None = None
     merge_enabled: bool = True
     maintain_enabled: bool = True
     min_interval_seconds: float = 60.0
+    settings: dict[str, Any] = field(default_factory=dict)  # config setting (dotted) -> this table's value
     problems: list[str] = field(default_factory=list)  # "key: why", one per bad value or unknown key
     governed: bool = False  # any policy key set (what an opt-in namespace's tables need)
 
@@ -109,12 +152,41 @@ def policy_of(properties: Mapping[str, str]) -> TablePolicy:
             continue
         key = known.get(name)
         if key is None:
-            if name.split(".")[1] in ("compact", "cluster", "merge", "maintain", "govern"):
+            if name.split(".")[1] in _FAMILIES:
                 policy.problems.append(f"{name}: not a key streamberg reads (docs/governor.md lists them)")
             continue  # the product's own bookkeeping keys (streamberg.route.topic, ...) are not policy
         policy.governed = True
         try:
-            setattr(policy, key.attribute, key.parse(str(text)))
+            value = key.parse(str(text))
         except (ValueError, TypeError) as exc:
             policy.problems.append(f"{name}: {str(text)[:60]!r} is not {exc}")
+            continue
+        if "." in key.target:
+            policy.settings[key.target] = value
+        else:
+            setattr(policy, key.target, value)
     return policy
+
+
+def configured(config: StreambergConfig, policy: TablePolicy) -> StreambergConfig:
+    """The config this table is kept with: its policy's settings over the config's, each checked
+    by its section's own model (the setting's bounds, the rules between keys). A value the
+    model refuses is named in `policy.problems` and the configured one stays."""
+    if not policy.settings:
+        return config
+    names = {k.target: k.name for k in POLICY_KEYS}
+    sections: dict[str, Any] = {}
+    for setting, value in sorted(policy.settings.items()):
+        section, *path = setting.split(".")
+        current = sections.get(section, getattr(config, section))
+        data = current.model_dump(by_alias=True)
+        node = data
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+        try:
+            sections[section] = type(current).model_validate(data)
+        except ValidationError as exc:
+            why = "; ".join(str(e.get("msg", "")) for e in exc.errors()[:2])[:200]
+            policy.problems.append(f"{names[setting]}: {str(value)[:60]!r} is refused as {setting}: {why}")
+    return config.model_copy(update=sections) if sections else config

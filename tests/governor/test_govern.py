@@ -169,3 +169,33 @@ def test_an_idle_table_is_finished_by_time_alone(tmp_path: Path, spark) -> None:
     governor.round()
     table = reload(config)
     assert sealed_sequence_numbers(table) and row_multiset(table) == rows
+
+
+def test_maintenance_follows_the_tables_own_policy(tmp_path: Path, spark) -> None:
+    """Retention set on the table alone (`streamberg.retention.*`, as any engine would set it)
+    is what the governor's maintenance applies: rows past it deleted, the others kept, counted
+    by pyiceberg and DuckDB; the config itself has no retention."""
+    import datetime as dt
+
+    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from tests.compactor.helpers import BASE_TS
+
+    config = config_at(compactor_config(tmp_path))
+    assert config.maintenance.retention.days is None
+    with ensure_table(load_catalog(config.catalog), config.table).transaction() as tx:
+        tx.set_properties({"streamberg.retention.column": "ts", "streamberg.retention.days": "30",
+                           "streamberg.compact.enabled": "false"})
+    ingest = FakeIngest(config, seed=9)
+    ingest.append(200, days=2)  # March 2024: past the table's 30 days
+    recent_from = ingest.next_id
+    yesterday = (dt.datetime.now(dt.timezone.utc) - BASE_TS).days - 1
+    ingest.append(150, days=1, day_offset=yesterday)
+    keeper = TableKeeper(config, spark, SharedCatalogs())
+    due, problems = keeper.probe()
+    assert [d.action for d in due] == ["maintain"] and not problems
+    Governor(lambda: [Keeper("db.events", keeper.probe, keeper.run)], Scheduler(max_wait_seconds=600),
+             budget=1, state_dir=config.ingest.state_dir).round()
+    table = reload(config)
+    ids = table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    assert sorted(ids) == list(range(recent_from, ingest.next_id))
+    assert _duckdb_counts(table) == (150, 150)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from streamberg.common.policy import POLICY_KEYS, policy_of
+from streamberg.common.policy import POLICY_KEYS, configured, policy_of
 from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
 
 
@@ -59,11 +59,33 @@ def test_policy_keys_parse_and_bad_values_are_named() -> None:
     policy = policy_of({"streamberg.cluster.columns": "user_id, city", "streamberg.cluster.strategy": "HILBERT",
                         "streamberg.compact.enabled": "maybe", "streamberg.cluster.colums": "x",
                         "streamberg.route.topic": "events", "write.format.default": "parquet"})
-    assert policy.governed and policy.cluster_columns == ["user_id", "city"] and policy.cluster_strategy == "hilbert"
+    assert policy.governed and policy.settings == {"compactor.columns": ["user_id", "city"], "compactor.strategy": "hilbert"}
     assert policy.compact_enabled  # the bad value is ignored, not guessed
     assert [p.split(":")[0] for p in policy.problems] == ["streamberg.cluster.colums", "streamberg.compact.enabled"]
     assert not policy_of({"streamberg.route.topic": "events"}).governed
     assert len({k.name for k in POLICY_KEYS}) == len(POLICY_KEYS)
+
+
+def test_a_tables_settings_stand_in_for_the_configs_within_their_bounds(tmp_path) -> None:
+    """Policy keys that stand in for config settings are checked by the config section's own
+    model: a value past its bound, or breaking a rule between keys, is named and the
+    configured value stays; the others apply to this table only."""
+    from tests.compactor.helpers import write_config
+    from tests.helpers import config_at
+
+    config = config_at(write_config(tmp_path))
+    policy = policy_of({"streamberg.snapshots.keep": "5", "streamberg.snapshots.max": "0",
+                        "streamberg.compact.min_files": "3", "streamberg.retention.days": "30",
+                        "streamberg.compact.seal_after_seconds": "nan", "streamberg.snapshots.colour": "x"})
+    kept = configured(config, policy)
+    assert kept.maintenance.expire.min_snapshots_to_keep == 5 and kept.compactor.min_files == 3
+    assert kept.maintenance.expire.max_snapshots == config.maintenance.expire.max_snapshots
+    assert kept.maintenance.retention.days is None and kept.compactor.seal_after_seconds == config.compactor.seal_after_seconds
+    assert sorted(p.split(":")[0] for p in policy.problems) == [
+        "streamberg.compact.seal_after_seconds", "streamberg.retention.days", "streamberg.snapshots.colour",
+        "streamberg.snapshots.max"]
+    assert config.maintenance.expire.min_snapshots_to_keep == 1  # the config itself is untouched
+    assert configured(config, policy_of({"streamberg.compact.enabled": "false"})) is config
 
 
 def test_every_policy_key_is_documented() -> None:
@@ -96,7 +118,17 @@ def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     streamberg("table", "--config", str(path), "--set", "streamberg.cluster.columns=user_id,city",
                "--set", "streamberg.cluster.strategy=hilbert")
     policy = policy_of(properties())
-    assert policy.cluster_columns == ["user_id", "city"] and policy.cluster_strategy == "hilbert" and not policy.problems
+    assert policy.settings == {"compactor.columns": ["user_id", "city"], "compactor.strategy": "hilbert"}
+    assert not policy.problems
+    # Bounds and the rules between keys are the config's: refused before anything is written.
+    for bad in ("streamberg.snapshots.keep=0", "streamberg.retention.days=3", "streamberg.compact.merge_factor=1"):
+        proc = streamberg("table", "--config", str(path), "--set", "streamberg.compact.min_files=3", "--set", bad,
+                          check=False)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (bad, proc.stderr)
+        assert bad.split("=")[0] in proc.stderr and "streamberg.compact.min_files" not in properties(), bad
+    streamberg("table", "--config", str(path), "--set", "streamberg.retention.column=ts", "--set",
+               "streamberg.retention.days=3")
+    assert policy_of(properties()).settings["maintenance.retention.days"] == 3.0
     streamberg("table", "--config", str(path), "--unset", "streamberg.cluster.strategy")
     assert "streamberg.cluster.strategy" not in properties()
 
