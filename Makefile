@@ -16,7 +16,7 @@ help:
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
 	@echo "make bench-fleet    100 tables from one ingest job vs the same records into one table (memory, time, freshness)"
-	@echo "make bench-govern   one governor keeping 100 tables vs 100 per-table compactors (estimated from one each), ~20 min"
+	@echo "make bench-govern   one governor keeping 100 tables vs 100 per-table compactors (estimated from one each), ~25 min"
 	@echo "make bench-soak     the whole loop for 22 min at a 1 s commit interval: memory, metadata, commit time"
 	@echo "make bench-incremental  incremental clustering vs a full optimize over 30 passes (~30 min)"
 	@echo "make bench-skipping data skipping per layout (SKIPPING_SCALE=1 for the study's 1000 files)"
