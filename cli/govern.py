@@ -1,8 +1,9 @@
 """`streamberg govern --config F`: one Spark application keeps every table of a config.
 
 Which tables: the config's (one, or every table of a config of many that the broker's topics
-route to, with the tables a route field's values made), and in the namespaces of `govern.namespaces` (or `--namespace N`) every table whose
-properties carry `streamberg.*` policy keys, whoever wrote it. Each round the governor
+route to, with the tables a route field's values made), and in the namespaces of
+`govern.namespaces` (or `--namespace N`) every table whose properties carry `streamberg.*`
+policy keys, whoever wrote it. Each round the governor
 (governor/app.py) probes every table without Spark (the compactor's own planner: files
 waiting past its trigger; a change log's unapplied changes; time since maintenance), the
 scheduler (governor/scheduler.py) picks by need, `govern.max_concurrent` actions at once (each
@@ -27,7 +28,7 @@ from streamberg.common.catalog import first_line
 from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config, resolve_fleet
-from streamberg.common.policy import configured, policy_of
+from streamberg.common.policy import policy_for, policy_of
 from streamberg.common.redact import redact
 from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Due, Scheduler
@@ -125,8 +126,8 @@ class TableKeeper:
             table = None  # a primary-key table its first merge makes: only the merge is due
         else:
             table = catalog.load_table(identifier)
-        policy = policy_of(table.properties if table is not None else {})
-        self.effective = config = configured(self.config, policy)
+        policy, config = policy_for(self.config, table.properties if table is not None else {})
+        self.effective = config
         problems, due = list(policy.problems), []
         gap = policy.min_interval_seconds
         if table is not None and policy.compact_enabled:

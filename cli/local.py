@@ -134,7 +134,7 @@ def _set_policy(args: argparse.Namespace) -> int:
     """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
     checked against the registry first; nothing is written when one is refused."""
     from streamberg.common.catalog import load_catalog
-    from streamberg.common.policy import POLICY_KEYS, configured, policy_of, refusal
+    from streamberg.common.policy import POLICY_KEYS, policy_for, refusal
 
     config = config_of(args)
     settings: dict[str, str] = {}
@@ -152,8 +152,7 @@ def _set_policy(args: argparse.Namespace) -> int:
     # A setting's bounds and the rules between keys (retention.days needs a column) are its
     # config section's: checked with the table's other keys as they will be.
     after = {k: v for k, v in {**table.properties, **settings}.items() if k not in args.unset}
-    policy = policy_of(after)
-    configured(config, policy)
+    policy, _ = policy_for(config, after)
     if refused := [p for p in policy.problems if p.split(":", 1)[0] in settings]:
         raise CommandError(refused[0])
     with table.transaction() as transaction:

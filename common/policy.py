@@ -168,10 +168,15 @@ def policy_of(properties: Mapping[str, str]) -> TablePolicy:
     return policy
 
 
-def configured(config: StreambergConfig, policy: TablePolicy) -> StreambergConfig:
-    """The config this table is kept with: its policy's settings over the config's, each checked
-    by its section's own model (the setting's bounds, the rules between keys). A value the
-    model refuses is named in `policy.problems` and the configured one stays."""
+def policy_for(config: StreambergConfig, properties: Mapping[str, str]) -> tuple[TablePolicy, StreambergConfig]:
+    """A table's policy (every ignored value in its `problems`) and the config it is kept with:
+    its settings over the config's, each checked by its section's own model (the setting's
+    bounds, the rules between keys). A value the model refuses keeps the configured one."""
+    policy = policy_of(properties)
+    return policy, _configured(config, policy)
+
+
+def _configured(config: StreambergConfig, policy: TablePolicy) -> StreambergConfig:
     if not policy.settings:
         return config
     names = {k.target: k.name for k in POLICY_KEYS}

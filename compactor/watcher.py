@@ -16,7 +16,8 @@ query stops.
 
 A rule can become true without any new snapshot (``max_delay_seconds``, and
 ``seal_after_seconds`` finishing an idle partition): when either is on, the watcher also runs
-a pass between triggers (continuous mode) or after the stream (``--once``). A lock keeps passes strictly one at a time.
+a pass between triggers (continuous mode) or after the stream (``--once``). A lock keeps
+passes strictly one at a time.
 """
 
 from __future__ import annotations

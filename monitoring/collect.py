@@ -27,7 +27,7 @@ from streamberg.common.field_sightings import added_fields_of, sightings_of, wid
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
-from streamberg.common.policy import GOVERN_STATE_FILE, configured, policy_of
+from streamberg.common.policy import GOVERN_STATE_FILE, policy_for
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.times import iso_from_ms
@@ -195,15 +195,8 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
-        policy_problems=_policy_problems(config, table.properties), governor=governor_state(config),
+        policy_problems=policy_for(config, table.properties)[0].problems, governor=governor_state(config),
     )
-
-
-def _policy_problems(config: StreambergConfig, properties: Any) -> list[str]:
-    """The table's ignored policy values: unparsable ones and those past their setting's bounds."""
-    policy = policy_of(properties)
-    configured(config, policy)
-    return policy.problems
 
 
 def governor_state(config: StreambergConfig) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from streamberg.common.policy import POLICY_KEYS, configured, policy_of
+from streamberg.common.policy import POLICY_KEYS, policy_for, policy_of
 from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
 
 
@@ -74,10 +74,9 @@ def test_a_tables_settings_stand_in_for_the_configs_within_their_bounds(tmp_path
     from tests.helpers import config_at
 
     config = config_at(write_config(tmp_path))
-    policy = policy_of({"streamberg.snapshots.keep": "5", "streamberg.snapshots.max": "0",
-                        "streamberg.compact.min_files": "3", "streamberg.retention.days": "30",
-                        "streamberg.compact.seal_after_seconds": "nan", "streamberg.snapshots.colour": "x"})
-    kept = configured(config, policy)
+    policy, kept = policy_for(config, {"streamberg.snapshots.keep": "5", "streamberg.snapshots.max": "0",
+                                       "streamberg.compact.min_files": "3", "streamberg.retention.days": "30",
+                                       "streamberg.compact.seal_after_seconds": "nan", "streamberg.snapshots.colour": "x"})
     assert kept.maintenance.expire.min_snapshots_to_keep == 5 and kept.compactor.min_files == 3
     assert kept.maintenance.expire.max_snapshots == config.maintenance.expire.max_snapshots
     assert kept.maintenance.retention.days is None and kept.compactor.seal_after_seconds == config.compactor.seal_after_seconds
@@ -85,7 +84,7 @@ def test_a_tables_settings_stand_in_for_the_configs_within_their_bounds(tmp_path
         "streamberg.compact.seal_after_seconds", "streamberg.retention.days", "streamberg.snapshots.colour",
         "streamberg.snapshots.max"]
     assert config.maintenance.expire.min_snapshots_to_keep == 1  # the config itself is untouched
-    assert configured(config, policy_of({"streamberg.compact.enabled": "false"})) is config
+    assert policy_for(config, {"streamberg.compact.enabled": "false"})[1] is config
 
 
 def test_every_policy_key_is_documented() -> None:
