@@ -185,21 +185,22 @@ def measured(argv: list[str], seconds: float, log: Path, at_cutoff: Callable[[],
     proc = subprocess.Popen([str(exe), *argv], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json", "STREAMBERG_LOG_LEVEL": "info"},
                             start_new_session=True)
+
+    def run_for(span: float) -> float:
+        """Let it run `span` seconds; it must not exit meanwhile."""
+        started = time.monotonic()
+        while time.monotonic() - started < span and proc.poll() is None:
+            time.sleep(1.0)
+        if proc.poll() is not None:
+            raise SystemExit(f"streamberg {argv[0]} exited {proc.returncode} early:\n{log.read_text()[-3000:]}")
+        return time.monotonic() - started
+
     sampler = Sampler(proc.pid)
-    started = time.monotonic()
-    while time.monotonic() - started < seconds and proc.poll() is None:
-        time.sleep(1.0)
-    if proc.poll() is not None:
-        raise SystemExit(f"streamberg {argv[0]} exited {proc.returncode} early:\n{log.read_text()[-3000:]}")
-    ran = time.monotonic() - started
+    ran = run_for(seconds)
     peak, cpu = sampler.done()  # before the stop: a shutdown's work is not the service's
     if at_cutoff is not None:
         at_cutoff()
-    more = time.monotonic()
-    while time.monotonic() - more < then_seconds and proc.poll() is None:
-        time.sleep(1.0)
-    if proc.poll() is not None:
-        raise SystemExit(f"streamberg {argv[0]} exited {proc.returncode} early:\n{log.read_text()[-3000:]}")
+    run_for(then_seconds)
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=120)
@@ -318,12 +319,13 @@ def main() -> int:
         finished_all = log_events(log, "action finished")
         finished = before_cutoff(finished_all)
         failed = log_events(log, "action failed; the table backs off, the others go on")
+        failed_live = before_cutoff(failed)
         state = json.loads((workdir / "state" / "govern.json").read_text())
         still = [a["waiting_seconds"] for a in state["actions"] if a["waiting_seconds"] is not None]
         waits = [float(e.get("waited_seconds", 0.0)) for e in started]
         service.update({
-            "actions": len(finished), "failed_actions": len(before_cutoff(failed)),
-            "drain_actions": len(finished_all) - len(finished), "drain_failed_actions": len(failed) - len(before_cutoff(failed)),
+            "actions": len(finished), "failed_actions": len(failed_live),
+            "drain_actions": len(finished_all) - len(finished), "drain_failed_actions": len(failed) - len(failed_live),
             "actions_per_minute": round(len(finished) / (service["seconds"] / 60), 2),
             "actions_by_kind": {k: sum(1 for e in finished if e.get("action") == k) for k in ("compact", "merge", "maintain")},
             "tables_acted_on": len({e.get("table") for e in finished}),
