@@ -34,13 +34,15 @@ from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Due, Scheduler
 
 
-def _configs(args: argparse.Namespace) -> list[StreambergConfig]:
+def _configs(args: argparse.Namespace, refused: dict[str, str] | None = None) -> list[StreambergConfig]:
     """The config's tables (a config of many: those the broker's topics route to now, and the
-    tables a field-routed topic's values made, by the catalog's record of them)."""
+    tables a field-routed topic's values made, by the catalog's record of them, as far as that
+    record validates: a bad entry goes into `refused` under its table's own name)."""
     if not is_fleet(args.config):
         return [load_config(args.config)]
     from streamberg.monitoring.fleet import broker_topics
 
+    refused = {} if refused is None else refused
     fleet = load_fleet(args.config)
     sample = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["sample.topic"])[0]))
     topics, _ = broker_topics(fleet, sample)
@@ -53,28 +55,43 @@ def _configs(args: argparse.Namespace) -> list[StreambergConfig]:
 
         catalog = load_catalog(sample.catalog)
         for topic, route in field_routed:
-            for value in routed_values(catalog, known[topic].table.namespace, topic):
+            made = lambda value, route=route, topic=topic: route.table_identifier(topic, value)  # noqa: E731
+            for value in routed_values(catalog, known[topic].table.namespace, topic, made, refused):
                 out.append(config_from_dump(fleet.document(route, topic, value)))
     return out
 
 
-def _opted_in(base: StreambergConfig, namespaces: list[str], have: set[str]) -> list[StreambergConfig]:
-    """Tables of the opt-in namespaces that carry policy keys: the base config's settings,
-    the table's own schema (table.schema unset: the table is the truth)."""
+def _opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
+              refused: dict[str, str] | None = None) -> list[StreambergConfig]:
+    """Tables of the opt-in namespaces that carry policy keys: the base config's settings
+    without its destructive ones (`undeclared`: no retention, no expiry more eager than the
+    defaults; the table's own keys may set them), the table's own schema (table.schema unset:
+    the table is the truth). A table that cannot be kept (a name no config can hold, metadata
+    that cannot be read) goes into `refused` under its own name, and the others are kept."""
     if not namespaces:
         return []
     from streamberg.common.catalog import load_catalog
+    from streamberg.common.errors import ConfigError
+    from streamberg.common.policy import undeclared
 
+    refused = {} if refused is None else refused
     catalog = load_catalog(base.catalog)
     found = []
     for namespace in namespaces:
-        for identifier in catalog.list_tables(namespace):
+        try:
+            identifiers = catalog.list_tables(namespace)
+        except Exception as exc:  # noqa: BLE001 - a namespace that is not there (yet) is this namespace's problem
+            refused[f"{namespace}.*"] = f"namespace cannot be listed: {first_line(exc)[:200]}"
+            continue
+        for identifier in identifiers:
             name = ".".join(identifier)
             if name in have:
                 continue
             try:
-                properties = catalog.load_table(name).properties
-            except Exception:  # noqa: BLE001 - dropped between the listing and the load
+                properties = catalog.load_table(identifier).properties
+            except Exception as exc:  # noqa: BLE001 - dropped between the listing and the load, or unreadable
+                if catalog.table_exists(identifier):
+                    refused[name] = f"cannot be read: {first_line(exc)[:200]}"
                 continue
             if not policy_of(properties).governed:
                 continue
@@ -82,7 +99,10 @@ def _opted_in(base: StreambergConfig, namespaces: list[str], have: set[str]) -> 
             document["table"] = {"identifier": name}
             document["compactor"]["checkpoint_dir"] = per_table_checkpoint(base.compactor.checkpoint_dir, name)
             document["kafka"] = {**document["kafka"], "envelope": "none"}
-            found.append(config_from_dump(document))
+            try:
+                found.append(undeclared(config_from_dump(document)))
+            except ConfigError as exc:
+                refused[name] = f"not kept: {exc.problems[0] if exc.problems else first_line(exc)}"[:300]
     return found
 
 
@@ -98,8 +118,16 @@ class SharedCatalogs:
 
         key = config.catalog.model_dump_json()
         if key not in self._open:
+            import streamberg.common.maintenance_runs  # noqa: F401 - declares the private tables it writes
+            import streamberg.compactor.lease  # noqa: F401
+            from streamberg.common.private_tables import ensure_private_tables
+
             catalog = load_catalog(config.catalog)
-            self._open[key] = (catalog, state_engine(config.catalog, catalog))
+            engine = state_engine(config.catalog, catalog)
+            # The product's own tables made once, before any action: concurrent actions on a
+            # fresh catalog would otherwise race to create them.
+            ensure_private_tables(engine)
+            self._open[key] = (catalog, engine)
         return self._open[key]
 
 
@@ -205,6 +233,10 @@ class TableKeeper:
         return {"runs": summary.runs}
 
 
+def _never_run(action: str) -> dict[str, Any]:
+    raise RuntimeError(f"{action}: the table is not kept (see its problem)")
+
+
 def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergConfig:
     """The config's `govern` section with the command line's flags over it, checked as the
     config's own keys are (a bad flag names itself)."""
@@ -230,7 +262,10 @@ def _govern(args: argparse.Namespace) -> int:
     from streamberg.common.spark import build_spark_session, quiet_spark_logs
     from streamberg.common.stop import install_stop_handlers
 
-    configs = _configs(args)
+    # Tables found and not kept (a forged route record, a name no config holds), by their own
+    # names, from the last listing of the config's tables and of the opted-in namespaces.
+    refused: dict[str, dict[str, str]] = {"routed": {}, "listed": {}}
+    configs = _configs(args, refused["routed"])
     if not configs:
         print("streamberg govern: no table yet (no topic of the config's routes on the broker)")
         return 0
@@ -249,10 +284,24 @@ def _govern(args: argparse.Namespace) -> int:
     def keepers() -> list[Keeper]:
         # A config of many is listed again (new topics, new route values) every replan_seconds.
         if is_fleet(args.config) and time.monotonic() - routed[0] >= settings.replan_seconds:
-            routed[:] = [time.monotonic(), _configs(args)]
+            found: dict[str, str] = {}
+            try:
+                routed[:] = [time.monotonic(), _configs(args, found)]
+            except Exception as exc:  # noqa: BLE001 - the config's tables cannot be listed now: keep the last list
+                routed[0] = time.monotonic()
+                found = {**refused["routed"], "(config)": f"its tables could not be listed again: {first_line(exc)[:200]}"}
+            refused["routed"] = found
         tables = routed[1]
         if settings.namespaces and time.monotonic() - listed[0] >= settings.replan_seconds:
-            listed[:] = [time.monotonic(), _opted_in(base, settings.namespaces, {c.table.identifier for c in tables})]
+            found = {}
+            try:
+                listed[:] = [time.monotonic(), _opted_in(base, settings.namespaces,
+                                                         {c.table.identifier for c in tables}, found)]
+            except Exception as exc:  # noqa: BLE001 - the catalog cannot be listed now: keep the last list
+                listed[0] = time.monotonic()
+                found = {**refused["listed"],
+                         "(namespaces)": f"{', '.join(settings.namespaces)} could not be listed: {first_line(exc)[:200]}"}
+            refused["listed"] = found
         wanted = {c.table.identifier: c for c in tables}  # the config's own first, then the opted-in
         for c in listed[1]:
             wanted.setdefault(c.table.identifier, c)
@@ -261,7 +310,11 @@ def _govern(args: argparse.Namespace) -> int:
         for identifier, c in wanted.items():
             if identifier not in kept or kept[identifier].config != c:
                 kept[identifier] = TableKeeper(c, session, catalogs)
-        return [Keeper(k.config.table.identifier, k.probe, k.run) for k in kept.values()]
+        out = [Keeper(k.config.table.identifier, k.probe, k.run) for k in kept.values()]
+        # A table found and not kept is reported under its own name every round (status, the plan).
+        out += [Keeper(name, lambda why=why: ([], [why]), _never_run)
+                for name, why in sorted({**refused["listed"], **refused["routed"]}.items()) if name not in kept]
+        return out
 
     governor = Governor(keepers, Scheduler(max_wait_seconds=settings.max_wait_seconds),
                         budget=settings.max_concurrent, concurrent=settings.max_concurrent,

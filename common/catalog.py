@@ -280,10 +280,16 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
         pass
 
 
-def routed_values(catalog: Catalog, namespace: str, topic: str) -> list[str]:
+def routed_values(catalog: Catalog, namespace: str, topic: str, made: Callable[[str], str] | None = None,
+                  refused: dict[str, str] | None = None) -> list[str]:
     """The route values (common/config/fleet.py route_field) whose tables `topic` feeds in
-    `namespace`: the tables' own record of them (table properties the ingest writes)."""
-    from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
+    `namespace`: the tables' own record of them (table properties the ingest writes).
+
+    The record is trusted only as far as it validates: anyone can write table properties, so
+    a value that is not a route value, or (`made`: the route's rule, value -> identifier) one
+    whose table would be another than the table that records it, is skipped and put in
+    `refused` under the recording table's own name, never raised."""
+    from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY, route_value
 
     try:
         identifiers = catalog.list_tables(namespace)
@@ -291,12 +297,24 @@ def routed_values(catalog: Catalog, namespace: str, topic: str) -> list[str]:
         return []
     values = set()
     for identifier in identifiers:
+        name = ".".join(identifier) if isinstance(identifier, tuple) else str(identifier)
         try:
             props = catalog.load_table(identifier).properties
         except Exception:  # noqa: BLE001 - dropped meanwhile, or a table pyiceberg cannot read
             continue
-        if props.get(ROUTE_TOPIC_PROPERTY) == topic and ROUTE_VALUE_PROPERTY in props:
-            values.add(props[ROUTE_VALUE_PROPERTY])
+        if props.get(ROUTE_TOPIC_PROPERTY) != topic or ROUTE_VALUE_PROPERTY not in props:
+            continue
+        recorded = props[ROUTE_VALUE_PROPERTY]
+        try:
+            value = route_value(recorded)
+            if made is not None and made(value).lower() != name.lower():
+                raise ValueError(f"{recorded[:60]!r} makes table {made(value)}, not this one")
+        except ValueError as exc:
+            if refused is not None:
+                refused[name] = (f"table property {ROUTE_VALUE_PROPERTY}={str(recorded)[:60]!r} of topic {topic!r} is "
+                                 f"not a route value this config makes ({exc}); the table is not kept as a route's")
+            continue
+        values.add(value)
     return sorted(values)
 
 

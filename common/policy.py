@@ -62,6 +62,13 @@ def _name(text: str) -> str:
     return value
 
 
+def _days_or_none(text: str) -> float | None:
+    """Retention days, or `none` (retention off for this table, whatever the config says)."""
+    if text.strip().lower() in ("none", "off", "null"):
+        return None
+    return _float(text)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 30 * 86400:
@@ -111,8 +118,10 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "at most this many snapshots kept (default: maintenance.expire.max_snapshots)"),
     PolicyKey("streamberg.retention.column", "maintenance.retention.column", _name,
               "the time column rows are aged by (default: maintenance.retention.column)"),
-    PolicyKey("streamberg.retention.days", "maintenance.retention.days", _float,
-              "rows older than this many days are deleted; needs a column (default: maintenance.retention.days)"),
+    PolicyKey("streamberg.retention.days", "maintenance.retention.days", _days_or_none,
+              "rows older than this many days are deleted; needs a column; `none` turns retention off "
+              "(default: maintenance.retention.days of the config that declares the table; none for an "
+              "opted-in table)"),
     PolicyKey("streamberg.govern.min_interval_seconds", "min_interval_seconds", _seconds,
               "at least this long between two actions of one kind on this table (default 60)"),
 )
@@ -166,6 +175,30 @@ def policy_of(properties: Mapping[str, str]) -> TablePolicy:
         else:
             setattr(policy, key.target, value)
     return policy
+
+
+def undeclared(config: StreambergConfig) -> StreambergConfig:
+    """The config a table is kept with when the config does not declare it (a table opted in
+    by its `streamberg.*` keys in a governed namespace): the config's settings, except the
+    destructive ones, which reach a table only from the config that declares it or from the
+    table's own keys. No row retention; snapshot expiry, orphan removal and the change log's
+    trim never more eager than the product's defaults."""
+    from streamberg.common.config import MaintenanceConfig
+
+    given, default = config.maintenance, MaintenanceConfig()
+    expire = given.expire.model_copy(update={
+        "max_snapshot_age_seconds": max(given.expire.max_snapshot_age_seconds, default.expire.max_snapshot_age_seconds),
+        "min_snapshots_to_keep": max(given.expire.min_snapshots_to_keep, default.expire.min_snapshots_to_keep),
+        "max_snapshots": max(given.expire.max_snapshots, default.expire.max_snapshots),
+        "keep_pending_for_compactor": True})
+    orphan = given.orphan.model_copy(update={
+        "safety_age_seconds": max(given.orphan.safety_age_seconds, default.orphan.safety_age_seconds)})
+    changelog = given.changelog.model_copy(update={
+        "keep_applied_seconds": max(given.changelog.keep_applied_seconds, default.changelog.keep_applied_seconds)})
+    maintenance = given.model_copy(update={"retention": default.retention, "expire": expire, "orphan": orphan,
+                                           "changelog": changelog,
+                                           "allow_location_outside_warehouse": False})
+    return config.model_copy(update={"maintenance": maintenance})
 
 
 def policy_for(config: StreambergConfig, properties: Mapping[str, str]) -> tuple[TablePolicy, StreambergConfig]:

@@ -4,11 +4,14 @@ them on first use, so every private table is named, prefixed and created the sam
 
 from __future__ import annotations
 
+import threading
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 PREFIX = "streamberg_"
 _metadata = sa.MetaData()
+_lock = threading.Lock()  # one creator at a time in this process
 
 
 def private_table(name: str, *columns: sa.Column | sa.Index) -> sa.Table:
@@ -20,8 +23,23 @@ def private_table(name: str, *columns: sa.Column | sa.Index) -> sa.Table:
 
 
 def ensure_private_table(engine: Engine, table: sa.Table) -> None:
-    """Create the table if the database does not have it yet (idempotent)."""
-    _metadata.create_all(engine, tables=[table], checkfirst=True)
+    """Create the table if the database does not have it yet (idempotent, and safe when many
+    threads or processes ask at once: the governor's concurrent actions on a fresh catalog).
+    Another creator winning the race between the check and the create is no error: the table
+    is there, which is all that was asked."""
+    with _lock:
+        try:
+            _metadata.create_all(engine, tables=[table], checkfirst=True)
+        except sa.exc.DatabaseError:
+            if not sa.inspect(engine).has_table(table.name):
+                raise
+
+
+def ensure_private_tables(engine: Engine) -> None:
+    """Create every private table this process declared (the modules that declare them were
+    imported): a service that runs many actions at once does this once, before any of them."""
+    for table in list(_metadata.sorted_tables):
+        ensure_private_table(engine, table)
 
 
 def table_key_columns(primary_key: bool) -> tuple[sa.Column, sa.Column]:

@@ -14,6 +14,11 @@ table (planner.py), the re-run rewrites exactly the files the interrupted run ha
 committed. ``--once`` uses Trigger.AvailableNow: everything pending is processed, then the
 query stops.
 
+Expiry: the stream must load the snapshots its checkpoint names (the last batch's end, and
+for AvailableNow the checkpoint's initial offset, apache/iceberg#18000). Before it starts, and
+whenever it fails because one was expired, the checkpoint is reset and the stream started
+again from the oldest snapshot; pending files come from the table, so nothing is skipped.
+
 A rule can become true without any new snapshot (``max_delay_seconds``, and
 ``seal_after_seconds`` finishing an idle partition): when either is on, the watcher also runs
 a pass between triggers (continuous mode) or after the stream (``--once``). A lock keeps
@@ -53,25 +58,72 @@ class WatchReport:
         return out
 
 
+# Iceberg's streaming source fails so once the snapshot of an offset it must start from was
+# expired (apache/iceberg#18000: Trigger.AvailableNow plans from the checkpoint's *initial*
+# offset, so every `--once` run fails for good once that one snapshot is gone).
+EXPIRED_OFFSET = "the snapshot was expired or removed"
+# Resets of the checkpoint in a row before the failure is reported (expiry racing every start).
+MAX_RESETS = 3
+
+
+def _read_text(spark: Any, path_text: str) -> str | None:
+    """A checkpoint file's text through Hadoop's FileSystem (any location Spark can use)."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(path_text)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return None
+    stream = fs.open(path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+def checkpoint_snapshots(spark: Any, checkpoint_dir: str, *, initial: bool) -> list[int]:
+    """The snapshot ids the stream must load to start again from `checkpoint_dir`: the last
+    planned batch's end offset, and (`initial`: Trigger.AvailableNow reads it) the offset the
+    checkpoint first started at. Empty for a new or unreadable checkpoint."""
+    jvm = spark._jvm
+    root = checkpoint_dir.rstrip("/")
+    ids: list[int] = []
+    try:
+        folder = jvm.org.apache.hadoop.fs.Path(f"{root}/offsets")
+        fs = folder.getFileSystem(spark._jsc.hadoopConfiguration())
+        batches = [int(str(s.getPath().getName())) for s in (fs.listStatus(folder) if fs.exists(folder) else [])
+                   if str(s.getPath().getName()).isdigit()]
+        texts = [_read_text(spark, f"{root}/offsets/{max(batches)}")] if batches else []
+        if initial:
+            texts.append(_read_text(spark, f"{root}/sources/0/offsets/0"))
+        for text in texts:
+            for line in reversed((text or "").strip().splitlines()):
+                if '"snapshot_id"' in line:
+                    ids.append(int(json.loads(line)["snapshot_id"]))
+                    break
+    except Exception:  # noqa: BLE001 - unreadable: the stream itself reports what is wrong
+        return ids
+    return ids
+
+
+def reset_checkpoint(spark: Any, checkpoint_dir: str) -> None:
+    """Delete the stream's checkpoint: it only saves re-reading history, because the files a
+    pass rewrites are found from the table (planner.py), never from the stream's offsets."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(checkpoint_dir)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.exists(path):
+        fs.delete(path, True)
+
+
 def read_batch_end_snapshot(spark: Any, checkpoint_dir: str, batch_id: int) -> int | None:
     """The Iceberg snapshot id a micro-batch ends at, from Spark's offset log (None if unreadable).
 
     The log file ``offsets/<batch>`` is: a version line, a metadata JSON line, then one
     offset JSON per source; Iceberg's is ``{"version":1,"snapshot_id":..,"position":..}``.
-    Read through Hadoop's FileSystem so any checkpoint location Spark can use works here.
     """
-    jvm = spark._jvm
     try:
-        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint_dir.rstrip('/')}/offsets/{batch_id}")
-        fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-        if not fs.exists(path):
-            return None
-        stream = fs.open(path)
-        try:
-            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-        finally:
-            stream.close()
-        for line in reversed(text.strip().splitlines()):
+        text = _read_text(spark, f"{checkpoint_dir.rstrip('/')}/offsets/{batch_id}")
+        for line in reversed((text or "").strip().splitlines()):
             if '"snapshot_id"' in line:
                 return int(json.loads(line)["snapshot_id"])
     except Exception:  # noqa: BLE001 - the bound is an optimisation; without it the pass plans to now
@@ -131,9 +183,47 @@ class SnapshotWatcher:
         return self._query
 
     def run(self, stop: threading.Event | None = None) -> WatchReport:
-        """Run until done (--once) or until `stop` is set / the process is interrupted."""
-        query = self.start()
+        """Run until done (--once) or until `stop` is set / the process is interrupted.
+
+        A checkpoint whose offsets name an expired snapshot (maintenance expired it while the
+        compactor was down, or faster than a trigger) is reset and the stream started again
+        from the table's oldest snapshot: nothing is lost, because a pass plans every pending
+        file from the table."""
         stop = stop or threading.Event()
+        self._reset_if_expired()
+        resets, batches_then = 0, -1
+        while True:
+            self._stopping = False
+            try:
+                return self._watch(stop)
+            except StreamFailed as exc:
+                if EXPIRED_OFFSET not in str(exc):
+                    raise
+                if stop.is_set():
+                    return self.report  # stopping anyway: the next start resets the checkpoint
+                if self.report.batches != batches_then:  # batches ran since the last reset: not a loop
+                    resets, batches_then = 0, self.report.batches
+                if resets >= MAX_RESETS:
+                    raise
+                resets += 1
+                self._error = None
+                self.log.warning("the stream's checkpoint names an expired snapshot; it is reset and the stream "
+                                 "starts again from the oldest snapshot (pending files come from the table)",
+                                 resets=resets, error=str(exc)[:300])
+                reset_checkpoint(self.spark, self.settings.checkpoint_dir)
+
+    def _reset_if_expired(self) -> None:
+        """Before the stream starts: reset a checkpoint it could not start from."""
+        wanted = checkpoint_snapshots(self.spark, self.settings.checkpoint_dir, initial=self.once)
+        table = self.compactor.load()
+        gone = [sid for sid in wanted if table.snapshot_by_id(sid) is None]
+        if gone:
+            self.log.warning("the stream's checkpoint names expired snapshots; it is reset (pending files come "
+                             "from the table, so nothing is skipped)", expired_snapshot_ids=gone)
+            reset_checkpoint(self.spark, self.settings.checkpoint_dir)
+
+    def _watch(self, stop: threading.Event) -> WatchReport:
+        query = self.start()
         try:
             if self.once:
                 self._await(query, None)

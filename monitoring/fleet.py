@@ -32,18 +32,21 @@ _RANK = {"critical": 0, "warn": 1, "ok": 2}
 class FleetStatus:
     tables: list[tuple[str, Status]] = field(default_factory=list)  # (topic, status), worst first
     paused: dict[str, str] = field(default_factory=dict)
-    refused: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
+    refused_tables: dict[str, str] = field(default_factory=dict)  # a table found and not kept -> why
     broker_error: str | None = None
     governor: dict[str, Any] | None = None  # `streamberg govern`'s fleet line, when it runs
 
     @property
     def verdict(self) -> str:
-        verdicts = [s.health.verdict for _, s in self.tables] + (["critical"] if self.paused else [])
+        verdicts = [s.health.verdict for _, s in self.tables] + (["critical"] if self.paused else []) \
+            + (["warn"] if self.refused or self.refused_tables else [])
         return min(verdicts, key=lambda v: _RANK[v]) if verdicts else "ok"
 
     def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "tables": [{"topic": t, **s.to_dict()} for t, s in self.tables],
-                "paused": self.paused, "refused": self.refused, "broker_error": self.broker_error,
+                "paused": self.paused, "refused": self.refused,
+                "refused_tables": self.refused_tables, "broker_error": self.broker_error,
                 "governor": self.governor}
 
 
@@ -76,11 +79,11 @@ def _recorded_topic(config: StreambergConfig) -> Any:
     return owner
 
 
-def _values(config: StreambergConfig, topic: str) -> list[str]:
+def _values(config: StreambergConfig, topic: str, made: Any, refused: dict[str, str]) -> list[str]:
     from streamberg.common.catalog import open_catalog_readonly, routed_values
 
     try:
-        return routed_values(open_catalog_readonly(config.catalog), config.table.namespace, topic)
+        return routed_values(open_catalog_readonly(config.catalog), config.table.namespace, topic, made, refused)
     except Exception:  # noqa: BLE001 - no catalog: no value tables to list
         return []
 
@@ -113,7 +116,8 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
         out.tables.append((topic, with_health(collect_status(config, cache=cache), config)))
         route = fleet.route_of(topic)
         if route is not None and route.route_field is not None:  # the tables its field's values made
-            for value in _values(config, topic):
+            rule = lambda value, route=route, topic=topic: route.table_identifier(topic, value)  # noqa: E731
+            for value in _values(config, topic, rule, out.refused_tables):
                 made = config_from_dump(fleet.document(route, topic, value))
                 out.tables.append((topic, with_health(collect_status(made, cache=cache), made)))
     out.tables.sort(key=lambda ts: (_RANK[ts[1].health.verdict] if ts[1].table not in out.paused else -1,
@@ -145,6 +149,8 @@ def render_fleet(status: FleetStatus) -> str:
             lines.append(f"{'PAUSED':<9}{table[:39]:<40}{'':>12}{'':>10}{'':>9}{'':>7}  {reason[:90]}")
     for topic, reason in status.refused.items():
         lines.append(f"{'REFUSED':<9}{('topic ' + topic)[:39]:<40}{'':>38}  {reason[:90]}")
+    for table, reason in status.refused_tables.items():
+        lines.append(f"{'REFUSED':<9}{table[:39]:<40}{'':>38}  {reason[:90]}")
     return "\n".join(lines)
 
 
