@@ -118,7 +118,8 @@ class SharedCatalogs:
 
         key = config.catalog.model_dump_json()
         if key not in self._open:
-            import streamberg.common.maintenance_runs  # noqa: F401 - declares the private tables it writes
+            # Importing them declares the private tables they write (maintenance runs, leases).
+            import streamberg.common.maintenance_runs
             import streamberg.compactor.lease  # noqa: F401
             from streamberg.common.private_tables import ensure_private_tables
 

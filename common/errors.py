@@ -49,6 +49,13 @@ class CatalogUnreachable(StreambergError):
     (password removed)."""
 
 
+class SideTableTaken(StreambergError):
+    """Raised when a table the product writes beside a table (its dead letters, change log,
+    merge keys) exists and is not that: another topic's data table, or a table of another
+    shape. The one table it serves is refused (paused, in a config of many); nothing is
+    written into a table that is not what it should be."""
+
+
 class SchemaMismatchError(StreambergError):
     """Raised when the existing table cannot take the records the config describes."""
 

@@ -85,7 +85,8 @@ class Governor:
         elif not dry_run:
             for choice in report.planned:
                 report.ran.append(self._run(keepers[choice.due.table], choice))
-        self._write_state(report)
+        if not dry_run:  # a dry run changes nothing, not even the state status reads
+            self._write_state(report)
         return report
 
     def _run(self, keeper: Keeper, choice: Choice) -> dict[str, Any]:

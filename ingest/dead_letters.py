@@ -44,7 +44,7 @@ from streamberg.common.catalog import ensure_namespace, ensure_table, load_catal
 from streamberg.common.changelog import add_own_columns
 from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
 from streamberg.common.dead_letter_outbox import applied_key, pending_files
-from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
+from streamberg.common.errors import RegistryUnavailable, SideTableTaken, UnsupportedSchemaError
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import bound_metadata
 from streamberg.common.retry import commit_retrying, is_instance
@@ -69,9 +69,21 @@ DEAD_LETTER_SCHEMA = Schema(
 
 
 def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
+    """The dead-letter table, made when absent; an existing table of another shape (another
+    topic's data table that took the name) is refused, never written into."""
+    from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY
+
     ensure_namespace(catalog, identifier.rsplit(".", 1)[0])
     try:
-        return catalog.load_table(identifier)
+        table = catalog.load_table(identifier)
+        owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
+        missing = {f.name for f in DEAD_LETTER_SCHEMA.fields if f.required} - {f.name for f in table.schema().fields}
+        if owner is not None or missing:
+            raise SideTableTaken(f"dead-letter table {identifier} is not a dead-letter table ("
+                                 + (f"it is topic {owner!r}'s data table" if owner is not None else
+                                    f"it lacks {', '.join(sorted(missing))}")
+                                 + "); rename or drop it, or set dead_letter.table")
+        return table
     except NoSuchTableError:
         try:
             return catalog.create_table(identifier, schema=DEAD_LETTER_SCHEMA, properties=BOUNDED_METADATA)

@@ -63,7 +63,7 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
     """Run the ingest of a config of many tables (ingest/fleet.py) as one job."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    from streamberg.ingest.fleet_tables import FleetTables, TableOwnedElsewhere, broker_topics, ensure_fleet_table
+    from streamberg.ingest.fleet_tables import FleetTables, broker_topics, ensure_fleet_table, exc_reason
     from streamberg.ingest.job import _run_config
 
     base = ingest_config(_run_config(fleet.model_dump(mode="json", by_alias=True)))
@@ -86,11 +86,11 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
             route = fleet.route_of(topic)
             try:
                 ensure_fleet_table(tables.by_topic[topic], topic, anchor_field=route.route_field if route else None)
-            except TableOwnedElsewhere as exc:
-                tables.refused[topic] = str(exc)
-                log.error("topic not read", topic=topic, reason=str(exc))
             except NoSuchTableError as exc:  # schema: infer, no record yet: the writers route it once there is
                 tables.wait(topic, str(exc))
+            except Exception as exc:  # noqa: BLE001 - that topic's table alone (the writers refuse it and say why)
+                tables.refused[topic] = exc_reason(exc)
+                log.error("topic not read", topic=topic, reason=tables.refused[topic])
         folder = RunFolder.of(base, run_id).create()
         prune_runs(folder)
         worker_log = (folder.path / WORKER_LOG_NAME).resolve()

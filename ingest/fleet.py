@@ -38,9 +38,10 @@ from streamberg.common.errors import ConfigError
 from streamberg.common.log import get_logger
 from streamberg.ingest.fleet_tables import (
     FleetTables,
-    TableOwnedElsewhere,
+    TableCapReached,
     broker_topics,
     ensure_fleet_table,
+    exc_reason,
     ingest_view,
 )
 from streamberg.ingest.units import FlushUnit
@@ -68,6 +69,7 @@ class FleetWriter:
         self.split: dict[str, Any] = {}  # a field-routed topic -> its route
         self.known: dict[str, set[str]] = {}  # ... -> the values its tables were made for (catalog's, ours)
         self.refused_values: dict[tuple[str, str], str] = {}  # (topic, value) -> why no table takes it
+        self.refused_tables: dict[str, str] = {}  # a table whose route record does not validate -> why
         self.log = get_logger("ingest.fleet", writer=index, run=run_id)
         self.settings = consumer_settings
         self.consumer: Consumer | None = None
@@ -75,6 +77,8 @@ class FleetWriter:
         self._next_discovery = 0.0
         self._in_batch = self._reassign_pending = False
         self.closed_early = 0  # files closed before their interval's end to bound memory
+        self._engine: Any = None  # the catalog's database: the tables' slots (common/table_slots.py)
+        self.reports: list[FlushUnit] = []  # tables this writer could not open, for the committer
 
     @property
     def position(self) -> dict[str, int]:
@@ -109,20 +113,67 @@ class FleetWriter:
             try:
                 self._open_topic(topic)
                 opened.append(topic)
-            except TableOwnedElsewhere as exc:
-                self.tables.refused[topic] = str(exc)
-                self.log.error("topic not read", topic=topic, reason=str(exc))
             except NoSuchTableError as exc:  # schema: infer, and no record yet to infer the table from
+                self._forget(topic)
                 self.tables.wait(topic, str(exc))
-        for topic in list(self.split):
-            anchor = self.lanes[self.by_topic[topic][0]]
-            if len(self.known[topic]) >= anchor.config.ingest.max_tables_per_route:
-                for value in set(routed_values(load_catalog(anchor.config.catalog), anchor.config.table.namespace,
-                                               topic)) - self.known[topic]:
-                    self._open_value(topic, value, sample=None)
+            except Exception as exc:  # noqa: BLE001 - one topic's table cannot be opened: that topic alone stops
+                self._forget(topic)
+                reason = exc_reason(exc)
+                self.tables.refused[topic] = reason
+                self._report_refused(topic, self.tables.by_topic[topic].table.identifier, reason)
+                self.log.error("topic not read: its table could not be opened; the other tables go on", topic=topic,
+                               reason=reason)
         if opened:
             self.reassign()
             self.log.info("tables routed", new_topics=opened, tables=len(self.lanes))
+
+    def _report_refused(self, topic: str, table: str, reason: str) -> None:
+        """Tell the committer (and so `status`, through the run folder) why a table is not written."""
+        self.reports.append(FlushUnit(run_id=self.run_id, writer=self.index, epoch=0, topic=topic, table=table,
+                                      refused=reason))
+
+    def _forget(self, topic: str) -> None:
+        """Close whatever lanes a topic opened before its failure (none of them read yet)."""
+        for name in self.by_topic.pop(topic, []):
+            lane = self.lanes.pop(name, None)
+            if lane is not None:
+                lane.close()
+        self.split.pop(topic, None)
+        self.known.pop(topic, None)
+
+    def _claim(self, config: StreambergConfig, route: Any) -> str | None:
+        """Take the new table's slots (common/table_slots.py): one of its route's (a field's
+        values) and one of the job's. None: taken; else why not."""
+        from streamberg.common.catalog import state_engine
+        from streamberg.common.table_slots import claim, scope_of
+
+        if self._engine is None:
+            self._engine = state_engine(config.catalog)
+        identifier, catalog_name = config.table.identifier, config.catalog.name
+        if route is not None and route.route_field is not None:
+            cap = config.ingest.max_tables_per_route
+            if not claim(self._engine, catalog_name, scope_of("route", route.identifier), identifier, cap):
+                return (f"route field {route.route_field!r} would make table {identifier} past "
+                        f"ingest.max_tables_per_route ({cap})")
+        cap = config.ingest.max_tables
+        if not claim(self._engine, catalog_name, scope_of("job", *sorted(r.identifier for r in self.fleet.tables)),
+                     identifier, cap):
+            return f"table {identifier} would be past ingest.max_tables ({cap}) of this job"
+        return None
+
+    def _value_refusal(self, config: StreambergConfig) -> str | None:
+        """Why a route value's table cannot be made (None: it can): a name ending like a side
+        table's, or a side table of (or sharing one with) a table this writer has."""
+        from streamberg.common.config.fleet import side_table_clash
+
+        identifier = config.table.identifier
+        if (why := side_table_clash(identifier)) is not None:
+            return why
+        mine = {name.lower() for name in self.lanes}
+        sides = {side.lower() for lane in self.lanes.values() for side in lane.config.side_tables}
+        if identifier.lower() in sides or {s.lower() for s in config.side_tables} & (mine | sides):
+            return f"its table {identifier} would share a name with another table's side table"
+        return None
 
     def _value_config(self, topic: str, value: str) -> StreambergConfig:
         return ingest_view(config_from_dump(self.fleet.document(self.split[topic], topic, value)))
@@ -136,9 +187,29 @@ class FleetWriter:
         self._open_lane(topic, config, None, route_field=route.route_field)
         self.split[topic] = route
         self.known[topic] = set()
-        for value in routed_values(load_catalog(config.catalog), config.table.namespace, topic):
+        for value in self._recorded_values(topic, config):
             self.known[topic].add(value)  # the values earlier runs made tables for: from their own offsets
-            self._open_lane(topic, self._value_config(topic, value), value)
+            try:
+                self._open_lane(topic, self._value_config(topic, value), value)
+            except Exception as exc:  # noqa: BLE001 - that value's table alone: its records become dead letters
+                reason = exc_reason(exc)
+                self.refused_values[(topic, value)] = reason
+                self._report_refused(topic, self._value_config(topic, value).table.identifier, reason)
+                self.log.error("route value not routed", topic=topic, value=value, reason=reason)
+
+    def _recorded_values(self, topic: str, config: StreambergConfig) -> list[str]:
+        """The values earlier runs made tables for, as far as the tables' record of them
+        validates (anyone can write table properties): a bad record is logged under its
+        table's own name and skipped."""
+        route = self.split[topic]
+        refused: dict[str, str] = {}
+        values = routed_values(load_catalog(config.catalog), config.table.namespace, topic,
+                               lambda value: route.table_identifier(topic, value), refused)
+        for table, why in refused.items():
+            if table not in self.refused_tables:
+                self.refused_tables[table] = why
+                self.log.error("table not taken as a route's", table=table, reason=why)
+        return values
 
     def _open_value(self, topic: str, value: str, sample: list[bytes] | None) -> Any:
         """A lane for a value first seen in this run, from where the topic was examined to;
@@ -150,10 +221,12 @@ class FleetWriter:
                 examined[p] = min(examined.get(p, o), o)
         try:
             lane = self._open_lane(topic, self._value_config(topic, value), value, sample=sample, start=examined)
-        except TableOwnedElsewhere as exc:
+        except Exception as exc:  # noqa: BLE001 - this value's table alone: its records are dead letters with the reason
+            reason = exc_reason(exc)
             if len(self.refused_values) < 10_000:
-                self.refused_values[(topic, value)] = str(exc)
-            self.log.error("route value not routed", topic=topic, value=value, reason=str(exc))
+                self.refused_values[(topic, value)] = reason
+                self._report_refused(topic, self._value_config(topic, value).table.identifier, reason)
+            self.log.error("route value not routed", topic=topic, value=value, reason=reason)
             return None
         self.known[topic].add(value)
         self.reassign()
@@ -165,6 +238,12 @@ class FleetWriter:
                    route_field: str | None = None) -> Any:
         from streamberg.ingest.writer import IngestWriter
 
+        if route_field is None:  # (a route's unrouted table counts for nothing: it holds no rows)
+            why = self._claim(config, self.fleet.route_of(topic) if value else None)
+            # A table this lane would make is refused past a cap; one an earlier run made keeps
+            # being written (it holds its slot when one is free).
+            if why is not None and not load_catalog(config.catalog).table_exists(config.table.identifier):
+                raise TableCapReached(why)
         ensure_fleet_table(config, topic, value, sample, anchor_field=route_field)
         lane = IngestWriter(config, self.index, self.parallelism, self.run_id, consumer=self.consumer,
                             reassign=self.reassign, route_value=value)
@@ -205,7 +284,8 @@ class FleetWriter:
         lanes = list(self.lanes.values())
         if not lanes:
             time.sleep(0.2)
-            return []
+            units, self.reports = self.reports, []
+            return units
         batch = self.consumer.consume(lanes[0].config.ingest.max_poll_records,
                                       lanes[0].config.ingest.poll_timeout_seconds)
         if batch:
@@ -228,7 +308,7 @@ class FleetWriter:
                 self._reassign_pending = False
                 self.reassign()
             self._bound_memory(lanes[0].config)
-        units = []
+        units, self.reports = self.reports, []
         for lane in list(self.lanes.values()):  # each table on its own interval (a route may set its own)
             epoch = lane._epoch_now()
             if epoch != lane.epoch:
@@ -249,7 +329,6 @@ class FleetWriter:
 
         route = self.split[topic]
         anchor = self.lanes[self.by_topic[topic][0]]
-        limit = anchor.config.ingest.max_tables_per_route
         good = [m for m in messages if m.error() is None]
         errors = [m for m in messages if m.error() is not None]
         ends: dict[int, int] = {}
@@ -279,12 +358,12 @@ class FleetWriter:
             except ConfigError as exc:  # e.g. a name past 128 characters with this value
                 lane, why = None, f"route field {route.route_field!r} = {value!r} makes no valid table: {exc}"[:500]
             if lane is None and why is None:
-                if len(self.known[topic]) >= limit and value not in self.known[topic]:
-                    why = (f"route field {route.route_field!r} = {value!r} would make a table past "
-                           f"ingest.max_tables_per_route ({limit})")
-                else:
+                why = self._value_refusal(self._value_config(topic, value))
+                if why is None:
                     lane = self._open_value(topic, value, sample=[m.value() for m in group])
                     why = self.refused_values.get((topic, value), "its table could not be opened")
+                elif len(self.refused_values) < 10_000:
+                    self.refused_values[(topic, value)] = why
             if lane is None:
                 refused.extend((m, why or "its table could not be opened") for m in group)
                 continue

@@ -27,6 +27,7 @@ class FleetCommitter:
         self.committers: dict[str, Any] = {}  # table identifier -> Committer
         self.failing: dict[str, tuple[int, float, list[FlushUnit]]] = {}  # table -> (failures, retry at, units)
         self.paused: dict[str, str] = {}
+        self.failures: dict[str, int] = {}  # table -> commit failures in a row
         self.finished_writers: set[int] = set()
         self.drained = False
         self.log = get_logger("ingest.fleet.committer", run=run_id)
@@ -54,6 +55,13 @@ class FleetCommitter:
         """Take one table's unit; return the records committed (any table) now."""
         if unit.final:
             self.finished_writers.add(unit.writer)
+        if unit.refused is not None:  # a writer could not open the table: paused, named in the run folder
+            if self.paused.get(unit.table) != unit.refused:
+                self.paused[unit.table] = unit.refused
+                self.log.error("table paused: a writer could not open it; the others go on", table=unit.table,
+                               topic=unit.topic, reason=unit.refused)
+                self._write_paused()
+            return 0
         if unit.table in self.paused:
             return 0
         records = 0
@@ -73,6 +81,7 @@ class FleetCommitter:
             result = committer.offer(unit)
             records += result.records if result is not None else 0
             if result is not None:
+                self.failures.pop(unit.table, None)
                 self._count_commit()
         except FencedError:
             raise  # per job: another instance writes this table
@@ -93,8 +102,10 @@ class FleetCommitter:
                           tables=len(self.committers), failing=sorted(self.failing), paused=sorted(self.paused))
 
     def _failed(self, unit: FlushUnit, exc: BaseException) -> None:
-        failures, _, units = self.failing.get(unit.table, (0, 0.0, []))
-        failures += 1
+        _, _, units = self.failing.get(unit.table, (0, 0.0, []))
+        # Failures in a row, kept across the retries (only a commit that lands clears them).
+        failures = self.failures.get(unit.table, 0) + 1
+        self.failures[unit.table] = failures
         committer = self.committers.pop(unit.table, None)  # re-opened from the table at the retry
         pending = (committer.pending.units if committer is not None else []) + units + [unit]
         reason = f"{type(exc).__name__}: {str(exc)[:300]}"

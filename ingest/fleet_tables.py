@@ -72,6 +72,19 @@ class TableOwnedElsewhere(Exception):
     """A routed topic's table records another topic as its own: the topic is not read."""
 
 
+class TableCapReached(Exception):
+    """A new table would be past ingest.max_tables_per_route or ingest.max_tables."""
+
+
+def exc_reason(exc: BaseException) -> str:
+    """One line for status and logs: the error's own text, its class when it says nothing else."""
+    from streamberg.common.catalog import first_line
+
+    if isinstance(exc, (TableOwnedElsewhere, TableCapReached)):
+        return first_line(exc)[:500]
+    return f"{type(exc).__name__}: {first_line(exc)[:400]}"
+
+
 def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None = None,
                        sample: list[bytes] | None = None, anchor_field: str | None = None) -> None:
     """Create the table of a routed topic (and route value) when absent (a race with another

@@ -52,6 +52,9 @@ class FlushUnit:
     files: list[WrittenFile] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     final: bool = False  # the writer stops after this unit
+    # The writer could not open this table (a side table taken, a cap, the catalog refusing
+    # it): nothing else in the unit; the committer pauses the table with this reason.
+    refused: str | None = None
     messages: int = 0  # Kafka records read into this unit (valid + dead-lettered + skipped)
     skipped: int = 0  # of them, Debezium's tombstones after deletes (ingest/decode/envelopes/changes.py)
     # partition -> the position jumps Kafka forced inside the range, in order

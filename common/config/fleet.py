@@ -73,6 +73,23 @@ UNROUTED = "_unrouted"
 SIDE_TABLE_ENDINGS = ("dead_letters", "changelog", "merge_keys")
 
 
+_SIDE_KINDS = {"_dead_letters": "dead letters", "_changelog": "change log", "_merge_keys": "merge key state",
+               UNROUTED: "unrouted records"}
+
+
+def side_table_clash(identifier: str, anchor: bool = False) -> str | None:
+    """Why a table a route makes (from a topic's name or a record's value) cannot be one: its
+    name ends like a side table's (another table's dead letters, change log or key state, a
+    route's unrouted table), whatever the order topics arrive in. None: it can. `anchor`: the
+    identifier is a field-routed route's own unrouted table."""
+    table = identifier.rsplit(".", 1)[-1].lower()
+    for ending, kind in _SIDE_KINDS.items():
+        if table.endswith(ending) and not (anchor and ending == UNROUTED):
+            return (f"its table {identifier} would end like a side table's name ({ending}: another table's {kind}); "
+                    "rename the topic or give it a route of its own")
+    return None
+
+
 def route_value(value: object) -> str:
     """A record's route field as a table-name part; ValueError saying why it cannot be one."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -233,6 +250,8 @@ def check_routes(routes: list[RouteConfig]) -> None:
                                  "one route (narrow the pattern)")
     fixed: dict[str, int] = {}
     for i, route in enumerate(routes):
+        if not _ANY_PLACEHOLDER.search(route.identifier) and (why := side_table_clash(route.identifier)):
+            raise ValueError(f"tables.{i}.identifier: {why.replace('its table ', '', 1)}")
         if not _ANY_PLACEHOLDER.search(route.identifier):
             key = route.identifier.lower()
             if key in fixed:

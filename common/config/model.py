@@ -104,6 +104,16 @@ class StreambergConfig(BaseSettings):
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
 
+    @property
+    def side_tables(self) -> tuple[str, ...]:
+        """The tables the product writes beside this one: its dead letters and, for a
+        primary-key table, its change log and the merge's key state."""
+        out = [self.ingest_target.dead_letter_table]
+        if self.kafka.envelope != "none":
+            out += [self.merge.changelog_table or f"{self.table.identifier}_changelog",
+                    self.merge.key_state_table or f"{self.table.identifier}_merge_keys"]
+        return tuple(out)
+
     @model_validator(mode="after")
     def _dead_letters_elsewhere(self) -> StreambergConfig:
         # Catalog identifiers compare case-insensitively in Spark: the same table either way.

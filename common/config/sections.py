@@ -187,10 +187,13 @@ class IngestConfig(_Section):
     # speed; at 256: 0.71, peak memory 1.15x one table's instead of 1.09x).
     max_open_files: Annotated[int, _int(1, 100_000)] = 256
     max_buffered_bytes: Annotated[int, _int(1, MAX_BYTES)] = 256 * 1024 * 1024
-    # How many tables one route's field (tables[].route_field) may make: past it, a record
-    # naming yet another table is a dead letter saying so (a hostile stream of values must
-    # not create tables without end).
-    max_tables_per_route: Annotated[int, _int(1, 100_000)] = 100
+    # How many tables one route may make: a route field's values (past it, a record naming yet
+    # another table is a dead letter saying so: a hostile stream of values must not create
+    # tables without end), or a pattern route's topics (past it, the topic is refused and
+    # status says so). Counted once for all writers (common/table_slots.py).
+    max_tables_per_route: Annotated[int, _int(1, 100_000)] = 1000
+    # ... and how many tables one ingest job may write in all, over every route.
+    max_tables: Annotated[int, _int(1, 100_000)] = 10_000
 
 
 class DeadLetterConfig(_Section):
