@@ -182,3 +182,47 @@ def test_table_caps_are_exact_across_writers(tmp_path: Path, broker: str) -> Non
     # Whatever the job cap left out is named: a refused value's records, or a paused table.
     assert len(values) == 3 or any("max_tables" in r for r in letters.column("reason").to_pylist())
     assert len(made) + len(committer.paused) + (3 - len(values)) >= 7
+
+
+def test_a_forged_route_record_is_reported_under_its_own_name(tmp_path: Path, broker: str) -> None:
+    """A table anyone made in the route's namespace claiming the route's topic with a value no
+    route value can be (`x-y`), and one claiming a valid value under another name: ingest,
+    status and `govern --dry-run` go on, naming `web.decoy` and `web.decoy2`, never a made-up name."""
+    p = f"g{int(time.time() * 1000) % 100000}-"
+    n = p.replace("-", "_")
+    path = _write(tmp_path, {
+        "kafka": {"bootstrap_servers": broker, "value_format": "json"},
+        "catalog": {"name": f"c{n}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "defaults": {"ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
+                                "topic_discovery_seconds": 0.5}},
+        "tables": [{"identifier": "web.clicks_{region}", "topics": [f"{p}clicks"], "route_field": "region",
+                    "schema": "infer"}],
+    })
+    fleet = load_fleet(path)
+    catalog = load_catalog(CatalogConfig.model_validate(fleet.document(fleet.tables[0], f"{p}clicks")["catalog"]))
+    catalog.create_namespace("web")
+    for name, value in (("web.decoy", "x-y"), ("web.decoy2", "eu")):
+        catalog.create_table(name, schema=Schema(NestedField(1, "id", LongType(), required=False)),
+                             properties={"streamberg.route.topic": f"{p}clicks", "streamberg.route.value": value})
+    _produce(broker, f"{p}clicks", [json.dumps({"id": i, "region": "eu"}).encode() for i in range(12)])
+    writer, committer = FleetWriter(fleet, 0, 1, "forged-1"), FleetCommitter(fleet, 1, "forged-1")
+    writer.open()
+    committer.open()
+    try:
+        _drive([writer], committer, lambda: _count(catalog, "web.clicks_eu") == 12)
+    finally:
+        writer.close()
+        committer.close()
+    assert set(writer.refused_tables) == {"web.decoy", "web.decoy2"}, writer.refused_tables
+    assert _rows(catalog, "web.decoy2") == [] and _rows(catalog, "web.decoy") == []
+
+    from tests.helpers import streamberg
+    from tests.runbooks.inprocess import cli
+
+    out = cli("status", "--config", str(path), "--json", check=False)
+    assert "Traceback" not in out.stderr and "clicks_x-y" not in out.stdout + out.stderr
+    document = json.loads(out.stdout)
+    assert set(document["refused_tables"]) == {"web.decoy", "web.decoy2"}, document["refused_tables"]
+    proc = streamberg("govern", "--config", str(path), "--dry-run", "--json", check=False)
+    assert proc.returncode == 0 and "clicks_x-y" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert {"web.decoy", "web.decoy2"} <= set(json.loads(proc.stdout)["problems"])
