@@ -247,7 +247,7 @@ def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergCon
     from streamberg.common.config.messages import config_error
 
     flags = {"max_concurrent": args.max_concurrent, "max_wait_seconds": args.max_wait_seconds,
-             "interval_seconds": args.interval_seconds}
+             "interval_seconds": args.interval_seconds, "action_timeout_seconds": args.action_timeout_seconds}
     updates: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     if args.namespace:
         updates["namespaces"] = list(dict.fromkeys([*base.govern.namespaces, *args.namespace]))
@@ -255,7 +255,7 @@ def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergCon
         govern = GovernConfig(**{**base.govern.model_dump(), **updates})
     except ValidationError as exc:
         raise config_error("the command line (--max-concurrent, --max-wait-seconds, --interval-seconds, "
-                           "--namespace)", exc) from None
+                           "--action-timeout-seconds, --namespace)", exc) from None
     return base.model_copy(update={"govern": govern})
 
 
@@ -311,15 +311,19 @@ def _govern(args: argparse.Namespace) -> int:
         for identifier, c in wanted.items():
             if identifier not in kept or kept[identifier].config != c:
                 kept[identifier] = TableKeeper(c, session, catalogs)
-        out = [Keeper(k.config.table.identifier, k.probe, k.run) for k in kept.values()]
+        out = [Keeper(k.config.table.identifier, k.probe, k.run, streams=f"streamberg-compactor-{k.config.table.identifier}")
+               for k in kept.values()]
         # A table found and not kept is reported under its own name every round (status, the plan).
         out += [Keeper(name, lambda why=why: ([], [why]), _never_run)
                 for name, why in sorted({**refused["listed"], **refused["routed"]}.items()) if name not in kept]
         return out
 
+    from streamberg.common.spark import JobGroups
+
     governor = Governor(keepers, Scheduler(max_wait_seconds=settings.max_wait_seconds),
                         budget=settings.max_concurrent, concurrent=settings.max_concurrent,
-                        state_dir=base.ingest.state_dir)
+                        state_dir=base.ingest.state_dir, timeout_seconds=settings.action_timeout_seconds,
+                        jobs=JobGroups(session) if session is not None else None)
     try:
         if args.dry_run or args.once:
             report = governor.round(dry_run=args.dry_run)
@@ -355,6 +359,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "govern.max_wait_seconds, 600.0)")
     parser.add_argument("--interval-seconds", type=float, default=None,
                         help="pause after a round with nothing due (default: govern.interval_seconds, 10.0)")
+    parser.add_argument("--action-timeout-seconds", type=float, default=None,
+                        help="an action running longer is cancelled and its table backs off (default: "
+                        "govern.action_timeout_seconds, 3600.0)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (table, action, why) and change nothing")
     parser.add_argument("--once", action="store_true", help="one round, then exit (cron, tests)")
     parser.add_argument("--json", action="store_true", help="with --once/--dry-run: one JSON object")

@@ -338,3 +338,30 @@ def session_for(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, st
 
             get_logger("spark").warning("Spark had already stopped",
                                         error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+class JobGroups:
+    """Cancellable work on one shared session: an action marks the Spark jobs its thread starts
+    with a job group (pinned-thread mode: PySpark's thread is the JVM's), and `cancel` ends
+    them, and any streaming query whose name starts with the given prefix (a streaming query
+    runs its jobs in its own thread, under its own group)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+
+    def enter(self, group: str, description: str) -> None:
+        self.spark.sparkContext.setJobGroup(group, description[:200], interruptOnCancel=True)
+
+    def leave(self) -> None:
+        self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+
+    def cancel(self, group: str, query_prefix: str | None = None) -> None:
+        self.spark.sparkContext.cancelJobGroup(group)
+        if query_prefix is None:
+            return
+        for query in self.spark.streams.active:
+            if (query.name or "").startswith(query_prefix):
+                try:
+                    query.stop()
+                except Exception:  # noqa: BLE001 - it stopped meanwhile
+                    pass

@@ -227,7 +227,14 @@ class SnapshotWatcher:
         try:
             if self.once:
                 self._await(query, None)
-                self._timer_pass()
+                if self.report.batches == 0 and not stop.is_set():
+                    # No batch ran: nothing new since the checkpoint, or a batch an interrupted
+                    # run skipped while stopping (Spark then counts it done). --once promises
+                    # everything pending: one pass plans it from the table.
+                    with self._lock:
+                        self.report.passes.append(self.compactor.run_pass())
+                else:
+                    self._timer_pass()
                 return self.report
             last_timer = time.monotonic()
             while not stop.is_set():

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from streamberg.common.catalog import first_line
 from streamberg.common.log import get_logger
@@ -37,6 +37,20 @@ class Keeper:
     identifier: str
     probe: Callable[[], tuple[list[Due], list[str]]]  # due actions now, policy problems
     run: Callable[[str], dict[str, Any]]  # run one action ("compact", "merge", "maintain")
+    # The name prefix of the streaming queries its actions start (stopped with a timed-out action).
+    streams: str | None = None
+
+
+class Jobs(Protocol):
+    """Cancellable work on the one session (common/spark.py JobGroups)."""
+
+    def enter(self, group: str, description: str) -> None: ...
+    def leave(self) -> None: ...
+    def cancel(self, group: str, query_prefix: str | None = None) -> None: ...
+
+
+class ActionTimedOut(Exception):
+    """An action ran past govern.action_timeout_seconds and was cancelled."""
 
 
 @dataclass
@@ -56,10 +70,16 @@ class RoundReport:
 
 class Governor:
     def __init__(self, keepers: Callable[[], list[Keeper]], scheduler: Scheduler, *, budget: int = 1,
-                 concurrent: int = 1, state_dir: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 concurrent: int = 1, state_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 timeout_seconds: float | None = None, jobs: Jobs | None = None) -> None:
         # budget: actions a round; concurrent: of them at once (threads on the one session,
         # each on another table: the scheduler plans one action a table a round).
+        # timeout_seconds: an action still running then is cancelled (`jobs`: its Spark jobs
+        # and streaming queries) and its table backs off; the round goes on without it.
         self.keepers, self.scheduler, self.budget, self.concurrent = keepers, scheduler, budget, concurrent
+        self.timeout_seconds, self.jobs = timeout_seconds, jobs
+        self.running: dict[str, threading.Thread] = {}  # table -> an action past its timeout, not ended yet
+        self._groups = 0
         self._lock = threading.Lock()
         self.state_path = Path(state_dir) / STATE_FILE if state_dir else None
         self.clock = clock
@@ -78,7 +98,9 @@ class Governor:
             if problems:
                 report.problems[identifier] = problems
         now = self.clock()
-        report.planned = self.scheduler.plan(report.due, now, self.budget)
+        with self._lock:  # a table whose cancelled action has not ended yet is not given another
+            busy = {t for t, thread in self.running.items() if thread.is_alive()}
+        report.planned = self.scheduler.plan([d for d in report.due if d.table not in busy], now, self.budget)
         if not dry_run and self.concurrent > 1 and len(report.planned) > 1:
             with ThreadPoolExecutor(self.concurrent, thread_name_prefix="governor") as pool:
                 report.ran = list(pool.map(lambda c: self._run(keepers[c.due.table], c), report.planned))
@@ -94,7 +116,7 @@ class Governor:
         started = self.clock()
         log.info("action started", why=choice.reason, waited_seconds=round(choice.waited_seconds, 1))
         try:
-            result = keeper.run(choice.due.action)
+            result = self._bounded(keeper, choice.due.action)
         except Exception as exc:  # noqa: BLE001 - isolated: this table backs off, the others go on
             error = first_line(exc)[:300]
             with self._lock:
@@ -109,6 +131,42 @@ class Governor:
         log.info("action finished", seconds=round(finished - started, 2))
         return {"table": keeper.identifier, "action": choice.due.action, "ok": True,
                 "seconds": round(finished - started, 2)}
+
+    def _bounded(self, keeper: Keeper, action: str) -> dict[str, Any]:
+        """Run one action on a thread of its own, within the timeout: past it, its Spark jobs
+        and streaming queries are cancelled and ActionTimedOut raised (the thread is left to
+        end; its table gets no other action until it has)."""
+        with self._lock:
+            self._groups += 1
+            group = f"streamberg-govern-{self._groups}"
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                if self.jobs is not None:
+                    self.jobs.enter(group, f"streamberg govern: {action} {keeper.identifier}")
+                outcome["result"] = keeper.run(action)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                outcome["error"] = exc
+            finally:
+                if self.jobs is not None:
+                    self.jobs.leave()
+                done.set()
+
+        thread = threading.Thread(target=work, name=f"governor-{keeper.identifier}", daemon=True)
+        thread.start()
+        if not done.wait(self.timeout_seconds):
+            with self._lock:
+                self.running[keeper.identifier] = thread
+            if self.jobs is not None:
+                self.jobs.cancel(group, keeper.streams if action == "compact" else None)
+            raise ActionTimedOut(f"{action} ran past govern.action_timeout_seconds ({self.timeout_seconds:g} s); "
+                                 "its Spark jobs were cancelled")
+        if "error" in outcome:
+            raise outcome["error"]
+        result: dict[str, Any] = outcome["result"]
+        return result
 
     def fleet_line(self) -> dict[str, Any]:
         now = self.clock()

@@ -72,11 +72,36 @@ def _real(p: Place) -> Place:
     return Place("", os.path.realpath(p.path), p.raw_path) if p.local else p
 
 
+def recorded_location(catalog: Catalog, identifier: tuple[str, ...]) -> str | None:
+    """Where a table whose metadata cannot be read lies, from the catalog's own record of its
+    metadata file (`<location>/metadata/<file>`): a SQL catalog keeps it in a row; None when
+    the catalog cannot say without reading the metadata."""
+    engine = getattr(catalog, "engine", None)
+    if engine is None or len(identifier) < 2:
+        return None
+    import sqlalchemy as sa
+
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(sa.text(
+                "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :c AND table_namespace = :n "
+                "AND table_name = :t"), {"c": catalog.name, "n": ".".join(identifier[:-1]), "t": identifier[-1]}).first()
+    except Exception:  # noqa: BLE001 - not a catalog database of that shape: unknown
+        return None
+    if row is None or not row[0]:
+        return None
+    folder = posixpath.dirname(str(row[0]))
+    return posixpath.dirname(folder) if posixpath.basename(folder) == "metadata" else folder
+
+
 def check_location(settings: MaintenanceConfig, warehouse_path: str | None, catalog: Catalog, identifier: str,
-                   location: str) -> None:
+                   location: str) -> list[str]:
     """Raise LocationRefused when orphan removal must not run on the table at `location`
     (in `catalog`, whose warehouse is `warehouse_path`: None when the catalog states no
-    location for it, a REST catalog whose warehouse is a name)."""
+    location for it, a REST catalog whose warehouse is a name). Returns what could not be
+    checked: another table whose metadata cannot be read is placed by the catalog's record of
+    its metadata file when there is one, else named here and passed over, so one broken table
+    anywhere in the catalog never stops orphan removal of every other."""
     table_place = place(location)
     if warehouse_path is None and not settings.allow_location_outside_warehouse:
         raise LocationRefused(
@@ -92,6 +117,7 @@ def check_location(settings: MaintenanceConfig, warehouse_path: str | None, cata
             "if that location holds only this table's files")
     if table_place.path == "/":
         raise LocationRefused(f"table {identifier} is located at the root of {location}; orphan removal refuses it")
+    unchecked: list[str] = []
     for namespace in catalog.list_namespaces():
         for other in catalog.list_tables(namespace):
             name = ".".join(other)
@@ -99,10 +125,13 @@ def check_location(settings: MaintenanceConfig, warehouse_path: str | None, cata
                 continue
             try:
                 other_location = catalog.load_table(other).location()
-            except Exception as exc:  # noqa: BLE001 - unknown means unsafe
-                raise LocationRefused(
-                    f"cannot read the location of table {name} ({type(exc).__name__}: {str(exc)[:200]}); orphan "
-                    f"removal on {identifier} needs every table's location to be sure none lies inside it") from None
+            except Exception as exc:  # noqa: BLE001 - placed by the catalog's record, or named and passed over
+                recorded = recorded_location(catalog, tuple(other))
+                if recorded is None:
+                    unchecked.append(f"{name}: cannot be read ({type(exc).__name__}: {str(exc)[:160]}) and the catalog "
+                                     "records no location for it")
+                    continue
+                other_location = recorded
             # Where the folders really are: another table's location may be a symlink into this one.
             if is_within(place(other_location), table_place) or \
                     is_within(_real(place(other_location)), _real(table_place)):
@@ -110,6 +139,7 @@ def check_location(settings: MaintenanceConfig, warehouse_path: str | None, cata
                     f"table {identifier} at {location} contains table {name} (at {other_location}); orphan removal "
                     f"would delete {name}'s files as unreferenced, so it refuses to run. Give each table a "
                     "location of its own")
+    return unchecked
 
 
 def outside_reason(path: str, location: str) -> str | None:

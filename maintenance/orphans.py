@@ -65,6 +65,7 @@ class OrphansResult(StepResult):
     skipped: list[dict[str, str]] | None = detail()
     skipped_count: int | None = detail()
     not_removed: list[str] | None = detail()
+    unchecked_tables: list[str] | None = detail()  # other tables whose location could not be read
 
 
 class OrphansStep(Step):
@@ -82,18 +83,22 @@ class OrphansStep(Step):
         location = table.location()
         try:
             # Refuses a location outside the warehouse or holding another table (confine.py).
-            check_location(context.settings, warehouse_location(context.target.catalog, context.catalog),
-                           context.catalog, context.target.identifier, location)
+            unchecked = check_location(context.settings, warehouse_location(context.target.catalog, context.catalog),
+                                       context.catalog, context.target.identifier, location)
         except LocationRefused as exc:
             log.error("orphan removal refused", location=location, reason=str(exc))
             raise
+        if unchecked:
+            log.warning("tables whose location could not be read were passed over; orphan removal goes on",
+                        tables=unchecked[:20], count=len(unchecked))
         listed = find_orphans(context.spark, older_than_ms)
         # Hadoop's local listing follows symlinks: what lies behind one, or outside the
         # location, is never the table's to delete.
         orphans, skipped = confine(listed, location)
         sizes = file_sizes(table, orphans)
         out = OrphansResult(ran=not dry_run, removed=len(orphans), bytes_freed=sum(sizes.values()),
-                            older_than=iso_from_ms(older_than_ms), paths=orphans[:MAX_LISTED_PATHS])
+                            older_than=iso_from_ms(older_than_ms), paths=orphans[:MAX_LISTED_PATHS],
+                            unchecked_tables=unchecked[:MAX_LISTED_PATHS] or None)
         if skipped:
             out.skipped = [{"path": p, "reason": r} for p, r in sorted(skipped.items())[:MAX_LISTED_PATHS]]
             out.skipped_count = len(skipped)

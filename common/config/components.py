@@ -366,6 +366,9 @@ class GovernConfig(_Section):
     replan_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 60.0
     # Also keep these namespaces' tables that carry streamberg.* properties, whoever writes them.
     namespaces: list[Text] = Field(default_factory=list, max_length=1000)
+    # An action running longer is cancelled (its Spark jobs, its streaming query) and its table
+    # backs off, so one long rewrite never holds every other table; null: no limit.
+    action_timeout_seconds: Annotated[float | None, _float(1, 7 * DAY_SECONDS, optional=True)] = 3600.0
 
 
 class RunConfig(_Section):

@@ -147,3 +147,69 @@ def test_bad_names_and_forged_route_records_are_reported_under_their_own_names(t
     assert "lake.good" not in plan["problems"] and "Traceback" not in proc.stderr
     assert {name: catalog.load_table(name).metadata_location for name in before} == before  # nothing written
     assert not (Path(config.ingest.state_dir) / "govern.json").exists()  # a dry run writes nothing
+
+
+@pytest.mark.spark
+def test_a_long_action_is_cancelled_and_never_holds_the_others(tmp_path: Path, spark) -> None:
+    """govern.action_timeout_seconds (issue 38, item 7): a Spark job that would run for hours is
+    cancelled at the timeout and its table backs off; the round's other actions finish. A real
+    compaction cancelled mid-rewrite (its streaming query stopped) leaves the rows as they were,
+    releases its lease, and the next round compacts the table."""
+    import threading
+    import time as clock
+
+    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.common.spark import JobGroups
+    from streamberg.governor.scheduler import Due
+    from tests.compactor.helpers import live_files, row_multiset
+
+    def endless(action: str) -> dict:
+        spark.range(0, 10**12, numPartitions=2).selectExpr("sum(id % 7) AS s").collect()
+        return {}
+
+    quick_ran = threading.Event()
+
+    def quick(action: str) -> dict:
+        quick_ran.set()
+        return {"ok": True}
+
+    def due(table: str):
+        return lambda: ([Due(table, "maintain", 1.0, "test", 0.0)], [])
+
+    governor = Governor(lambda: [Keeper("db.slow", due("db.slow"), endless), Keeper("db.quick", due("db.quick"), quick)],
+                        Scheduler(max_wait_seconds=600), budget=2, concurrent=2, timeout_seconds=3.0,
+                        jobs=JobGroups(spark))
+    started = clock.monotonic()
+    report = governor.round()
+    assert clock.monotonic() - started < 60
+    outcome = {r["table"]: r for r in report.ran}
+    assert outcome["db.quick"]["ok"] and quick_ran.is_set()
+    assert not outcome["db.slow"]["ok"] and "action_timeout_seconds" in outcome["db.slow"]["error"], outcome
+    state = {t["table"]: t for t in governor.scheduler.state(governor.clock())}
+    assert state["db.slow"]["failures"] == 1 and state["db.slow"]["retry_in_seconds"] > 0
+    thread = governor.running["db.slow"]
+    thread.join(60)
+    assert not thread.is_alive(), "the cancelled Spark job went on running"
+
+    # A real compaction past a 1 s timeout: its streaming query is stopped mid-pass.
+    config = config_at(compactor_config(tmp_path))
+    ensure_table(load_catalog(config.catalog), config.table)
+    ingest = FakeIngest(config, seed=31)
+    for _ in range(4):
+        ingest.append(200, days=2)
+    rows, files = row_multiset(reload(config)), set(live_files(reload(config)))
+    keeper = TableKeeper(config, spark, SharedCatalogs())
+    keeper.probe()
+    compact = lambda: ([Due("db.events", "compact", 1.0, "test", 0.0)], [])  # noqa: E731
+    cut = Governor(lambda: [Keeper("db.events", compact, keeper.run, streams="streamberg-compactor-db.events")],
+                   Scheduler(max_wait_seconds=600), timeout_seconds=1.0, jobs=JobGroups(spark))
+    first = cut.round().ran[0]
+    assert not first["ok"] and "action_timeout_seconds" in first["error"], first
+    cut.running["db.events"].join(120)
+    assert not cut.running["db.events"].is_alive()
+    assert row_multiset(reload(config)) == rows
+    again = Governor(lambda: [Keeper("db.events", compact, keeper.run)], Scheduler(max_wait_seconds=600),
+                     timeout_seconds=600, jobs=JobGroups(spark)).round().ran[0]
+    assert again["ok"], again  # the lease was released; nothing left half-done
+    after = reload(config)
+    assert row_multiset(after) == rows and len(live_files(after)) < len(files)

@@ -195,3 +195,48 @@ def test_a_catalog_stating_no_warehouse_location_needs_the_operators_word() -> N
                    "s3://lake/db/t")
     with pytest.raises(LocationRefused, match="outside the catalog warehouse"):
         check_location(MaintenanceConfig(), "s3://lake/warehouse", NoOtherTables(), "db.t", "s3://other/db/t")
+
+
+def test_an_unreadable_table_elsewhere_never_stops_orphan_removal(tmp_path) -> None:
+    """One table anywhere in the catalog whose metadata cannot be read (issue 38, item 7): it is
+    placed by the catalog's record of its metadata file. Outside the table: named as passed
+    over, orphan removal goes on. Inside it: still refused (its files would look orphaned)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    from streamberg.common.config.components import MaintenanceConfig
+    from streamberg.common.errors import LocationRefused
+    from streamberg.maintenance.confine import check_location
+
+    warehouse = tmp_path / "warehouse"
+    catalog = SqlCatalog("c", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{warehouse}")
+    catalog.create_namespace("db")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    ours = catalog.create_table("db.t", schema=schema)
+    broken = catalog.create_table("db.broken", schema=schema)
+    Path(broken.metadata_location.removeprefix("file://")).write_text("{not json")
+    settings = MaintenanceConfig()
+    unchecked = check_location(settings, f"file://{warehouse}", catalog, "db.t", ours.location())
+    assert unchecked == []  # placed by its recorded metadata file: outside db.t, nothing passed over
+
+    inner = catalog.create_table("db.inner", schema=schema, location=f"{ours.location()}/inner")
+    Path(inner.metadata_location.removeprefix("file://")).write_text("{not json")
+    with pytest.raises(LocationRefused, match="contains table db.inner"):
+        check_location(settings, f"file://{warehouse}", catalog, "db.t", ours.location())
+    catalog.drop_table("db.inner")
+
+    class Unplaceable:  # a catalog that cannot say where an unreadable table lies
+        name = "c"
+
+        def list_namespaces(self):
+            return catalog.list_namespaces()
+
+        def list_tables(self, namespace):
+            return catalog.list_tables(namespace)
+
+        def load_table(self, identifier):
+            return catalog.load_table(identifier)
+
+    unchecked = check_location(settings, f"file://{warehouse}", Unplaceable(), "db.t", ours.location())
+    assert len(unchecked) == 1 and unchecked[0].startswith("db.broken: cannot be read"), unchecked
