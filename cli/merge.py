@@ -37,6 +37,7 @@ Examples:
   streamberg merge --config examples/cdc.yaml --once   # apply what is pending, then exit
   streamberg merge --config examples/cdc.yaml          # keep merging (Ctrl-C stops)
   streamberg merge --config examples/cdc.yaml --resynced-since 2026-11-25T10:00:00Z
+  streamberg merge --config examples/cdc.yaml --new-source-epoch "restored into cluster B"
 """
 
 
@@ -50,12 +51,30 @@ def _moment(text: str) -> datetime:
     return moment
 
 
+def _offsets(text: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for part in text.split(","):
+        partition, _, offset = part.strip().partition(":")
+        if not partition.isdigit() or not offset.isdigit():
+            raise argparse.ArgumentTypeError(f"not PARTITION:OFFSET[,...]: {text[:80]!r} (e.g. 0:1200,1:980)")
+        out[int(partition)] = int(offset)
+    return out
+
+
 def _merge(args: argparse.Namespace) -> int:
     from streamberg.common.errors import MergeError
     from streamberg.common.stop import install_stop_handlers
-    from streamberg.merge.app import MergeOptions, run_merge
+    from streamberg.merge.app import MergeOptions, declare_source_epoch, run_merge
 
     config = config_of(args)
+    if args.new_source_epoch is not None:
+        try:
+            print(redact(json.dumps(declare_source_epoch(config, args.new_source_epoch, args.since_offsets))))
+        except MergeError as exc:
+            raise CommandError(str(exc)) from exc
+        return 0
+    if args.since_offsets is not None:
+        raise CommandError("--since-offsets goes with --new-source-epoch")
     stop = threading.Event()
     once = args.once or args.resynced_since is not None
     if not once:
@@ -87,4 +106,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-dead-letters", action="store_true",
                         help="with --resynced-since: delete even though records of the table went to the dead "
                              "letters since then (their rows are deleted too; replay them first instead)")
+    parser.add_argument("--new-source-epoch", metavar="WHY",
+                        help="the source started over (MySQL RESET MASTER, PostgreSQL restored into a new cluster, "
+                             "a clock set back): changes from then on are newer than every change before, whatever "
+                             "their positions. From the first change the merge found going backwards (those are "
+                             "merged again), else from the change log's end, or --since-offsets. WHY is recorded. "
+                             "Then exits (docs/runbooks/cdc-source-regressed.md)")
+    parser.add_argument("--since-offsets", type=_offsets, metavar="P:O[,P:O...]",
+                        help="with --new-source-epoch: the epoch's first Kafka offset in each partition named")
     parser.set_defaults(func=_merge)

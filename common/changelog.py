@@ -47,7 +47,9 @@ from streamberg.common.config import (
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.summary_keys import SummaryKeys
 
-OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS, SOURCE_SEQ = CHANGELOG_COLUMNS
+# _source_id: the source a change's position belongs to (a MySQL server and binlog name), so
+# the merge knows when positions start over (common/source_epochs.py).
+OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS, SOURCE_SEQ, SOURCE_ID = CHANGELOG_COLUMNS
 OPS = ("c", "u", "d", "r")
 DELETE = "d"
 # Change-log table properties: the table it feeds, and the table's required columns (the
@@ -121,6 +123,7 @@ def changelog_config(config: StreambergConfig) -> StreambergConfig:
         _field({"name": OFFSET, "type": "long", "required": True}),
         _field({"name": SOURCE_TS, "type": "timestamptz"}),
         _field({"name": SOURCE_SEQ, "type": "string"}),
+        _field({"name": SOURCE_ID, "type": "string"}),
     ]
     required = [f.name for f in table.schema_ if f.required and f.name not in keys]
     properties = {**table.properties, TARGET_PROPERTY: table.identifier, REQUIRED_PROPERTY: json.dumps(required)}

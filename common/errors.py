@@ -155,6 +155,11 @@ class MergeError(StreambergError):
     """Raised for an operator-facing merge failure (no change log, a failed merge)."""
 
 
+class MergeRefused(MergeError):
+    """Raised when the merge cannot order the change log safely (its source-epoch record
+    cannot be read): nothing is applied until an operator fixes it."""
+
+
 class ResyncRefused(MergeError):
     """`streamberg merge --resynced-since` refused: deleting now could remove rows the source has."""
 

@@ -96,6 +96,8 @@ class SummaryKeys:
     # keys whose last change in the batch was older than the table's (a replay, a rewound
     # topic): not applied (merge/order.py)
     MERGE_STALE = "streamberg.merge.stale"
+    # Changes whose source position went backwards with no epoch to explain it (not applied).
+    MERGE_REGRESSED = "streamberg.merge.regressed"
     MERGE_CHANGELOG_SNAPSHOTS = "streamberg.merge.changelog-snapshots"  # change-log snapshots applied
 
     # -- benchmarks (bench/) ----------------------------------------------------------------

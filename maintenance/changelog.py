@@ -26,6 +26,7 @@ from streamberg.common.config import TableTarget
 from streamberg.common.dead_letter_outbox import outbox_chain
 from streamberg.common.jvm import iterate
 from streamberg.common.offsets import ancestry
+from streamberg.common.source_epochs import read_regression, reapply_after
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
 from streamberg.common.table_files import live_data_files
 from streamberg.common.times import iso_from_ms
@@ -58,6 +59,15 @@ class ChangelogStep(Step):
         log = log.bind(step=self.key, changelog=context.changelog, applied_changelog_snapshot=applied)
         if applied is None:
             return ChangelogResult(reason="the merge has applied nothing yet")
+        # Changes whose source positions went backwards, or that an epoch declared since will
+        # have merged again, stay until that is done (common/source_epochs.py).
+        regression = read_regression(changelog.properties)
+        held = reapply_after(changelog.properties) or (regression.after_snapshot if regression else None)
+        if regression is not None and held is None:
+            return ChangelogResult(reason="source positions went backwards before the first merge; nothing trimmed "
+                                          "until an epoch is declared (docs/runbooks/cdc-source-regressed.md)")
+        if held is not None:
+            applied = held
         lineage = list(ancestry(changelog))
         depth = next((i for i, s in enumerate(lineage) if s.snapshot_id == applied), None)
         if depth is None:

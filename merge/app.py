@@ -111,3 +111,59 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
             stop.wait(max(0.0, config.merge.interval_seconds - (time.monotonic() - round_started)))
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
+
+
+def declare_source_epoch(config: StreambergConfig, why: str, since: dict[int, int] | None = None) -> dict[str, Any]:
+    """`merge --new-source-epoch`: the source started over (RESET MASTER, a restore into a new
+    cluster, a clock set back): changes from a Kafka position on are newer than every change
+    before it, whatever their positions (common/source_epochs.py). From where: `since`
+    (partition -> first offset) when given; else from the first change the merge found going
+    backwards (then the changes from before it are merged again); else from the change log's
+    end (the changes the ingest appends from now on)."""
+    from streamberg.common.catalog import load_catalog
+    from streamberg.common.changelog import OFFSET, PARTITION
+    from streamberg.common.source_epochs import (
+        EPOCHS_PROPERTY,
+        REAPPLY_PROPERTY,
+        REGRESSION_PROPERTY,
+        now_text,
+        read_epochs,
+        read_regression,
+        update_changelog_properties,
+    )
+
+    if not has_changelog(config):
+        raise MergeError("kafka.envelope is none: an append table has no source epochs")
+    catalog = load_catalog(config.catalog)
+    changelog_name = changelog_identifier(config)
+    try:
+        changelog = catalog.load_table(changelog_name)
+    except NoSuchTableError:
+        raise MergeError(f"change log {changelog_name} not found: nothing to declare an epoch of") from None
+    epochs, unreadable = read_epochs(changelog.properties)
+    if unreadable is not None:
+        raise MergeError(f"{changelog_name}: {unreadable}; remove the property to start the record again")
+    regression = read_regression(changelog.properties)
+    updates: dict[str, str] = {}
+    removals: tuple[str, ...] = ()
+    if since is not None:
+        start, source = dict(since), "given"
+    elif regression is not None and regression.since:
+        start, source = dict(regression.since), "the first change that went backwards"
+        removals = (REGRESSION_PROPERTY,)
+        updates[REAPPLY_PROPERTY] = str(regression.after_snapshot) if regression.after_snapshot is not None else "0"
+    else:
+        ends: dict[int, int] = {}
+        for batch in changelog.scan(selected_fields=(PARTITION, OFFSET)).to_arrow().to_batches():
+            for p, o in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                ends[p] = max(ends.get(p, -1), o + 1)
+        start, source = ends, "the change log's end"
+    declared = epochs.declared(start, why, now_text())
+    updates[EPOCHS_PROPERTY] = declared.to_property()
+    update_changelog_properties(catalog, changelog_name, updates, removals)
+    epoch = declared.epochs[-1]
+    get_logger("merge", table=config.table.identifier, changelog=changelog_name).warning(
+        "source epoch declared", epoch=epoch.epoch, since=epoch.since, from_=source, why=why)
+    return {"table": config.table.identifier, "changelog": changelog_name, "epoch": epoch.epoch,
+            "since": {str(p): o for p, o in sorted(epoch.since.items())}, "from": source,
+            "merged_again_after_snapshot": updates.get(REAPPLY_PROPERTY)}

@@ -31,6 +31,7 @@ from streamberg.common.changelog import (
     OFFSET,
     OP,
     PARTITION,
+    SOURCE_ID,
     SOURCE_SEQ,
     SOURCE_TS,
     TRIM_OPERATION,
@@ -38,13 +39,26 @@ from streamberg.common.changelog import (
     merge_position,
 )
 from streamberg.common.config import CHANGELOG_COLUMNS, MergeConfig, TableTarget
-from streamberg.common.errors import ResyncRefused
+from streamberg.common.errors import MergeRefused, ResyncRefused
 from streamberg.common.faults import MERGE_COMMIT, pause_point
 from streamberg.common.jvm import IcebergFailure, iceberg_failure
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
+from streamberg.common.source_epochs import (
+    EPOCHS_PROPERTY,
+    REAPPLY_PROPERTY,
+    REGRESSION_PROPERTY,
+    Epochs,
+    Regression,
+    now_text,
+    read_epochs,
+    read_regression,
+    reapply_after,
+    update_changelog_properties,
+)
 from streamberg.common.summary_keys import SummaryKeys
+from streamberg.merge.epochs import epoch_of, first_offsets, regressed, source_names, with_epoch
 from streamberg.merge.key_state import APPLIED_AT as KS_APPLIED_AT
 from streamberg.merge.key_state import DELETED as KS_DELETED
 from streamberg.merge.key_state import KEY, Forgetting, ensure_key_state, recorded
@@ -66,10 +80,12 @@ class MergeOutcome:
     snapshot_id: int | None  # the table's snapshot (None: nothing to commit)
     seconds: float
     stale: int = 0  # keys whose last change was older than what the table holds: not applied
+    regressed: int = 0  # of the changes read, those whose source position went backwards (source_epochs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"applied_changelog_snapshot_id": self.applied_snapshot_id, "changelog_snapshots": self.changelog_snapshots,
                 "changes": self.changes, "keys": self.keys, "deletes": self.deletes, "stale": self.stale,
+                "regressed": self.regressed,
                 "snapshot_id": self.snapshot_id, "seconds": round(self.seconds, 2)}
 
 
@@ -125,9 +141,18 @@ class Merger:
         target = self.catalog.load_table(self.target.identifier)
         position = merge_position(changelog, target)
         end = position.changelog_snapshot_id
-        if end is None or position.up_to_date:  # nothing with records after the applied snapshot
+        epochs, unreadable = read_epochs(changelog.properties)
+        if unreadable is not None:  # ordering by a guess could drop changes: refused, and status says so
+            raise MergeRefused(f"{self.changelog}: {unreadable}; fix or remove the property "
+                               "(docs/runbooks/cdc-source-regressed.md)")
+        # An epoch declared over a regression: the changes from before it are read again.
+        reapply = reapply_after(changelog.properties)
+        if end is None or (position.up_to_date and reapply is None):  # nothing after the applied snapshot
             return None
-        log = self.log.bind(from_changelog_snapshot=position.applied_snapshot_id, to_changelog_snapshot=end,
+        after = position.applied_snapshot_id
+        if reapply is not None:
+            after = reapply if changelog.snapshot_by_id(reapply) is not None else None
+        log = self.log.bind(from_changelog_snapshot=after, to_changelog_snapshot=end,
                             pending_records=position.pending_records)
         target = evolve_target(target, changelog, log)
         state = ensure_key_state(self.catalog, self.key_state, target, self.keys)
@@ -139,7 +164,8 @@ class Merger:
         columns = [f.name for f in target.schema().fields
                    if f.name not in CHANGELOG_COLUMNS and changelog.schema().find_field(f.name, True) is not None]
         names = WorkingNames([f.name for f in changelog.schema().fields] + [f.name for f in target.schema().fields])
-        self._last_changes(position.applied_snapshot_id, end, columns, names, changelog, target, state, recovering)
+        regressed, regressed_since = self._last_changes(after, end, columns, names, changelog, target, state,
+                                                        recovering, epochs, log)
         apply = names("apply")
         counts = self.spark.sql(
             f"SELECT count_if({apply}) AS keys, count_if({apply} AND {quote(OP)} = '{DELETE}') AS deletes, "
@@ -152,23 +178,41 @@ class Merger:
             SummaryKeys.MERGE_CHANGES: str(position.pending_records), SummaryKeys.MERGE_KEYS: str(counts["keys"]),
             SummaryKeys.MERGE_DELETES: str(counts["deletes"]), SummaryKeys.MERGE_STALE: str(counts["stale"]),
             SummaryKeys.MERGE_CHANGELOG_SNAPSHOTS: str(position.pending_snapshots),
+            SummaryKeys.MERGE_REGRESSED: str(regressed),
         }
         self._run_recording(self._key_state_sql(names), {SummaryKeys.CHANGELOG_APPLIED: str(end),
                                                          SummaryKeys.MERGE_RUN_ID: self.run_id},
                             lambda: recorded(self.catalog.load_table(self.key_state)) == end)
         pause_point(MERGE_COMMIT)
         self._run_recording(self._merge_sql(columns), properties, lambda: self._applied() == end)
+        self._record_regression(regressed, regressed_since, position.applied_snapshot_id, reapply, log)
         if self.forgetting.due():
             self.forgetting.forget(self.spark, self.spark_key_state)
         committed = self.catalog.load_table(self.target.identifier).current_snapshot()
         outcome = MergeOutcome(end, position.pending_snapshots, position.pending_records, counts["keys"],
                                counts["deletes"], committed.snapshot_id if committed is not None else None,
-                               time.monotonic() - started, counts["stale"])
+                               time.monotonic() - started, counts["stale"], regressed)
         log.info("merged", **outcome.to_dict())
         return outcome
 
+    def _record_regression(self, regressed: int, since: dict[int, int], applied_before: int | None,
+                           reapply: int | None, log: Any) -> None:
+        """Keep what went backwards in the change log's record (status turns critical; the
+        runbook declares the epoch), and end a re-read an epoch declaration asked for."""
+        updates: dict[str, str] = {}
+        if regressed:
+            known = read_regression(self.catalog.load_table(self.changelog).properties) or Regression()
+            after = reapply if reapply is not None else applied_before
+            updates[REGRESSION_PROPERTY] = known.joined(regressed, since, after, now_text()).model_dump_json()
+            log.error("source positions went backwards with no epoch to explain them: those changes were not "
+                      "applied; declare a source epoch (docs/runbooks/cdc-source-regressed.md)",
+                      regressed=regressed, since_offsets=since)
+        update_changelog_properties(self.catalog, self.changelog, updates,
+                                    (REAPPLY_PROPERTY,) if reapply is not None else ())
+
     def _last_changes(self, applied: int | None, end: int, columns: list[str], names: WorkingNames,
-                      changelog: Table, target: Table, state: Table, recovering: bool) -> None:
+                      changelog: Table, target: Table, state: Table, recovering: bool, epochs: Epochs,
+                      log: Any) -> tuple[int, dict[int, int]]:
         """The views `streamberg_candidate` (per key, its newest change in the snapshots after
         `applied` up to `end`, and whether it is newer than the key state's: names("apply"))
         and `streamberg_last_change` (the candidates that apply). An update that changed the
@@ -184,7 +228,10 @@ class Merger:
             sequence = F.col(SOURCE_SEQ)
         else:  # a change log of an earlier release, not yet given the column by the ingest
             sequence = F.lit(None).cast("string")
-        changes = changes.withColumn(seq, sequence)
+        epochs = self._with_new_sources(changes, changelog, epochs, log)
+        named = changelog.schema().find_field(SOURCE_ID, True) is not None
+        epoch = epoch_of(epochs, F.col(SOURCE_ID) if named else F.lit(None).cast("string"))
+        changes = changes.withColumn(seq, with_epoch(sequence, epoch, epochs))
         facts = [OP, PARTITION, OFFSET, SOURCE_TS, seq]
         own = changes.select(*[F.col(quote(c)) for c in [*columns, *facts]])
         moved = changes.where(F.col(BEFORE_KEY).isNotNull()).select(
@@ -202,14 +249,30 @@ class Merger:
             F.col(KS_SEQ).alias(stored["seq"]), F.col(KS_PARTITION).alias(stored["partition"]),
             F.col(KS_OFFSET).alias(stored["offset"]), F.col(KS_SOURCE_TS).alias(stored["source_ts"]))
         on = [F.col(quote(k)).eqNullSafe(F.col(names(f"key_{k}"))) for k in self.keys]
-        joined = last.join(known, on=on[0] if len(on) == 1 else _all(on), how="left")
-        candidates = joined.withColumn(names("apply"), newer_than_stored(seq, stored, recovering)) \
+        condition = on[0] if len(on) == 1 else _all(on)
+        # Every change of the batch against the ones before it and the key state's: where
+        # positions went backwards, from which offset (merge/epochs.py).
+        regressions = first_offsets(regressed(own.join(known, on=condition, how="left"), self.keys, seq, stored, names),
+                                    names("regressed"))
+        candidates = last.join(known, on=condition, how="left") \
+            .withColumn(names("apply"), newer_than_stored(seq, stored, recovering)) \
             .drop(*[names(f"key_{k}") for k in self.keys], *stored.values())
         # Materialised once: the counts, the key state's MERGE and the table's MERGE see the
         # same candidates, whatever either commit changes meanwhile.
         candidates = candidates.localCheckpoint(eager=True)
         candidates.createOrReplaceTempView("streamberg_candidate")
         candidates.where(F.col(names("apply"))).createOrReplaceTempView("streamberg_last_change")
+        return regressions
+
+    def _with_new_sources(self, changes: Any, changelog: Table, epochs: Epochs, log: Any) -> Epochs:
+        """The epochs with one more for each source name the batch brings first (recorded in
+        the change log before the batch is ordered by them)."""
+        seen, first = source_names(changes, changelog.schema().find_field(SOURCE_ID, True) is not None)
+        grown = epochs.with_sources(seen, first, now_text())
+        if grown != epochs:
+            update_changelog_properties(self.catalog, self.changelog, {EPOCHS_PROPERTY: grown.to_property()})
+            log.warning("a new source epoch: positions of another source begin", sources=grown.sources)
+        return grown
 
     def delete_missing_since(self, since_ms: int) -> ResyncOutcome:
         """After the source was resynced (a new snapshot of every row, op r, from `since_ms`):

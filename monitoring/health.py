@@ -171,6 +171,12 @@ def _merge(status: Status, config: StreambergConfig, out: _Findings) -> None:
     if not merge.changelog_exists:
         out.add("merge", "warn", f"the change log {merge.changelog} does not exist yet (is `streamberg ingest` running?)")
         return
+    if (regression := merge.source_regression) is not None:
+        out.add("merge", "critical", regression.get("problem") or
+                f"{regression['changes']:,} change(s) went backwards in their source's positions (from offsets "
+                f"{regression['since']}) with no source epoch to explain them: not applied, so the table misses them. "
+                "If the source started over (RESET MASTER, a restore), declare it: `streamberg merge "
+                "--new-source-epoch WHY` (docs/runbooks/cdc-source-regressed.md)")
     if merge.oldest_pending_age_seconds is None:
         return
     interval = max(config.merge.interval_seconds, config.ingest.commit_interval_seconds, 1.0)

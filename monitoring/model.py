@@ -200,6 +200,10 @@ class MergeFacts:
     deleted_rows: int  # deletes they hold
     deleted_row_ratio: float  # of the rows in the data files
     partitions_due_for_deletes: int  # partitions the compactor will rewrite for their deletes
+    # Source positions that went backwards with no epoch to explain them (common/source_epochs.py):
+    # {"changes", "since", "first_seen"}; None when there are none.
+    source_regression: dict[str, Any] | None = None
+    source_epoch: int = 0  # the newest source epoch the change log records
 
 
 @dataclass(frozen=True)

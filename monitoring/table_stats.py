@@ -205,4 +205,22 @@ def merge_facts(config: StreambergConfig, changelog: Table | None, changelog_nam
         delete_files=sum(s.files for s in stats.values()), deleted_rows=sum(s.deleted_rows for s in stats.values()),
         deleted_row_ratio=round(sum(s.deleted_rows for s in stats.values()) / max(1, sum(f.record_count for f in files)), 4),
         partitions_due_for_deletes=sum(1 for s in stats.values() if rules.delete_reasons(s)),
+        **_epochs(changelog),
     )
+
+
+def _epochs(changelog: Table | None) -> dict[str, Any]:
+    """The change log's source epochs and any regression not yet resolved (source_epochs.py)."""
+    from streamberg.common.source_epochs import read_epochs, read_regression
+
+    if changelog is None:
+        return {}
+    epochs, unreadable = read_epochs(changelog.properties)
+    regression = read_regression(changelog.properties)
+    found = None
+    if unreadable is not None:
+        found = {"changes": 0, "since": {}, "first_seen": "", "problem": unreadable}
+    elif regression is not None:
+        found = {"changes": regression.changes, "since": {str(p): o for p, o in sorted(regression.since.items())},
+                 "first_seen": regression.first_seen}
+    return {"source_regression": found, "source_epoch": epochs.latest}

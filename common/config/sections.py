@@ -38,7 +38,8 @@ _HTTP_URL = re.compile(r"https?://[!-~]+")
 
 # The columns the change log (<table>_changelog) adds to the table's own (common/changelog.py
 # builds them); a table column may not take one of these names.
-CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts", "_source_seq")
+CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts", "_source_seq",
+                     "_source_id")
 # The change log's table property naming the table it feeds: a configuration whose table
 # carries it is the ingest's view of a primary-key table (common/changelog.py derives it).
 CHANGELOG_TARGET_PROPERTY = "streamberg.changelog.target"

@@ -83,3 +83,39 @@ def test_source_table_resynced(tmp_path: Path, broker: str, spark, drills) -> No
     refused = later.run("fix", timeout=600).expect(1)
     assert "no commit since then" in refused.stderr
     assert sorted(rows_by_pyiceberg(config)) == list(range(20, 101))
+
+
+def test_cdc_source_regressed(tmp_path: Path, broker: str, spark, drills) -> None:
+    """MySQL RESET MASTER: the same server and binlog name, files from 000001 again."""
+    config = cdc_config(tmp_path, broker, "debezium")
+
+    def mysql(op: str, key: int, name: str, file: int, pos: int) -> bytes:
+        row = {"id": key, "name": name}
+        before, after = (row, None) if op == "d" else (None if op == "c" else {"id": key}, row)
+        return json.dumps({"before": before, "after": after, "op": op, "source": {
+            "connector": "mysql", "server_id": 7, "file": f"mysql-bin.{file:06d}", "pos": pos, "row": 0,
+            "ts_ms": int(time.time() * 1000)}}).encode()
+
+    produce_values(config, [mysql("c", k, f"n{k}", 412, 100 + k) for k in range(40)], 0, 1)
+    ingest_until(ingest_config(config), {0: 40})
+    run_merge(config, MergeOptions(once=True), spark=spark)
+    # RESET MASTER; then updates of keys 0-9, deletes of 10-14, a new key 40.
+    produce_values(config, [mysql("u", k, "after-reset", 1, 4 + k) for k in range(10)]
+                   + [mysql("d", k, f"n{k}", 1, 200 + k) for k in range(10, 15)]
+                   + [mysql("c", 40, "n40", 1, 300)], 0, 1)
+    ingest_until(ingest_config(config), {0: 56})
+    run_merge(config, MergeOptions(once=True), spark=spark)
+    drill = drills("cdc-source-regressed.md", CONFIG=config.config_path or "", WHY="RESET MASTER on db1 (drill)")
+
+    status = drill.run("confirm").expect(1).json()
+    regression = status["merge"]["source_regression"]
+    assert regression["changes"] == 15 and regression["since"] == {"0": 40}, regression
+    assert status["health"]["verdict"] == "critical"
+    fixed = drill.run("fix", timeout=600).expect(0).stdout.strip().splitlines()
+    assert json.loads(fixed[0])["epoch"] == 1 and json.loads(fixed[-1])["merges"] == 1
+    status = drill.run("check").expect(0, 1).json()
+    assert status["merge"]["source_regression"] is None and status["merge"]["source_epoch"] == 1
+    assert not any("backwards" in r for r in status["health"]["reasons"]), status["health"]
+    rows = rows_by_pyiceberg(config)
+    assert sorted(rows) == [k for k in range(41) if not 10 <= k < 15]
+    assert all(rows[k]["name"] == "after-reset" for k in range(10)) and rows[20]["name"] == "n20"

@@ -19,6 +19,7 @@ from tests.runbooks.drill import RUNBOOKS, SECTIONS, Page, pages
 # A sample value per documented variable, of the type the options take.
 SAMPLE_VALUES = {
     "CONFIG": "streamberg.yaml",
+    "WHY": "RESET MASTER on db1",
     "PARTITION": "0",
     "FROM": "10",
     "TO": "20",
@@ -31,7 +32,7 @@ PAGES = pages()
 
 
 def test_there_is_a_page_per_situation_of_the_issue() -> None:
-    assert len(PAGES) == 12, [p.path.name for p in PAGES]
+    assert len(PAGES) == 13, [p.path.name for p in PAGES]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.path.name)

@@ -38,6 +38,7 @@ from streamberg.common.changelog import (
     OFFSET,
     OP,
     PARTITION,
+    SOURCE_ID,
     SOURCE_SEQ,
     SOURCE_TS,
 )
@@ -114,6 +115,7 @@ class EnvelopeDecoder:
         columns[OFFSET] = pa.array(np.asarray(offsets, dtype=np.int64)[kept], pa.int64())
         columns[SOURCE_TS] = pc.multiply(changes.source_ms, 1000).cast(pa.timestamp("us", tz="UTC"))
         columns[SOURCE_SEQ] = changes.source_seq
+        columns[SOURCE_ID] = changes.source_id
         # Cast only what differs: a struct with null entries over required children (the
         # before key) cannot be cast, and is built in its exact type already.
         out = pa.Table.from_arrays([columns[f.name] if columns[f.name].type == f.type else columns[f.name].cast(f.type)
@@ -209,7 +211,7 @@ class UpsertDecoder(EnvelopeDecoder):
         nothing = pa.nulls(len(kept))
         return Changes(table, kept, pa.array([ops[int(i)] for i in kept], pa.string()),
                        pa.nulls(len(kept), self.file_schema.field(BEFORE_KEY).type), nothing.cast(pa.int64()),
-                       nothing.cast(pa.string()), rejected, unknown, 0)
+                       nothing.cast(pa.string()), nothing.cast(pa.string()), rejected, unknown, 0)
 
     def _key_image(self, key: bytes | None) -> bytes:
         """The delete image of a tombstone: the key columns from its Kafka key."""

@@ -41,7 +41,7 @@ from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 from streamberg.common.changelog import DELETE, OPS
 from streamberg.ingest.decode.avro_decode import AvroDecoder
-from streamberg.ingest.decode.envelopes.source_position import source_sequence
+from streamberg.ingest.decode.envelopes.source_position import source_identity, source_sequence
 from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
 from streamberg.ingest.decode.json_decode import JsonDecoder
 from streamberg.ingest.decode.json_values import mask_of
@@ -52,6 +52,7 @@ from streamberg.ingest.decode.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
 POSITION = "streamberg.position"  # no writer schema has it: an Avro name holds no dot
+IDENTITY = "streamberg.identity"  # ... the source it belongs to (source_position.source_identity)
 _INT64 = (-(2**63), 2**63)
 _OPS = pa.array(sorted(OPS), pa.string())
 # source.ts_ms beyond this many ms from the epoch (year ~33,600) is not a time: left null.
@@ -69,6 +70,7 @@ class Changes:
     before_key: pa.Array
     source_ms: pa.Array  # int64 ms, null where unknown
     source_seq: pa.Array  # the source position as ordered text (source_position.py), null where unknown
+    source_id: pa.Array  # the source that position belongs to, null where a connector cannot say
     rejected: list[tuple[int, Any]]
     unknown: list[UnknownField]
     skipped: int
@@ -82,7 +84,8 @@ def envelope_schema(rows: Sequence[NestedField]) -> Schema:
         NestedField(1, "before", row, required=False), NestedField(2, "after", row, required=False),
         NestedField(3, "op", StringType(), required=False),
         NestedField(4, "source", StructType(NestedField(5, "ts_ms", LongType(), required=False),
-                                            NestedField(6, POSITION, StringType(), required=False)),
+                                            NestedField(6, POSITION, StringType(), required=False),
+                                            NestedField(7, IDENTITY, StringType(), required=False)),
                     required=False)))
 
 
@@ -96,6 +99,7 @@ class AvroEnvelopes(AvroDecoder):
         source = record.get("source") if isinstance(record, dict) else None
         if isinstance(source, dict):
             source[POSITION] = source_sequence(source)
+            source[IDENTITY] = source_identity(source)
         return record
 
 
@@ -137,7 +141,7 @@ class JsonEnvelopes:
         ts = source.get("ts_ms") if isinstance(source, dict) else None
         ts = ts if type(ts) is int and _INT64[0] <= ts < _INT64[1] else None
         cut = {"before": before, "after": after, "op": op,
-               "source": {"ts_ms": ts, POSITION: source_sequence(source)}}
+               "source": {"ts_ms": ts, POSITION: source_sequence(source), IDENTITY: source_identity(source)}}
         try:
             return orjson.dumps(cut)
         except TypeError as exc:  # an integer past 64 bits: the row's column cannot hold it either
@@ -239,10 +243,12 @@ class DebeziumRules:
             ts = source.field("ts_ms").take(index)
             in_range = pc.less_equal(pc.abs(pc.fill_null(ts, 0)), _MAX_TS_MS)
             source_ms, source_seq = pc.if_else(in_range, ts, None), source.field(POSITION).take(index)
+            source_id = source.field(IDENTITY).take(index)
         else:
             source_ms, source_seq = pa.array([], pa.int64()), pa.array([], pa.string())
+            source_id = pa.array([], pa.string())
         moved = self._moved(before, after, chosen_arr, updating[chosen_arr])
-        return Changes(rows, kept, ops_out, moved, source_ms, source_seq, rejected,
+        return Changes(rows, kept, ops_out, moved, source_ms, source_seq, source_id, rejected,
                        self._unknown(result.unknown, present, kept), skipped)
 
     @staticmethod

@@ -83,6 +83,24 @@ _CONNECTORS: dict[str, Callable[[Mapping[str, Any]], tuple[int | None, ...]]] = 
 }
 
 
+_PREFIX = re.compile(r"^(.{1,200})\.\d{1,18}$")
+
+
+def source_identity(source: Any) -> str | None:
+    """Which source a position belongs to, where a connector can say (None: it cannot):
+    MySQL's server id and binlog base name (`mysql-bin` of `mysql-bin.000003`). A failover to
+    another server, or a binlog renamed, starts positions over: the merge then opens a new
+    source epoch by itself (common/source_epochs.py). A RESET MASTER, or a PostgreSQL
+    restored into a new cluster, keeps its name: an operator declares that epoch."""
+    if not isinstance(source, Mapping) or source.get("connector") != "mysql":
+        return None
+    server, file = _number(source.get("server_id")), source.get("file")
+    match = _PREFIX.match(file) if isinstance(file, str) else None
+    if server is None or match is None:
+        return None
+    return f"mysql:{server}:{match.group(1)}"
+
+
 def source_sequence(source: Any) -> str | None:
     """The ordered text of a Debezium `source` block's position; None without one."""
     if not isinstance(source, Mapping):
