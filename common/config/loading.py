@@ -244,6 +244,7 @@ def load_fleet(path: str | Path) -> FleetConfig:
     raw["catalog"], raw["compactor"] = shared["catalog"], shared["compactor"]
     if isinstance(raw.get("defaults"), dict):
         raw["defaults"] = {**raw["defaults"], "ingest": shared["ingest"]}
+    raw = _fleet_environment(raw)
     raw["config_path"] = str(path.resolve())
     try:
         fleet = FleetConfig(**raw)
@@ -264,6 +265,62 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise ConfigError(f"{path}: " + "; ".join(f"{where}: {exc}" for where, exc in refused),
                           problems=[f"{where}: {problem}" for where, exc in refused for problem in exc.problems])
     return fleet
+
+
+# A config of many: where each section of the environment's overrides goes (the single-table
+# config's sections; `table` and `ingest` are every route's defaults).
+_FLEET_SECTIONS = {"kafka": ("kafka",), "catalog": ("catalog",), "compactor": ("compactor",),
+                   "maintenance": ("maintenance",), "monitoring": ("monitoring",), "merge": ("merge",),
+                   "run": ("run",), "govern": ("govern",), "ingest": ("defaults", "ingest"),
+                   "table": ("defaults", "table")}
+
+
+def _fleet_environment(raw: dict[str, Any]) -> dict[str, Any]:
+    """`STREAMBERG_<SECTION>__<KEY>` overrides for a config of many, as for one table: the
+    environment wins over the file, key by key (a REST credential, consumer settings, a
+    bootstrap server per deployment). Relative paths it gives are the working directory's."""
+    from pydantic_settings import EnvSettingsSource
+
+    try:
+        found = EnvSettingsSource(StreambergConfig, case_sensitive=False, env_prefix=ENV_PREFIX,
+                                  env_nested_delimiter="__")()
+    except SettingsError as exc:
+        raise _env_error(exc) from None
+    if not found:
+        return raw
+    unknown = sorted(set(found) - set(_FLEET_SECTIONS))
+    if unknown:
+        raise ConfigError(f"invalid configuration in the environment: {ENV_PREFIX}{unknown[0].upper()}__*: a config "
+                          f"of many tables has no section {unknown[0]} (its sections: {', '.join(sorted(_FLEET_SECTIONS))})")
+    try:  # the paths it gives, absolute against the working directory; nothing else filled in
+        resolved = _resolve_paths({k: v for k, v in found.items() if k in ("catalog", "compactor", "ingest")},
+                                  Path.cwd())
+    except _PathProblem as exc:
+        raise ConfigError(f"invalid configuration in the environment: {exc}") from None
+    for section in ("catalog", "compactor", "ingest"):
+        if isinstance(found.get(section), dict) and isinstance(resolved.get(section), dict):
+            found[section] = {k: resolved[section][k] for k in found[section]}
+    out = dict(raw)
+    for section, value in found.items():
+        where = _FLEET_SECTIONS[section]
+        holder = out
+        for step in where[:-1]:
+            holder[step] = dict(holder.get(step) or {}) if isinstance(holder.get(step) or {}, dict) else holder.get(step)
+            holder = holder[step]
+        if not isinstance(holder, dict):
+            continue  # a malformed section: the model names it
+        current = holder.get(where[-1])
+        holder[where[-1]] = _deep_merge(current, value) if isinstance(current, dict) else value
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: Any) -> Any:
+    if not isinstance(over, dict):
+        return over
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(out.get(key), dict) else value
+    return out
 
 
 def resolve_fleet(fleet: FleetConfig, topics: list[str], known: dict[str, StreambergConfig] | None = None,

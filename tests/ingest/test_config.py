@@ -93,6 +93,42 @@ def test_environment_overrides_the_file(good_config: Path, monkeypatch: pytest.M
     assert config.ingest.parallelism == 3
 
 
+def test_environment_overrides_a_config_of_many(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38, item 9: the same STREAMBERG_<SECTION>__<KEY> overrides reach every table of a
+    config of many (ingest and table: every route's defaults); a secret given so is redacted."""
+    import yaml
+
+    from streamberg.common.config import load_fleet
+    from streamberg.common.config.loading import config_from_dump
+    from streamberg.common.redact import redact
+
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": "file-broker:9092", "consumer": {"fetch.min.bytes": 1}},
+        "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "defaults": {"ingest": {"commit_interval_seconds": 7}},
+        "tables": [{"identifier": "shop.orders", "topics": ["orders"], "schema": "infer"},
+                   {"identifier": "raw.{topic}", "topic_pattern": "ev\\..*", "schema": "infer"}]}))
+    monkeypatch.setenv("STREAMBERG_KAFKA__BOOTSTRAP_SERVERS", "env-broker:9093")
+    monkeypatch.setenv("STREAMBERG_KAFKA__CONSUMER__SASL.PASSWORD", "hunter2-from-env")
+    monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "3")
+    monkeypatch.setenv("STREAMBERG_INGEST__STATE_DIR", "state-here")
+    monkeypatch.setenv("STREAMBERG_COMPACTOR__MIN_FILES", "9")
+    monkeypatch.chdir(tmp_path)
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    for route, topic in ((fleet.tables[0], "orders"), (fleet.tables[1], "ev.a")):
+        config = config_from_dump(fleet.document(route, topic))
+        assert config.kafka.bootstrap_servers == "env-broker:9093"
+        assert config.kafka.consumer == {"fetch.min.bytes": 1, "sasl.password": "hunter2-from-env"}
+        assert config.ingest.parallelism == 3 and config.ingest.commit_interval_seconds == 7
+        assert config.ingest.state_dir == str(tmp_path / "state-here")
+        assert config.compactor.min_files == 9
+        assert config.catalog.uri == f"sqlite:///{tmp_path / 'catalog.db'}"  # the file's, untouched
+    assert "hunter2-from-env" not in redact("broker said: bad password hunter2-from-env")
+    monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "-1")
+    with pytest.raises(ConfigError, match="parallelism"):
+        load_fleet(tmp_path / "fleet.yaml")
+
+
 def test_bad_environment_override_is_named(good_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMBERG_INGEST__PARALLELISM", "-1")
     with pytest.raises(ConfigError, match="ingest.parallelism: must be an integer between 1 and 256"):
