@@ -155,9 +155,11 @@ def check(path: Path, connect: bool) -> Report:
 def _run(args: argparse.Namespace) -> int:
     report = check(args.config, args.connect)
     if args.json:
-        print(redact(json.dumps({**asdict(report), "exit_code": int(report.exit_code)})))
+        print(redact(json.dumps({**asdict(report), "exit_code": int(report.exit_code)}), key_values=False))
     else:
-        print(redact(report.render()))
+        # The problems name keys and say what is wrong, never a secret's value (common/config/
+        # messages.py shows values only for harmless keys): the explanations are kept.
+        print(redact(report.render(), key_values=False))
     return int(report.exit_code)
 
 

@@ -21,9 +21,10 @@ def config_of(args: argparse.Namespace) -> StreambergConfig:
     """The config's table, or --table's of a config of many."""
     table = getattr(args, "table", None)
     if not is_fleet(args.config):
-        if table:
-            raise CommandError("--table names one table of a config of many tables (tables:); this config has one")
-        return load_config(args.config)
+        config = load_config(args.config)
+        if table and table.lower() != config.table.identifier.lower():
+            raise CommandError(f"--table {table}: this config has one table, {config.table.identifier}")
+        return config
     if not table:
         raise CommandError(f"{args.config} declares many tables: give --table <namespace.table>")
     fleet = load_fleet(args.config)

@@ -1,30 +1,39 @@
-"""`streamberg deploy k8s --config prod.yaml`: the Kubernetes manifests of one config, printed.
+"""`streamberg deploy k8s --config prod.yaml`: the Kubernetes manifests of a config, printed.
 
-What it prints (one YAML stream, `kubectl apply -f -`):
-- a ConfigMap holding the config file as given (mounted at /etc/streamberg/streamberg.yaml)
-  and, referenced by every pod, a Secret you create (`--secret`, envFrom: the
-  STREAMBERG_* variables that carry passwords and credentials, never the config itself: a
-  config holding a secret is refused, naming the key to move);
+For a config of one table or of many (`tables:`), one YAML stream (`kubectl apply -f -`):
+- a ConfigMap holding the config file as given (mounted read-only at /etc/streamberg) and,
+  referenced by every pod, a Secret you create (`--secret`): its STREAMBERG_* variables carry
+  passwords and credentials (a config holding a secret is refused, naming the key to move), and
+  its keys `catalog-credential` / `catalog-token` are mounted as files when the config names
+  catalog.credential_file / token_file;
 - the ingest: a FlinkDeployment (Flink Kubernetes Operator, flink.apache.org/v1beta1) in
-  application mode running the same entry point as `flink run` (cli/flink_submit.py), with
-  `upgradeMode: last-state`, Kubernetes HA and periodic checkpoints. Exactly-once rests on
-  the offsets each commit records in the table, not on Flink state (docs/exactly-once.md);
-  last-state lets the operator upgrade and recover the JobManager without a savepoint and
-  without a second job ever running beside the first;
-- the compactor, maintenance and (for a primary-key table) the merge: a SparkApplication each
-  (Kubeflow spark-operator, sparkoperator.k8s.io/v1beta2) running cli/spark_submit.py with the
-  component named, restarted always (they are long-running watchers);
-- the metrics exporter: a Deployment and a Service (`streamberg metrics` on 0.0.0.0 inside the
-  pod: the pod network, not a shared host).
+  application mode running cli/flink_submit.py, `upgradeMode: last-state`, Kubernetes HA,
+  periodic checkpoints (exactly-once rests on the offsets each commit records in the table);
+- the keeper of every table: the governor, a SparkApplication (Kubeflow spark-operator,
+  sparkoperator.k8s.io/v1beta2) running `streamberg govern` through cli/spark_submit.py, which
+  compacts, merges and maintains every table of the config by need. For one table,
+  `--keepers components` emits a SparkApplication each for compact, maintain and (a primary-key
+  table) merge instead; never both (two keepers of a table would fight over its lease);
+- the metrics exporter: a Deployment and a Service (`streamberg metrics`, /healthz for probes).
 
-The images are deploy/k8s/Dockerfile's two targets. Checked here against the Kubernetes
-schemas and the two operators' CRD schemas (tests/deploy/test_deploy_k8s.py); not run on a
-cluster (none exists on these machines).
+Every pod: non-root, read-only root file system, no capabilities, resources, liveness and
+readiness probes (the governor's: `streamberg govern --health`, its heartbeat). Relative state
+paths of the config (ingest.state_dir, compactor.checkpoint_dir, a SQLite catalog or state
+database, a local warehouse) are put on writable volumes by STREAMBERG_* variables in the
+pods, or refused with the fix: a path every pod must share needs `--state-claim` (a
+ReadWriteMany PersistentVolumeClaim) or a database and object store every pod reaches.
+
+The images are deploy/k8s/Dockerfile.flink and Dockerfile.spark, pushed to your registry:
+`--flink-image` and `--spark-image` (without them the manifests name a placeholder that no
+registry serves, and say so). Checked here against the Kubernetes schemas and the two
+operators' CRD schemas (tests/deploy/test_deploy_k8s.py); not run on a cluster (none exists on
+these machines).
 """
 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,137 +41,125 @@ from typing import Any
 import yaml
 
 from streamberg.cli.errors import CommandError
+from streamberg.cli.k8s_manifests import (
+    CONFIG_DIR,
+    CONFIG_KEY,
+    SECRET_DIR,
+    STATE_ROOT,
+    STREAMBERG,
+    PodPlan,
+    config_map,
+    flink_deployment,
+    metrics_exporter,
+    spark_application,
+)
 from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
+from streamberg.common.config.loading import config_document
 from streamberg.common.redact import redact
 
-CONFIG_DIR = "/etc/streamberg"
-CONFIG_KEY = "streamberg.yaml"
-# deploy/k8s/Dockerfile: the PyFlink driver jar in the Flink image, the fixed links in the Spark image.
-FLINK_PYTHON_JAR = "local:///opt/flink/opt/flink-python-2.3.0.jar"
-SPARK_ENTRY = "local:///opt/streamberg/spark_submit.py"
-SPARK_JARS = ["local:///opt/streamberg/iceberg-spark-runtime.jar", "local:///opt/streamberg/postgresql.jar"]
-VENV_PYTHON = "/opt/venv/bin/python"
-# The Flink line of the image (Flink 2.3) as the operator names it: v2_2 is the newest value
-# operator 1.15 lists; an operator that knows v2_3 takes that.
-FLINK_VERSION = "v2_2"
-SPARK_VERSION = "3.5.9"
+PLACEHOLDER = "REPLACE-ME.invalid"  # no registry answers for it: the manifests fail loudly if applied as printed
+OBJECT_STORES = ("s3://", "s3a://", "gs://", "abfs://", "abfss://", "wasbs://", "oss://", "hdfs://")
 
 
-def _labels(name: str, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "streamberg", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/component": component}
+def _on_volume(path: str) -> str:
+    """A relative path of the file, put on the state volume ('..' and '.' dropped)."""
+    parts = [p for p in path.split("/") if p not in ("", ".", "..")]
+    return posixpath.join(STATE_ROOT, *parts) if parts else STATE_ROOT
 
 
-def _config_volume(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    volume = {"name": "streamberg-config", "configMap": {"name": f"{args.name}-config"}}
-    mount = {"name": "streamberg-config", "mountPath": CONFIG_DIR, "readOnly": True}
-    return volume, mount
+def _relative(value: Any) -> bool:
+    return isinstance(value, str) and "://" not in value and not value.startswith("/")
 
 
-def config_map(args: argparse.Namespace, text: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"{args.name}-config", "namespace": args.namespace,
-                         "labels": _labels(args.name, "config")},
-            "data": {CONFIG_KEY: text}}
+def _sqlite_path(uri: Any) -> str | None:
+    """The file of a relative SQLite URI (None: not one)."""
+    if isinstance(uri, str) and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return uri.removeprefix("sqlite:///")
+    return None
 
 
-def flink_deployment(args: argparse.Namespace, config: StreambergConfig, state_dir: str) -> dict[str, Any]:
-    volume, mount = _config_volume(args)
-    parallelism = config.ingest.parallelism
-    return {
-        "apiVersion": "flink.apache.org/v1beta1", "kind": "FlinkDeployment",
-        "metadata": {"name": f"{args.name}-ingest", "namespace": args.namespace,
-                     "labels": _labels(args.name, "ingest")},
-        "spec": {
-            "image": args.flink_image, "flinkVersion": FLINK_VERSION, "serviceAccount": args.flink_service_account,
-            "flinkConfiguration": {
-                "taskmanager.numberOfTaskSlots": str(parallelism),
-                "python.executable": VENV_PYTHON, "python.client.executable": VENV_PYTHON,
-                "taskmanager.memory.managed.fraction": "0.4",
-                # last-state needs the JobManager's HA metadata and a checkpoint to resume from.
-                "high-availability.type": "kubernetes",
-                "high-availability.storageDir": f"{state_dir}/ha",
-                "execution.checkpointing.interval": "60 s",
-                "execution.checkpointing.dir": f"{state_dir}/checkpoints",
-                "execution.checkpointing.savepoint-dir": f"{state_dir}/savepoints",
-                "restart-strategy.type": "exponential-delay",
-            },
-            "jobManager": {"resource": {"memory": "2048m", "cpu": 1}},
-            "taskManager": {"resource": {"memory": args.taskmanager_memory, "cpu": max(1, parallelism)}},
-            "podTemplate": {"spec": {
-                "containers": [{"name": "flink-main-container",
-                                "envFrom": [{"secretRef": {"name": args.secret, "optional": True}}],
-                                "volumeMounts": [mount]}],
-                "volumes": [volume]}},
-            "job": {"jarURI": FLINK_PYTHON_JAR, "entryClass": "org.apache.flink.client.python.PythonDriver",
-                    "args": ["-pym", "streamberg.cli.flink_submit", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}"],
-                    "parallelism": parallelism, "upgradeMode": "last-state", "state": "running"},
-        },
-    }
+def _plan(args: argparse.Namespace, document: dict[str, Any], fleet: bool, config: StreambergConfig) -> PodPlan:
+    """Where the config's state goes in the pods; a path no pod could write, or one every pod
+    must share without a shared place to put it, refused with the fix."""
+    plan = PodPlan(args.name, args.namespace, args.secret, state_claim=args.state_claim,
+                   flink_account=args.flink_service_account, spark_account=args.spark_service_account)
+    catalog = document.get("catalog") or {}
+    ingest = ((document.get("defaults") or {}).get("ingest") if fleet else document.get("ingest")) or {}
+    compactor = document.get("compactor") or {}
+    shared = "give --state-claim NAME (a ReadWriteMany PersistentVolumeClaim every pod mounts at " \
+             f"{STATE_ROOT}) or use a database and an object store every pod reaches"
+
+    state_dir = ingest.get("state_dir", ".streamberg/state")
+    if not _relative(state_dir):
+        raise CommandError(f"ingest.state_dir: {state_dir} is a path inside the image, whose file system is "
+                           "read-only in the pods; leave it unset or relative (deploy puts it on the state volume)")
+    plan.env["STREAMBERG_INGEST__STATE_DIR"] = _on_volume(state_dir)
+
+    checkpoint = compactor.get("checkpoint_dir", ".streamberg/compactor-checkpoint")
+    if _relative(checkpoint):
+        warehouse = str(catalog.get("warehouse", ""))
+        plan.env["STREAMBERG_COMPACTOR__CHECKPOINT_DIR"] = (
+            f"{warehouse.rstrip('/')}/_streamberg/compactor-checkpoint" if warehouse.startswith(OBJECT_STORES)
+            else _on_volume(checkpoint))
+    elif str(checkpoint).startswith("/"):
+        raise CommandError(f"compactor.checkpoint_dir: {checkpoint} is a path inside the image; leave it unset or "
+                           "relative, or give an object-store URL")
+
+    kind = catalog.get("type", "sql")
+    if kind == "sql":
+        uri = catalog.get("uri", "sqlite:///.streamberg/catalog.db")
+        if str(uri).startswith("sqlite:"):
+            if not args.state_claim:
+                raise CommandError(f"catalog.uri: a SQLite catalog ({uri}) in a pod is that pod's alone, and every "
+                                   f"component must see the same catalog: {shared}")
+            if (file := _sqlite_path(uri)) is not None:
+                plan.env["STREAMBERG_CATALOG__URI"] = "sqlite:///" + _on_volume(file)
+        warehouse = catalog.get("warehouse", "warehouse")
+        if _relative(warehouse) or str(warehouse).startswith(("file:", "/")):
+            if not args.state_claim:
+                raise CommandError(f"catalog.warehouse: a local folder ({warehouse}) is one pod's: {shared}")
+            if _relative(warehouse):
+                plan.env["STREAMBERG_CATALOG__WAREHOUSE"] = "file://" + _on_volume(str(warehouse))
+    else:
+        state = catalog.get("state_uri", "sqlite:///.streamberg/state.db")
+        if str(state).startswith("sqlite:"):
+            if not args.state_claim:
+                raise CommandError(f"catalog.state_uri: the compactor's leases and the maintenance runs ({state}) must "
+                                   f"be in one database every pod reaches: set catalog.state_uri to a postgresql:// "
+                                   f"URI (its password in the Secret as STREAMBERG_CATALOG__STATE_URI), or {shared}")
+            if (file := _sqlite_path(state)) is not None:
+                plan.env["STREAMBERG_CATALOG__STATE_URI"] = "sqlite:///" + _on_volume(file)
+    for key, secret_key in (("credential_file", "catalog-credential"), ("token_file", "catalog-token")):
+        if catalog.get(key):
+            name = "credential" if key == "credential_file" else "token"
+            plan.secret_files[secret_key] = f"{SECRET_DIR}/{name}"
+            plan.env[f"STREAMBERG_CATALOG__{key.upper()}"] = f"{SECRET_DIR}/{name}"
+    return plan
 
 
-def spark_application(args: argparse.Namespace, component: str, extra: list[str]) -> dict[str, Any]:
-    volume, mount = _config_volume(args)
-    pod = {"envFrom": [{"secretRef": {"name": args.secret, "optional": True}}], "volumeMounts": [mount],
-           "labels": _labels(args.name, component)}
-    return {
-        "apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
-        "metadata": {"name": f"{args.name}-{component}", "namespace": args.namespace,
-                     "labels": _labels(args.name, component)},
-        "spec": {
-            "type": "Python", "pythonVersion": "3", "mode": "cluster", "image": args.spark_image,
-            "sparkVersion": SPARK_VERSION, "mainApplicationFile": SPARK_ENTRY,
-            "arguments": [component, "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", *extra],
-            "deps": {"jars": SPARK_JARS},
-            "sparkConf": {"spark.pyspark.python": VENV_PYTHON, "spark.pyspark.driver.python": VENV_PYTHON},
-            # A watcher that stops is restarted; the lease (compactor) and the catalog's
-            # optimistic commits keep a second copy harmless.
-            "restartPolicy": {"type": "Always", "onFailureRetryInterval": 30,
-                              "onSubmissionFailureRetryInterval": 60},
-            "volumes": [volume],
-            "driver": {"cores": 1, "memory": "1g", "serviceAccount": args.spark_service_account, **pod},
-            "executor": {"instances": args.executors, "cores": 1, "memory": args.executor_memory, **pod},
-        },
-    }
-
-
-def metrics_exporter(args: argparse.Namespace, port: int) -> list[dict[str, Any]]:
-    volume, mount = _config_volume(args)
-    labels = _labels(args.name, "metrics")
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": f"{args.name}-metrics", "namespace": args.namespace, "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [{
-                "name": "metrics", "image": args.spark_image,
-                "command": [f"{Path(VENV_PYTHON).parent}/streamberg", "metrics", "--config",
-                            f"{CONFIG_DIR}/{CONFIG_KEY}", "--address", "0.0.0.0", "--port", str(port)],
-                "ports": [{"name": "metrics", "containerPort": port}],
-                "envFrom": [{"secretRef": {"name": args.secret, "optional": True}}],
-                "volumeMounts": [mount],
-                "readinessProbe": {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10},
-                "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-            }], "volumes": [volume]}}},
-    }
-    service = {"apiVersion": "v1", "kind": "Service",
-               "metadata": {"name": f"{args.name}-metrics", "namespace": args.namespace, "labels": labels},
-               "spec": {"selector": labels, "ports": [{"name": "metrics", "port": port, "targetPort": "metrics"}]}}
-    return [deployment, service]
-
-
-def _state_dir(args: argparse.Namespace, config: StreambergConfig) -> str:
+def _flink_state_dir(args: argparse.Namespace, config: StreambergConfig) -> str:
     if args.flink_state_dir:
         return str(args.flink_state_dir).rstrip("/")
     warehouse = config.catalog.warehouse or ""
-    if "://" in warehouse and not warehouse.startswith("file:"):
+    if warehouse.startswith(OBJECT_STORES):
         return f"{warehouse.rstrip('/')}/_streamberg/flink"
+    if args.state_claim:
+        return f"file://{STATE_ROOT}/flink"
     raise CommandError("the ingest's checkpoints and HA metadata need storage every pod reaches: give "
-                       "--flink-state-dir s3://bucket/path (the warehouse is not an object store URL)")
+                       "--flink-state-dir s3://bucket/path, or --state-claim (the warehouse is not an object store URL)")
 
 
-def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _images(args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    flink = args.flink_image or f"{PLACEHOLDER}/streamberg-flink:0.1.0"
+    spark = args.spark_image or f"{PLACEHOLDER}/streamberg-spark:0.1.0"
+    missing = [flag for flag, given in (("--flink-image", args.flink_image), ("--spark-image", args.spark_image))
+               if not given]
+    return flink, spark, missing
+
+
+def manifests(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    """The objects, and the warnings to print beside them."""
     text = Path(args.config).read_text()
     if redact(text) != text:
         raise CommandError(f"{args.config} holds a secret (a password or credential): it would be stored in a "
@@ -172,22 +169,44 @@ def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
         loaded = load_fleet(args.config)
         route = loaded.tables[0]
         config = config_from_dump(loaded.document(route, (route.topics or ["sample.topic"])[0]))
+        if args.keepers == "components":
+            raise CommandError("--keepers components: a config of many tables is kept by the governor (one "
+                               "SparkApplication for every table); leave --keepers at governor")
     else:
         config = load_config(args.config)
-    documents = [config_map(args, text), flink_deployment(args, config, _state_dir(args, config))]
-    if not fleet:  # a config of many tables: per-table components wait for issue 31's service
-        documents.append(spark_application(args, "compact", []))
-        if has_changelog(config):
-            documents.append(spark_application(args, "merge", []))
-        documents.append(spark_application(args, "maintain", []))
-    documents += metrics_exporter(args, config.monitoring.metrics_port)
-    return documents
+    plan = _plan(args, config_document(args.config), fleet, config)
+    flink_image, spark_image, missing = _images(args)
+    warnings = [f"no {', '.join(missing)}: the manifests name the placeholder {PLACEHOLDER}, which no registry "
+                "serves; build deploy/k8s/Dockerfile.flink and Dockerfile.spark, push them, and give both"] \
+        if missing else []
+    documents = [config_map(plan, text),
+                 flink_deployment(plan, flink_image, config.ingest.parallelism, _flink_state_dir(args, config),
+                                  args.taskmanager_memory)]
+    health = [STREAMBERG, "govern", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--health"]
+    if args.keepers == "governor":
+        documents.append(spark_application(plan, spark_image, "govern", [], args.executors, args.executor_memory,
+                                           health=health))
+    else:
+        alive = ["/bin/sh", "-c", "test -d /proc/1"]  # a component has no heartbeat of its own
+        for component in ["compact", *(["merge"] if has_changelog(config) else []), "maintain"]:
+            documents.append(spark_application(plan, spark_image, component, [], args.executors,
+                                               args.executor_memory, health=alive))
+    documents += metrics_exporter(plan, spark_image, config.monitoring.metrics_port)
+    if not args.state_claim:
+        warnings.append(f"no --state-claim: each pod's state folder ({STATE_ROOT}) is its own emptyDir, so the "
+                        "exporter's status does not see the governor's or the ingest's run folders (paused tables, "
+                        "the governor's fleet line); the tables themselves are unaffected")
+    return documents, warnings
 
 
 def _run(args: argparse.Namespace) -> int:
-    documents = manifests(args)
+    documents, warnings = manifests(args)
+    for warning in warnings:
+        print(f"streamberg deploy k8s: warning: {warning}", file=sys.stderr)
     header = (f"# streamberg deploy k8s --config {args.config}: {len(documents)} manifests. Create the Secret "
-              f"{args.secret!r} (STREAMBERG_* variables) first. Not applied anywhere; review, then kubectl apply -f -\n")
+              f"{args.secret!r} (STREAMBERG_* variables; keys catalog-credential / catalog-token when the config names "
+              "credential_file / token_file) first. Not applied anywhere; review, then kubectl apply -f -\n")
+    header += "".join(f"# WARNING: {w}\n" for w in warnings)
     sys.stdout.write(header + yaml.safe_dump_all(documents, sort_keys=False))
     return 0
 
@@ -196,20 +215,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("deploy", help="print the Kubernetes manifests of a config",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
-    k8s = targets.add_parser("k8s", help="FlinkDeployment, SparkApplications, metrics exporter, ConfigMap",
+    k8s = targets.add_parser("k8s", help="FlinkDeployment, the governor's SparkApplication, metrics exporter, ConfigMap",
                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    k8s.add_argument("--config", required=True, help="the config to deploy (stored in the ConfigMap as given)")
+    k8s.add_argument("--config", required=True, help="the config to deploy, of one table or many (stored in the "
+                     "ConfigMap as given)")
     k8s.add_argument("--name", default="streamberg", help="prefix of every object's name (default streamberg)")
     k8s.add_argument("--namespace", default="default")
     k8s.add_argument("--secret", default="streamberg-secrets",
                      help="the Secret every pod takes its STREAMBERG_* variables from (you create it)")
-    k8s.add_argument("--flink-image", default="registry.example.com/streamberg-flink:0.1.0",
-                     help="deploy/k8s/Dockerfile --target flink, pushed to your registry")
-    k8s.add_argument("--spark-image", default="registry.example.com/streamberg-spark:0.1.0",
-                     help="deploy/k8s/Dockerfile --target spark (also runs the metrics exporter)")
+    k8s.add_argument("--keepers", choices=("governor", "components"), default="governor",
+                     help="who keeps the tables: the governor (default; one SparkApplication for every table) or, for "
+                          "one table, a SparkApplication each for compact, maintain and merge")
+    k8s.add_argument("--flink-image", default=None,
+                     help="deploy/k8s/Dockerfile.flink, pushed to your registry (required for a working deployment)")
+    k8s.add_argument("--spark-image", default=None,
+                     help="deploy/k8s/Dockerfile.spark, pushed to your registry (the governor, the components and the "
+                          "metrics exporter run it)")
+    k8s.add_argument("--state-claim", default=None, metavar="PVC",
+                     help=f"a ReadWriteMany PersistentVolumeClaim every pod mounts at {STATE_ROOT}: relative state "
+                          "paths, a SQLite catalog or a local warehouse go there (default: an emptyDir per pod, and "
+                          "such shared paths are refused)")
     k8s.add_argument("--flink-state-dir", default=None,
                      help="checkpoints and HA metadata of the ingest (default: <warehouse>/_streamberg/flink for an "
-                          "object-store warehouse)")
+                          "object-store warehouse, else the state claim)")
     k8s.add_argument("--flink-service-account", default="flink")
     k8s.add_argument("--spark-service-account", default="spark")
     k8s.add_argument("--taskmanager-memory", default="4096m")

@@ -259,9 +259,27 @@ def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergCon
     return base.model_copy(update={"govern": govern})
 
 
+def _health(args: argparse.Namespace) -> int:
+    """`govern --health`: exit 0 when the governor of this config writes its heartbeat."""
+    from streamberg.governor.app import health
+
+    if is_fleet(args.config):
+        fleet = load_fleet(args.config)
+        route = fleet.tables[0]
+        state_dir = config_from_dump(fleet.document(route, (route.topics or ["sample.topic"])[0])).ingest.state_dir
+    else:
+        state_dir = load_config(args.config).ingest.state_dir
+    alive, line = health(state_dir)
+    print(line)
+    return 0 if alive else 1
+
+
 def _govern(args: argparse.Namespace) -> int:
     from streamberg.common.spark import build_spark_session, quiet_spark_logs
     from streamberg.common.stop import install_stop_handlers
+
+    if args.health:
+        return _health(args)
 
     # Tables found and not kept (a forged route record, a name no config holds), by their own
     # names, from the last listing of the config's tables and of the opted-in namespaces.
@@ -365,4 +383,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan (table, action, why) and change nothing")
     parser.add_argument("--once", action="store_true", help="one round, then exit (cron, tests)")
     parser.add_argument("--json", action="store_true", help="with --once/--dry-run: one JSON object")
+    parser.add_argument("--health", action="store_true",
+                        help="exit 0 if the governor of this config is alive (its heartbeat under ingest.state_dir is "
+                        "younger than 120 s), else 1; a pod's liveness probe")
     parser.set_defaults(func=_govern)

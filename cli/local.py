@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from streamberg.cli.configs import add_table_argument, config_of
-from streamberg.cli.errors import CommandError
+from streamberg.cli.errors import CommandError, UsageError
 from streamberg.common.broker import EmbeddedBroker, ensure_topic
 from streamberg.common.errors import BrokerError
 from streamberg.common.redact import redact
@@ -141,20 +141,20 @@ def _set_policy(args: argparse.Namespace) -> int:
     for assignment in args.set:
         name, equals, value = assignment.partition("=")
         if not equals:
-            raise CommandError(f"--set {assignment!r}: give KEY=VALUE")
+            raise UsageError(f"--set {assignment!r}: give KEY=VALUE")
         if problem := refusal(name.strip(), value.strip()):
-            raise CommandError(problem)
+            raise UsageError(problem)
         settings[name.strip()] = value.strip()
     for name in args.unset:
         if name not in {k.name for k in POLICY_KEYS}:
-            raise CommandError(f"--unset {name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}")
+            raise UsageError(f"--unset {name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}")
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     # A setting's bounds and the rules between keys (retention.days needs a column) are its
     # config section's: checked with the table's other keys as they will be.
     after = {k: v for k, v in {**table.properties, **settings}.items() if k not in args.unset}
     policy, _ = policy_for(config, after)
     if refused := [p for p in policy.problems if p.split(":", 1)[0] in settings]:
-        raise CommandError(refused[0])
+        raise UsageError(refused[0])
     with table.transaction() as transaction:
         if settings:
             transaction.set_properties(settings)

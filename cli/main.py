@@ -14,7 +14,7 @@ import importlib
 import sys
 import traceback
 
-from streamberg.cli.errors import CommandError
+from streamberg.cli.errors import CommandError, UsageError
 from streamberg.common.errors import ConfigError, StreambergError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.USAGE
     except CommandError as exc:
         print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
-        return ExitCode.FAILED
+        return ExitCode.USAGE if isinstance(exc, UsageError) else ExitCode.FAILED
     except StreambergError as exc:
         print(f"streamberg {args.command}: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code

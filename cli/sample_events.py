@@ -237,6 +237,7 @@ def produce_events(
         **connection_settings(config.kafka.bootstrap_servers, config.kafka.consumer),
         "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 500000,
         "message.max.bytes": max(2 * config.ingest.max_record_bytes + 1024, 1_000_000),
+        "log_level": 3,  # errors only: a broker gone mid-run is reported once, by the delivery errors
         **(producer_config or {}),
     })
     errors: list[str] = []

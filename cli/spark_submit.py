@@ -5,8 +5,8 @@
       --py-files streamberg.zip  $(python -c 'import streamberg.cli.spark_submit as m; print(m.__file__)') \\
       merge --config /etc/streamberg/prod.yaml
 
-The first argument names the component (`compact`, `merge` or `maintain`; without one,
-`compact`, as before); the rest are that command's own arguments. Under spark-submit the
+The first argument names the component (`compact`, `merge`, `maintain`, or `govern`: one
+session keeping every table of a config; without one, `compact`, as before); the rest are that command's own arguments. Under spark-submit the
 master and jars come from spark-submit; the config's `*.spark_conf` still applies.
 deploy/spark/submit.sh finds the jars for a config and calls this.
 """
@@ -18,7 +18,7 @@ import sys
 from streamberg.cli.main import main
 
 # The commands whose work runs in a Spark session (common/spark.py session_for).
-SPARK_COMMANDS = ("compact", "merge", "maintain")
+SPARK_COMMANDS = ("compact", "merge", "maintain", "govern")
 
 
 def command_line(argv: list[str]) -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
+from typing import Any
 
 from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
@@ -85,8 +87,37 @@ def _status(args: argparse.Namespace) -> int:
         return EXIT[status.health.verdict]
 
 
+def _serve(registry: Any, address: str, port: int) -> tuple[Any, threading.Thread]:
+    """Prometheus' exposition at /metrics (any path but /healthz), and /healthz answering 200 at
+    once: a probe must not pay for collecting every table's status."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import make_wsgi_app
+
+    exposition = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Any) -> list[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"ok\n"]
+        return exposition(environ, start_response)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = make_server(address, port, app, Server, handler_class=Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
 def _metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import generate_latest, start_http_server
+    from prometheus_client import generate_latest
 
     from streamberg.common.config import config_from_dump, is_fleet, load_fleet
     from streamberg.monitoring.metrics import fleet_registry, registry_for
@@ -102,12 +133,21 @@ def _metrics(args: argparse.Namespace) -> int:
         registry = registry_for(config)
         scope = config.table.identifier
     if args.once:
-        print(redact(generate_latest(registry).decode()), end="")
-        return 0
+        families = list(registry.collect())  # collected once: printed, and read for the exit code
+
+        class Collected:
+            def collect(self) -> list[Any]:
+                return families
+
+        print(redact(generate_latest(Collected()).decode()), end="")  # type: ignore[arg-type]
+        ups = [s.value for f in families if f.name == "streamberg_up" for s in f.samples]
+        # Exit 1 when nothing it reads answered (catalog and broker down): a cron or a check
+        # must not take a scrape of absences for a healthy one.
+        return 1 if ups and all(v == 0 for v in ups) else 0
     port = args.port or config.monitoring.metrics_port
     address = args.address or config.monitoring.metrics_address
     try:
-        server, thread = start_http_server(port, addr=address, registry=registry)
+        server, thread = _serve(registry, address, port)
     except OSError as exc:
         raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
     log = get_logger("monitoring.metrics", table=scope)

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streamberg.common.errors import BrokerError
+from streamberg.common.errors import BrokerError, BrokerUnreachable
 from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.processes import process_start_time
 from streamberg.common.watermarks import kafka_error_text
@@ -198,10 +198,17 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 1
     """Create `topic` with `partitions` partitions unless it exists. `connection`: the
     security settings of the cluster (common/kafka_settings.py)."""
     try:
-        admin = AdminClient(connection_settings(bootstrap, connection))
+        # librdkafka would print every failed connection itself (hundreds of lines): the
+        # one line below says it.
+        admin = AdminClient({**connection_settings(bootstrap, connection), "log_level": 0})
     except KafkaException as exc:  # a TLS file or SASL setting librdkafka refuses before connecting
         raise BrokerError(f"the Kafka client refused kafka.consumer's connection settings: {kafka_error_text(exc)}") from exc
-    existing = admin.list_topics(timeout=timeout).topics
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise BrokerUnreachable(f"the broker at {bootstrap} cannot be reached (within {timeout:g} s: "
+                                f"{kafka_error_text(exc)}); is it running? (`streamberg broker start` for the "
+                                "embedded one)") from None
     if topic in existing:
         return
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])

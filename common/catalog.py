@@ -148,6 +148,8 @@ def _secret_of(value: str | None, path: str | None, key: str) -> str | None:
         except OSError as exc:
             raise CatalogUnreachable(f"catalog.{key}_file {path}: cannot be read ({exc.strerror or exc})") from None
     register_secret(value)
+    if key == "credential" and value:  # its secret part alone, as a server's error may quote it
+        register_secret(value.partition(":")[2])
     return value
 
 

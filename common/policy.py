@@ -21,6 +21,7 @@ from streamberg.common.config import LAYOUT_STRATEGIES, StreambergConfig
 PREFIX = "streamberg."
 # `streamberg govern` writes every round's state here, under ingest.state_dir; status reads it.
 GOVERN_STATE_FILE = "govern.json"
+GOVERN_HEARTBEAT_FILE = "govern.heartbeat"  # ... and its heartbeat (`govern --health`)
 
 
 def _bool(text: str) -> bool:
@@ -45,11 +46,17 @@ def _strategy(text: str) -> str:
 
 
 def _int(text: str) -> int:
-    return int(text.strip())
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("an integer") from None
 
 
 def _float(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("a number") from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ValueError("a finite number")
     return value
@@ -70,7 +77,7 @@ def _days_or_none(text: str) -> float | None:
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    value = _float(text)
     if not 0 <= value <= 30 * 86400:
         raise ValueError("seconds between 0 and 2592000")
     return value

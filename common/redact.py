@@ -89,9 +89,14 @@ _literals_lock = threading.Lock()
 _literal_re: re.Pattern[str] | None = None
 
 
+# A name that says where a secret is kept (credential_file, ssl.truststore.location,
+# token_path) holds a path, which is no secret: masking it hides what an operator must see.
+_WHERE = re.compile(r"[-_.](?:file|path|location|dir|name|type|mode|method|uri_env)$", re.IGNORECASE)
+
+
 def is_secret_key(key: str) -> bool:
     """Whether a property/setting name holds a secret (by its name)."""
-    return bool(_SECRET_KEY.search(key))
+    return bool(_SECRET_KEY.search(key)) and not _WHERE.search(key)
 
 
 def register_secret(value: str | None) -> None:
@@ -140,8 +145,11 @@ def _mask_key_values(text: str) -> str:
     return "".join(out)
 
 
-def redact(text: str) -> str:
-    """The text with every secret we can recognise replaced by ``***``."""
+def redact(text: str, key_values: bool = True) -> str:
+    """The text with every secret we can recognise replaced by ``***``. `key_values=False`:
+    leave `secret_key: text` alone, for text that never holds a value there by construction
+    (`check`'s explanations of what is wrong with a secret's key, a file named my-secret.yaml)
+    while the secrets themselves (registered values, URI passwords, keys) are still masked."""
     if not isinstance(text, str):
         text = str(text)
     pattern = _literal_re
@@ -150,7 +158,7 @@ def redact(text: str) -> str:
     text = _PEM_KEY.sub(MASK, text)
     text = _USERINFO.sub(lambda m: m.group("head") + MASK, text)
     text = _AUTH_HEADER.sub(lambda m: m.group("head") + MASK, text)
-    return _mask_key_values(text)
+    return _mask_key_values(text) if key_values else text
 
 
 def redact_value(value: Any) -> Any:

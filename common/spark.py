@@ -183,6 +183,10 @@ def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, st
     }
     # The UI's kill links would let anyone who reaches it stop a stage (docs/security.md).
     conf["spark.ui.killEnabled"] = "false"
+    # Spark masks conf values whose key matches this in its UI, event log and errors. Its
+    # default (secret|password|token|access[.]key) misses the catalog's credential (REST
+    # client_id:client_secret) and the object stores' key names.
+    conf["spark.redaction.regex"] = SPARK_REDACTION_REGEX
     if master.startswith("local"):
         # A local driver needs no reachable address; binding to loopback keeps Spark off
         # whatever interface the hostname resolves to (and off the network entirely).
@@ -207,6 +211,8 @@ def base_spark_conf(jars: list[str], master: str, app_name: str) -> dict[str, st
     return conf
 
 
+SPARK_REDACTION_REGEX = (r"(?i)secret|password|passwd|token|credential|access[.\-_]?key|account[.\-_]?key"
+                         r"|private[.\-_]?key|sas[.\-_]?key|authorization|bearer")
 LOCAL_DRIVER_MEMORY = "1g"
 LOCAL_DRIVER_JAVA_OPTIONS = "-XX:+UseG1GC -XX:G1PeriodicGCInterval=30000 -XX:MaxMetaspaceSize=384m"
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from streamberg.common.catalog import first_line
 from streamberg.common.log import get_logger
+from streamberg.common.policy import GOVERN_HEARTBEAT_FILE as HEARTBEAT_FILE
 from streamberg.common.policy import GOVERN_STATE_FILE as STATE_FILE
 from streamberg.governor.scheduler import Choice, Due, Scheduler
 
@@ -47,6 +48,24 @@ class Jobs(Protocol):
     def enter(self, group: str, description: str) -> None: ...
     def leave(self) -> None: ...
     def cancel(self, group: str, query_prefix: str | None = None) -> None: ...
+
+
+HEARTBEAT_SECONDS = 5.0
+# `govern --health`: alive when the heartbeat is younger than this.
+HEALTHY_WITHIN_SECONDS = 120.0
+
+
+def health(state_dir: str, now: float | None = None) -> tuple[bool, str]:
+    """Whether the governor writing under `state_dir` is alive, and a line saying so."""
+    path = Path(state_dir) / HEARTBEAT_FILE
+    try:
+        beat = json.loads(path.read_text())
+        age = (time.time() if now is None else now) - float(beat["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False, f"no heartbeat at {path}: the governor is not running there (or cannot write it)"
+    if age > HEALTHY_WITHIN_SECONDS:
+        return False, f"the heartbeat is {age:.0f} s old (> {HEALTHY_WITHIN_SECONDS:.0f} s): the governor is stuck or gone"
+    return True, f"alive: heartbeat {age:.0f} s ago, {beat.get('tables_due', '?')} tables due"
 
 
 class ActionTimedOut(Exception):
@@ -82,6 +101,10 @@ class Governor:
         self._groups = 0
         self._lock = threading.Lock()
         self.state_path = Path(state_dir) / STATE_FILE if state_dir else None
+        # The heartbeat (`govern --health`, a pod's probes): written while the service lives,
+        # between probes, while an action runs and while it waits, never only per round.
+        self.heartbeat_path = Path(state_dir) / HEARTBEAT_FILE if state_dir else None
+        self._beaten = 0.0
         self.clock = clock
         self.log = get_logger("governor")
         self.actions: list[float] = []  # when each action finished (actions a minute)
@@ -90,6 +113,7 @@ class Governor:
         report = RoundReport()
         keepers = {k.identifier: k for k in self.keepers()}
         for identifier, keeper in keepers.items():
+            self.beat()
             try:
                 due, problems = keeper.probe()
             except Exception as exc:  # noqa: BLE001 - a table that cannot be read is its own problem
@@ -156,7 +180,13 @@ class Governor:
 
         thread = threading.Thread(target=work, name=f"governor-{keeper.identifier}", daemon=True)
         thread.start()
-        if not done.wait(self.timeout_seconds):
+        deadline = None if self.timeout_seconds is None else time.monotonic() + self.timeout_seconds
+        while not done.wait(HEARTBEAT_SECONDS if deadline is None else
+                            max(0.0, min(HEARTBEAT_SECONDS, deadline - time.monotonic()))):
+            self.beat()
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        if not done.is_set():
             with self._lock:
                 self.running[keeper.identifier] = thread
             if self.jobs is not None:
@@ -167,6 +197,23 @@ class Governor:
             raise outcome["error"]
         result: dict[str, Any] = outcome["result"]
         return result
+
+    def beat(self, force: bool = False) -> None:
+        """Write the heartbeat (at most every HEARTBEAT_SECONDS); a failure to write is logged
+        once, never raised (the probe then says the service is not well)."""
+        now = time.monotonic()
+        if self.heartbeat_path is None or (not force and now - self._beaten < HEARTBEAT_SECONDS):
+            return
+        with self._lock:
+            self._beaten = now
+            line = self.fleet_line()
+        try:
+            self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.heartbeat_path.with_suffix(f".{threading.get_ident()}.tmp")
+            temporary.write_text(json.dumps({"at": time.time(), "pid": os.getpid(), **line}))
+            os.replace(temporary, self.heartbeat_path)
+        except OSError as exc:
+            self.log.warning("heartbeat not written", path=str(self.heartbeat_path), error=str(exc)[:200])
 
     def fleet_line(self) -> dict[str, Any]:
         now = self.clock()
@@ -190,10 +237,14 @@ class Governor:
     def run(self, stop: threading.Event, interval_seconds: float, rounds: int | None = None) -> int:
         """Rounds until `stop` (or `rounds` of them); returns how many ran."""
         done = 0
+        self.beat(force=True)
         while not stop.is_set() and (rounds is None or done < rounds):
             report = self.round()
             done += 1
             self.log.info("round", planned=len(report.planned), due=len(report.due), **self.fleet_line())
             if not report.planned:
-                stop.wait(interval_seconds)
+                idle_until = time.monotonic() + interval_seconds
+                while not stop.is_set() and time.monotonic() < idle_until:
+                    self.beat()
+                    stop.wait(min(HEARTBEAT_SECONDS, max(0.0, idle_until - time.monotonic())))
         return done

@@ -18,10 +18,11 @@ from typing import Any
 
 from streamberg.common.changelog import ingest_config
 from streamberg.common.config import FleetConfig, StreambergConfig
+from streamberg.common.config.sealing import export
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
 from streamberg.common.stop import stop_on_signals
-from streamberg.ingest.job import build_job, failure_message, new_run_id, prepare_tables
+from streamberg.ingest.job import build_job, failure_message, job_dump, new_run_id, prepare_tables
 from streamberg.ingest.local.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.local.gateway import python_worker_mode, start_local_gateway
 from streamberg.ingest.local.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
@@ -49,6 +50,8 @@ def run_ingest(config: StreambergConfig, parallelism: int | None = None, max_rec
                duration: float | None = None, progress: bool = True) -> RunOutcome:
     """Run the ingest job; return when a bound is reached (or run until interrupted)."""
     config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
+    # The job graph carries no secret: the workers started below read them from the environment.
+    export(job_dump(config))
     worker_mode = python_worker_mode()
     # The slow starts first, before anything else is imported or read: the workers' fork
     # server and the gateway JVM come up while the driver prepares the tables.
@@ -67,6 +70,7 @@ def run_fleet_ingest(fleet: FleetConfig, parallelism: int | None = None, max_rec
     from streamberg.ingest.job import _run_config
 
     base = ingest_config(_run_config(fleet.model_dump(mode="json", by_alias=True)))
+    export(job_dump(base, fleet))  # the job graph carries no secret: the workers read the environment
     worker_mode = python_worker_mode()
     with _python_workers(base, worker_mode) as fork_server:
         start_local_gateway(base)

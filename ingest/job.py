@@ -35,6 +35,7 @@ from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeCo
 
 from streamberg.common.changelog import ingest_config
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, dump_config
+from streamberg.common.config.sealing import seal, unseal
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
 from streamberg.ingest.fleet import FleetWriter
@@ -60,8 +61,9 @@ class WriterFunction(FlatMapFunction):
         index = runtime_context.get_index_of_this_subtask()
         parallelism = runtime_context.get_number_of_parallel_subtasks()
         with _failure_logged("writers", subtask=index):
-            fleet = _fleet_of(self.config_dump)
-            config = _run_config(self.config_dump)
+            dump = unseal(self.config_dump)  # the job graph carries no secret: this worker's environment does
+            fleet = _fleet_of(dump)
+            config = _run_config(dump)
             self.folder = folder = RunFolder.of(config, self.run_id)
             self.writer = (FleetWriter(fleet, index, parallelism, self.run_id) if fleet is not None
                            else IngestWriter(config, index, parallelism, self.run_id))
@@ -105,9 +107,10 @@ class CommitterFunction(MapFunction):
             self.log_target.configure()
         _log_restart(runtime_context, "committer")
         with _failure_logged("committer"):
-            fleet = _fleet_of(self.config_dump)
+            dump = unseal(self.config_dump)
+            fleet = _fleet_of(dump)
             self.committer = (FleetCommitter(fleet, self.parallelism, self.run_id) if fleet is not None
-                              else Committer(config_from_dump(self.config_dump), self.parallelism, self.run_id))
+                              else Committer(config_from_dump(dump), self.parallelism, self.run_id))
             self.committer.open()
 
     def map(self, unit: Any) -> int:
@@ -215,7 +218,7 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: 
         start_local_gateway(config).join()
     env = StreamExecutionEnvironment.get_execution_environment(
         flink_configuration(config, parallelism, cluster, python_workers))
-    dump = dump_config(config) if fleet is None else fleet.model_dump(mode="json", by_alias=True)
+    dump, _ = seal(job_dump(config, fleet))  # secrets stay in the environment (common/config/sealing.py)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
     units = (ticks.flat_map(WriterFunction(dump, run_id, log_target), output_type=Types.PICKLED_BYTE_ARRAY())
              .name("writers").set_parallelism(parallelism))
@@ -226,6 +229,11 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: 
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
+
+
+def job_dump(config: StreambergConfig, fleet: FleetConfig | None = None) -> dict[str, Any]:
+    """The configuration a job's operators are built from, as data (its secrets not sealed yet)."""
+    return dump_config(ingest_config(config)) if fleet is None else fleet.model_dump(mode="json", by_alias=True)
 
 
 def new_run_id() -> str:

@@ -98,11 +98,11 @@ def test_connect_reports_what_each_component_answered(tmp_path: Path, broker: st
     # A REST catalog with the wrong secret: refused, the secret not shown.
     rest = _write(tmp_path / "rest.yaml", {**base, "catalog": {
         "name": "chkrest", "type": "rest", "uri": rest_catalog.url, "warehouse": "tests",
-        "credential": f"streamberg-tests:{SECRET}"}})
+        "credential": f"streamberg-tests:{SECRET}", "allow_insecure": True}})
     proc = streamberg("check", "--config", str(rest), "--connect", check=False)
     assert proc.returncode == 1 and "catalog  FAILED" in proc.stdout, proc.stdout
     assert SECRET not in proc.stdout + proc.stderr
     good = _write(tmp_path / "rest-ok.yaml", {**base, "catalog": {
         "name": "chkrest", "type": "rest", "uri": rest_catalog.url, "warehouse": "tests",
-        "credential": rest_catalog.credential}})
+        "credential": rest_catalog.credential, "allow_insecure": True}})
     assert streamberg("check", "--config", str(good), "--connect").returncode == 0

@@ -43,7 +43,8 @@ def _config(tmp_path: Path, broker: str, url: str, secret_file: Path, topic: str
     document = {
         "kafka": {"bootstrap_servers": broker, "topic": topic},
         "catalog": {"name": f"rest{uuid.uuid4().hex[:6]}", "type": "rest", "uri": url, "warehouse": "tests",
-                    "credential_file": str(secret_file)},
+                    "credential_file": str(secret_file),
+                    "allow_insecure": True},  # the stand-in serves plain http on loopback
         "table": {"identifier": "web.events", "schema": EVENT_SCHEMA,
                   "partition_spec": [{"source": "ts", "transform": "day"}]},
         "ingest": {"commit_interval_seconds": 1, "parallelism": 2, "state_dir": "state", "max_poll_records": 500},
@@ -67,10 +68,17 @@ def test_rest_catalog_config_is_checked_at_load(tmp_path: Path) -> None:
         ({"uri": "sqlite:///x.db", "credential": "a:b"}, "REST catalog"),
         ({"type": "nessie", "uri": "thrift://h:9083"}, "catalog.type"),
         ({"type": "hive", "uri": "thrift://h:9083"}, "catalog.warehouse"),
+        # A credential or token over plain http (issue 38, item 11): refused, naming the fix.
+        ({"type": "rest", "uri": "http://polaris.example/api/catalog", "credential": "a:b"}, "allow_insecure"),
+        ({"type": "rest", "uri": "https://p.example", "oauth2_server_uri": "http://idp.example/token",
+          "token_file": "/run/token"}, "plain http"),
     ):
         with pytest.raises(ConfigError) as error:
             load(catalog)
         assert expect in str(error.value) and "\n" not in str(error.value).strip(), (catalog, str(error.value))
+    load({"type": "rest", "uri": "http://127.0.0.1:8181", "credential": "a:b", "allow_insecure": True, "warehouse": "w"})
+    with pytest.raises(ConfigError, match="catalog.warehouse: a REST catalog serves named warehouses"):
+        load({"type": "rest", "uri": "https://polaris.example/api/catalog"})  # issue 38, item 12
     load({"type": "rest", "uri": "https://polaris.example/api/catalog", "warehouse": "prod"})
     assert load_config(tmp_path / "c.yaml").catalog.warehouse == "prod"  # a server's name, not a path
 

@@ -234,6 +234,29 @@ class FleetDefaults(_Section):
     # Ingest settings of every table (commit_interval_seconds, ...): one job commits them all.
     ingest: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _known_keys(self) -> FleetDefaults:
+        """A wrong key is named where it is written (defaults.table.X), not once per route."""
+        from pydantic import ValidationError
+
+        from streamberg.common.config.sections import IngestConfig
+        from streamberg.common.config.table import TableConfig
+
+        settable = {name for name, f in TableConfig.model_fields.items()} | \
+            {f.alias for f in TableConfig.model_fields.values() if f.alias}
+        for key in self.table:
+            if key in ("identifier", "schema", "schema_"):
+                raise ValueError(f"table.{key}: each route gives its own (tables[].{key.rstrip('_')})")
+            if key not in settable:
+                raise ValueError(f"table.{key}: not a table setting (those are {', '.join(sorted(settable - {'identifier', 'schema', 'schema_'}))})")
+        try:
+            IngestConfig.model_validate(self.ingest)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"ingest.{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        return self
+
 
 def check_routes(routes: list[RouteConfig]) -> None:
     """Refuse routes that could claim one topic or make one table (ValueError naming them)."""
@@ -290,6 +313,21 @@ class FleetConfig(_Section):
     run: dict[str, Any] = Field(default_factory=dict)
     govern: dict[str, Any] = Field(default_factory=dict)
     config_path: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_table_sections(cls, data: Any) -> Any:
+        """A single-table section in a config of many: say where its settings go."""
+        if isinstance(data, dict):
+            moved = {"table": "each table's identifier and schema go in its tables[] entry, settings every table "
+                              "shares in defaults.table",
+                     "ingest": "the ingest settings of a config of many go in defaults.ingest (one job commits "
+                               "every table)",
+                     "dead_letter": "each table's dead letters go to <table>_dead_letters"}
+            for key, where in moved.items():
+                if key in data:
+                    raise ValueError(f"{key}: a config of many tables (tables:) has no {key} section: {where}")
+        return data
 
     @model_validator(mode="after")
     def _routes(self) -> FleetConfig:

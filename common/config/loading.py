@@ -220,6 +220,13 @@ def _env_error(exc: SettingsError) -> ConfigError:
                        f"(a section or a mapping/list key is given as JSON)")
 
 
+def config_document(path: str | Path) -> dict[str, Any]:
+    """The file as written (no paths resolved, no defaults, no environment): what a tool
+    that rewrites a config for elsewhere (`deploy k8s`) must read. Not a mapping: {}."""
+    raw = _parse_yaml(Path(path), _read_config_text(Path(path)))
+    return raw if isinstance(raw, dict) else {}
+
+
 def is_fleet(path: str | Path) -> bool:
     """Whether the file declares many tables (`tables:`; common/config/fleet.py)."""
     raw = _parse_yaml(Path(path), _read_config_text(Path(path)))

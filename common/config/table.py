@@ -88,6 +88,9 @@ class CatalogConfig(_Section):
     # rest: the token endpoint (default: <uri>/v1/oauth/tokens) and the scope asked for.
     oauth2_server_uri: Text | None = None
     scope: Text | None = None
+    # rest: a credential or token is never sent over plain http:// (uri, oauth2_server_uri)
+    # unless this is true (a stand-in on loopback, a mesh that encrypts underneath).
+    allow_insecure: Bool = False
     # streamberg's own small tables (the compactor's leases, the maintenance runs): in the
     # catalog's database for sql; otherwise in this SQLAlchemy database (default: a SQLite file
     # .streamberg/state.db beside the config; PostgreSQL when compactors run on several hosts).
@@ -103,7 +106,8 @@ class CatalogConfig(_Section):
                 raise ValueError("uri: must be a SQLAlchemy URI such as sqlite:///catalog.db or "
                                  "postgresql+psycopg2://u:p@host/db")
             rest_only = [k for k in ("credential", "credential_file", "token", "token_file", "oauth2_server_uri",
-                                     "scope", "state_uri") if getattr(self, k) is not None]
+                                     "scope", "state_uri") if getattr(self, k) is not None] \
+                + (["allow_insecure"] if self.allow_insecure else [])
             if rest_only:
                 raise ValueError(f"{', '.join(rest_only)}: keys of a REST catalog (catalog.type: rest); a SQL "
                                  "catalog's credentials go in its uri")
@@ -117,10 +121,18 @@ class CatalogConfig(_Section):
             if value is not None and not re.fullmatch(r"https?://\S+", value):
                 raise ValueError(f"{key}: an http(s) URL")
         if self.credential is not None and ":" not in self.credential:
-            raise ValueError("credential: client_id:client_secret")
+            raise ValueError("credential: must be client_id:client_secret, an OAuth2 client's id and secret joined by "
+                             "':' (the value given has no ':'; for a bearer token use catalog.token)")
         given = [k for k in ("credential", "credential_file", "token", "token_file") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"{', '.join(given)}: give one way to authenticate")
+        plain = [k for k in ("uri", "oauth2_server_uri") if str(getattr(self, k) or "").lower().startswith("http://")]
+        if given and plain and not self.allow_insecure:
+            raise ValueError(f"{plain[0]}: {given[0]} would be sent over plain http://; use https://, or set "
+                             "catalog.allow_insecure: true where the link is private (loopback, an encrypting mesh)")
+        if "warehouse" not in self.model_fields_set:
+            raise ValueError("warehouse: a REST catalog serves named warehouses: give the one to use (its name, or the "
+                             "location its server expects); the default, a local folder, means nothing to a server")
         return self
 
     def _metastore_keys(self) -> CatalogConfig:

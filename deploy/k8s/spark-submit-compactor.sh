@@ -5,7 +5,7 @@
 #   K8S_API=https://kubernetes.example.com:6443 IMAGE=registry.example.com/streamberg-spark:0.1.0 \
 #     deploy/k8s/spark-submit-compactor.sh --once          # or no flag: keep watching
 #
-# Needs: the image (deploy/k8s/Dockerfile --target spark), deploy/k8s/streamberg-config.yaml
+# Needs: the image (deploy/k8s/Dockerfile.spark), deploy/k8s/streamberg-config.yaml
 # and deploy/k8s/spark-compactor.yaml applied in NAMESPACE, and a local Spark 3.5 to submit
 # with (the repo's .venv has one: pyspark/bin/spark-submit).
 # Arguments after the script's name go to `streamberg compact` (cli/spark_submit.py, the same

@@ -64,16 +64,68 @@ SCHEMAS = {
 }
 
 
+def _as_pod(template: dict[str, Any]) -> None:
+    """A pod template the CRD leaves open, checked as a core Pod (containers need an image)."""
+    spec = copy.deepcopy(template["spec"])
+    for container in spec.get("containers", []):
+        container.setdefault("image", "image")
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template"}, "spec": spec},
+                                 K8S_VERSION, strict=True)
+
+
 def validate(document: dict[str, Any]) -> None:
     kind = document["kind"]
     if kind in SCHEMAS:
         jsonschema.validate(document, SCHEMAS[kind](), cls=jsonschema.Draft7Validator)
-        if kind == "FlinkDeployment":  # its podTemplate is a core Pod the CRD leaves open
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template"},
-                   **document["spec"]["podTemplate"]}
-            kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        if kind == "FlinkDeployment":  # its pod templates are core Pods the CRD leaves open
+            _as_pod(document["spec"]["podTemplate"])
+            for role in ("jobManager", "taskManager"):
+                if "podTemplate" in document["spec"][role]:
+                    _as_pod(document["spec"][role]["podTemplate"])
+        if kind == "SparkApplication":
+            for role in ("driver", "executor"):
+                if "template" in document["spec"][role]:
+                    _as_pod(document["spec"][role]["template"])
         return
     kubernetes_validate.validate(document, K8S_VERSION, strict=True)
+
+
+def pods(document: dict[str, Any]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(pod security context, containers) of every pod an object makes."""
+    spec = document.get("spec", {})
+    if document["kind"] == "FlinkDeployment":
+        template = spec["podTemplate"]["spec"]
+        roles = [spec[r]["podTemplate"]["spec"]["containers"][0] for r in ("jobManager", "taskManager")]
+        merged = [{**template["containers"][0], **role} for role in roles]
+        return [(template["securityContext"], [c]) for c in merged]
+    if document["kind"] == "SparkApplication":
+        return [(spec[r]["podSecurityContext"], [{**spec[r], **spec[r]["template"]["spec"]["containers"][0]}])
+                for r in ("driver", "executor")]
+    if document["kind"] == "Deployment":
+        template = spec["template"]["spec"]
+        return [(template["securityContext"], template["containers"])]
+    return []
+
+
+def assert_hardened(documents: list[dict[str, Any]]) -> None:
+    """Every pod: non-root, read-only root, no capabilities, no escalation; every container a
+    probe of each kind where it serves (the executors are Spark's own), resources."""
+    for document in documents:
+        for pod_security, containers in pods(document):
+            assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] > 0, document["metadata"]
+            for container in containers:
+                security = container["securityContext"]
+                assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+                assert security["capabilities"]["drop"] == ["ALL"], document["metadata"]
+                if not container["name"].endswith("executor"):
+                    assert "livenessProbe" in container and "readinessProbe" in container, \
+                        (document["metadata"]["name"], container["name"])
+        if document["kind"] == "Deployment":
+            assert document["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        if document["kind"] == "SparkApplication":
+            assert document["spec"]["driver"]["memoryLimit"] and document["spec"]["driver"]["coreLimit"]
+        if document["kind"] == "FlinkDeployment":
+            assert all(document["spec"][r]["resource"]["memory"] for r in ("jobManager", "taskManager"))
 
 
 def _config(tmp_path: Path, **kafka: Any) -> Path:
@@ -81,15 +133,20 @@ def _config(tmp_path: Path, **kafka: Any) -> Path:
     path.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": "kafka:9092", "topic": "users", **kafka},
         "catalog": {"name": "lake", "type": "rest", "uri": "https://polaris.example/api/catalog",
-                    "warehouse": "s3://lake/warehouse"},
+                    "warehouse": "s3://lake/warehouse", "state_uri": "postgresql://streamberg@db:5432/state"},
         "table": {"identifier": "shop.users", **({"primary_key": ["id"]} if kafka.get("envelope") else {}),
                   "schema": [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"}]},
         "ingest": {"parallelism": 3}}))
     return path
 
 
+IMAGES = ("--flink-image", "registry.example.com/streamberg-flink:0.1.0",
+          "--spark-image", "registry.example.com/streamberg-spark:0.1.0")
+
+
 def _deploy(path: Path, *flags: str) -> list[dict[str, Any]]:
-    proc = streamberg("deploy", "k8s", "--config", str(path), "--namespace", "data", *flags)
+    proc = streamberg("deploy", "k8s", "--config", str(path), "--namespace", "data", *IMAGES, *flags)
+    assert "warning" not in proc.stderr or "--state-claim" in proc.stderr, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
@@ -112,15 +169,29 @@ def test_every_manifest_validates_and_says_what_the_config_says(tmp_path: Path) 
     assert conf["execution.checkpointing.interval"] and conf["taskmanager.numberOfTaskSlots"] == "3"
     assert flink["job"]["args"][:2] == ["-pym", "streamberg.cli.flink_submit"]
 
-    # A primary-key table: the merge runs beside the compactor and maintenance, each the one entry.
+    # The governor keeps the table: one SparkApplication running `govern`, its probes the heartbeat.
     apps = {a["metadata"]["name"]: a["spec"] for a in by_kind["SparkApplication"]}
-    assert sorted(apps) == ["streamberg-compact", "streamberg-maintain", "streamberg-merge"]
-    for name, spec in apps.items():
-        assert spec["arguments"][0] == name.removeprefix("streamberg-")
-        assert spec["restartPolicy"]["type"] == "Always"
-        assert spec["mainApplicationFile"] == "local:///opt/streamberg/spark_submit.py"
-    dockerfile = (Path(__file__).parents[2] / "deploy" / "k8s" / "Dockerfile").read_text()
+    assert sorted(apps) == ["streamberg-govern"]
+    governor = apps["streamberg-govern"]
+    assert governor["arguments"][:3] == ["govern", "--config", "/etc/streamberg/streamberg.yaml"]
+    assert governor["restartPolicy"]["type"] == "Always"
+    assert governor["mainApplicationFile"] == "local:///opt/streamberg/spark_submit.py"
+    probe = governor["driver"]["template"]["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
+    assert probe[-1] == "--health" and "govern" in probe
+    dockerfile = (Path(__file__).parents[2] / "deploy" / "k8s" / "Dockerfile.spark").read_text()
     assert "/opt/streamberg/spark_submit.py" in dockerfile  # the image has the file the apps name
+    assert_hardened(documents)
+    # Relative state paths go on the state volume, by the environment every pod has.
+    env = {e["name"]: e["value"] for e in governor["driver"]["env"]}
+    assert env["STREAMBERG_INGEST__STATE_DIR"].startswith("/var/lib/streamberg/")
+    assert env["STREAMBERG_COMPACTOR__CHECKPOINT_DIR"] == "s3://lake/warehouse/_streamberg/compactor-checkpoint"
+
+    # For one table, the components instead: compact, maintain and (a primary-key table) merge.
+    components = {a["metadata"]["name"]: a["spec"] for a in _deploy(path, "--keepers", "components")
+                  if a["kind"] == "SparkApplication"}
+    assert sorted(components) == ["streamberg-compact", "streamberg-maintain", "streamberg-merge"]
+    for name, spec in components.items():
+        assert spec["arguments"][0] == name.removeprefix("streamberg-")
 
     # The ConfigMap holds the config as given, and it loads.
     text = by_kind["ConfigMap"][0]["data"]["streamberg.yaml"]
@@ -130,9 +201,9 @@ def test_every_manifest_validates_and_says_what_the_config_says(tmp_path: Path) 
 
 
 def test_an_event_table_has_no_merge_and_a_broken_manifest_is_caught(tmp_path: Path) -> None:
+    assert [d["metadata"]["name"] for d in _deploy(_config(tmp_path), "--keepers", "components")
+            if d["kind"] == "SparkApplication"] == ["streamberg-compact", "streamberg-maintain"]
     documents = _deploy(_config(tmp_path))
-    assert [d["metadata"]["name"] for d in documents if d["kind"] == "SparkApplication"] == \
-        ["streamberg-compact", "streamberg-maintain"]
     # The validation can fail: a misspelled field of each kind is refused.
     for document in documents:
         broken = copy.deepcopy(document)
@@ -166,3 +237,77 @@ def test_the_example_manifests_in_deploy_k8s_validate_too() -> None:
     assert {d["kind"] for d in documents} >= {"FlinkDeployment", "ConfigMap"}
     for document in documents:
         validate(document)
+
+
+def test_a_config_of_many_is_deployed_whole(tmp_path: Path) -> None:
+    """Issue 38, item 10: examples/fleet.yaml (a SQLite catalog and a local warehouse, so a
+    shared claim) gets the ingest, the governor keeping every table, the exporter; every pod
+    hardened and probed; every manifest valid."""
+    example = Path(__file__).parents[2] / "examples" / "fleet.yaml"
+    path = tmp_path / "fleet.yaml"
+    path.write_text(example.read_text())
+    refused = streamberg("deploy", "k8s", "--config", str(path), *IMAGES, check=False)
+    assert refused.returncode != 0 and "--state-claim" in refused.stderr and "Traceback" not in refused.stderr
+    documents = _deploy(path, "--state-claim", "streamberg-state")
+    for document in documents:
+        validate(document)
+    assert_hardened(documents)
+    kinds = sorted(d["kind"] for d in documents)
+    assert kinds == ["ConfigMap", "Deployment", "FlinkDeployment", "Service", "SparkApplication"], kinds
+    governor = next(d for d in documents if d["kind"] == "SparkApplication")["spec"]
+    assert governor["arguments"][0] == "govern"
+    assert {v["name"]: v for v in governor["volumes"]}["streamberg-state"]["persistentVolumeClaim"] == \
+        {"claimName": "streamberg-state"}
+    env = {e["name"]: e["value"] for e in governor["driver"]["env"]}
+    assert env["STREAMBERG_CATALOG__URI"] == "sqlite:////var/lib/streamberg/.streamberg/fleet/catalog.db"
+    assert env["STREAMBERG_CATALOG__WAREHOUSE"] == "file:///var/lib/streamberg/.streamberg/fleet/warehouse"
+    assert env["STREAMBERG_INGEST__STATE_DIR"] == "/var/lib/streamberg/.streamberg/fleet/state"
+    flink = next(d for d in documents if d["kind"] == "FlinkDeployment")["spec"]
+    assert flink["flinkConfiguration"]["high-availability.storageDir"] == "file:///var/lib/streamberg/flink/ha"
+    # The environment the pods get is what the config of many takes: every table's.
+    import os
+
+    from streamberg.common.config import config_from_dump, load_fleet
+    saved = dict(os.environ)
+    try:
+        os.environ.update(env)
+        fleet = load_fleet(path)
+        one = config_from_dump(fleet.document(fleet.tables[0], "orders"))
+        assert one.ingest.state_dir == env["STREAMBERG_INGEST__STATE_DIR"]
+        assert one.catalog.uri == env["STREAMBERG_CATALOG__URI"]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_images_state_paths_and_secret_files_are_said_or_refused(tmp_path: Path) -> None:
+    path = _config(tmp_path)
+    proc = streamberg("deploy", "k8s", "--config", str(path))
+    assert "REPLACE-ME.invalid" in proc.stdout and "--flink-image" in proc.stderr  # loudly a placeholder
+    assert proc.stdout.count("# WARNING") >= 1
+    # A REST catalog's state database as a SQLite file: one pod's alone, refused with the fix.
+    document = yaml.safe_load(path.read_text())
+    document["catalog"]["state_uri"] = "sqlite:///state.db"
+    path.write_text(yaml.safe_dump(document))
+    refused = streamberg("deploy", "k8s", "--config", str(path), *IMAGES, check=False)
+    assert refused.returncode != 0 and "postgresql://" in refused.stderr
+    document["catalog"]["state_uri"] = "postgresql://streamberg@db:5432/state"
+    document["ingest"]["state_dir"] = "/srv/state"  # a path in the image: read-only there
+    path.write_text(yaml.safe_dump(document))
+    refused = streamberg("deploy", "k8s", "--config", str(path), *IMAGES, check=False)
+    assert refused.returncode != 0 and "ingest.state_dir" in refused.stderr and "read-only" in refused.stderr
+    # credential_file: the Secret's key mounted as a file, the config pointed at it.
+    del document["ingest"]["state_dir"]
+    document["catalog"]["credential_file"] = "secrets/rest-credential"
+    path.write_text(yaml.safe_dump(document))
+    documents = _deploy(path)
+    for d in documents:
+        validate(d)
+    governor = next(d for d in documents if d["kind"] == "SparkApplication")["spec"]
+    files = {v["name"]: v for v in governor["volumes"]}["streamberg-secret-files"]["secret"]
+    assert files["secretName"] == "streamberg-secrets" and files["items"] == [
+        {"key": "catalog-credential", "path": "credential"}] and files["defaultMode"] == 0o400
+    env = {e["name"]: e["value"] for e in governor["driver"]["env"]}
+    assert env["STREAMBERG_CATALOG__CREDENTIAL_FILE"] == "/etc/streamberg-secrets/credential"
+    mounts = {m["mountPath"]: m for m in governor["driver"]["volumeMounts"]}
+    assert mounts["/etc/streamberg-secrets"]["readOnly"] is True

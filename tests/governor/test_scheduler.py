@@ -112,7 +112,7 @@ def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     for bad in ("streamberg.cluster.strategy=spiral", "streamberg.nope=1", "write.format.default=orc", "no-equals"):
         proc = streamberg("table", "--config", str(path), "--set", "streamberg.compact.enabled=false", "--set", bad,
                           check=False)
-        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (bad, proc.stderr)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (bad, proc.stderr)  # a usage error
         assert properties() == before, bad
     streamberg("table", "--config", str(path), "--set", "streamberg.cluster.columns=user_id,city",
                "--set", "streamberg.cluster.strategy=hilbert")
@@ -123,7 +123,7 @@ def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     for bad in ("streamberg.snapshots.keep=0", "streamberg.retention.days=3", "streamberg.compact.merge_factor=1"):
         proc = streamberg("table", "--config", str(path), "--set", "streamberg.compact.min_files=3", "--set", bad,
                           check=False)
-        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (bad, proc.stderr)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (bad, proc.stderr)  # a usage error
         assert bad.split("=")[0] in proc.stderr and "streamberg.compact.min_files" not in properties(), bad
     streamberg("table", "--config", str(path), "--set", "streamberg.retention.column=ts", "--set",
                "streamberg.retention.days=3")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.expressions import EqualTo
 
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.flink
 
 RECORDS = 30_000
 PARTITIONS = 4
+JOB_SECRET = "sealed-Qx81-secret"
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,11 @@ def ingested(tmp_path_factory: pytest.TempPathFactory, broker: str):
     directory = tmp_path_factory.mktemp("e2e")
     path = write_config(directory, broker, "e2e-events", partition_spec=[
         {"source": "ts", "transform": "day"}, {"source": "user_id", "transform": "bucket[4]"}])
+    # A secret in the consumer settings (unused on a plaintext broker): the job graph must not
+    # carry it, the workers take it from their environment (common/config/sealing.py).
+    document = yaml.safe_load(path.read_text())
+    document["kafka"]["consumer"] = {"ssl.key.password": JOB_SECRET}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, PARTITIONS)
     produced = produce_events(config, RECORDS, bad_fraction=0.01)
@@ -161,3 +168,25 @@ def test_duration_bound_drains_records_in_flight_and_a_rerun_adds_nothing(ingest
     after = json.loads(streamberg("table", "--config", str(path), "--json").stdout)
     assert after["snapshots"] == settled["snapshots"]  # no empty snapshots
     assert table_ids(config) == sorted(produced.valid_ids + extra.valid_ids)
+
+
+def test_the_job_graph_carries_no_secret(ingested) -> None:
+    """The operators a job pickles hold a marker where the secret was; a worker rebuilds the
+    config from its own environment (issue 38, item 11), and the run above read every record."""
+    import cloudpickle
+
+    from streamberg.common.config.sealing import MARK, seal, unseal
+    from streamberg.ingest.job import WriterFunction, job_dump
+
+    config, _, _, outcome, stderr = ingested
+    sealed, found = seal(job_dump(config))
+    pickled = cloudpickle.dumps(WriterFunction(sealed, "run", None))
+    assert JOB_SECRET.encode() not in pickled and MARK.encode() in pickled
+    assert found == {"STREAMBERG_KAFKA__CONSUMER__SSL.KEY.PASSWORD": JOB_SECRET}
+    assert unseal(sealed, found)["kafka"]["consumer"]["ssl.key.password"] == JOB_SECRET
+    # It travels under a name a shell keeps (PyFlink's runner script is one).
+    from streamberg.common.config.sealing import carried_name
+
+    assert unseal(sealed, {carried_name(n): v for n, v in found.items()})["kafka"]["consumer"]["ssl.key.password"] \
+        == JOB_SECRET and carried_name(next(iter(found))).replace("_", "").isalnum()
+    assert outcome["consumed"] == RECORDS and JOB_SECRET not in stderr

@@ -87,6 +87,9 @@ def test_exporter_serves_scrapes_until_ctrl_c(scenario: Scenario) -> None:
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "exporter did not come up"
                 time.sleep(0.2)
+        # /healthz answers at once, without collecting (a pod's probes).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200 and response.read() == b"ok\n"
         got = samples(text)
         lag = got[("streamberg_ingest_lag_records", (("partition", "0"), ("table", scenario.config.table.identifier),
                                                      ("topic", scenario.config.kafka.topic)))]

@@ -20,6 +20,8 @@ from tests.runbooks.drill import RUNBOOKS, SECTIONS, Page, pages
 SAMPLE_VALUES = {
     "CONFIG": "streamberg.yaml",
     "WHY": "RESET MASTER on db1",
+    "TABLE": "raw.ev_a",
+    "TOPIC": "ev.a_dead_letters",
     "PARTITION": "0",
     "FROM": "10",
     "TO": "20",
@@ -32,7 +34,7 @@ PAGES = pages()
 
 
 def test_there_is_a_page_per_situation_of_the_issue() -> None:
-    assert len(PAGES) == 13, [p.path.name for p in PAGES]
+    assert len(PAGES) == 16, [p.path.name for p in PAGES]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.path.name)
