@@ -86,11 +86,11 @@ def _broker(kafka: dict[str, Any], wanted: list[str], patterns: list[str], timeo
 
 def _catalog(config: StreambergConfig, identifiers: list[str]) -> Probe:
     from streamberg.common.catalog import open_catalog_readonly
+    from streamberg.common.catalog_kinds import kind_of
 
-    where = {"glue": f"glue {config.catalog.properties.get('glue.region', '(region from the environment)')}",
-             "rest": f"rest {config.catalog.uri}", "hive": f"hive {config.catalog.uri}"}.get(
-        config.catalog.type, f"sql {config.catalog.uri}")
-    if config.catalog.type == "sql" and config.catalog.uri.startswith("sqlite"):
+    kind = kind_of(config.catalog)
+    where = kind.describe(config.catalog)
+    if "uri" in kind.local_paths and config.catalog.uri.startswith("sqlite"):
         from sqlalchemy.engine import make_url
 
         database = make_url(config.catalog.uri).database

@@ -53,6 +53,7 @@ from streamberg.cli.k8s_manifests import (
     metrics_exporter,
     spark_application,
 )
+from streamberg.common.catalog_kinds import kind_of
 from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
 from streamberg.common.config.loading import config_document
@@ -106,8 +107,7 @@ def _plan(args: argparse.Namespace, document: dict[str, Any], fleet: bool, confi
         raise CommandError(f"compactor.checkpoint_dir: {checkpoint} is a path inside the image; leave it unset or "
                            "relative, or give an object-store URL")
 
-    kind = catalog.get("type", "sql")
-    if kind == "sql":
+    if kind_of(config.catalog).state_in_catalog:  # the catalog's database holds streamberg's tables too
         uri = catalog.get("uri", "sqlite:///.streamberg/catalog.db")
         if str(uri).startswith("sqlite:"):
             if not args.state_claim:

@@ -88,16 +88,24 @@ def open_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int = 
     `streamberg table`) must never do that: a mistyped path would be hidden behind a new,
     empty catalog. Raises CatalogUnreachable, in one redacted sentence, otherwise.
     """
-    if config.type in ("glue", "hive"):  # the service's own: nothing to create here
-        return _metastore_catalog(config)
-    if config.type == "rest":  # creating nothing is the server's business: one round trip
-        catalog = _rest_catalog(config)
-        try:
-            catalog.list_namespaces()
-        except Exception as exc:
-            raise CatalogUnreachable(f"REST catalog {redact(config.uri)} cannot be read: "
-                                     f"{redact(first_line(exc))}") from exc
-        return catalog
+    from streamberg.common.catalog_kinds import kind_of
+
+    return kind_of(config).open_readonly(config, connect_timeout_seconds)
+
+
+def open_rest_catalog_readonly(config: CatalogConfig) -> Catalog:
+    """Creating nothing is the server's business: one round trip."""
+    catalog = open_rest_catalog(config)
+    try:
+        catalog.list_namespaces()
+    except Exception as exc:
+        raise CatalogUnreachable(f"REST catalog {redact(config.uri)} cannot be read: "
+                                 f"{redact(first_line(exc))}") from exc
+    return catalog
+
+
+def open_sql_catalog_readonly(config: CatalogConfig, connect_timeout_seconds: int) -> Catalog:
+    """The SQL catalog's database as it is: a missing SQLite file is an error, not a new catalog."""
     sqlite = _sqlite_path(config.uri)
     if sqlite is not None and not Path(sqlite).is_file():
         raise CatalogUnreachable(f"catalog database {sqlite} does not exist")
@@ -171,26 +179,19 @@ def rest_properties(config: CatalogConfig) -> dict[str, str]:
     return props
 
 
-def _metastore_catalog(config: CatalogConfig) -> Catalog:
-    """pyiceberg's Glue or Hive catalog, deleting old metadata files after each commit as
-    the SQL catalog does (common/metadata_files.py). Their clients connect on creation or
-    first call: an unreachable service surfaces as one redacted sentence."""
-    from streamberg.common.metadata_files import pruning_catalog_class
-
-    props = {"warehouse": config.warehouse, **config.properties}
-    if config.type == "hive":
-        props["uri"] = config.uri
+def open_metastore_catalog(config: CatalogConfig, catalog_class: type, props: dict[str, str], where: str) -> Catalog:
+    """pyiceberg's Glue or Hive catalog (`catalog_class`, common/metadata_files.py: deleting old
+    metadata files after each commit as the SQL catalog does). Their clients connect on
+    creation or first call: an unreachable service surfaces as one redacted sentence."""
     try:
-        catalog = pruning_catalog_class(config.type)(config.name, **props)
+        catalog = catalog_class(config.name, **{"warehouse": config.warehouse, **config.properties, **props})
         catalog.list_namespaces()
     except Exception as exc:  # noqa: BLE001 - no credentials, no route, a refusal: one clear sentence
-        where = config.uri if config.type == "hive" else f"Glue ({config.properties.get('glue.region', 'region from the environment')})"
-        raise CatalogUnreachable(f"{config.type} catalog {redact(where)} cannot be used: "
-                                 f"{type(exc).__name__}: {redact(first_line(exc))}") from None
+        raise CatalogUnreachable(f"{where} cannot be used: {type(exc).__name__}: {redact(first_line(exc))}") from None
     return catalog
 
 
-def _rest_catalog(config: CatalogConfig) -> Catalog:
+def open_rest_catalog(config: CatalogConfig) -> Catalog:
     """pyiceberg's REST client: it fetches /v1/config (and a token) on creation, so an
     unreachable server or refused credentials surface here, in one redacted sentence."""
     from pyiceberg.catalog.rest import RestCatalog
@@ -209,7 +210,9 @@ def warehouse_location(config: CatalogConfig, catalog: Catalog) -> str | None:
     """Where the catalog keeps its tables, as a location: the SQL catalog's warehouse; for a
     REST catalog the warehouse its server states (the client's properties after /v1/config)
     when that is a location, else None (a warehouse known by name only)."""
-    if config.type != "rest":
+    from streamberg.common.catalog_kinds import kind_of
+
+    if not kind_of(config).warehouse_named_by_server:
         return config.warehouse
     for key in ("warehouse", "default-base-location"):  # the latter: Polaris's name for it
         stated = str(catalog.properties.get(key, ""))
@@ -221,11 +224,14 @@ def warehouse_location(config: CatalogConfig, catalog: Catalog) -> str | None:
 def state_engine(config: CatalogConfig, catalog: Catalog | None = None) -> sqlalchemy.engine.Engine:
     """The database of streamberg's own small tables (common/private_tables.py): the SQL
     catalog's own, else catalog.state_uri's (one engine per URI in a process)."""
-    if config.type == "sql":
+    from streamberg.common.catalog_kinds import kind_of
+
+    kind = kind_of(config)
+    uri = kind.state_uri(config)
+    if uri is None:  # the catalog's own database
         sql = catalog if catalog is not None else load_catalog(config)
         assert isinstance(sql, SqlCatalog)
         return sql.engine
-    uri = config.state_uri or "sqlite:///.streamberg/state.db"
     with _state_lock:
         engine = _state_engines.get(uri)
         if engine is None:
@@ -243,10 +249,15 @@ _state_lock = threading.Lock()
 
 
 def load_catalog(config: CatalogConfig) -> Catalog:
-    if config.type == "rest":
-        return _rest_catalog(config)
-    if config.type in ("glue", "hive"):
-        return _metastore_catalog(config)
+    """The catalog of `config`, for work: its kind's own opening (common/catalog_kinds.py)."""
+    from streamberg.common.catalog_kinds import kind_of
+
+    return kind_of(config).open(config)
+
+
+def open_sql_catalog(config: CatalogConfig) -> Catalog:
+    """pyiceberg's SqlCatalog, made where it is missing (the SQLite file, its folder, the
+    warehouse folder, the catalog's tables): what a first run needs."""
     if config.uri.startswith("sqlite:"):
         _prepare_sqlite(config.uri)
     if config.warehouse.startswith("file://"):

@@ -136,12 +136,15 @@ class PruningSqlCatalog(PrunesMetadata, SqlCatalog):
     """pyiceberg's SqlCatalog, deleting old metadata files after each commit as Iceberg Java does."""
 
 
-def pruning_catalog_class(kind: str) -> type:
-    """pyiceberg's Glue or Hive catalog with the same pruning (imported on use: boto3, thrift)."""
-    if kind == "glue":
-        from pyiceberg.catalog.glue import GlueCatalog
+def pruning_glue_catalog() -> type:
+    """pyiceberg's Glue catalog with the same pruning (imported on use: boto3)."""
+    from pyiceberg.catalog.glue import GlueCatalog
 
-        return type("PruningGlueCatalog", (PrunesMetadata, GlueCatalog), {})
+    return type("PruningGlueCatalog", (PrunesMetadata, GlueCatalog), {})
+
+
+def pruning_hive_catalog() -> type:
+    """pyiceberg's Hive catalog with the same pruning (imported on use: thrift)."""
     from pyiceberg.catalog.hive import HiveCatalog
 
     return type("PruningHiveCatalog", (PrunesMetadata, HiveCatalog), {})

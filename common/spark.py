@@ -120,28 +120,33 @@ def rest_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
     return props
 
 
-def metastore_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+def _metastore_properties(catalog: CatalogConfig, kind: str, own: dict[str, str], s3: bool) -> dict[str, str]:
     """Iceberg Java's Glue or Hive catalog properties: the same warehouse, the pass-through
     properties (glue.id, glue.endpoint, client.region and the FileIO's own) as pyiceberg's."""
-    props = {"type": catalog.type, "warehouse": catalog.warehouse, "cache-enabled": "false"}
-    if catalog.type == "hive":
-        props["uri"] = catalog.uri
-    if catalog.type == "glue" and "glue.region" in catalog.properties:
-        props["client.region"] = catalog.properties["glue.region"]  # Iceberg Java's name for it
-    if (catalog.type == "glue" or is_s3_warehouse(catalog)) and "io-impl" not in catalog.properties:
+    props = {"type": kind, "warehouse": catalog.warehouse, "cache-enabled": "false", **own}
+    if (s3 or is_s3_warehouse(catalog)) and "io-impl" not in catalog.properties:
         props["io-impl"] = S3_FILE_IO_IMPL
     props.update(catalog.properties)
     return props
 
 
+def glue_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+    region = catalog.properties.get("glue.region")
+    # Iceberg Java names the region client.region; Glue is AWS: S3FileIO whatever the warehouse.
+    return _metastore_properties(catalog, "glue", {"client.region": region} if region else {}, s3=True)
+
+
+def hive_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
+    return _metastore_properties(catalog, "hive", {"uri": catalog.uri}, s3=False)
+
+
 def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
     """Spark conf entries registering `catalog` as a Spark catalog of the same name."""
+    from streamberg.common.catalog_kinds import kind_of
+
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: SPARK_CATALOG_CLASS}
-    props = (rest_catalog_properties(catalog) if catalog.type == "rest"
-             else metastore_catalog_properties(catalog) if catalog.type in ("glue", "hive")
-             else jdbc_catalog_properties(catalog))
-    conf.update({f"{prefix}.{key}": value for key, value in props.items()})
+    conf.update({f"{prefix}.{key}": value for key, value in kind_of(catalog).java_properties(catalog).items()})
     return conf
 
 
@@ -151,17 +156,18 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
     Without a catalog (a shared session whose catalogs are registered later), the PostgreSQL
     driver is added when installed: a JDBC driver must be on the classpath from the start.
     """
+    from streamberg.common.catalog_kinds import kind_of
+
     jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar())]
     if catalog is None:
         try:
             jars.append(str(postgres_jdbc_jar()))
         except MissingJarError:
             pass
-    elif catalog.type == "sql" and make_url(catalog.uri).get_backend_name() in ("postgresql", "postgres"):
-        jars.append(str(postgres_jdbc_jar()))
-    # Glue's client is the AWS SDK v2 too (Iceberg's GlueCatalog is in the runtime jar, the SDK not).
-    if catalog is not None and (is_s3_warehouse(catalog) or catalog.type == "glue"):
-        jars.extend(str(p) for p in spark_s3_jars())
+        return jars
+    jars += [j for j in kind_of(catalog).spark_jars(catalog) if j not in jars]
+    if is_s3_warehouse(catalog):
+        jars += [j for j in (str(p) for p in spark_s3_jars()) if j not in jars]
     return jars
 
 

@@ -28,6 +28,51 @@ pytest_plugins = [
 
 EXPECTED_SKIPS: frozenset[str] = frozenset()
 
+# The tiers, set at collection from what a test uses (its fixtures, and the source of the test
+# and of its fixtures), so no test can forget its marker:
+#   spark  a Spark session (the `spark` fixture)        broker  a Kafka-protocol broker
+#   flink  a PyFlink job (`streamberg ingest`/`run`, run_ingest, a Flink cluster)
+#   chaos  kill -9 and drills, local clusters: the slowest, least parallel tests
+# `make test-fast` runs `-m "not flink and not chaos"`; `make test` runs everything.
+_FLINK_WORDS = ('"ingest", "--config"', "run_ingest(", "run_fleet_ingest(", '"run", "--config"', "flink_submit")
+_CHAOS_WORDS = ("SIGKILL", "kill -9", "killpg", "local-cluster.sh", "test_drills")
+
+
+def _sources(item: pytest.Item) -> str:
+    import inspect
+
+    parts = []
+    for obj in [getattr(item, "function", None),
+                *(d.func for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values()
+                  for d in defs)]:
+        try:
+            parts.append(inspect.getsource(obj))
+        except (OSError, TypeError):
+            continue
+    return "\n".join(parts)
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    names = set(getattr(item, "fixturenames", ()))
+    source = _sources(item)
+    found = {m.name for m in item.iter_markers() if m.name in ("spark", "flink", "broker", "chaos")}
+    if "spark" in names:
+        found.add("spark")
+    if "broker" in names or "mock_kafka" in names:
+        found.add("broker")
+    if any(word in source for word in _FLINK_WORDS):
+        found.add("flink")
+    if any(word in source for word in _CHAOS_WORDS) or "runbooks/test_drills.py" in item.nodeid \
+            or "deploy/test_local_clusters.py" in item.nodeid:
+        found.add("chaos")
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for tier in tiers_of(item) - {m.name for m in item.iter_markers()}:
+            item.add_marker(getattr(pytest.mark, tier))
+
 _unexpected_skips: list[str] = []
 
 

@@ -60,7 +60,9 @@ SECTIONS = {
 }
 # Where the whole configuration is taken apart: a component's services are given their
 # section and the TableTarget, not the whole StreambergConfig.
-COMPOSERS = {"compactor": {"app.py"}, "maintenance": {"app.py"}, "merge": {"app.py"}}
+# An executor (common/keeping.py) is the app's entry for the governor: it composes as app.py does.
+COMPOSERS = {"compactor": {"app.py", "executor.py"}, "maintenance": {"app.py", "executor.py"},
+             "merge": {"app.py", "executor.py"}}
 
 
 def _sections_read(path: Path) -> set[str]:
@@ -206,3 +208,33 @@ def test_decoding_has_one_home() -> None:
     outside = {str(p.relative_to(ROOT)): sorted(_ingest_imports(p) & decoders)
                for p in (ROOT / "ingest").rglob("*.py") if "decode" not in p.relative_to(ROOT).parts}
     assert not {p: m for p, m in outside.items() if m}, f"decoders chosen outside ingest/decode: {outside}"
+
+
+# -- one registry of catalog kinds, one set of tables per config ----------------------------------
+
+_KINDS = {"sql", "rest", "glue", "hive"}
+
+
+def _compares_with_kind(path: Path) -> list[int]:
+    """Lines where something is compared with a catalog kind's name (`x.type == "rest"`,
+    `kind in ("glue", "hive")`, `catalog.get("type") == "sql"`)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            literals = {n.value for s in [node.left, *node.comparators] for n in ast.walk(s)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            if literals & _KINDS:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_catalog_kinds_are_decided_in_one_registry() -> None:
+    """common/catalog_kinds.py is the one place a catalog's kind is asked (the config model's
+    own validators excepted): a new kind is one entry there."""
+    product = [p for folder in ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor",
+                                "supervisor", "cli") for p in (ROOT / folder).rglob("*.py")]
+    allowed = {"common/catalog_kinds.py", "common/config/table.py"}
+    found = {str(p.relative_to(ROOT)): _compares_with_kind(p) for p in product}
+    assert not {p: n for p, n in found.items() if n and p not in allowed}, found
+    assert _compares_with_kind(ROOT / "common" / "config" / "table.py")  # the check sees comparisons
+

@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from pydantic_settings.exceptions import SettingsError
 
+from streamberg.common.catalog_kinds import AVAILABLE_CATALOGS, DEFAULT_STATE_URI
 from streamberg.common.config.bounds import (
     MAX_CONFIG_BYTES,
     MAX_TEXT,
@@ -72,26 +73,26 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
     out = dict(raw)
     # A section given as a scalar or list is left as it is: validation names it.
     catalog = raw.get("catalog", {})
-    if isinstance(catalog, dict) and catalog.get("type", "sql") != "sql":
-        # A REST catalog's warehouse is what its server calls it, a Glue or Hive catalog's a
-        # location every engine reaches: never a local path made absolute.
+    kind = AVAILABLE_CATALOGS.get(str(catalog.get("type", "sql"))) if isinstance(catalog, dict) else None
+    if kind is not None:
+        # The kind's local paths only: a REST catalog's warehouse is what its server calls it,
+        # a Glue or Hive catalog's a location every engine reaches, never a local path.
         catalog = dict(catalog)
-        state = catalog.get("state_uri") or "sqlite:///.streamberg/state.db"
-        if _is_path(state) and state.startswith("sqlite:///") and not state.startswith("sqlite:////"):
-            state = "sqlite:///" + _absolute(state.removeprefix("sqlite:///"), base, "catalog.state_uri")
-        catalog["state_uri"] = state
-        for key in ("credential_file", "token_file"):
-            if _is_path(catalog.get(key)):
-                catalog[key] = _absolute(catalog[key], base, f"catalog.{key}")
-        out["catalog"] = catalog
-    elif isinstance(catalog, dict):
-        catalog = dict(catalog)
-        uri = catalog.get("uri", CatalogConfig.model_fields["uri"].default)
-        if _is_path(uri) and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-            catalog["uri"] = "sqlite:///" + _absolute(uri.removeprefix("sqlite:///"), base, "catalog.uri")
-        warehouse = catalog.get("warehouse", CatalogConfig.model_fields["warehouse"].default)
-        if _is_path(warehouse) and "://" not in warehouse:
-            catalog["warehouse"] = "file://" + _absolute(warehouse, base, "catalog.warehouse")
+        defaults = {"uri": CatalogConfig.model_fields["uri"].default,
+                    "warehouse": CatalogConfig.model_fields["warehouse"].default, "state_uri": DEFAULT_STATE_URI}
+        for key in kind.local_paths:
+            value = catalog.get(key) or defaults.get(key)
+            if not _is_path(value):
+                continue
+            if key in ("uri", "state_uri"):  # SQLAlchemy URIs: a relative SQLite file
+                if value.startswith("sqlite:///") and not value.startswith("sqlite:////"):
+                    value = "sqlite:///" + _absolute(value.removeprefix("sqlite:///"), base, f"catalog.{key}")
+            elif key == "warehouse":
+                if "://" not in value:
+                    value = "file://" + _absolute(value, base, "catalog.warehouse")
+            else:
+                value = _absolute(value, base, f"catalog.{key}")
+            catalog[key] = value
         out["catalog"] = catalog
     ingest = raw.get("ingest", {})
     if isinstance(ingest, dict):
@@ -467,13 +468,14 @@ def _absolute_overrides(config: StreambergConfig) -> StreambergConfig:
     cwd = Path.cwd()
     updates: dict[str, Any] = {}
     catalog = config.catalog
-    if catalog.type == "sql" and catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") \
+    local = AVAILABLE_CATALOGS[catalog.type].local_paths
+    if "uri" in local and catalog.uri.startswith("sqlite:///") and not catalog.uri.startswith("sqlite:////") \
             and _is_path(catalog.uri):
         catalog = catalog.model_copy(update={"uri": "sqlite:///" + str(cwd / catalog.uri.removeprefix("sqlite:///"))})
     state = catalog.state_uri
     if state and state.startswith("sqlite:///") and not state.startswith("sqlite:////") and _is_path(state):
         catalog = catalog.model_copy(update={"state_uri": "sqlite:///" + str(cwd / state.removeprefix("sqlite:///"))})
-    if catalog.type == "sql" and "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
+    if "warehouse" in local and "://" not in catalog.warehouse and not Path(catalog.warehouse).is_absolute():
         catalog = catalog.model_copy(update={"warehouse": "file://" + str(cwd / catalog.warehouse)})
     if catalog is not config.catalog:
         updates["catalog"] = catalog

@@ -317,8 +317,8 @@ def test_flink_deployment_runs_the_entry_point_the_local_cluster_test_runs(tmp_p
     assert ("Secret", container["envFrom"][0]["secretRef"]["name"]) in docs
     # The interpreter it names is the image's venv.
     assert spec["flinkConfiguration"]["python.executable"] == "/opt/venv/bin/python"
-    assert "uv venv --python 3.11 /opt/venv" in (K8S / "Dockerfile").read_text()
-    assert f"FROM flink:{pyflink_version()}-" in (K8S / "Dockerfile").read_text()
+    assert "uv venv --python 3.11 /opt/venv" in (K8S / "Dockerfile.flink").read_text()
+    assert f"FROM flink:{pyflink_version()}-" in (K8S / "Dockerfile.flink").read_text()
 
 
 def pyflink_version() -> str:
@@ -347,7 +347,7 @@ def test_spark_submit_example_names_what_the_image_provides() -> None:
     from streamberg.common.jars import ICEBERG_RUNTIME_JAR
 
     script = (K8S / "spark-submit-compactor.sh").read_text()
-    dockerfile = (K8S / "Dockerfile").read_text()
+    dockerfile = (K8S / "Dockerfile.spark").read_text()
     # Every local:// path the submission names is one the Dockerfile creates.
     for path in ("/opt/streamberg/compactor_submit.py", "/opt/streamberg/iceberg-spark-runtime.jar",
                  "/opt/streamberg/postgresql.jar"):

@@ -55,7 +55,9 @@ def _ids(config) -> list[int]:
 
 @pytest.mark.spark
 def test_an_opted_in_table_never_inherits_the_configs_retention(tmp_path: Path, spark) -> None:
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper, _opted_in
+    from streamberg.cli.govern import executors
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
+    from streamberg.governor.tables import opted_in as _opted_in
 
     config = config_at(_with_retention(tmp_path))
     catalog = load_catalog(config.catalog)
@@ -78,7 +80,7 @@ def test_an_opted_in_table_never_inherits_the_configs_retention(tmp_path: Path, 
     assert sorted(opted) == ["lake.own", "lake.victim"]
     assert all(c.maintenance.retention.days is None for c in opted.values())
     shared = SharedCatalogs()
-    keepers = [TableKeeper(c, spark, shared) for c in [config, *opted.values()]]
+    keepers = [TableKeeper(c, executors(c), spark, shared) for c in [config, *opted.values()]]
     report = Governor(lambda: [Keeper(k.config.table.identifier, k.probe, k.run) for k in keepers],
                       Scheduler(max_wait_seconds=600), budget=3, concurrent=3,
                       state_dir=config.ingest.state_dir).round()
@@ -158,8 +160,9 @@ def test_a_long_action_is_cancelled_and_never_holds_the_others(tmp_path: Path, s
     import threading
     import time as clock
 
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.cli.govern import executors
     from streamberg.common.spark import JobGroups
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
     from streamberg.governor.scheduler import Due
     from tests.compactor.helpers import live_files, row_multiset
 
@@ -198,18 +201,20 @@ def test_a_long_action_is_cancelled_and_never_holds_the_others(tmp_path: Path, s
     for _ in range(4):
         ingest.append(200, days=2)
     rows, files = row_multiset(reload(config)), set(live_files(reload(config)))
-    keeper = TableKeeper(config, spark, SharedCatalogs())
+    keeper = TableKeeper(config, executors(config), spark, SharedCatalogs())
     keeper.probe()
     compact = lambda: ([Due("db.events", "compact", 1.0, "test", 0.0)], [])  # noqa: E731
+    # A timeout far shorter than any pass (a warm session compacts this in under a second).
     cut = Governor(lambda: [Keeper("db.events", compact, keeper.run, streams="streamberg-compactor-db.events")],
-                   Scheduler(max_wait_seconds=600), timeout_seconds=1.0, jobs=JobGroups(spark))
+                   Scheduler(max_wait_seconds=600), timeout_seconds=0.05, jobs=JobGroups(spark))
     first = cut.round().ran[0]
     assert not first["ok"] and "action_timeout_seconds" in first["error"], first
+    assert cut.round().ran == []  # the table gets no other action while the cancelled one lives
     cut.running["db.events"].join(120)
     assert not cut.running["db.events"].is_alive()
-    assert row_multiset(reload(config)) == rows
+    assert row_multiset(reload(config)) == rows  # cancelled wherever it was: nothing half-done
     again = Governor(lambda: [Keeper("db.events", compact, keeper.run)], Scheduler(max_wait_seconds=600),
                      timeout_seconds=600, jobs=JobGroups(spark)).round().ran[0]
-    assert again["ok"], again  # the lease was released; nothing left half-done
+    assert again["ok"], again  # the lease was released
     after = reload(config)
     assert row_multiset(after) == rows and len(live_files(after)) < len(files)

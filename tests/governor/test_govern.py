@@ -48,7 +48,8 @@ def _duckdb_counts(table) -> tuple[int, int]:
 
 
 def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) -> None:
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.cli.govern import executors
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
 
     path = compactor_config(tmp_path, partition_spec=DAY, compactor={"min_files": 2})
     config = config_at(path)
@@ -85,13 +86,13 @@ def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) ->
 
     # The namespace's tables as the command finds them (policy keys set: opted in), each with
     # its own compactor checkpoint.
-    from streamberg.cli.govern import _opted_in
+    from streamberg.governor.tables import opted_in as _opted_in
 
     live = {"db.events": config, **{c.table.identifier: c for c in _opted_in(config, ["lake"], {"db.events"})}}
     assert sorted(live) == sorted(configs)
     assert len({c.compactor.checkpoint_dir for c in live.values()}) == len(live)
     shared = SharedCatalogs()
-    keepers = lambda: [Keeper(i, k.probe, k.run) for i, k in ((i, TableKeeper(c, spark, shared)) for i, c in live.items())]  # noqa: E731
+    keepers = lambda: [Keeper(i, k.probe, k.run) for i, k in ((i, TableKeeper(c, executors(c), spark, shared)) for i, c in live.items())]  # noqa: E731
     governor = Governor(keepers, Scheduler(max_wait_seconds=600), budget=len(configs),
                         state_dir=config.ingest.state_dir)
     report = governor.round()
@@ -134,7 +135,8 @@ def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) ->
 def test_an_idle_table_is_finished_by_time_alone(tmp_path: Path, spark) -> None:
     """A partition idle for seal_after_seconds is finished (sealed) by the governor with no new
     commit: its plan is made again after replan_seconds, not kept while the metadata is unchanged."""
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.cli.govern import executors
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
 
     seal_after = 20.0
     path = compactor_config(tmp_path, compactor={"min_files": 2, "seal_after_seconds": seal_after})
@@ -147,8 +149,9 @@ def test_an_idle_table_is_finished_by_time_alone(tmp_path: Path, spark) -> None:
         ingest.append(150, days=1)
     last_append = reload(config).current_snapshot().timestamp_ms / 1000
     rows = row_multiset(reload(config))
-    keeper = TableKeeper(config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"interval_seconds": 86400})}),
-                         spark, SharedCatalogs())
+    kept_config = config.model_copy(update={"maintenance": config.maintenance.model_copy(
+        update={"interval_seconds": 86400})})
+    keeper = TableKeeper(kept_config, executors(kept_config), spark, SharedCatalogs())
     governor = Governor(lambda: [Keeper("db.events", keeper.probe, keeper.run)], Scheduler(max_wait_seconds=600),
                         budget=1, state_dir=config.ingest.state_dir)
     governor.round()
@@ -177,7 +180,8 @@ def test_maintenance_follows_the_tables_own_policy(tmp_path: Path, spark) -> Non
     by pyiceberg and DuckDB; the config itself has no retention."""
     import datetime as dt
 
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.cli.govern import executors
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
     from tests.compactor.helpers import BASE_TS
 
     config = config_at(compactor_config(tmp_path))
@@ -190,7 +194,7 @@ def test_maintenance_follows_the_tables_own_policy(tmp_path: Path, spark) -> Non
     recent_from = ingest.next_id
     yesterday = (dt.datetime.now(dt.timezone.utc) - BASE_TS).days - 1
     ingest.append(150, days=1, day_offset=yesterday)
-    keeper = TableKeeper(config, spark, SharedCatalogs())
+    keeper = TableKeeper(config, executors(config), spark, SharedCatalogs())
     due, problems = keeper.probe()
     assert [d.action for d in due] == ["maintain"] and not problems
     Governor(lambda: [Keeper("db.events", keeper.probe, keeper.run)], Scheduler(max_wait_seconds=600),

@@ -241,11 +241,9 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
 
     # One governor keeps every table of this config: the route field's tables too (found by the
     # catalog's record of them), each with a compactor checkpoint of its own.
-    import argparse
+    from streamberg.common.tables import config_tables
 
-    from streamberg.cli.govern import _configs
-
-    kept = {c.table.identifier: c for c in _configs(argparse.Namespace(config=str(path)))}
+    kept = config_tables(path).configs
     assert {f"web.visits_{r}" for r in REGIONS} <= set(kept), sorted(kept)
     assert {"shop.orders", _table_of(prefix, f"{prefix}events.late")} <= set(kept)
     assert len({c.compactor.checkpoint_dir for c in kept.values()}) == len(kept)

@@ -96,8 +96,9 @@ def test_fleet_table_paused_and_topic_refused(tmp_path: Path, broker: str, drill
 
 @pytest.mark.spark
 def test_governor_action_failing(tmp_path: Path, spark, drills) -> None:
-    from streamberg.cli.govern import SharedCatalogs, TableKeeper
+    from streamberg.cli.govern import executors
     from streamberg.governor.app import Governor, Keeper
+    from streamberg.governor.keeper import SharedCatalogs, TableKeeper
     from streamberg.governor.scheduler import Scheduler
     from tests.compactor.helpers import FakeIngest, reload
     from tests.compactor.helpers import write_config as compactor_config
@@ -113,7 +114,7 @@ def test_governor_action_failing(tmp_path: Path, spark, drills) -> None:
     for _ in range(3):
         ingest.append(100, days=1)
     rows = sorted(reload(config).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
-    keeper = TableKeeper(config, spark, SharedCatalogs())
+    keeper = TableKeeper(config, executors(config), spark, SharedCatalogs())
     governor = Governor(lambda: [Keeper("db.events", keeper.probe, keeper.run)], Scheduler(max_wait_seconds=600),
                         state_dir=config.ingest.state_dir)
     ran = governor.round().ran

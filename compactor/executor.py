@@ -1,0 +1,57 @@
+"""The compactor's action for a keeper of many tables (`streamberg govern`): its due rule
+beside its run (common/keeping.py). Due when the planner finds groups to rewrite or finished
+partitions to seal; urgency is the files waiting over `compactor.min_files`, raised where
+deletes past their thresholds slow every read of a partition (merge-on-read)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.keeping import Due
+
+
+class CompactExecutor:
+    action = "compact"
+
+    def __init__(self, replan_seconds: float) -> None:
+        # A table whose metadata has not changed keeps its plan (planning reads manifests;
+        # probing a hundred tables every round must stay cheap) for replan_seconds: the time
+        # triggers (held-back files, idle partitions to finish) change a plan without a commit.
+        self.replan_seconds = replan_seconds
+        self._plan: tuple[tuple[Any, ...], float, dict[str, Any]] | None = None  # (key, made at, plan)
+
+    def enabled(self, switches: Any) -> bool:
+        return bool(switches.compact_enabled)
+
+    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
+        if table is None:
+            return None
+        plan = self.plan(config, table)
+        if not (plan["groups"] or plan["seal_only"]):
+            return None
+        urgency = max(1.0, plan["files"] / max(1, config.compactor.min_files or 1))
+        why = (f"{plan['files']} files ({plan['bytes'] / 1e6:.1f} MB) in {plan['groups']} groups"
+               if plan["groups"] else f"{plan['seal_only']} finished partition(s) to seal")
+        if deletes := plan.get("group_kinds", {}).get("deletes", 0):
+            urgency = max(urgency, 2.0 * deletes)
+            why += f"; deletes past their threshold in {deletes} partition(s)"
+        return Due(config.table.identifier, self.action, urgency, why)
+
+    def plan(self, config: StreambergConfig, table: Any) -> dict[str, Any]:
+        from streamberg.compactor.app import CompactOptions, dry_run
+
+        key = (table.metadata_location, config.compactor.model_dump_json())
+        now = time.monotonic()
+        if self._plan is not None and self._plan[0] == key and now - self._plan[1] < self.replan_seconds:
+            return self._plan[2]
+        plan = dry_run(config, CompactOptions(dry_run=True), table)
+        self._plan = (key, now, plan)
+        return plan
+
+    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
+        from streamberg.compactor.app import CompactOptions, run_compact
+
+        self._plan = None  # whatever ran, the next probe plans afresh
+        return run_compact(config, CompactOptions(once=True), spark=spark)

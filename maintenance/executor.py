@@ -1,0 +1,64 @@
+"""Maintenance's action for a keeper of many tables (common/keeping.py): due once
+`maintenance.interval_seconds` passed since the table's last run (never run: due now);
+urgency is that age over the interval. The last run is read from the runs table at most once
+a minute, the time since then added (a probe of many tables stays cheap)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.keeping import Due
+
+READ_EVERY_SECONDS = 60.0
+
+
+def maintenance_due(age_seconds: float | None, interval_seconds: float) -> float | None:
+    """The urgency of maintenance after `age_seconds` since the last run (None: never run),
+    None while it is not due: the one rule, the continuous loop's and the governor's."""
+    if age_seconds is None:
+        return 1.0
+    if age_seconds < interval_seconds:
+        return None
+    return age_seconds / max(1.0, interval_seconds)
+
+
+class MaintainExecutor:
+    action = "maintain"
+
+    def __init__(self) -> None:
+        self._read: tuple[float, float | None] | None = None  # (read at, age then)
+
+    def enabled(self, switches: Any) -> bool:
+        return bool(switches.maintain_enabled)
+
+    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
+        if table is None:
+            return None
+        age = self.age(config, engine)
+        urgency = maintenance_due(age, config.maintenance.interval_seconds)
+        if urgency is None:
+            return None
+        return Due(config.table.identifier, self.action, urgency,
+                   "never maintained" if age is None else f"last maintained {age:.0f} s ago")
+
+    def age(self, config: StreambergConfig, engine: Any) -> float | None:
+        from streamberg.common.maintenance_runs import last_maintenance_run
+
+        now = time.monotonic()
+        if self._read is None or now - self._read[0] >= READ_EVERY_SECONDS:
+            last = last_maintenance_run(config, engine=engine)
+            self._read = (now, None if last is None else float(last["age_seconds"]))
+        read_at, age = self._read
+        return None if age is None else age + (now - read_at)
+
+    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
+        from streamberg.maintenance.app import MaintainOptions, run_maintain
+
+        self._read = None
+        summary = run_maintain(config, MaintainOptions(once=True), spark=spark)
+        if summary.failed_runs:
+            raise RuntimeError(f"maintenance failed: {json.dumps(summary.last)[:300]}")
+        return {"runs": summary.runs}
