@@ -235,3 +235,34 @@ def _configured(config: StreambergConfig, policy: TablePolicy) -> StreambergConf
             why = "; ".join(str(e.get("msg", "")) for e in exc.errors()[:2])[:200]
             policy.problems.append(f"{names[setting]}: {str(value)[:60]!r} is refused as {setting}: {why}")
     return config.model_copy(update=sections) if sections else config
+
+
+def effective(config: StreambergConfig, table: Any) -> tuple[StreambergConfig, list[str]]:
+    """A table's settings as every component keeps it (compact, merge, maintain, status, the
+    governor): the config's, with the table's own `streamberg.*` keys over them, and what is
+    wrong with them: values refused (common/policy.policy_for) and clustering columns the
+    table does not have. The one function; its problems are the table's, never raised."""
+    policy, configured = policy_for(config, table.properties)
+    problems = list(policy.problems)
+    names = {name for name in _column_paths(table.schema())}
+    missing = [c for c in configured.compactor.columns if c not in names]
+    if missing:
+        source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
+        problems.append(f"{source}: {', '.join(missing)} not a column of the table (columns: "
+                        f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
+    return configured, problems
+
+
+def _column_paths(schema: Any) -> list[str]:
+    """Every column's dotted path (nested struct fields too), as clustering names them."""
+    out: list[str] = []
+
+    def walk(fields: Any, prefix: str) -> None:
+        for f in fields:
+            path = f"{prefix}{f.name}"
+            out.append(path)
+            if hasattr(f.field_type, "fields"):
+                walk(f.field_type.fields, path + ".")
+
+    walk(schema.fields, "")
+    return out

@@ -11,6 +11,7 @@ from streamberg.common.catalog import open_existing_table, state_engine
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
+from streamberg.common.policy import effective
 from streamberg.common.spark import session_for
 from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.layouts import resolve_layout
@@ -33,6 +34,7 @@ def dry_run(config: StreambergConfig, options: CompactOptions, table: Any = None
     the caller has it loaded already)."""
     if table is None:
         _, table = open_existing_table(config, "compactor", CompactError)
+    config = effective(config, table)[0]  # the table's own streamberg.* settings over the config's
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     plan = PassPlanner(config.compactor, config.target, layout.columns).plan(table, "full" if options.full else "incremental")
     return {
@@ -63,6 +65,9 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}
+    # The table's own streamberg.* settings over the config's (common/policy.effective): a table
+    # is compacted alike whoever keeps it (this command, `run`, the governor).
+    config = effective(config, table)[0]
     # Bad columns fail before Spark starts.
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     log = get_logger("compactor", table=config.table.identifier)

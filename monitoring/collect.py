@@ -27,7 +27,7 @@ from streamberg.common.field_sightings import added_fields_of, sightings_of, wid
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
-from streamberg.common.policy import GOVERN_STATE_FILE, policy_for
+from streamberg.common.policy import GOVERN_STATE_FILE, effective
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.times import iso_from_ms
@@ -177,6 +177,10 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         return Status(**empty, catalog=Reachability(True), table_exists=True, ingest=run.ingest(None, None),
                       maintenance=last_maintenance(config, catalog), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
+    # The table's own streamberg.* settings over the config's: the backlog and clustering are
+    # judged as the table is kept (common/policy.effective), and what is wrong with them named.
+    config, policy_problems = effective(config, table)
+    run.config = config
     # A primary-key table's ingest writes its change log: the ingest's facts are read there.
     ingest_table, merge = table, None
     if has_changelog(config):
@@ -195,7 +199,7 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
-        policy_problems=policy_for(config, table.properties)[0].problems, governor=governor_state(config),
+        policy_problems=policy_problems, governor=governor_state(config),
     )
 
 
