@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
+from streamberg.common.config import StreambergConfig, is_fleet, load_config, load_fleet
 from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.kafka_settings import connection_settings
 from streamberg.common.redact import redact
+from streamberg.common.tables import run_settings
 from streamberg.common.watermarks import kafka_error_text
 
 
@@ -126,7 +127,7 @@ def check(path: Path, connect: bool) -> Report:
     try:
         if is_fleet(path):
             fleet = load_fleet(path)
-            sample = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["sample.topic"])[0]))
+            sample = run_settings(fleet)
             report.tables = [r.identifier for r in fleet.tables]
         else:
             sample = load_config(path)

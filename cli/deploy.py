@@ -55,9 +55,10 @@ from streamberg.cli.k8s_manifests import (
 )
 from streamberg.common.catalog_kinds import kind_of
 from streamberg.common.changelog import has_changelog
-from streamberg.common.config import StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
+from streamberg.common.config import StreambergConfig, is_fleet, load_config, load_fleet
 from streamberg.common.config.loading import config_document
 from streamberg.common.redact import redact
+from streamberg.common.tables import run_settings
 
 PLACEHOLDER = "REPLACE-ME.invalid"  # no registry answers for it: the manifests fail loudly if applied as printed
 OBJECT_STORES = ("s3://", "s3a://", "gs://", "abfs://", "abfss://", "wasbs://", "oss://", "hdfs://")
@@ -167,8 +168,7 @@ def manifests(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]
     fleet = is_fleet(args.config)
     if fleet:
         loaded = load_fleet(args.config)
-        route = loaded.tables[0]
-        config = config_from_dump(loaded.document(route, (route.topics or ["sample.topic"])[0]))
+        config = run_settings(loaded)
         if args.keepers == "components":
             raise CommandError("--keepers components: a config of many tables is kept by the governor (one "
                                "SparkApplication for every table); leave --keepers at governor")

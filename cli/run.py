@@ -12,6 +12,7 @@ from streamberg.common.config import FleetConfig, StreambergConfig, load_config
 from streamberg.common.config.components import COMPONENTS
 from streamberg.common.errors import ConfigError, IngestFenced
 from streamberg.common.exit_codes import ExitCode
+from streamberg.common.tables import run_settings
 
 DESCRIPTION = f"""\
 Runs the whole loop on this machine: the ingest (`streamberg ingest`), the continuous
@@ -123,13 +124,13 @@ def fleet_status_collector(fleet: FleetConfig) -> Callable[[], dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streamberg.common.config import config_from_dump, is_fleet, load_fleet
+    from streamberg.common.config import is_fleet, load_fleet
     from streamberg.supervisor.supervisor import Supervisor
 
     if is_fleet(args.config):
         # Many tables: the one ingest job writes them all and one governor keeps them all.
         fleet = load_fleet(args.config)
-        base = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
+        base = run_settings(fleet)
         components = args.components or ["ingest", "govern"]
         if set(components) - {"ingest", "govern"}:
             raise CommandError("a config of many tables runs its ingest and `govern` (one service keeping every table) "

@@ -119,14 +119,14 @@ def _serve(registry: Any, address: str, port: int) -> tuple[Any, threading.Threa
 def _metrics(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest
 
-    from streamberg.common.config import config_from_dump, is_fleet, load_fleet
+    from streamberg.common.config import is_fleet, load_fleet
+    from streamberg.common.tables import run_settings
     from streamberg.monitoring.metrics import fleet_registry, registry_for
 
     if is_fleet(args.config) and not args.table:  # every table of the config, one `table` label each
         fleet = load_fleet(args.config)
         registry = fleet_registry(fleet)
-        route = fleet.tables[0]
-        config = config_from_dump(fleet.document(route, (route.topics or ["sample.topic"])[0]))
+        config = run_settings(fleet)
         scope = f"{len(fleet.tables)} routes of {args.config}"
     else:
         config = config_of(args)

@@ -64,7 +64,11 @@ def config_tables(path: str | Path, topics: list[str] | None = None, catalog: An
         config = load_config(path)
         return ConfigTables({config.table.identifier: config}, {config.table.identifier: config.kafka.topic},
                             run_settings=config)
-    fleet = load_fleet(path)
+    return fleet_tables(load_fleet(path), topics, catalog)
+
+
+def fleet_tables(fleet: FleetConfig, topics: list[str] | None = None, catalog: Any = None) -> ConfigTables:
+    """The tables of a config of many now (see config_tables)."""
     settings = run_settings(fleet)
     out = ConfigTables(fleet=fleet, run_settings=settings)
     if topics is None:

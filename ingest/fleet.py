@@ -36,6 +36,7 @@ from streamberg.common.catalog import load_catalog, routed_values
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
 from streamberg.common.errors import ConfigError
 from streamberg.common.log import get_logger
+from streamberg.common.tables import run_settings
 from streamberg.ingest.fleet_tables import (
     FleetTables,
     TableCapReached,
@@ -94,7 +95,7 @@ class FleetWriter:
 
     def open(self) -> None:
         any_table = next(iter(self.tables.by_topic.values()), None)
-        first = any_table or config_from_dump(self.fleet.document(self.fleet.tables[0], "streamberg-probe"))
+        first = any_table or run_settings(self.fleet)
         self.consumer = Consumer({**self.settings(first), "group.id": f"streamberg-fleet-{self.run_id}"})
         self.discover(force=True)
 

@@ -15,6 +15,7 @@ from streamberg.common.config import FleetConfig, config_from_dump
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE
 from streamberg.common.errors import FencedError
 from streamberg.common.log import get_logger
+from streamberg.common.tables import run_folder, run_settings
 from streamberg.ingest.fleet_tables import ingest_view
 from streamberg.ingest.units import FlushUnit
 
@@ -127,8 +128,7 @@ class FleetCommitter:
         (folder / PAUSED_TABLES_FILE).write_text(json.dumps(self.paused, indent=1))
 
     def _run_folder(self) -> Path:
-        state = Path(self.fleet.defaults.ingest.get("state_dir", ".streamberg/state"))
-        return state / "runs" / self.run_id
+        return run_folder(run_settings(self.fleet).ingest.state_dir, self.run_id)
 
     def _maybe_drained(self) -> None:
         if self.drained or len(self.finished_writers) < self.parallelism:

@@ -13,10 +13,11 @@ from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
+from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
 from streamberg.common.config.loading import resolve_fleet
 from streamberg.common.log import get_logger
+from streamberg.common.tables import run_settings
 
 
 @dataclass
@@ -51,8 +52,7 @@ class FleetTables:
 
     def _recorded(self, identifier: str) -> str | None:
         try:
-            any_config = next(iter(self.raw.values()), None) or config_from_dump(
-                self.fleet.document(self.fleet.tables[0], "streamberg-probe"))
+            any_config = next(iter(self.raw.values()), None) or run_settings(self.fleet)
             return load_catalog(any_config.catalog).load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
         except Exception:  # noqa: BLE001 - no table yet
             return None

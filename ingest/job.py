@@ -38,6 +38,7 @@ from streamberg.common.config import FleetConfig, StreambergConfig, config_from_
 from streamberg.common.config.sealing import seal, unseal
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
+from streamberg.common.tables import run_settings
 from streamberg.ingest.fleet import FleetWriter
 from streamberg.ingest.fleet_committer import FleetCommitter
 from streamberg.ingest.local.gateway import start_local_gateway
@@ -141,7 +142,7 @@ def _run_config(dump: dict) -> StreambergConfig:
     fleet = _fleet_of(dump)
     if fleet is None:
         return config_from_dump(dump)
-    return config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
+    return run_settings(fleet)
 
 
 @contextmanager

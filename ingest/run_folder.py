@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.tables import run_folder
 
 STOP_MARKER = "stop"
 DRAINED_MARKER = "drained"
@@ -81,7 +82,7 @@ class RunFolder:
 
     @classmethod
     def of(cls, config: StreambergConfig, run_id: str) -> RunFolder:
-        return cls(Path(config.ingest.state_dir) / "runs" / run_id)
+        return cls(run_folder(config.ingest.state_dir, run_id))
 
     def create(self) -> RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -10,17 +10,13 @@ a topic no table can take (a name colliding with another's table) is listed as r
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import FleetConfig, StreambergConfig
-from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
-from streamberg.common.config.loading import resolve_fleet
-from streamberg.common.kafka_settings import connection_settings
+from streamberg.common.config import FleetConfig
 from streamberg.common.table_files import ManifestCache
+from streamberg.common.tables import fleet_tables, paused_tables
 from streamberg.monitoring.collect import collect_status, governor_state
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Status
@@ -50,76 +46,21 @@ class FleetStatus:
                 "governor": self.governor}
 
 
-def broker_topics(fleet: FleetConfig, any_config: StreambergConfig) -> tuple[list[str], str | None]:
-    """The broker's topics (the named ones alone when it does not answer)."""
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        admin = AdminClient(connection_settings(any_config.kafka.bootstrap_servers, any_config.kafka.consumer))
-        return sorted(admin.list_topics(timeout=any_config.monitoring.broker_timeout_seconds).topics), None
-    except Exception as exc:  # noqa: BLE001 - status reports an unreachable broker, it does not fail on it
-        return fleet.named_topics(), f"{type(exc).__name__}: {str(exc)[:200]}"
-
-
-def _recorded_topic(config: StreambergConfig) -> Any:
-    """identifier -> the topic its table records as its own (None: no table, no record)."""
-    from streamberg.common.catalog import open_catalog_readonly
-
-    try:
-        catalog = open_catalog_readonly(config.catalog)
-    except Exception:  # noqa: BLE001 - no catalog: the sorted order decides
-        return lambda identifier: None
-
-    def owner(identifier: str) -> str | None:
-        try:
-            return catalog.load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
-        except Exception:  # noqa: BLE001 - no such table yet
-            return None
-
-    return owner
-
-
-def _values(config: StreambergConfig, topic: str, made: Any, refused: dict[str, str]) -> list[str]:
-    from streamberg.common.catalog import open_catalog_readonly, routed_values
-
-    try:
-        return routed_values(open_catalog_readonly(config.catalog), config.table.namespace, topic, made, refused)
-    except Exception:  # noqa: BLE001 - no catalog: no value tables to list
-        return []
-
-
-def paused_tables(state_dir: str) -> dict[str, str]:
-    """The tables the newest ingest run paused (its run folder's record)."""
-    runs = Path(state_dir) / "runs"
-    try:
-        newest = max((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        data = json.loads((newest / PAUSED_TABLES_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
 def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> FleetStatus:
-    from streamberg.common.config import config_from_dump
-
+    """Every table of the config (common/tables.fleet_tables: the one resolver), its status
+    and verdict, worst first; paused tables and refused topics and tables named."""
     cache = cache or ManifestCache()
-    sample = config_from_dump(fleet.document(fleet.tables[0], (fleet.tables[0].topics or ["streamberg-probe"])[0]))
-    topics, broker_error = broker_topics(fleet, sample)
-    known: dict[str, StreambergConfig] = {}
-    out = FleetStatus(broker_error=broker_error)
-    resolve_fleet(fleet, topics, known, out.refused, owner_of=_recorded_topic(sample))
-    out.paused = paused_tables(sample.ingest.state_dir)
-    governor = governor_state(sample)
+    tables = fleet_tables(fleet)
+    settings = tables.run_settings
+    assert settings is not None
+    out = FleetStatus(broker_error=tables.broker_error, refused=dict(tables.refused_topics),
+                      refused_tables=dict(tables.refused_tables))
+    out.paused = paused_tables(settings.ingest.state_dir)
+    governor = governor_state(settings)
     if governor is not None and isinstance(governor.get("fleet"), dict):
         out.governor = {**governor["fleet"], "written_age_seconds": governor["written_age_seconds"]}
-    for topic, config in list(known.items()):
-        out.tables.append((topic, with_health(collect_status(config, cache=cache), config)))
-        route = fleet.route_of(topic)
-        if route is not None and route.route_field is not None:  # the tables its field's values made
-            rule = lambda value, route=route, topic=topic: route.table_identifier(topic, value)  # noqa: E731
-            for value in _values(config, topic, rule, out.refused_tables):
-                made = config_from_dump(fleet.document(route, topic, value))
-                out.tables.append((topic, with_health(collect_status(made, cache=cache), made)))
+    for identifier, config in tables.configs.items():
+        out.tables.append((tables.topics[identifier], with_health(collect_status(config, cache=cache), config)))
     out.tables.sort(key=lambda ts: (_RANK[ts[1].health.verdict] if ts[1].table not in out.paused else -1,
                                     -(ts[1].ingest.lag.total if ts[1].ingest.lag is not None else 0)))
     return out
