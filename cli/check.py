@@ -140,7 +140,7 @@ def check(path: Path, connect: bool) -> Report:
     if fleet is not None:
         named = fleet.named_topics()
         patterns = [r.topic_pattern for r in fleet.tables if r.topic_pattern is not None]
-        kafka: dict[str, Any] = dict(fleet.kafka)
+        kafka: dict[str, Any] = {"bootstrap_servers": fleet.kafka.bootstrap_servers, "consumer": fleet.kafka.consumer}
         identifiers = [r.table_identifier(t) for r in fleet.tables for t in (r.topics or ()) if not r.route_field]
     else:
         named, patterns = [sample.kafka.topic], []

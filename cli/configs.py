@@ -32,8 +32,7 @@ def config_of(args: argparse.Namespace) -> StreambergConfig:
     try:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(connection_settings(fleet.kafka.get("bootstrap_servers", "127.0.0.1:19092"),
-                                                fleet.kafka.get("consumer")))
+        admin = AdminClient({**connection_settings(fleet.kafka.bootstrap_servers, fleet.kafka.consumer), "log_level": 0})
         topics = sorted(admin.list_topics(timeout=5).topics)
     except Exception:  # noqa: BLE001 - the named topics' tables are found without the broker
         topics = None

@@ -105,7 +105,7 @@ class FleetWriter:
         now = time.monotonic()
         if not force and now < self._next_discovery:
             return
-        interval = float(self.fleet.defaults.ingest.get("topic_discovery_seconds", 60.0))
+        interval = self.fleet.defaults.ingest.topic_discovery_seconds
         self._next_discovery = now + interval
         assert self.consumer is not None
         new = self.tables.update(broker_topics(self.consumer))

@@ -32,8 +32,7 @@ class FleetCommitter:
         self.finished_writers: set[int] = set()
         self.drained = False
         self.log = get_logger("ingest.fleet.committer", run=run_id)
-        defaults = fleet.defaults.ingest
-        self.pause_after = int(defaults.get("table_failures_to_pause", 5))
+        self.pause_after = fleet.defaults.ingest.table_failures_to_pause
         self.commit_times: list[float] = []
         self._next_report = time.monotonic() + 60
 

@@ -54,8 +54,16 @@ from streamberg.common.config.bounds import (
     _Section,
     _text,
 )
-from streamberg.common.config.sections import _TOPIC
-from streamberg.common.config.table import FieldConfig, PartitionFieldConfig
+from streamberg.common.config.components import (
+    CompactorConfig,
+    GovernConfig,
+    MaintenanceConfig,
+    MergeConfig,
+    MonitoringConfig,
+    RunConfig,
+)
+from streamberg.common.config.sections import _TOPIC, IngestConfig, KafkaConfig
+from streamberg.common.config.table import CatalogConfig, FieldConfig, PartitionFieldConfig
 
 _PLACEHOLDER = re.compile(r"\{(topic|source_table)\}")
 _ANY_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -229,33 +237,27 @@ class RouteConfig(_Section):
 
 
 class FleetDefaults(_Section):
-    # Table settings every route starts from (partition_spec, properties, ...).
+    # Table settings every route starts from (partition_spec, properties, ...): checked as each
+    # route's table is made (a route's own keys go over them).
     table: dict[str, Any] = Field(default_factory=dict)
     # Ingest settings of every table (commit_interval_seconds, ...): one job commits them all.
-    ingest: dict[str, Any] = Field(default_factory=dict)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
 
-    @model_validator(mode="after")
-    def _known_keys(self) -> FleetDefaults:
+    @field_validator("table")
+    @classmethod
+    def _known_table_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
         """A wrong key is named where it is written (defaults.table.X), not once per route."""
-        from pydantic import ValidationError
-
-        from streamberg.common.config.sections import IngestConfig
         from streamberg.common.config.table import TableConfig
 
-        settable = {name for name, f in TableConfig.model_fields.items()} | \
+        settable = {name for name in TableConfig.model_fields} | \
             {f.alias for f in TableConfig.model_fields.values() if f.alias}
-        for key in self.table:
+        for key in value:
             if key in ("identifier", "schema", "schema_"):
-                raise ValueError(f"table.{key}: each route gives its own (tables[].{key.rstrip('_')})")
+                raise ValueError(f"{key}: each route gives its own (tables[].{key.rstrip('_')})")
             if key not in settable:
-                raise ValueError(f"table.{key}: not a table setting (those are {', '.join(sorted(settable - {'identifier', 'schema', 'schema_'}))})")
-        try:
-            IngestConfig.model_validate(self.ingest)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"ingest.{where}: {first['msg'].removeprefix('Value error, ')}") from None
-        return self
+                raise ValueError(f"{key}: not a table setting (those are "
+                                 f"{', '.join(sorted(settable - {'identifier', 'schema', 'schema_'}))})")
+        return value
 
 
 def check_routes(routes: list[RouteConfig]) -> None:
@@ -298,20 +300,34 @@ def per_table_checkpoint(checkpoint_dir: str, identifier: str) -> str:
     return f"{checkpoint_dir.rstrip('/')}/{identifier}"
 
 
-class FleetConfig(_Section):
-    """A config of many tables: the shared sections, `defaults` and the routes."""
+class FleetKafkaConfig(KafkaConfig):
+    """A config of many's `kafka`: the brokers and the settings every route shares; no topic
+    (the routes name them)."""
 
-    # The brokers and the settings every route shares (no topic: the routes name them).
-    kafka: dict[str, Any] = Field(default_factory=dict)
-    catalog: dict[str, Any] = Field(default_factory=dict)
+    topic: str | None = None  # type: ignore[assignment]
+
+    @field_validator("topic", mode="before")
+    @classmethod
+    def _no_topic(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("a config of many tables names its topics in tables[].topics or tables[].topic_pattern")
+        return value
+
+
+class FleetConfig(_Section):
+    """A config of many tables: the run-wide sections (typed, as a single table's), `defaults`
+    and the routes."""
+
+    kafka: FleetKafkaConfig = Field(default_factory=FleetKafkaConfig)
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
     defaults: FleetDefaults = Field(default_factory=FleetDefaults)
     tables: list[RouteConfig] = Field(min_length=1, max_length=MAX_ROUTES)
-    compactor: dict[str, Any] = Field(default_factory=dict)
-    maintenance: dict[str, Any] = Field(default_factory=dict)
-    monitoring: dict[str, Any] = Field(default_factory=dict)
-    merge: dict[str, Any] = Field(default_factory=dict)
-    run: dict[str, Any] = Field(default_factory=dict)
-    govern: dict[str, Any] = Field(default_factory=dict)
+    compactor: CompactorConfig = Field(default_factory=CompactorConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    merge: MergeConfig = Field(default_factory=MergeConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    govern: GovernConfig = Field(default_factory=GovernConfig)
     config_path: str | None = None
 
     @model_validator(mode="before")
@@ -331,19 +347,21 @@ class FleetConfig(_Section):
 
     @model_validator(mode="after")
     def _routes(self) -> FleetConfig:
-        if "topic" in self.kafka:
-            raise ValueError("kafka.topic: a config of many tables names its topics in tables[].topics or "
-                             "tables[].topic_pattern")
         check_routes(self.tables)
         for i, route in enumerate(self.tables):
-            if route.route_field is not None and (route.value_format or self.kafka.get("value_format", "json")) != "json":
+            if route.route_field is not None and (route.value_format or self.kafka.value_format) != "json":
                 raise ValueError(f"tables.{i}.route_field: routing by a field reads JSON values (value_format json)")
         return self
 
     def document(self, route: RouteConfig, topic: str, value: str | None = None) -> dict[str, Any]:
         """The single-table configuration of `topic` under `route` (with route_field: of the
         records whose field holds `value`, None for the route's unrouted table), as data."""
-        kafka = {**self.kafka, "topic": topic}
+        shared = {"kafka": self.kafka, "catalog": self.catalog, "compactor": self.compactor,
+                  "maintenance": self.maintenance, "monitoring": self.monitoring, "merge": self.merge, "run": self.run,
+                  "govern": self.govern}
+        dumped = {name: section.model_dump(mode="json", by_alias=True, exclude_unset=True)
+                  for name, section in shared.items()}
+        kafka = {**dumped["kafka"], "topic": topic}
         for key in ("envelope", "value_format", "key_format", "key_field"):
             if getattr(route, key) is not None:
                 kafka[key] = getattr(route, key)
@@ -357,17 +375,16 @@ class FleetConfig(_Section):
             table["partition_spec"] = [p.model_dump() for p in route.partition_spec]
         if route.properties is not None:
             table["properties"] = {**table.get("properties", {}), **route.properties}
-        ingest = dict(self.defaults.ingest)
+        ingest = self.defaults.ingest.model_dump(mode="json", by_alias=True, exclude_unset=True)
         if route.commit_interval_seconds is not None:
             ingest["commit_interval_seconds"] = route.commit_interval_seconds
         # Each table's compactor keeps its own streaming checkpoint (a shared one would hand a
         # table another table's snapshot ids).
-        compactor = dict(self.compactor)
+        compactor = dumped["compactor"]
         if compactor.get("checkpoint_dir"):
             compactor["checkpoint_dir"] = per_table_checkpoint(str(compactor["checkpoint_dir"]), table["identifier"])
-        return {"kafka": kafka, "catalog": self.catalog, "table": table, "ingest": ingest,
-                "compactor": compactor, "maintenance": self.maintenance, "monitoring": self.monitoring,
-                "merge": self.merge, "run": self.run, "govern": self.govern, "config_path": self.config_path}
+        return {**dumped, "kafka": kafka, "table": table, "ingest": ingest, "compactor": compactor,
+                "config_path": self.config_path}
 
     def route_of(self, topic: str) -> RouteConfig | None:
         return next((r for r in self.tables if r.claims(topic)), None)

@@ -103,7 +103,7 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     from streamberg.common.catalog import load_catalog as open_catalog
     from streamberg.common.config import CatalogConfig
 
-    catalog = open_catalog(CatalogConfig.model_validate({**catalog_config, "name": fleet.catalog["name"]}))
+    catalog = open_catalog(CatalogConfig.model_validate({**catalog_config, "name": fleet.catalog.name}))
 
     def all_there() -> bool:
         try:
@@ -141,7 +141,7 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
 
     assert committer.paused == {dropped: committer.paused[dropped]} and "NoSuchTable" in committer.paused[dropped]
     assert writer.closed_early > 0  # 22 tables, 5 open files: the least recently written were closed
-    assert json.loads((Path(fleet.defaults.ingest["state_dir"]) / "runs" / "fleet-test" / "paused-tables.json")
+    assert json.loads((Path(fleet.defaults.ingest.state_dir) / "runs" / "fleet-test" / "paused-tables.json")
                       .read_text()).keys() == {dropped}
     for table, count in expected.items():
         ids = _rows(catalog, table)
@@ -158,7 +158,7 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     # named with its reason, the refused topic listed; --table X is that table's screen.
     from tests.runbooks.inprocess import cli
 
-    with_run = Path(fleet.defaults.ingest["state_dir"]) / "runs" / "fleet-test"
+    with_run = Path(fleet.defaults.ingest.state_dir) / "runs" / "fleet-test"
     assert with_run.is_dir()
     out = cli("status", "--config", str(tmp_path / "fleet.yaml"), check=False)
     lines = out.stdout.splitlines()

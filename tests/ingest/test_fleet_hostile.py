@@ -95,7 +95,7 @@ def test_side_table_names_refuse_one_topic_or_value_never_the_job(tmp_path: Path
     refused = writer.tables.refused
     assert "side table" in refused[f"{p}ev.a_dead_letters"] and "side table" in refused[f"{p}ev3.c_dead_letters"]
     assert "not a dead-letter table" in committer.paused[f"raw.{n}ev4_c"], committer.paused
-    assert json.loads((Path(fleet.defaults.ingest["state_dir"]) / "runs" / "side-1" / "paused-tables.json")
+    assert json.loads((Path(fleet.defaults.ingest.state_dir) / "runs" / "side-1" / "paused-tables.json")
                       .read_text()).keys() == {f"raw.{n}ev4_c"}
     for table, count in ((f"raw.{n}ev_a", 20), (f"raw.{n}ev3_c", 11), (f"raw.{n}ev_b", 15), ("shop.books", 10)):
         ids = _rows(catalog, table)

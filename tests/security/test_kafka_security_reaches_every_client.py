@@ -125,7 +125,7 @@ def test_admin_clients_of_a_config_of_many_tables(tmp_path: Path, recorded: list
 
     from streamberg.cli.configs import config_of
     from streamberg.common.config import config_from_dump, load_fleet
-    from streamberg.monitoring.fleet import broker_topics
+    from streamberg.common.tables import broker_topics
 
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump({
