@@ -27,7 +27,6 @@ import json
 import sys
 from typing import Any
 
-from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
 from streamberg.common.redact import redact
 
@@ -57,31 +56,30 @@ def _attached(env: Any) -> bool:
 
 
 def submit(config_path: str, parallelism: int | None) -> int:
-    from streamberg.common.errors import SchemaMismatchError, UnsupportedSchemaError
+    from streamberg.common.config.loading import load_tables
+    from streamberg.common.errors import StreambergError
     from streamberg.common.log import get_logger
-    from streamberg.common.offsets import committed_position
-    from streamberg.ingest.job import build_job, new_run_id, prepare_tables
+    from streamberg.common.tables import run_settings
+    from streamberg.ingest.job import build_job, job_name, new_run_id
+    from streamberg.ingest.routes import prepare_routes
 
-    config = load_config(config_path)  # the ingest writes a primary-key table's change log itself
-    parallelism = parallelism or config.ingest.parallelism
+    fleet = load_tables(config_path)  # one table or many: routes (the ingest writes a change log itself)
+    parallelism = parallelism or run_settings(fleet).ingest.parallelism
     if parallelism < 1:
         raise ConfigError("--parallelism must be at least 1")
     run_id = new_run_id()
-    log = get_logger("ingest.submit", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
+    log = get_logger("ingest.submit", job=job_name(fleet), run=run_id)
     try:
-        _, table = prepare_tables(config)  # a bad table fails here, not in every TaskManager
-    except (SchemaMismatchError, UnsupportedSchemaError) as exc:
+        topics = prepare_routes(fleet, log)  # a bad table fails here, not in every TaskManager
+    except StreambergError as exc:
         print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
         return 1
-    start = committed_position(table, config.kafka.topic)
-    env = build_job(config, parallelism, run_id, cluster=True)
-    client = env.execute_async(f"streamberg-ingest {config.table.identifier}")
+    env = build_job(fleet, parallelism, run_id, cluster=True)
+    client = env.execute_async(job_name(fleet))
     job_id = str(client.get_job_id())
-    log.info("ingest job submitted", flink_job=job_id, parallelism=parallelism, topic=config.kafka.topic,
-             start_offsets=start.offsets, snapshot=start.snapshot_id)
-    print(json.dumps({"job_id": job_id, "run_id": run_id, "table": config.table.identifier,
-                      "topic": config.kafka.topic, "parallelism": parallelism,
-                      "start_offsets": {str(p): o for p, o in start.offsets.items()}}), flush=True)
+    log.info("ingest job submitted", flink_job=job_id, parallelism=parallelism, topics=topics)
+    print(json.dumps({"job_id": job_id, "run_id": run_id, "tables": [r.identifier for r in fleet.tables],
+                      "topics": topics, "parallelism": parallelism}), flush=True)
     if _attached(env):
         from streamberg.ingest.job import failure_message
 

@@ -10,28 +10,25 @@ import sys
 from typing import NoReturn
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import load_config
 
 
 def _ingest(args: argparse.Namespace) -> int:
     import sqlalchemy.exc
     from py4j.protocol import Py4JJavaError
 
-    from streamberg.common.config import is_fleet, load_fleet
+    from streamberg.common.config.loading import load_tables
     from streamberg.common.errors import IngestFenced, JobFailed, SchemaMismatchError, UnsupportedSchemaError
-    from streamberg.ingest.driver import run_fleet_ingest, run_ingest
+    from streamberg.ingest.driver import run_ingest
 
     if args.max_records is not None and args.max_records <= 0:
         raise CommandError("--max-records must be positive")
     if args.duration is not None and args.duration <= 0:
         raise CommandError("--duration must be positive")
     try:
-        if is_fleet(args.config):  # many tables from one job (ingest/fleet.py)
-            outcome = run_fleet_ingest(load_fleet(args.config), parallelism=args.parallelism,
-                                       max_records=args.max_records, duration=args.duration, progress=not args.quiet)
-        else:  # the ingest writes a primary-key table's change log itself
-            outcome = run_ingest(load_config(args.config), parallelism=args.parallelism,
-                                 max_records=args.max_records, duration=args.duration, progress=not args.quiet)
+        # One table or many: routes (common/config/loading.load_tables); the ingest writes a
+        # primary-key table's change log itself.
+        outcome = run_ingest(load_tables(args.config), parallelism=args.parallelism, max_records=args.max_records,
+                             duration=args.duration, progress=not args.quiet)
     except IngestFenced as exc:
         # Exit 3 (ExitCode.FENCED, cli/main.py) with the fencing message; the summary line
         # still says what this run committed.
@@ -42,7 +39,7 @@ def _ingest(args: argparse.Namespace) -> int:
     except (JobFailed, SchemaMismatchError, UnsupportedSchemaError) as exc:
         raise CommandError(str(exc)) from exc
     except sqlalchemy.exc.OperationalError as exc:
-        # The catalog database went away (the driver reads the table every second). The job
+        # The catalog database went away (the driver looks at it every second). The job
         # was cancelled on the way out; every commit is atomic, so nothing partial is visible.
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc).splitlines()[0]
         raise CommandError(

@@ -2,7 +2,7 @@
 deploy and run.
 
 A config of one table keeps that table. A config of many (`tables:`) keeps the table of every
-topic the broker has that a route takes (common/config/loading.resolve_fleet: the owner rule,
+topic the broker has that a route takes (common/config/resolve.resolve_fleet: the owner rule,
 the side-table names, the caps, each refusal that topic's alone) and, for a route by a record
 field, the tables its values made (the catalog's record of them, trusted as far as it
 validates: common/catalog.routed_values). The run folders of a config's ingest runs live under
@@ -18,7 +18,7 @@ from typing import Any
 
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
-from streamberg.common.config.loading import resolve_fleet
+from streamberg.common.config.resolve import resolve_fleet
 
 RUNS = "runs"
 

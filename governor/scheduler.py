@@ -21,17 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamberg.common.keeping import Due, backoff
+
 BACKOFF_BASE_SECONDS = 30.0
 BACKOFF_MAX_SECONDS = 900.0
-
-
-@dataclass(frozen=True)
-class Due:
-    table: str
-    action: str  # compact | merge | maintain
-    urgency: float  # times its trigger is passed (>= 1 is due)
-    why: str
-    min_interval_seconds: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -95,9 +88,9 @@ class Scheduler:
         """Record a failure; returns the backoff before the next try."""
         track = self.tracks[(choice.due.table, choice.due.action)]
         track.failures += 1
-        backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (track.failures - 1))
-        track.retry_at, track.last_error = now + backoff, error
-        return backoff
+        wait = backoff(track.failures, BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS)
+        track.retry_at, track.last_error = now + wait, error
+        return wait
 
     def oldest_wait(self, now: float) -> float:
         """The longest any due action has been waiting while it could run (the starvation figure)."""

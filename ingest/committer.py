@@ -122,10 +122,11 @@ def chain_offsets(expected: PartitionOffsets, units: list[FlushUnit]) -> Partiti
 
 
 class Committer:
-    def __init__(self, config: StreambergConfig, parallelism: int, run_id: str, fleet_member: bool = False):
-        # fleet_member: one table of a many-table job (ingest/fleet.py): the fleet marks the run
-        # drained once every table is, and no consumer group is kept per table.
-        self.fleet_member = fleet_member
+    """One table's committer: its exactly-once chain, fence, dead-letter outbox and evolution,
+    in that table's own snapshots. The job's one committer (ingest/committers.py) keeps one a
+    table and marks the run drained when every table is."""
+
+    def __init__(self, config: StreambergConfig, parallelism: int, run_id: str):
         self.config, self.parallelism, self.run_id = config, parallelism, run_id
         self.topic = config.kafka.topic
         self.log = get_logger("ingest.committer", job=config.ingest_target.job_id, table=config.table.identifier, run=run_id)
@@ -183,10 +184,7 @@ class Committer:
             return None
         units, self.pending = self.pending.units, _Pending()
         self._waiting_since = None
-        result = self.commit(units) if any(not u.empty for u in units) else None
-        if len(self.finished_writers) == self.parallelism and not self.fleet_member:
-            self._mark_drained()
-        return result
+        return self.commit(units) if any(not u.empty for u in units) else None
 
     def _waiting_for_more(self) -> bool:
         """ingest.commit_min_bytes: a complete interval with little data (or none: a table of a
@@ -324,7 +322,7 @@ class Committer:
                       attempts=attempts, seconds=round(result.seconds, 3))
         if dead_file is not None or self._dead_letters_behind:
             self._apply_dead_letters()
-        if not self.fleet_member:
+        if self.config.ingest.record_group_offsets:
             self._commit_group_offsets(new_offsets)
         return result
 
@@ -433,7 +431,7 @@ class Committer:
         """Best effort: consumer-group offsets for lag dashboards; never used to resume."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from streamberg.ingest.writer import consumer_settings
+        from streamberg.ingest.source import consumer_settings
 
         try:
             if self._group_consumer is None:
@@ -442,11 +440,3 @@ class Committer:
                 offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()], asynchronous=True)
         except Exception as exc:  # noqa: BLE001 - monitoring only
             self.log.warning("consumer-group offset commit failed (monitoring only)", error=str(exc))
-
-    def _mark_drained(self) -> None:
-        if self.drained:
-            return
-        self.drained = True
-        RunFolder.of(self.config, self.run_id).mark_drained(self.expected)
-        self.log.info("all writers finished and committed", offsets=self.expected)
-

@@ -213,7 +213,7 @@ class PartitionedFileWriter:
             spec_id=self.spec.spec_id, partition=partition, stats=statistics.to_serialized_dict(),
         ))
 
-    # -- bounds (a many-table writer keeps its open files and buffers bounded, ingest/fleet.py) --
+    # -- bounds (a writer keeps its open files and buffers bounded over its lanes, ingest/writer.py) --
     @property
     def open_files(self) -> int:
         return len(self._open)

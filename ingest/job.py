@@ -1,10 +1,15 @@
-"""The PyFlink ingest job: parallel writers -> one committer.
+"""The PyFlink ingest job: parallel writers -> one committer, for one table or many.
 
     ticks (NumberSequenceSource, parallelism P)
-      -> WriterFunction   (flat_map, parallelism P): poll Kafka, decode, write Parquet;
-                           emits a FlushUnit at the end of each commit interval
-      -> CommitterFunction (map, parallelism 1): one Iceberg snapshot per interval
+      -> WriterFunction   (flat_map, parallelism P): a Writer (ingest/writer.py): poll Kafka,
+                           decode, write Parquet, a lane a table; emits each table's FlushUnit
+                           at the end of its commit interval
+      -> CommitterFunction (map, parallelism 1): the Committers (ingest/committers.py): one
+                           Iceberg snapshot per table per interval
       -> discarding sink
+
+A config of one table is a config of one route (common/config/loading.as_fleet): the job
+always takes routes.
 
 No Flink Kafka or Iceberg connector ships with the apache-flink wheel (and no JVM artifact can
 be fetched where streamberg is built and tested), so Kafka is read with confluent-kafka and
@@ -33,18 +38,17 @@ from pyflink.datastream.connectors import Sink
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
-from streamberg.common.changelog import ingest_config
-from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, dump_config
+from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.sealing import seal, unseal
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
 from streamberg.common.tables import run_settings
-from streamberg.ingest.fleet import FleetWriter
-from streamberg.ingest.fleet_committer import FleetCommitter
+from streamberg.ingest.committers import Committers
 from streamberg.ingest.local.gateway import start_local_gateway
 from streamberg.ingest.local.settings import configuration, local_settings
 from streamberg.ingest.local.worker_logs import WorkerLogTarget
 from streamberg.ingest.run_folder import RunFolder
+from streamberg.ingest.writer import Writer
 
 STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
 
@@ -54,20 +58,16 @@ class WriterFunction(FlatMapFunction):
         self.config_dump, self.run_id, self.log_target = config, run_id, log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        from streamberg.ingest.writer import IngestWriter
-
         if self.log_target is not None:
             self.log_target.configure()
         _log_restart(runtime_context, "writers")
         index = runtime_context.get_index_of_this_subtask()
         parallelism = runtime_context.get_number_of_parallel_subtasks()
         with _failure_logged("writers", subtask=index):
-            dump = unseal(self.config_dump)  # the job graph carries no secret: this worker's environment does
-            fleet = _fleet_of(dump)
-            config = _run_config(dump)
-            self.folder = folder = RunFolder.of(config, self.run_id)
-            self.writer = (FleetWriter(fleet, index, parallelism, self.run_id) if fleet is not None
-                           else IngestWriter(config, index, parallelism, self.run_id))
+            # The job graph carries no secret: this worker's environment does.
+            fleet = FleetConfig.model_validate(unseal(self.config_dump))
+            self.folder = folder = RunFolder.of(run_settings(fleet), self.run_id)
+            self.writer = Writer(fleet, index, parallelism, self.run_id)
             with _lost_offsets_marked(folder):
                 self.writer.open()
             self.progress = folder.progress(index, self.writer.position)
@@ -87,9 +87,9 @@ class WriterFunction(FlatMapFunction):
             time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
             return
         with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.folder):
-            yield from _units(self.writer.poll())
+            yield from self.writer.poll()
             if self._stop_requested():
-                yield from _units(self.writer.finish())
+                yield from self.writer.finish()
 
     def close(self) -> None:
         if getattr(self, "writer", None) is not None:
@@ -102,47 +102,21 @@ class CommitterFunction(MapFunction):
         self.log_target = log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        from streamberg.ingest.committer import Committer
-
         if self.log_target is not None:
             self.log_target.configure()
         _log_restart(runtime_context, "committer")
         with _failure_logged("committer"):
-            dump = unseal(self.config_dump)
-            fleet = _fleet_of(dump)
-            self.committer = (FleetCommitter(fleet, self.parallelism, self.run_id) if fleet is not None
-                              else Committer(config_from_dump(dump), self.parallelism, self.run_id))
+            self.committer = Committers(FleetConfig.model_validate(unseal(self.config_dump)), self.parallelism,
+                                        self.run_id)
             self.committer.open()
 
     def map(self, unit: Any) -> int:
         with _failure_logged("committer"):
-            result = self.committer.offer(unit)
-        return result if isinstance(result, int) else 0 if result is None else result.records
+            return self.committer.offer(unit)
 
     def close(self) -> None:
         if getattr(self, "committer", None) is not None:
             self.committer.close()
-
-
-def _units(got: Any) -> list:
-    """A single table's writer hands one unit (or None), a fleet's a list."""
-    if got is None:
-        return []
-    return list(got) if isinstance(got, list) else [got]
-
-
-def _fleet_of(dump: dict) -> FleetConfig | None:
-    """The many-table config a job was given (its dump has `tables`), else None."""
-    return FleetConfig.model_validate(dump) if "tables" in dump else None
-
-
-def _run_config(dump: dict) -> StreambergConfig:
-    """The configuration the run's own settings come from (state folder, Flink, Python
-    workers): the config itself, or a fleet's first route's with a probe topic."""
-    fleet = _fleet_of(dump)
-    if fleet is None:
-        return config_from_dump(dump)
-    return run_settings(fleet)
 
 
 @contextmanager
@@ -181,8 +155,14 @@ def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:
                                          attempt=attempt)
 
 
+def job_name(fleet: FleetConfig) -> str:
+    """The Flink pipeline's name: the tables it writes (its routes' identifiers)."""
+    names = ", ".join(r.identifier for r in fleet.tables)
+    return f"streamberg-ingest {names if len(names) <= 120 else names[:117] + '...'}"
+
+
 def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False,
-                        python_workers: str | None = None) -> Configuration:
+                        python_workers: str | None = None, name: str = "streamberg-ingest") -> Configuration:
     """The job's Flink settings. `cluster`: submitted with `flink run` (cli/flink_submit.py).
     `python_workers`: what starts a local run's Python workers (the fork server's launcher,
     ingest/local/fork_server.py), by default this environment's interpreter.
@@ -202,24 +182,23 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": "3",
         "restart-strategy.fixed-delay.delay": "5 s",
-        "pipeline.name": f"streamberg-ingest {config.table.identifier}",
+        "pipeline.name": name,
         **config.ingest.flink,
     }
     return configuration(settings)
 
 
-def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: bool = False,
-              log_target: WorkerLogTarget | None = None, python_workers: str | None = None,
-              fleet: FleetConfig | None = None) -> StreamExecutionEnvironment:
-    """The job graph. `log_target`: where local worker processes log (None: their stderr,
-    which on a cluster is the TaskManager's log); `python_workers`: see flink_configuration.
-    `fleet`: a job of many tables (ingest/fleet.py); `config` is then the run's own settings."""
-    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
+def build_job(fleet: FleetConfig, parallelism: int, run_id: str, cluster: bool = False,
+              log_target: WorkerLogTarget | None = None, python_workers: str | None = None) -> StreamExecutionEnvironment:
+    """The job graph of the tables `fleet` routes (one table: a config of one route).
+    `log_target`: where local worker processes log (None: their stderr, which on a cluster is
+    the TaskManager's log); `python_workers`: see flink_configuration."""
+    settings = run_settings(fleet)  # the run-wide settings: state folder, Flink, Python workers
     if not cluster:
-        start_local_gateway(config).join()
+        start_local_gateway(settings).join()
     env = StreamExecutionEnvironment.get_execution_environment(
-        flink_configuration(config, parallelism, cluster, python_workers))
-    dump, _ = seal(job_dump(config, fleet))  # secrets stay in the environment (common/config/sealing.py)
+        flink_configuration(settings, parallelism, cluster, python_workers, job_name(fleet)))
+    dump, _ = seal(job_dump(fleet))  # secrets stay in the environment (common/config/sealing.py)
     ticks = env.from_source(NumberSequenceSource(0, 2**62), WatermarkStrategy.no_watermarks(), "ticks")
     units = (ticks.flat_map(WriterFunction(dump, run_id, log_target), output_type=Types.PICKLED_BYTE_ARRAY())
              .name("writers").set_parallelism(parallelism))
@@ -232,27 +211,13 @@ def build_job(config: StreambergConfig, parallelism: int, run_id: str, cluster: 
     return env
 
 
-def job_dump(config: StreambergConfig, fleet: FleetConfig | None = None) -> dict[str, Any]:
+def job_dump(fleet: FleetConfig) -> dict[str, Any]:
     """The configuration a job's operators are built from, as data (its secrets not sealed yet)."""
-    return dump_config(ingest_config(config)) if fleet is None else fleet.model_dump(mode="json", by_alias=True)
+    return fleet.model_dump(mode="json", by_alias=True)
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def prepare_tables(config: StreambergConfig):  # noqa: ANN201 - (Catalog, Table)
-    """Create or check the table and the dead-letter table before any worker starts."""
-    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
-    from streamberg.ingest.dead_letters import open_tables
-    from streamberg.ingest.decode.formats import format_of
-    from streamberg.ingest.decode.records import check_key_field
-
-    fmt, _ = format_of(config)
-    catalog, table, _ = open_tables(config)
-    check_key_field(table.schema(), config.kafka.key_field, config.kafka.key_format)
-    fmt.check_table(table.schema())
-    return catalog, table
 
 
 def failure_message(client: Any, status: str) -> str:

@@ -58,8 +58,8 @@ from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.files import WrittenFile
 from streamberg.ingest.replay_batch import ReplayBatcher
+from streamberg.ingest.source import consumer_settings
 from streamberg.ingest.units import DeadLetter
-from streamberg.ingest.writer import consumer_settings
 
 # How long Kafka may return nothing before a range read gives up (the records exist:
 # the ingest already read them, so silence means they were deleted or compacted away).

@@ -43,6 +43,8 @@ from streamberg.common.tables import run_folder
 
 STOP_MARKER = "stop"
 DRAINED_MARKER = "drained"
+COMMITTED_FILE = "committed"  # the records the run committed so far (the job's committer writes it)
+BASELINES_FILE = "baselines.json"  # each table's consumed total when the run first opened it
 FENCED_MARKER = "fenced"
 LOST_OFFSETS_MARKER = "lost-offsets"
 _PROGRESS_GLOB = "read-w*.json"
@@ -109,6 +111,36 @@ class RunFolder:
 
     def mark_drained(self, offsets: dict[int, int]) -> None:
         self._mark(DRAINED_MARKER, json.dumps({"offsets": {str(p): o for p, o in offsets.items()}}))
+
+    def record_committed(self, records: int) -> None:
+        """The records (rows and dead letters) the run has committed so far, every table:
+        the driver's bound, progress and outcome (written atomically)."""
+        self.create()
+        temporary = self.path / f"{COMMITTED_FILE}.tmp"
+        temporary.write_text(str(int(records)))
+        os.replace(temporary, self.path / COMMITTED_FILE)
+
+    def record_baselines(self, baselines: dict[str, dict[str, Any]]) -> None:
+        """Each table's consumed total when this run first opened it (the committer's count
+        after a restart of the same run starts from these; written atomically)."""
+        self.create()
+        temporary = self.path / f"{BASELINES_FILE}.tmp"
+        temporary.write_text(json.dumps(baselines))
+        os.replace(temporary, self.path / BASELINES_FILE)
+
+    def baselines(self) -> dict[str, dict[str, Any]]:
+        try:
+            found = json.loads((self.path / BASELINES_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): v for k, v in found.items() if isinstance(v, dict) and "topic" in v and "total" in v} \
+            if isinstance(found, dict) else {}
+
+    def records_committed(self) -> int:
+        try:
+            return int((self.path / COMMITTED_FILE).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
 
     def drained(self) -> bool:
         return (self.path / DRAINED_MARKER).exists()

@@ -44,7 +44,7 @@ class FlushUnit:
     writer: int  # the writer subtask's index
     epoch: int  # commit-interval number (wall clock // interval) the unit closes
     topic: str
-    # The table the unit is for (a many-table job's committer routes by it; ingest/fleet.py).
+    # The table the unit is for (the job's committer routes by it; ingest/committers.py).
     table: str = ""
     route_value: str | None = None  # a field-routed table's value (common/config/fleet.py route_field)
     # partition -> (first offset covered, next offset to read); only partitions that moved

@@ -1,398 +1,407 @@
-"""A writer: reads its Kafka partitions, decodes batches to Arrow, writes Parquet files.
+"""A writer subtask of the ingest job: one Kafka source, a lane per table (ingest/lane.py).
 
-Engine-neutral (the PyFlink job wraps it in a FlatMapFunction). Exactly-once rests on two
-rules here:
-- On open, the writer seeks each of its partitions to the offset recorded in the table
-  (never to consumer-group offsets), so whatever was written but not committed before a
-  crash is simply read and written again.
-- Every unit it emits covers, per partition, exactly the offsets from where the previous
-  unit ended to the next offset to read; the committer checks the chain.
-- A position Kafka lost (deleted by retention, or offsets that went back) is never passed
-  over in silence: ingest/positions.py checks it at open, on an out-of-range fetch and on
-  the first offset delivered, and applies `ingest.on_lost_offsets`.
+A config of one table is a config of one route (common/config/loading.as_fleet): one path
+for one table or many (docs/fleet.md).
 
-Partition ownership is `partition % parallelism == writer index`: disjoint, and stable
-across restarts with the same parallelism.
+- **Routing.** Every topic the broker has is matched against the routes once at start and
+  every `ingest.topic_discovery_seconds` (ingest/routes.py): a named topic or one matching a
+  pattern gets its table configuration, a table per topic (one refused is that topic's alone,
+  with its reason). A table new to the catalog is made by the first lane that needs it: from
+  the route's schema, the registry's writer schema, or (`schema: infer`) its first records.
+- **Lanes.** The source reads every partition the writer owns (`partition % parallelism`) of
+  every routed topic with one consumer, and the writer hands each polled batch's records to
+  their table's lane. A lane that cannot be opened refuses its table (the committer pauses it
+  and `status` says why); a lost Kafka position under `on_lost_offsets: fail` and a fence stop
+  the job, as they must.
+- **A topic routed by a record field** feeds several lanes: its route's `_unrouted` table (the
+  anchor: it takes the records no table can, as dead letters with the reason) and one lane per
+  field value. They share the topic's partitions: the source reads each partition from the
+  lowest position of its lanes, every lane skips the records below its own (what its table
+  committed already) and moves on past the records of the others (`TableLane.advance`). A lane
+  opened mid-run (a value first seen) starts where the writer has examined the topic to.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from typing import Any
 
-import numpy as np
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from pyiceberg.table import Table
+from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
-from streamberg.common.config import StreambergConfig
-from streamberg.common.errors import LostOffsetsError
-from streamberg.common.field_sightings import FieldSighting, merge_sightings
+from streamberg.common.catalog import load_catalog, routed_values
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
+from streamberg.common.errors import ConfigError, FencedError, LostOffsetsError
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import OffsetSkip, committed_position
-from streamberg.common.table_files import target_file_size
-from streamberg.common.watermarks import Watermarks
-from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.unknown_fields import display
-from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
-from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
-from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
-from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
+from streamberg.common.tables import run_settings
+from streamberg.ingest.lane import TableLane
+from streamberg.ingest.routes import Routes, TableCapReached, ensure_route_table, exc_reason, ingest_view
+from streamberg.ingest.source import KafkaSource
+from streamberg.ingest.units import FlushUnit
 
-# librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
-_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+# Errors a lane's opening may raise that stop the job, whatever the other tables: a position
+# Kafka lost under on_lost_offsets=fail (a restart would find it lost again), a fence.
+JOB_STOPPING = (LostOffsetsError, FencedError)
 
 
-def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
-    return sorted(p for p in partitions if p % parallelism == index)
+class Writer:
+    """One writer subtask: one source, a lane per table (see the module's notes)."""
 
-
-def consumer_settings(config: StreambergConfig) -> dict:
-    return {
-        "bootstrap.servers": config.kafka.bootstrap_servers,
-        # librdkafka wants a group id even for assign(); offsets are never auto-committed.
-        "group.id": config.ingest_target.consumer_group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
-        # latest without telling consume() (librdkafka#4224); with "error" it reports it, and
-        # the writer applies ingest.on_lost_offsets. kafka.start_offset is resolved to a number
-        # by the writer itself, for partitions the table has never recorded.
-        "auto.offset.reset": "error",
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
-        "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
-        **config.kafka.consumer,
-    }
-
-
-def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is not None and meta.error is None and meta.partitions:
-            return sorted(meta.partitions)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topic {topic!r} not found on {consumer}; create it first")
-        time.sleep(0.5)
-
-
-class IngestWriter:
-    """One table's writer. Alone it owns its consumer; as a lane of a FleetWriter
-    (ingest/fleet.py) it is given the fleet's consumer, which assigns and polls every table's
-    partitions together, and asks the fleet to re-assign after a refused position."""
-
-    def __init__(self, config: StreambergConfig, index: int, parallelism: int, run_id: str,
-                 consumer: Consumer | None = None, reassign: Callable[[], None] | None = None,
-                 route_value: str | None = None):
-        self.config, self.index, self.parallelism, self.run_id = config, index, parallelism, run_id
-        self.shared_consumer, self.reassign = consumer, reassign
-        self.route_value = route_value  # a table of a field-routed topic: its field's value
-        self.topic = config.kafka.topic
-        self.interval = config.ingest.commit_interval_seconds
-        self.log = get_logger("ingest.writer", job=config.ingest_target.job_id, table=config.table.identifier,
-                              writer=index, run=run_id)
-        self.consumer: Consumer | None = None
-        self.position: dict[int, int] = {}  # partition -> next offset to read
-        self.unit_start: dict[int, int] = {}  # partition -> offset where the open unit began
-        # partition -> the offset asked for at the last positioning, until a record arrives
-        self.expect_first: dict[int, int] = {}
-        self.skips: dict[int, list[OffsetSkip]] = {}  # jumps Kafka forced in the open unit
-        self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
-        self.dead_letters: list[DeadLetter] = []
-        self.messages = 0  # records read into the open unit
-        self.skipped = 0  # of them, neither rows nor dead letters (ingest/decode/envelopes/changes.py)
-        # ingest.schema_evolution (ingest/evolution.py): records held for the committer and
-        # the fields they carry; files closed when the schema changed mid-unit; sightings (off)
-        self.evolution = config.ingest.schema_evolution
-        self.held: list[HeldRecord] = []
-        self.held_bytes = 0
-        self.changes = SchemaChanges()
-        self.rolled: list[WrittenFile] = []
-        self.sightings: dict[str, FieldSighting] = {}
-        self.schema_checked = 0.0
-        self.epoch = self._epoch_now()
+    def __init__(self, fleet: FleetConfig, index: int, parallelism: int, run_id: str) -> None:
+        self.fleet, self.index, self.parallelism, self.run_id = fleet, index, parallelism, run_id
+        self.tables = Routes(fleet)
+        self.lanes: dict[str, TableLane] = {}  # table identifier (the ingest's view) -> its lane
+        self.by_topic: dict[str, list[str]] = {}  # topic -> its lanes, a field-routed topic's anchor first
+        self.split: dict[str, Any] = {}  # a field-routed topic -> its route
+        self.known: dict[str, set[str]] = {}  # ... -> the values its tables were made for (catalog's, ours)
+        self.refused_values: dict[tuple[str, str], str] = {}  # (topic, value) -> why no table takes it
+        self.refused_tables: dict[str, str] = {}  # a table whose route record does not validate -> why
+        self.log = get_logger("ingest.writer", writer=index, run=run_id)
+        self.source: KafkaSource | None = None
         self.finished = False
+        self._next_discovery = 0.0
+        self._in_batch = self._reassign_pending = False
+        self._blocked: set[str] = set()  # lanes holding records for a schema change, skipping their records
+        self.closed_early = 0  # files closed before their interval's end to bound memory
+        self._engine: Any = None  # the catalog's database: the tables' slots (common/table_slots.py)
+        self.reports: list[FlushUnit] = []  # tables this writer could not open, for the committer
 
-    def _epoch_now(self) -> int:
-        return int(time.time() // self.interval)
+    @property
+    def position(self) -> dict[str, int]:
+        """How far each topic's partitions were read, `topic/partition` -> next offset (run
+        progress: a field-routed topic's records count once, whatever its tables)."""
+        out: dict[str, int] = {}
+        for topic, names in self.by_topic.items():
+            for name in names:
+                for p, o in self.lanes[name].position.items():
+                    key = f"{topic}/{p}"
+                    out[key] = max(out.get(key, 0), o)
+        return out
 
     def open(self) -> None:
-        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
-        committed = committed_position(table, self.topic)
-        self.consumer = self.shared_consumer or Consumer(consumer_settings(self.config))
-        mine = owned_partitions(topic_partitions(self.consumer, self.topic), self.index, self.parallelism)
-        recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
-        marks = broker_positions(self.config, mine, recorded)
-        for p in mine:
-            self.position[p] = (recorded[p] if p in recorded
-                                else self._start_of_new_partition(p, marks, topic_started=bool(committed.offsets)))
-        self.unit_start = dict(self.position)
-        problems = position_problems(self.topic, recorded, marks)
-        if problems and self.config.ingest.on_lost_offsets == "fail":
-            self.log.error("kafka positions lost; stopping (ingest.on_lost_offsets: fail)",
-                           partitions=[p.partition for p in problems])
-            raise refusal(problems, self.config.table.identifier)  # every partition, not the first only
-        for problem in problems:
-            self._position_lost(problem)
-        if self.shared_consumer is None:
-            self.consumer.assign(self.assignment())
-        self.expect_first = dict(self.position)
-        self._decode_with(table)
-        self.log.info("writer opened", partitions=mine, start_offsets=self.position,
-                      committed_snapshot=committed.snapshot_id)
+        self.source = KafkaSource(run_settings(self.fleet), self.run_id)
+        self.discover(force=True)
 
-    def _decode_with(self, table: Table) -> None:
-        """Decode and write against the table's current schema."""
-        self.schema_id = table.schema().schema_id
-        self.decoder = record_decoder(self.config, table.schema())
-        self.files = PartitionedFileWriter(
-            io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
-            properties=table.properties,
-            target_file_size=target_file_size(table, default=self.config.table.target_file_size_bytes),
-            row_group_rows=self.config.ingest.row_group_rows,
-            name_prefix=f"{self.run_id}-w{self.index}-s{self.schema_id}",
-        )
-
-    def _recheck_schema(self) -> None:
-        """While records are held, follow the committer's schema changes (at most once a
-        second): files written so far are closed into the open unit, and the rest of the
-        stream decodes against the evolved schema."""
+    def discover(self, force: bool = False) -> None:
+        """Route the topics the broker has now; open a lane for each new one. A route whose
+        tables reached ingest.max_tables_per_route learns the ones other writers made."""
         now = time.monotonic()
-        if now - self.schema_checked < SCHEMA_RECHECK_SECONDS:
+        if not force and now < self._next_discovery:
             return
-        self.schema_checked = now
-        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
-        if table.schema().schema_id == self.schema_id:
-            return
-        self.rolled.extend(self.files.flush())
-        old = self.schema_id
-        self._decode_with(table)
-        self.log.info("decoding against the evolved schema", schema_from=old, schema_to=self.schema_id,
-                      held=len(self.held))
+        interval = self.fleet.defaults.ingest.topic_discovery_seconds
+        if not self.lanes:  # nothing to read yet: a topic made after the job started is read within a second
+            interval = min(interval, 1.0)
+        self._next_discovery = now + interval
+        assert self.source is not None
+        new = self.tables.update(self.source.topics())
+        opened = []
+        for topic in new:
+            try:
+                self._open_topic(topic)
+                opened.append(topic)
+            except NoSuchTableError as exc:  # schema: infer, and no record yet to infer the table from
+                self._forget(topic)
+                self.tables.wait(topic, str(exc))
+            except JOB_STOPPING:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one topic's table cannot be opened: that topic alone stops
+                self._forget(topic)
+                reason = exc_reason(exc)
+                self.tables.refused[topic] = reason
+                self._report_refused(topic, self.tables.by_topic[topic].table.identifier, reason)
+                self.log.error("topic not read: its table could not be opened; the other tables go on", topic=topic,
+                               reason=reason)
+        if opened:
+            self.reassign()
+            self.log.info("tables routed", new_topics=opened, tables=len(self.lanes))
 
-    # -- positions -----------------------------------------------------------------------
-    def _start_of_new_partition(self, partition: int, marks: Watermarks, topic_started: bool) -> int:
-        """Where a partition the table never recorded starts; the next unit records it even if
-        nothing is read, so a restart starts there too, not at a later "latest".
+    def _report_refused(self, topic: str, table: str, reason: str) -> None:
+        """Tell the committer (and so `status`, through the run folder) why a table is not written."""
+        self.reports.append(FlushUnit(run_id=self.run_id, writer=self.index, epoch=0, topic=topic, table=table,
+                                      refused=reason))
 
-        `kafka.start_offset` says where the ingest of a topic begins. A partition that
-        appears once the table already holds positions of the topic (one added while the
-        ingest ran) was written while the table was being fed, so it is read from its
-        start, as Flink's Kafka source reads discovered partitions: with "latest", records
-        produced between the partition's creation and the restart would otherwise be lost.
-        """
-        self.unrecorded.add(partition)
-        low, high = marks.partitions.get(partition, (0, 0))
-        if topic_started and self.config.kafka.start_offset == "latest":
-            self.log.warning("a partition new to the table is read from its start (the topic's ingest began "
-                             "earlier; kafka.start_offset applies to the first start only)",
-                             partition=partition, offset=low, high_watermark=high)
-            return low
-        return low if self.config.kafka.start_offset == "earliest" else high
+    def _forget(self, topic: str) -> None:
+        """Close whatever lanes a topic opened before its failure (none of them read yet)."""
+        for name in self.by_topic.pop(topic, []):
+            lane = self.lanes.pop(name, None)
+            if lane is not None:
+                lane.close()
+        self.split.pop(topic, None)
+        self.known.pop(topic, None)
 
-    def _position_lost(self, problem: PositionProblem) -> None:
-        """Apply ingest.on_lost_offsets: raise (fail), or read on from the low watermark and
-        record the jump in the open unit (skip-and-record)."""
-        if self.config.ingest.on_lost_offsets == "fail":
-            self.log.error("kafka position lost; stopping (ingest.on_lost_offsets: fail)",
-                           partition=problem.partition, committed=problem.committed, low=problem.low, end=problem.end)
-            raise refusal([problem], self.config.table.identifier)
-        skip = problem.skip()
-        self.skips.setdefault(problem.partition, []).append(skip)
-        self.position[problem.partition] = problem.low
-        self.log.warning("kafka position lost; reading on from the low watermark and recording the skip",
-                         partition=problem.partition, skip_from=skip.from_offset, skip_to=skip.to_offset,
-                         kind=skip.kind, lost=skip.lost, end=problem.end)
+    def _claim(self, config: StreambergConfig, route: Any) -> str | None:
+        """Take the new table's slots (common/table_slots.py): one of its route's (a field's
+        values) and one of the job's. None: taken; else why not."""
+        from streamberg.common.catalog import state_engine
+        from streamberg.common.table_slots import claim, scope_of
 
-    def _out_of_range(self, partition: int) -> None:
-        """The broker refused the position while running (retention overtook the writer)."""
-        asked = self.position[partition]
-        marks = broker_positions(self.config, [partition], {partition: asked})
-        problems = position_problems(self.topic, {partition: asked}, marks)
-        if problems:
-            self._position_lost(problems[0])
-        else:  # in range again when asked (a broker between leaders): read on from the same offset
-            self.log.warning("the broker refused a position it now has; reading on from it", partition=partition,
-                             offset=asked, low=marks.low(partition), end=marks.end(partition))
-        self.expect_first[partition] = self.position[partition]
-
-    def _reposition(self) -> None:
-        """Assign every partition again at its position (the next offset to read): a
-        partition the broker refused cannot be sought (librdkafka's erroneous state), and
-        records fetched ahead for the others are simply fetched again."""
-        assert self.consumer is not None
-        if self.reassign is not None:
-            self.reassign()  # the fleet's consumer: every lane's partitions at once
-        else:
-            self.consumer.assign(self.assignment())
-
-    def advance(self, ends: dict[int, int]) -> None:
-        """A field-routed topic's batch went past records of other tables: this table has read
-        them too (nothing of them is its), so its position moves on to the batch's end."""
-        for p, end in ends.items():
-            if p in self.position and end > self.position[p]:
-                self.position[p] = end
-
-    def assignment(self) -> list[TopicPartition]:
-        """This writer's partitions at their positions (the next offsets to read)."""
-        return [TopicPartition(self.topic, p, o) for p, o in self.position.items()]
-
-    def _check_first_offsets(self, partitions: list[int], offsets: list[int]) -> None:
-        """The first record after a positioning must be the one asked for. Beyond it is normal
-        after compaction or transaction markers, but not when the low watermark passed it."""
-        firsts = dict(zip(reversed(partitions), reversed(offsets)))
-        for p in [p for p in self.expect_first if p in firsts]:
-            asked, first = self.expect_first.pop(p), firsts[p]
-            if first < asked:
-                raise LostOffsetsError(
-                    f"{self.topic}[{p}]: the broker delivered offset {first} when offset {asked} was asked for; "
-                    f"the partition's offsets went back. Nothing was committed past the table's offsets")
-            if first > asked:
-                marks = broker_positions(self.config, [p], {p: asked})
-                if marks.low(p) > asked:
-                    self._position_lost(PositionProblem(self.topic, p, asked, marks.low(p), marks.end(p)))
-
-    # -- reading ----------------------------------------------------------------------
-    def poll(self) -> FlushUnit | None:
-        """Read and write one batch; return a unit when the commit interval has ended."""
-        assert self.consumer is not None, "open() first"
-        if self.finished:
-            return None
-        if self.held_bytes >= HELD_BYTES_LIMIT:
-            # Enough held for the committer: wait (still flushing each interval) for the
-            # schema change before reading on.
-            self._recheck_schema()
-            if self.held_bytes >= HELD_BYTES_LIMIT:
-                time.sleep(self.config.ingest.poll_timeout_seconds)
-        elif self.position:
-            messages = self.consumer.consume(self.config.ingest.max_poll_records, self.config.ingest.poll_timeout_seconds)
-            if messages:
-                self._process(messages)
-        else:  # more writers than partitions: this one idles but still reports
-            time.sleep(self.config.ingest.poll_timeout_seconds)
-        epoch = self._epoch_now()
-        if epoch != self.epoch:
-            unit = self._flush(final=False)
-            self.epoch = epoch
-            return unit
+        if self._engine is None:
+            self._engine = state_engine(config.catalog)
+        identifier, catalog_name = config.table.identifier, config.catalog.name
+        if route is not None and route.route_field is not None:
+            cap = config.ingest.max_tables_per_route
+            if not claim(self._engine, catalog_name, scope_of("route", route.identifier), identifier, cap):
+                return (f"route field {route.route_field!r} would make table {identifier} past "
+                        f"ingest.max_tables_per_route ({cap})")
+        cap = config.ingest.max_tables
+        if not claim(self._engine, catalog_name, scope_of("job", *sorted(r.identifier for r in self.fleet.tables)),
+                     identifier, cap):
+            return f"table {identifier} would be past ingest.max_tables ({cap}) of this job"
         return None
 
-    def _process(self, messages: list) -> None:
-        # The only per-record Python on the hot path: plain list comprehensions over the
-        # messages (measured ~2.5M messages/s here; tuples or numpy.fromiter are 3-8x slower).
-        errors = [m.error() for m in messages]
-        # Not `errors.count(None)`: confluent-kafka's KafkaError compared with None sets a
-        # TypeError without raising it, and the next C call fails with a SystemError.
-        if any([e is not None for e in errors]):
-            messages, refused = self._drop_errors(messages, errors)
-            if messages:
-                self._take(messages)
-            # After the records before it: the jump starts where they left the position.
-            for partition in refused:
-                self._out_of_range(partition)
-            if refused:
-                self._reposition()
+    def _value_refusal(self, config: StreambergConfig) -> str | None:
+        """Why a route value's table cannot be made (None: it can): a name ending like a side
+        table's, or a side table of (or sharing one with) a table this writer has."""
+        from streamberg.common.config.fleet import side_table_clash
+
+        identifier = config.table.identifier
+        if (why := side_table_clash(identifier)) is not None:
+            return why
+        mine = {name.lower() for name in self.lanes}
+        sides = {side.lower() for lane in self.lanes.values() for side in lane.config.side_tables}
+        if identifier.lower() in sides or {s.lower() for s in config.side_tables} & (mine | sides):
+            return f"its table {identifier} would share a name with another table's side table"
+        return None
+
+    def _value_config(self, topic: str, value: str) -> StreambergConfig:
+        return ingest_view(config_from_dump(self.fleet.document(self.split[topic], topic, value)))
+
+    def _open_topic(self, topic: str) -> None:
+        route = self.fleet.route_of(topic)
+        config = self.tables.by_topic[topic]
+        if route is None or route.route_field is None:
+            self._open_lane(topic, config, None)
             return
-        self._take(messages)
+        self._open_lane(topic, config, None, route_field=route.route_field)
+        self.split[topic] = route
+        self.known[topic] = set()
+        for value in self._recorded_values(topic, config):
+            self.known[topic].add(value)  # the values earlier runs made tables for: from their own offsets
+            try:
+                self._open_lane(topic, self._value_config(topic, value), value)
+            except JOB_STOPPING:
+                raise
+            except Exception as exc:  # noqa: BLE001 - that value's table alone: its records become dead letters
+                reason = exc_reason(exc)
+                self.refused_values[(topic, value)] = reason
+                self._report_refused(topic, self._value_config(topic, value).table.identifier, reason)
+                self.log.error("route value not routed", topic=topic, value=value, reason=reason)
 
-    def _take(self, messages: list) -> None:
-        self.messages += len(messages)
-        values = [m.value() for m in messages]
-        partitions = [m.partition() for m in messages]
-        offsets = [m.offset() for m in messages]
-        if self.expect_first:
-            self._check_first_offsets(partitions, offsets)
-        keys = [m.key() for m in messages] if self.decoder.needs_keys else None
-        result = self.decoder.decode(values, keys, (partitions, offsets))
-        self.skipped += result.skipped
-        if self.evolution == "add":
-            split = hold_back(result, self.decoder.schema, self.changes)
-            table, rejected = split.table, split.rejected
-            if len(split.held):
-                self._hold(messages, split.held)
-        else:
-            table, rejected = result.table, [(i, str(reason)) for i, reason in result.rejected]
-            if result.unknown:
-                self._count_unknown(result, partitions, offsets)
-        if table.num_rows:
-            self.files.write(table)
-        self.dead_letters.extend(dead_letter_from_message(messages[i], reason) for i, reason in rejected)
-        # Within a partition messages arrive in offset order: the last one seen is the highest.
-        for p, last in dict(zip(partitions, offsets)).items():
-            self.position[p] = last + 1
+    def _recorded_values(self, topic: str, config: StreambergConfig) -> list[str]:
+        """The values earlier runs made tables for, as far as the tables' record of them
+        validates (anyone can write table properties): a bad record is logged under its
+        table's own name and skipped."""
+        route = self.split[topic]
+        refused: dict[str, str] = {}
+        values = routed_values(load_catalog(config.catalog), config.table.namespace, topic,
+                               lambda value: route.table_identifier(topic, value), refused)
+        for table, why in refused.items():
+            if table not in self.refused_tables:
+                self.refused_tables[table] = why
+                self.log.error("table not taken as a route's", table=table, reason=why)
+        return values
 
-    def _count_unknown(self, result: DecodeResult, partitions: list[int], offsets: list[int]) -> None:
-        """schema_evolution off: fields the schema lacks are not written, but counted per path."""
-        parts, offs = np.asarray(partitions), np.asarray(offsets)
-        batch: dict[str, FieldSighting] = {}
-        for unknown in result.unknown:
-            seen = batch.setdefault(display(unknown.path), FieldSighting())
-            for p in np.unique(parts[unknown.rows]):
-                mine = offs[unknown.rows][parts[unknown.rows] == p]
-                seen.see_range(int(p), int(mine.min()), int(mine.max()), len(mine))
-        merge_sightings(self.sightings, batch)
+    def _open_value(self, topic: str, value: str, sample: list[bytes] | None) -> Any:
+        """A lane for a value first seen in this run, from where the topic was examined to;
+        None when the table is another topic's or value's (the reason kept for its records)."""
+        names = self.by_topic[topic]
+        examined: dict[int, int] = {}
+        for name in names:
+            for p, o in self.lanes[name].position.items():
+                examined[p] = min(examined.get(p, o), o)
+        try:
+            lane = self._open_lane(topic, self._value_config(topic, value), value, sample=sample, start=examined)
+        except JOB_STOPPING:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this value's table alone: its records are dead letters with the reason
+            reason = exc_reason(exc)
+            if len(self.refused_values) < 10_000:
+                self.refused_values[(topic, value)] = reason
+                self._report_refused(topic, self._value_config(topic, value).table.identifier, reason)
+            self.log.error("route value not routed", topic=topic, value=value, reason=reason)
+            return None
+        self.known[topic].add(value)
+        self.reassign()
+        self.log.info("table made for a route value", topic=topic, value=value, table=lane.config.table.identifier)
+        return lane
 
-    def _hold(self, messages: list, rows: np.ndarray) -> None:
-        """schema_evolution add: records the committer decodes after changing the schema."""
-        for i in rows:
-            m = messages[int(i)]
-            kind, ts = m.timestamp()
-            value = m.value()
-            self.held.append(HeldRecord(m.partition(), m.offset(), ts if kind else None, m.key(), value))
-            self.held_bytes += len(value or b"") + len(m.key() or b"")
-        self._recheck_schema()
+    def _open_lane(self, topic: str, config: StreambergConfig, value: str | None,
+                   sample: list[bytes] | None = None, start: dict[int, int] | None = None,
+                   route_field: str | None = None) -> TableLane:
+        assert self.source is not None
+        if route_field is None:  # (a route's unrouted table counts for nothing: it holds no rows)
+            why = self._claim(config, self.fleet.route_of(topic) if value else None)
+            # A table this lane would make is refused past a cap; one an earlier run made keeps
+            # being written (it holds its slot when one is free).
+            if why is not None and not load_catalog(config.catalog).table_exists(config.table.identifier):
+                raise TableCapReached(why)
+        ensure_route_table(config, topic, value, sample, anchor_field=route_field, infer=self.fleet.single is None)
+        lane = TableLane(config, self.index, self.parallelism, self.run_id, reassign=self.reassign, route_value=value)
+        lane.open(self.source.consumer)
+        if start is not None:
+            for p in lane.unrecorded:  # a table its records were never committed to: they begin here
+                if p in start:
+                    lane.position[p] = start[p]
+            lane.unit_start = dict(lane.position)
+            lane.expect_first = {}
+        self.lanes[config.table.identifier] = lane
+        self.by_topic.setdefault(topic, []).append(config.table.identifier)
+        return lane
 
-    def _drop_errors(self, messages: list, errors: list) -> tuple[list, list[int]]:
-        """The records, and the partitions whose position the broker refused."""
-        kept, refused = [], []
-        for m, error in zip(messages, errors):
-            if error is None:
-                kept.append(m)
-            elif error.code() in _OUT_OF_RANGE:
-                refused.append(m.partition())
-            elif error.code() != KafkaError._PARTITION_EOF:
-                if error.fatal():
-                    raise KafkaException(error)
-                self.log.warning("kafka error", error=str(error))
-        return kept, refused
+    def reassign(self) -> None:
+        """Every lane's partitions, each read from the lowest position of the lanes sharing it.
 
-    # -- flushing ---------------------------------------------------------------------
-    def _flush(self, final: bool) -> FlushUnit:
-        files = self.rolled + self.files.flush()
-        self.rolled = []
-        # Partitions that moved, jumped, or whose start the table does not hold yet.
-        covered = {p for p, end in self.position.items() if end != self.unit_start[p]} | set(self.skips) \
-            | self.unrecorded
-        ranges = {p: (self.unit_start[p], self.position[p]) for p in sorted(covered)}
-        unit = FlushUnit(run_id=self.run_id, writer=self.index, epoch=self.epoch, topic=self.topic,
-                         table=self.config.table.identifier, route_value=self.route_value,
-                         ranges=ranges, files=files, dead_letters=self.dead_letters, final=final,
-                         messages=self.messages, skipped=self.skipped, skips=self.skips, held=self.held, new_fields=self.changes.add,
-                         widen=self.changes.widen,
-                         sightings=self.sightings)
-        self.held, self.held_bytes, self.changes, self.sightings = [], 0, SchemaChanges(), {}
-        self.unit_start = dict(self.position)
-        self.skips, self.unrecorded = {}, set()
-        self.dead_letters = []
-        self.messages = self.skipped = 0
-        if not unit.empty:
-            self.log.debug("unit flushed", epoch=unit.epoch, files=len(files), records=unit.records,
-                           dead_letters=len(unit.dead_letters), ranges=ranges)
-        return unit
+        Asked while a batch is being handed out (a table made for a route value, a refused
+        position), it waits for the batch's end: assigning then would fetch again the records
+        of the batch's other topics not handed out yet, and they would be written twice."""
+        if self._in_batch:
+            self._reassign_pending = True
+            return
+        assert self.source is not None
+        lowest: dict[tuple[str, int], int] = {}
+        for lane in self.lanes.values():
+            for tp in lane.assignment():
+                key = (tp.topic, tp.partition)
+                lowest[key] = min(lowest.get(key, tp.offset), tp.offset)
+        self.source.assign(lowest)
 
-    def finish(self) -> FlushUnit:
-        """Flush what is buffered as this writer's final unit and stop reading."""
-        unit = self._flush(final=True)
+    def poll(self) -> list[FlushUnit]:
+        """Read one batch across every table; every table's units when the interval ended."""
+        assert self.source is not None
+        if self.finished:
+            return []
+        self.discover()
+        lanes = list(self.lanes.values())
+        settings = self.fleet.defaults.ingest
+        if not lanes:  # no topic of the routes on the broker yet: looked for again at every discovery
+            time.sleep(settings.poll_timeout_seconds)
+            units, self.reports = self.reports, []
+            return units
+        self._follow_blocked()
+        batch = self.source.consume(settings.max_poll_records, settings.poll_timeout_seconds)
+        if batch:
+            by_topic: dict[str, list] = {}
+            for message in batch:
+                by_topic.setdefault(message.topic(), []).append(message)
+            self._in_batch = True
+            try:
+                for topic, messages in by_topic.items():
+                    names = self.by_topic.get(topic)
+                    if not names:
+                        continue
+                    if topic in self.split:
+                        self._split(topic, messages)
+                    elif names[0] not in self._blocked:
+                        self.lanes[names[0]].process(messages)
+            finally:
+                self._in_batch = False
+            if self._reassign_pending:
+                self._reassign_pending = False
+                self.reassign()
+            self._bound_memory(lanes[0].config)
+        units, self.reports = self.reports, []
+        for lane in list(self.lanes.values()):  # each table on its own interval (a route may set its own)
+            epoch = lane.epoch_now()
+            if epoch != lane.epoch:
+                # Empty units too: a table's committer commits an interval once every writer reported it.
+                # (A value table that only moved past the others' records: its committer's
+                # ingest.commit_min_bytes makes that position wait, ingest/committer.py.)
+                units.append(lane.flush(final=False))
+                lane.epoch = epoch
+        return units
+
+    def _split(self, topic: str, messages: list) -> None:
+        """A field-routed topic's batch: each record to its value's table, or a dead letter of
+        the route's unrouted table with the reason; every lane then moves past the batch."""
+        import orjson
+
+        from streamberg.common.config.fleet import route_value
+        from streamberg.ingest.dead_letters import dead_letter_from_message
+
+        route = self.split[topic]
+        anchor = self.lanes[self.by_topic[topic][0]]
+        good = [m for m in messages if m.error() is None]
+        errors = [m for m in messages if m.error() is not None]
+        ends: dict[int, int] = {}
+        for m in good:
+            ends[m.partition()] = m.offset() + 1
+        groups: dict[str, list] = {}
+        refused: list[tuple[Any, str]] = []
+        for m in good:
+            try:
+                record = orjson.loads(m.value()) if m.value() is not None else None
+            except orjson.JSONDecodeError:
+                refused.append((m, "not JSON"))
+                continue
+            if not isinstance(record, dict):
+                refused.append((m, f"route field {route.route_field!r}: the record is not a JSON object"))
+                continue
+            try:
+                value = route_value(record.get(route.route_field))
+            except ValueError as exc:
+                refused.append((m, f"route field {route.route_field!r} is {exc}"))
+                continue
+            groups.setdefault(value, []).append(m)
+        for value, group in groups.items():
+            why = self.refused_values.get((topic, value))
+            try:
+                lane = self.lanes.get(self._value_config(topic, value).table.identifier)
+            except ConfigError as exc:  # e.g. a name past 128 characters with this value
+                lane, why = None, f"route field {route.route_field!r} = {value!r} makes no valid table: {exc}"[:500]
+            if lane is None and why is None:
+                why = self._value_refusal(self._value_config(topic, value))
+                if why is None:
+                    lane = self._open_value(topic, value, sample=[m.value() for m in group])
+                    why = self.refused_values.get((topic, value), "its table could not be opened")
+                elif len(self.refused_values) < 10_000:
+                    self.refused_values[(topic, value)] = why
+            if lane is None:
+                refused.extend((m, why or "its table could not be opened") for m in group)
+                continue
+            if lane.config.table.identifier in self._blocked:
+                continue  # fetched again from its position once its schema change landed
+            mine = [m for m in group if m.offset() >= lane.position.get(m.partition(), 0)]
+            if mine:
+                lane.process(mine)
+        refused = [(m, why) for m, why in refused if m.offset() >= anchor.position.get(m.partition(), 0)]
+        if refused:
+            anchor.messages += len(refused)
+            anchor.dead_letters.extend(dead_letter_from_message(m, why) for m, why in refused)
+        for name in self.by_topic[topic]:
+            if name not in self._blocked:
+                self.lanes[name].advance(ends)
+        if errors:  # out of range and the like, after the records before them: every table of the topic
+            for name in list(self.by_topic[topic]):
+                self.lanes[name].process(errors)
+
+    def _bound_memory(self, settings: StreambergConfig) -> None:
+        """Past ingest.max_open_files or max_buffered_bytes over all tables, close the least
+        recently written files (each lane's files join its next unit)."""
+        limit_files, limit_bytes = settings.ingest.max_open_files, settings.ingest.max_buffered_bytes
+        while True:
+            writers = [lane.files for lane in self.lanes.values() if lane.files.open_files]
+            if (sum(w.open_files for w in writers) <= limit_files
+                    and sum(w.buffered_bytes for w in writers) <= limit_bytes):
+                return
+            oldest = min(writers, key=lambda w: w.oldest_write() or 0)
+            oldest.close_oldest()
+            self.closed_early += 1
+
+    def _follow_blocked(self) -> None:
+        """A lane holding enough records for its committer's schema change takes no more (its
+        records in a batch are dropped unread, its position kept); once the change landed, the
+        source is assigned again, so they are fetched again from its position."""
+        blocked = {name for name, lane in self.lanes.items() if lane.blocked}
+        if self._blocked - blocked:
+            self.reassign()
+        self._blocked = blocked
+
+    def finish(self) -> list[FlushUnit]:
         self.finished = True
-        self.log.info("writer finished", next_offsets=self.position)
-        return unit
+        return [lane.finish() for lane in self.lanes.values()]
 
     def close(self) -> None:
-        if getattr(self, "files", None) is not None and not self.finished:
-            self.files.abort()  # uncommitted files become orphans; the data is re-read
-        if self.consumer is not None and self.shared_consumer is None:
-            self.consumer.close()
-        self.consumer = None
+        for lane in self.lanes.values():
+            lane.close()
+        if self.source is not None:
+            self.source.close()
+            self.source = None

@@ -2,9 +2,9 @@
 
 Each table's facts and verdict are the single-table ones (collect_status, with_health); the
 tables are the routes' named topics' and the broker's topics that a route takes (as the
-ingest routes them, common/config/loading.resolve_fleet), and for a route by a record field
+ingest routes them, common/config/resolve.resolve_fleet), and for a route by a record field
 the tables its values made (the catalog's record of them). A table the ingest paused (its
-commits kept failing, ingest/fleet.py) is critical with the reason the run folder records;
+commits kept failing, ingest/committers.py) is critical with the reason the run folder records;
 a topic no table can take (a name colliding with another's table) is listed as refused.
 """
 

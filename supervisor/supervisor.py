@@ -46,6 +46,7 @@ from typing import IO, Any
 from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.exit_codes import ExitCode
+from streamberg.common.keeping import backoff as restart_backoff
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.common.stop import stop_on_signals
@@ -261,8 +262,8 @@ class Supervisor:
             return
         ran = time.monotonic() - comp.started_at
         comp.failures_in_a_row = 1 if ran >= self.settings.healthy_after_seconds else comp.failures_in_a_row + 1
-        backoff = min(self.settings.restart_backoff_max_seconds,
-                      self.settings.restart_backoff_seconds * 2 ** (comp.failures_in_a_row - 1))
+        backoff = restart_backoff(comp.failures_in_a_row, self.settings.restart_backoff_seconds,
+                                  self.settings.restart_backoff_max_seconds)
         comp.restarts += 1
         comp.restart_at = time.monotonic() + backoff
         self.log.warning("component exited; restarting", process=comp.name, exit_code=code,

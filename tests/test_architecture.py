@@ -238,3 +238,25 @@ def test_catalog_kinds_are_decided_in_one_registry() -> None:
     assert not {p: n for p, n in found.items() if n and p not in allowed}, found
     assert _compares_with_kind(ROOT / "common" / "config" / "table.py")  # the check sees comparisons
 
+
+
+def test_one_committer_kind() -> None:
+    """A table of one config is a fleet of one: no committer knows whether it is one of many."""
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "ingest").rglob("*.py") if "fleet_member" in p.read_text()]
+    assert not offenders, offenders
+
+
+def test_every_module_is_named_in_the_architecture_doc() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for folder in ("common", "ingest", "compactor", "maintenance", "merge",
+                                                       "monitoring", "governor", "supervisor", "cli")
+               for p in sorted((ROOT / folder).rglob("*.py"))
+               if p.name != "__init__.py" and f"`{p.stem}`" not in doc]
+    assert not missing, f"modules docs/architecture.md does not name: {missing}"
+
+
+def test_no_module_past_500_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for folder in ("common", "ingest", "compactor", "maintenance", "merge",
+                                                        "monitoring", "governor", "supervisor", "cli")
+            for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long

@@ -39,12 +39,12 @@ from streamberg.common.config.fleet import FleetConfig, RouteConfig, topic_ident
 from streamberg.common.config.loading import (
     config_from_dump,
     dump_config,
-    fleet_table,
     is_fleet,
     load_config,
     load_fleet,
 )
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
+from streamberg.common.config.resolve import fleet_table
 from streamberg.common.config.sections import (
     CHANGELOG_COLUMNS,
     CHANGELOG_TARGET_PROPERTY,

@@ -116,7 +116,7 @@ def route_value(value: object) -> str:
 # first opens it): two topics that make one identifier never share a table.
 ROUTE_TOPIC_PROPERTY = "streamberg.route.topic"
 ROUTE_VALUE_PROPERTY = "streamberg.route.value"  # ... and the route field's value it holds
-# The run folder's record of the tables the ingest paused (written by ingest/fleet_committer.py,
+# The run folder's record of the tables the ingest paused (written by ingest/committers.py,
 # read by `status`, monitoring/fleet.py).
 PAUSED_TABLES_FILE = "paused-tables.json"
 
@@ -304,7 +304,7 @@ class FleetKafkaConfig(KafkaConfig):
     """A config of many's `kafka`: the brokers and the settings every route shares; no topic
     (the routes name them)."""
 
-    topic: str | None = None  # type: ignore[assignment]
+    topic: str | None = None
 
     @field_validator("topic", mode="before")
     @classmethod
@@ -329,6 +329,9 @@ class FleetConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     govern: GovernConfig = Field(default_factory=GovernConfig)
     config_path: str | None = None
+    # A config of one table as a config of one route (common/config/loading.as_fleet): that
+    # table's configuration, as data, which document() gives whole.
+    single: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -347,6 +350,8 @@ class FleetConfig(_Section):
 
     @model_validator(mode="after")
     def _routes(self) -> FleetConfig:
+        if self.single is not None:  # one table's own configuration, checked as such when it loaded
+            return self
         check_routes(self.tables)
         for i, route in enumerate(self.tables):
             if route.route_field is not None and (route.value_format or self.kafka.value_format) != "json":
@@ -356,6 +361,8 @@ class FleetConfig(_Section):
     def document(self, route: RouteConfig, topic: str, value: str | None = None) -> dict[str, Any]:
         """The single-table configuration of `topic` under `route` (with route_field: of the
         records whose field holds `value`, None for the route's unrouted table), as data."""
+        if self.single is not None:  # a config of one table: that table's own configuration
+            return {**self.single, "kafka": {**self.single["kafka"], "topic": topic}}
         shared = {"kafka": self.kafka, "catalog": self.catalog, "compactor": self.compactor,
                   "maintenance": self.maintenance, "monitoring": self.monitoring, "merge": self.merge, "run": self.run,
                   "govern": self.govern}
@@ -376,6 +383,7 @@ class FleetConfig(_Section):
         if route.properties is not None:
             table["properties"] = {**table.get("properties", {}), **route.properties}
         ingest = self.defaults.ingest.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        ingest.setdefault("record_group_offsets", False)  # one group consumer a table: asked for, not assumed
         if route.commit_interval_seconds is not None:
             ingest["commit_interval_seconds"] = route.commit_interval_seconds
         # Each table's compactor keeps its own streaming checkpoint (a shared one would hand a

@@ -195,6 +195,10 @@ class IngestConfig(_Section):
     max_tables_per_route: Annotated[int, _int(1, 100_000)] = 1000
     # ... and how many tables one ingest job may write in all, over every route.
     max_tables: Annotated[int, _int(1, 100_000)] = 10_000
+    # After each commit, also record the table's offsets in its Kafka consumer group
+    # (kafka.group_id, default streamberg-<table>) for lag dashboards; never used to resume.
+    # A config of many leaves it off unless set (one group consumer a table).
+    record_group_offsets: Bool = True
 
 
 class DeadLetterConfig(_Section):

@@ -156,7 +156,7 @@ def test_the_largest_max_record_bytes_makes_a_consumer_librdkafka_accepts(good_c
     from confluent_kafka import Consumer
 
     from streamberg.common.config import MAX_RECORD_BYTES
-    from streamberg.ingest.writer import consumer_settings
+    from streamberg.ingest.source import consumer_settings
 
     config = load_config(_mutate(good_config, lambda d: d["ingest"].update(max_record_bytes=MAX_RECORD_BYTES)))
     Consumer(consumer_settings(config)).close()  # raises KafkaException on a setting out of range

@@ -1,5 +1,5 @@
-"""Many tables from one ingest (ingest/fleet.py), driven in process: the real FleetWriter
-(one consumer, a lane per table) and FleetCommitter (a Committer per table) on a real broker,
+"""Many tables from one ingest (ingest/writer.py), driven in process: the real Writer
+(one consumer, a lane per table) and Committers (a Committer per table) on a real broker,
 a SQLite catalog and Parquet files; read back by pyiceberg and DuckDB.
 
 22 topics: one named topic with a declared schema, twenty by a pattern whose tables are
@@ -21,8 +21,8 @@ from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.config import load_fleet
-from streamberg.ingest.fleet import FleetWriter
-from streamberg.ingest.fleet_committer import FleetCommitter
+from streamberg.ingest.committers import Committers
+from streamberg.ingest.writer import Writer
 
 EVENTS = 20
 
@@ -63,7 +63,7 @@ def _event(i: int, **extra) -> bytes:
     return json.dumps({"id": i, "ts": "2026-11-26T01:00:00+00:00", "amount": i / 2, **extra}).encode()
 
 
-def _drive(writer: FleetWriter, committer: FleetCommitter, until, timeout: float = 120.0) -> None:
+def _drive(writer: Writer, committer: Committers, until, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not until():
         assert time.monotonic() < deadline, ("the fleet did not get there in time", sorted(writer.lanes),
@@ -96,8 +96,8 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     _produce(broker, cdc_topic, [json.dumps({"op": "c", "after": {"id": i, "name": f"n{i}"},
                                              "source": {"ts_ms": 1000 + i}}).encode() for i in range(40)])
 
-    writer = FleetWriter(fleet, 0, 1, "fleet-test")
-    committer = FleetCommitter(fleet, 1, "fleet-test")
+    writer = Writer(fleet, 0, 1, "fleet-test")
+    committer = Committers(fleet, 1, "fleet-test")
     writer.open()
     committer.open()
     from streamberg.common.catalog import load_catalog as open_catalog
@@ -228,7 +228,7 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
         except Exception:  # noqa: BLE001 - a table not created yet
             return False
 
-    writer, committer = FleetWriter(fleet, 0, 1, "route-1"), FleetCommitter(fleet, 1, "route-1")
+    writer, committer = Writer(fleet, 0, 1, "route-1"), Committers(fleet, 1, "route-1")
     writer.open()
     committer.open()
     try:
@@ -241,9 +241,9 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
                  + clicks("eu", 5, "web.clicks_eu") + [b"junk"])
         deadline = time.monotonic() + 10
         while sum(lane.messages for lane in writer.lanes.values()) < 21 and time.monotonic() < deadline:
-            writer._split(topic, [m for m in writer.consumer.consume(500, 0.5) if m.topic() == topic])
+            writer._split(topic, [m for m in writer.source.consume(500, 0.5) if m.topic() == topic])
         assert sum(lane.messages for lane in writer.lanes.values()) >= 21, "the records were not read"
-        committer.offer(writer.lanes["web.clicks_eu"]._flush(final=False))
+        committer.offer(writer.lanes["web.clicks_eu"].flush(final=False))
         assert set(_rows(catalog, "web.clicks_eu")) == expected["web.clicks_eu"]
     finally:
         writer.close()
@@ -252,7 +252,7 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
 
     # The next run: every lane from its own table's offsets; the limit still holds.
     _produce(broker, topic, clicks("eu", 5, "web.clicks_eu") + clicks("apac", 1, None))
-    writer, committer = FleetWriter(fleet, 0, 1, "route-2"), FleetCommitter(fleet, 1, "route-2")
+    writer, committer = Writer(fleet, 0, 1, "route-2"), Committers(fleet, 1, "route-2")
     writer.open()
     committer.open()
     try:
@@ -348,7 +348,7 @@ def test_a_commit_whose_answer_was_lost_is_not_made_twice(tmp_path: Path, broker
 
     catalog = open_catalog(CatalogConfig.model_validate(fleet.document(fleet.tables[0], f"{prefix}a")["catalog"]))
     table_a, table_b = f"raw.{prefix.replace('-', '_')}a", f"raw.{prefix.replace('-', '_')}b"
-    writer, committer = FleetWriter(fleet, 0, 1, "lost-1"), FleetCommitter(fleet, 1, "lost-1")
+    writer, committer = Writer(fleet, 0, 1, "lost-1"), Committers(fleet, 1, "lost-1")
     writer.open()
     committer.open()
 

@@ -230,8 +230,7 @@ def test_many_tables_survive_kill_9_twice(tmp_path: Path, broker: str, registry)
         assert catalog.load_table(letters).scan().to_arrow().num_rows == bad, letters
     assert producers.bad[f"{prefix}visits/{UNROUTED}"] > 0
     # An independent reader agrees on two of them.
-    from streamberg.common.config import load_fleet
-    from streamberg.common.config.loading import fleet_table
+    from streamberg.common.config import fleet_table, load_fleet
 
     fleet = load_fleet(path)
     for table in ("shop.orders", _table_of(prefix, f"{prefix}events.late")):

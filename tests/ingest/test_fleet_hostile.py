@@ -1,5 +1,5 @@
-"""A hostile fleet (issue 38, items 4 to 6), driven in process: the real FleetWriters and
-FleetCommitter on a real broker, a SQLite catalog and Parquet files, read back by pyiceberg.
+"""A hostile fleet (issue 38, items 4 to 6), driven in process: the real Writers and
+Committers on a real broker, a SQLite catalog and Parquet files, read back by pyiceberg.
 
 - Side-table names: `raw.{topic}` over a pattern, a topic `ev.a_dead_letters` beside `ev.a`
   in both orders, a data table an earlier release let take `ev4.c`'s dead-letter name, and
@@ -23,8 +23,8 @@ from pyiceberg.types import LongType, NestedField
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig, load_fleet
-from streamberg.ingest.fleet import FleetWriter
-from streamberg.ingest.fleet_committer import FleetCommitter
+from streamberg.ingest.committers import Committers
+from streamberg.ingest.writer import Writer
 from tests.ingest.test_fleet import _event, _produce, _rows
 
 
@@ -75,7 +75,7 @@ def test_side_table_names_refuse_one_topic_or_value_never_the_job(tmp_path: Path
     _produce(broker, f"{p}ev3.c_dead_letters", [_event(i) for i in range(7)])
     _produce(broker, f"{p}shop", [json.dumps({"id": i, "cat": "book"}).encode() for i in range(10)]
              + [json.dumps({"id": 100 + i, "cat": "books_dead_letter"}).encode() for i in range(5)])
-    writer, committer = FleetWriter(fleet, 0, 1, "side-1"), FleetCommitter(fleet, 1, "side-1")
+    writer, committer = Writer(fleet, 0, 1, "side-1"), Committers(fleet, 1, "side-1")
     writer.open()
     committer.open()
     try:
@@ -140,8 +140,8 @@ def test_table_caps_are_exact_across_writers(tmp_path: Path, broker: str) -> Non
     for t in range(5):
         _produce(broker, f"{p}ev.t{t}", [_event(i) for i in range(10)])
     _produce(broker, f"{p}extra", [_event(i) for i in range(10)])
-    writers = [FleetWriter(fleet, i, 2, "caps-1") for i in range(2)]
-    committer = FleetCommitter(fleet, 2, "caps-1")
+    writers = [Writer(fleet, i, 2, "caps-1") for i in range(2)]
+    committer = Committers(fleet, 2, "caps-1")
     for writer in writers:
         writer.open()
     committer.open()
@@ -205,7 +205,7 @@ def test_a_forged_route_record_is_reported_under_its_own_name(tmp_path: Path, br
         catalog.create_table(name, schema=Schema(NestedField(1, "id", LongType(), required=False)),
                              properties={"streamberg.route.topic": f"{p}clicks", "streamberg.route.value": value})
     _produce(broker, f"{p}clicks", [json.dumps({"id": i, "region": "eu"}).encode() for i in range(12)])
-    writer, committer = FleetWriter(fleet, 0, 1, "forged-1"), FleetCommitter(fleet, 1, "forged-1")
+    writer, committer = Writer(fleet, 0, 1, "forged-1"), Committers(fleet, 1, "forged-1")
     writer.open()
     committer.open()
     try:

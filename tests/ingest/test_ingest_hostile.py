@@ -131,7 +131,7 @@ def test_every_hostile_record_is_dead_lettered_with_its_reason(hostile_run) -> N
 def test_the_job_never_restarted(hostile_run) -> None:
     _, _, _, _, run = hostile_run
     events = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
-    opened = [e for e in events if e.get("event") == "writer opened"]
+    opened = [e for e in events if e.get("event") == "lane opened"]
     # One open per writer subtask: a restart (Flink's restart strategy) would open them again.
     assert len(opened) == 2, [e.get("event") for e in events][:50]
     assert run.returncode == 0

@@ -23,8 +23,8 @@ from streamberg.common.offsets import committed_position
 from streamberg.common.table_facts import table_facts
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
-from streamberg.ingest.writer import IngestWriter
 from tests.helpers import config_at, streamberg, table_ids, write_config
+from tests.ingest.one_table import OneTableWriter
 from tests.ingest.test_committer import make_unit
 
 # Fetch a few records at a time, so the writer's consumer has not read ahead when
@@ -64,7 +64,7 @@ def _commit_first_ten(config) -> None:
     committer.close()
 
 
-def _poll_units(writer: IngestWriter, seconds: float = 20.0, until=lambda units: bool(units)) -> list:
+def _poll_units(writer: OneTableWriter, seconds: float = 20.0, until=lambda units: bool(units)) -> list:
     units, deadline = [], time.monotonic() + seconds
     while not until(units):
         assert time.monotonic() < deadline, f"no unit in {seconds} s; position {writer.position}"
@@ -78,7 +78,7 @@ def test_fail_names_the_partition_the_committed_offset_and_the_watermarks(tmp_pa
     _, config = _config(tmp_path, mock_kafka.bootstrap, "fail")
     _commit_first_ten(config)
     low = mock_kafka.produce_until_low_passes(config.kafka.topic, 10)
-    writer = IngestWriter(config, 0, 1, "after-retention")
+    writer = OneTableWriter(config, 0, 1, "after-retention")
     with pytest.raises(LostOffsetsError) as refused:
         writer.open()
     writer.close()
@@ -96,7 +96,7 @@ def test_skip_and_record_reads_on_from_the_low_watermark_and_every_report_names_
     _commit_first_ten(config)
     low = mock_kafka.produce_until_low_passes(config.kafka.topic, 10)
     _events(config, 0, range(1000, 1050))  # after the filler: valid records to land
-    writer = IngestWriter(config, 0, 1, "skipping")
+    writer = OneTableWriter(config, 0, 1, "skipping")
     writer.open()
     assert writer.position[0] == low
     committer = Committer(config, parallelism=1, run_id="skipping")
@@ -132,7 +132,7 @@ def test_skip_and_record_reads_on_from_the_low_watermark_and_every_report_names_
 def test_retention_overtaking_a_running_writer_is_never_silent(tmp_path: Path, mock_kafka, policy: str) -> None:
     _, config = _config(tmp_path, mock_kafka.bootstrap, policy, consumer=SMALL_FETCHES)
     _events(config, 0, range(10))
-    writer = IngestWriter(config, 0, 1, "overtaken")
+    writer = OneTableWriter(config, 0, 1, "overtaken")
     writer.open()  # the table holds nothing: every partition starts at its low watermark
     units: list = []  # every unit the writer emits goes to the committer, in order
 
@@ -155,7 +155,7 @@ def test_retention_overtaking_a_running_writer_is_never_silent(tmp_path: Path, m
         # (thousands of records here), so on a busy machine it could have fetched ahead while
         # retention ran. Positioned again where the writer stands (as after a reconnect), its
         # next fetch is one retention has passed.
-        writer._reposition()
+        writer.reposition()
         if policy == "fail":
             with pytest.raises(LostOffsetsError, match=r"below the low watermark"):
                 deadline = time.monotonic() + 20
@@ -185,7 +185,7 @@ def test_retention_overtaking_a_running_writer_is_never_silent(tmp_path: Path, m
 def test_a_partition_first_seen_with_latest_is_recorded_where_it_was_first_seen(tmp_path: Path, mock_kafka) -> None:
     _, config = _config(tmp_path, mock_kafka.bootstrap, "fail", start_offset="latest")
     _events(config, 0, range(5))  # before the ingest: "latest" leaves them out
-    writer = IngestWriter(config, 0, 1, "first")
+    writer = OneTableWriter(config, 0, 1, "first")
     writer.open()
     start = dict(writer.position)
     committer = Committer(config, parallelism=1, run_id="first")
@@ -200,7 +200,7 @@ def test_a_partition_first_seen_with_latest_is_recorded_where_it_was_first_seen(
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert committed_position(table, config.kafka.topic).offsets == start
     # The restart starts where the partition was first seen, not at a later "latest".
-    again = IngestWriter(config, 0, 1, "again")
+    again = OneTableWriter(config, 0, 1, "again")
     again.open()
     try:
         assert again.position == start
@@ -217,7 +217,7 @@ def test_a_partition_new_to_a_started_table_is_read_from_its_start_even_with_lat
     for partition in range(4):
         _events(config, partition, range(5))  # before the first start: "latest" leaves them out
     # The first run covers only some partitions (writer 0 of 2), as a topic that had fewer.
-    first = IngestWriter(config, 0, 2, "first")
+    first = OneTableWriter(config, 0, 2, "first")
     first.open()
     known = dict(first.position)
     committer = Committer(config, parallelism=1, run_id="first")
@@ -228,7 +228,7 @@ def test_a_partition_new_to_a_started_table_is_read_from_its_start_even_with_lat
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert committed_position(table, config.kafka.topic).offsets == known and all(o == 5 for o in known.values())
     # Later the ingest sees every partition: the ones it knew resume, the new ones start at 0.
-    again = IngestWriter(config, 0, 1, "again")
+    again = OneTableWriter(config, 0, 1, "again")
     again.open()
     try:
         new = set(again.position) - set(known)

@@ -275,13 +275,13 @@ def test_a_running_writer_follows_the_evolved_schema_and_replay_adds_what_a_boun
     import time
 
     from streamberg.ingest.replay import replay_dead_letters
-    from streamberg.ingest.writer import IngestWriter
+    from tests.ingest.one_table import OneTableWriter
     from tests.runbooks.inprocess import produce_values
 
     config = make_config(tmp_path, broker, max_new_fields_per_commit=3, commit_interval_seconds=1)
     first = [{"id": i, "device": {"os": "x", "v": i}} for i in range(50)] + [{"id": 50, "a": 1, "b": 2, "c": 3}]
     produce_values(config, [json.dumps(r).encode() for r in first], partition=0, partitions=1)
-    writer = IngestWriter(config, 0, 1, "w1")
+    writer = OneTableWriter(config, 0, 1, "w1")
     writer.open()
     try:
         with opened(config, "w1") as committer:
@@ -303,7 +303,7 @@ def test_a_running_writer_follows_the_evolved_schema_and_replay_adds_what_a_boun
             second = [{"id": 100 + i, "device": {"os": "y", "v": i}} for i in range(200)]
             produce_values(config, [json.dumps(r).encode() for r in second[:100]], partition=0, partitions=1)
             run_until(151)  # the batch that shows the writer its schema is stale is still held
-            assert writer.schema_id == table.schema().schema_id
+            assert writer.lane.schema_id == table.schema().schema_id
             produce_values(config, [json.dumps(r).encode() for r in second[100:]], partition=0, partitions=1)
             later = run_until(251)
             assert sum(len(u.held) for u in later) == 0  # the writer writes them itself now
@@ -374,7 +374,7 @@ def test_values_a_wider_type_takes_widen_the_column_in_the_same_commit(tmp_path:
 def test_off_never_changes_the_schema_through_the_real_writer(tmp_path: Path, broker: str) -> None:
     import time
 
-    from streamberg.ingest.writer import IngestWriter
+    from tests.ingest.one_table import OneTableWriter
     from tests.runbooks.inprocess import produce_values
 
     path = write_config(tmp_path, broker, ingest={"parallelism": 1, "schema_evolution": "off",
@@ -387,7 +387,7 @@ def test_off_never_changes_the_schema_through_the_real_writer(tmp_path: Path, br
     produce_values(config, [b'{"id": 1, "n": 3000000000}', b'{"id": 2, "n": 7, "extra": {"k": 1}}'],
                    partition=0, partitions=1)
     before = load_catalog(config.catalog).load_table(config.table.identifier).schema()
-    writer = IngestWriter(config, 0, 1, "w1")
+    writer = OneTableWriter(config, 0, 1, "w1")
     writer.open()
     try:
         with opened(config, "w1") as committer:

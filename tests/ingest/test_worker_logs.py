@@ -2,7 +2,7 @@
 
 Real files, real appends from two processes; the end-to-end side (worker lines of a real
 PyFlink run reaching `streamberg ingest`'s stderr) is checked by every ingest test that reads
-"writer opened" from the command's output, e.g. tests/ingest/test_ingest_hostile.py.
+"lane opened" from the command's output, e.g. tests/ingest/test_ingest_hostile.py.
 """
 
 from __future__ import annotations

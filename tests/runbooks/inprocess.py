@@ -1,4 +1,4 @@
-"""The real ingest code (IngestWriter -> Committer) driven in-process, without Flink.
+"""The real ingest code (Writer -> Committers) driven in-process, without Flink.
 
 The writer and committer are engine-neutral; the PyFlink job only wraps them in operators.
 Driving them directly here makes ingest-shaped commits (same files, same offsets, same
@@ -19,9 +19,10 @@ from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.config import StreambergConfig
-from streamberg.ingest.committer import Committer
+from streamberg.common.config.loading import as_fleet
+from streamberg.ingest.committers import Committers
 from streamberg.ingest.dead_letters import open_tables
-from streamberg.ingest.writer import IngestWriter
+from streamberg.ingest.writer import Writer
 
 
 def produce_values(config: StreambergConfig, values: list[bytes], partition: int, partitions: int) -> None:
@@ -55,19 +56,21 @@ def ingest_until(config: StreambergConfig, ends: dict[int, int], timeout: float 
     """Consume every partition up to `ends` (next offsets) and commit it as one snapshot."""
     open_tables(config)
     run_id = f"inprocess-{time.monotonic_ns()}"
-    writer = IngestWriter(config, 0, 1, run_id)
-    committer = Committer(config, 1, run_id)
+    tables = as_fleet(config)  # one table: a config of one route, as the job runs it
+    writer = Writer(tables, 0, 1, run_id)
+    committer = Committers(tables, 1, run_id)
     writer.open()
     committer.open()
+    topic = config.kafka.topic
     try:
         deadline = time.monotonic() + timeout
-        while any(writer.position.get(p, 0) < end for p, end in ends.items()):
+        while any(writer.position.get(f"{topic}/{p}", 0) < end for p, end in ends.items()):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"in-process ingest reached {writer.position}, wanted {ends}")
-            unit = writer.poll()
-            if unit is not None:
+            for unit in writer.poll():
                 committer.offer(unit)
-        committer.offer(writer.finish())
+        for unit in writer.finish():
+            committer.offer(unit)
     finally:
         writer.close()
         committer.close()

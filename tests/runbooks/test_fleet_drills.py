@@ -22,8 +22,8 @@ import yaml
 
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import CatalogConfig, load_fleet
-from streamberg.ingest.fleet import FleetWriter
-from streamberg.ingest.fleet_committer import FleetCommitter
+from streamberg.ingest.committers import Committers
+from streamberg.ingest.writer import Writer
 from tests.ingest.test_fleet import _event, _produce, _rows
 
 
@@ -55,7 +55,7 @@ def test_fleet_table_paused_and_topic_refused(tmp_path: Path, broker: str, drill
     _produce(broker, f"{p}ev.a", [_event(i) for i in range(20)])
     _produce(broker, f"{p}ev.a_dead_letters", [_event(i) for i in range(9)])
     _produce(broker, f"{p}ev.b", [_event(i) for i in range(13)])
-    writer, committer = FleetWriter(fleet, 0, 1, "drill-0"), FleetCommitter(fleet, 1, "drill-0")
+    writer, committer = Writer(fleet, 0, 1, "drill-0"), Committers(fleet, 1, "drill-0")
     writer.open()
     committer.open()
     try:

@@ -1,6 +1,7 @@
-"""The tables of a many-table ingest (ingest/fleet.py): the routes applied to the broker's
-topics, and each routed table made when absent (declared, from the registry's writer schema,
-or inferred from its first records), recording the topic (and route value) it is fed from.
+"""The tables an ingest writes (ingest/writer.py): the routes applied to the broker's topics
+(common/config/resolve.resolve_fleet: one table per topic, each refusal that topic's alone),
+and each routed table made when absent (declared, from the registry's writer schema, or
+inferred from its first records), recording the topic (and route value) it is fed from.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
@@ -15,14 +17,14 @@ from pyiceberg.exceptions import NoSuchTableError
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
-from streamberg.common.config.loading import resolve_fleet
+from streamberg.common.config.resolve import resolve_fleet
 from streamberg.common.log import get_logger
 from streamberg.common.tables import run_settings
 
 
 @dataclass
-class FleetTables:
-    """The fleet's routes applied to the broker's topics: topic -> its table's configuration."""
+class Routes:
+    """The routes applied to the broker's topics: topic -> its table's configuration."""
 
     fleet: FleetConfig
     by_topic: dict[str, StreambergConfig] = field(default_factory=dict)  # the ingest's view (change logs)
@@ -38,7 +40,7 @@ class FleetTables:
             self.by_topic[topic] = ingest_view(self.raw[topic])
             self.waiting.pop(topic, None)
         for topic in set(self.refused) - before:
-            get_logger("ingest.fleet").error("topic not read", topic=topic, reason=self.refused[topic])
+            get_logger("ingest.routes").error("topic not read", topic=topic, reason=self.refused[topic])
         return new
 
 
@@ -47,7 +49,7 @@ class FleetTables:
         self.raw.pop(topic, None)
         self.by_topic.pop(topic, None)
         if topic not in self.waiting:
-            get_logger("ingest.fleet").info("topic waits for its table", topic=topic, reason=reason)
+            get_logger("ingest.routes").info("topic waits for its table", topic=topic, reason=reason)
         self.waiting[topic] = reason
 
     def _recorded(self, identifier: str) -> str | None:
@@ -62,10 +64,6 @@ def ingest_view(config: StreambergConfig) -> StreambergConfig:
     from streamberg.common.changelog import ingest_config
 
     return ingest_config(config)
-
-
-def broker_topics(consumer: Consumer, timeout: float = 30.0) -> list[str]:
-    return sorted(consumer.list_topics(timeout=timeout).topics)
 
 
 class TableOwnedElsewhere(Exception):
@@ -85,16 +83,18 @@ def exc_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first_line(exc)[:400]}"
 
 
-def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None = None,
-                       sample: list[bytes] | None = None, anchor_field: str | None = None) -> None:
+def ensure_route_table(config: StreambergConfig, topic: str, value: str | None = None,
+                       sample: list[bytes] | None = None, anchor_field: str | None = None,
+                       infer: bool = True) -> None:
     """Create the table of a routed topic (and route value) when absent (a race with another
     writer is won by one, the other loads theirs): declared, from the registry, or inferred
     from its records (`sample`, else the topic's first ones). A field-routed topic's unrouted
-    table (`anchor_field`) never holds rows: its one column is the route field."""
+    table (`anchor_field`) never holds rows: its one column is the route field. `infer`
+    False (a config of one table): a table without a declared schema must exist already."""
     from streamberg.ingest.dead_letters import open_tables
     from streamberg.ingest.decode.formats import value_format
 
-    if config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
+    if infer and config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
         catalog = load_catalog(config.catalog)
         try:
             catalog.load_table(config.table.identifier)
@@ -103,23 +103,56 @@ def ensure_fleet_table(config: StreambergConfig, topic: str, value: str | None =
                 create_inferred(config, [json.dumps({anchor_field: ""}).encode()], partitioned=False)
             else:
                 create_inferred(config, sample if sample else sample_values(config, topic), value=value)
-    _, table, _ = open_tables(config)
-    owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
+    catalog, table, _ = open_tables(config)
+    _check_table(config, table)
+    owner, owner_value = table.properties.get(ROUTE_TOPIC_PROPERTY), table.properties.get(ROUTE_VALUE_PROPERTY)
     if owner is None:  # the topic (and route value) this table is fed from, recorded once
-        with table.transaction() as tx:
-            tx.set_properties({ROUTE_TOPIC_PROPERTY: topic,
-                               **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
-    elif owner != topic:
+        owner, owner_value = _record_route(catalog, config, topic, value)
+    if owner != topic:
         raise TableOwnedElsewhere(f"table {config.table.identifier} is fed from topic {owner!r}, not {topic!r}")
-    elif table.properties.get(ROUTE_VALUE_PROPERTY) != value:
+    elif owner_value != value:
         raise TableOwnedElsewhere(f"table {config.table.identifier} holds topic {topic!r}'s records of route value "
-                                  f"{table.properties.get(ROUTE_VALUE_PROPERTY)!r}, not {value!r}")
+                                  f"{owner_value!r}, not {value!r}")
+
+
+def _record_route(catalog: Any, config: StreambergConfig, topic: str,
+                  value: str | None) -> tuple[str, str | None]:
+    """Record the topic (and route value) the table is fed from; a lost race (another
+    writer, a concurrent commit) is re-read and retried. Returns what the table records."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    from streamberg.common.retry import commit_retrying, is_instance
+
+    log = get_logger("ingest.routes", table=config.table.identifier, topic=topic)
+    for attempt in commit_retrying(config.ingest.commit_retries, is_instance(CommitFailedException), log=log,
+                                   event="recording the table's topic lost a race; retrying"):
+        with attempt:
+            table = catalog.load_table(config.table.identifier)
+            owner = table.properties.get(ROUTE_TOPIC_PROPERTY)
+            if owner is not None:  # another writer recorded it first
+                return str(owner), table.properties.get(ROUTE_VALUE_PROPERTY)
+            with table.transaction() as tx:
+                tx.set_properties({ROUTE_TOPIC_PROPERTY: topic,
+                                   **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
+            return topic, value
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _check_table(config: StreambergConfig, table: Any) -> None:
+    """What the records need of the table beyond its columns: the key field's column, the
+    value format's own rules (a table a registry format cannot fill)."""
+    from streamberg.ingest.decode.formats import format_of
+    from streamberg.ingest.decode.records import check_key_field
+
+    fmt, _ = format_of(config)
+    check_key_field(table.schema(), config.kafka.key_field, config.kafka.key_format)
+    fmt.check_table(table.schema())
 
 
 def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
     """Up to `limit` values from the start of the topic's partitions (what the table is
     inferred from); empty when the topic holds none yet."""
-    from streamberg.ingest.writer import consumer_settings, topic_partitions
+    from streamberg.ingest.source import consumer_settings, topic_partitions
 
     consumer = Consumer({**consumer_settings(config), "group.id": f"streamberg-infer-{topic}",
                          "auto.offset.reset": "earliest"})
@@ -154,7 +187,7 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
     from streamberg.common.summary_keys import BOUNDED_METADATA
     from streamberg.ingest.decode.formats import value_format
 
-    log = get_logger("ingest.fleet", table=config.table.identifier, topic=config.kafka.topic)
+    log = get_logger("ingest.routes", table=config.table.identifier, topic=config.kafka.topic)
     top = value_format(config.kafka.value_format).infer_fields(values, config.ingest.max_record_bytes)
     if not top:
         raise NoSuchTableError(f"{config.table.identifier}: schema infer and no JSON object record yet to infer it from")
@@ -182,3 +215,38 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
         pass  # another writer made it first
 
 
+def prepare_routes(fleet: FleetConfig, log: Any) -> list[str]:
+    """The tables of the topics the broker has now, made or checked before any worker starts
+    (a schema that cannot take the records fails here, not in every worker). A table that
+    cannot be made is that topic's problem (the writers refuse it and say why); when every
+    topic there is refused, the job has nothing it could write: the first reason is raised."""
+    from streamberg.common.errors import BrokerUnreachable
+    from streamberg.common.tables import broker_topics, run_settings
+
+    tables = Routes(fleet)
+    found, error = broker_topics(fleet, run_settings(fleet))
+    if error is not None:
+        raise BrokerUnreachable(f"the broker did not answer: {error}")
+    # A topic a route names is prepared before the broker has it: its table's problems (no
+    # schema to create it, a schema the records cannot fill) are known at once, not when the
+    # first record comes.
+    named = {topic for route in fleet.tables for topic in (route.topics or [])}
+    topics = tables.update(sorted(set(found) | named))
+    failures: list[BaseException] = []
+    for topic in topics:
+        route = fleet.route_of(topic)
+        try:
+            ensure_route_table(tables.by_topic[topic], topic, anchor_field=route.route_field if route else None,
+                               infer=fleet.single is None)
+        except NoSuchTableError as exc:  # schema: infer, no record yet: the writers route it once there is
+            tables.wait(topic, str(exc))
+        except Exception as exc:  # noqa: BLE001 - that topic's table alone (the writers refuse it and say why)
+            failures.append(exc)
+            log.error("topic not read", topic=topic, reason=exc_reason(exc))
+    if failures and len(failures) == len(topics):
+        raise failures[0]
+    if not topics:
+        log.warning("no topic of the config's routes on the broker yet: the writers look again every "
+                    "ingest.topic_discovery_seconds", routes=[r.identifier for r in fleet.tables],
+                    refused=tables.refused)
+    return topics

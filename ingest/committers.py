@@ -1,27 +1,30 @@
-"""The one committer of a many-table ingest (ingest/fleet.py): a single-table Committer per
-table (ingest/committer.py), each table's failures kept apart: retried with backoff, paused
-after ingest.table_failures_to_pause in a row (named in the run folder's paused-tables.json,
-which `status` reads), resumed at the next start.
+"""The ingest job's one committer: a table Committer per table (ingest/committer.py), each
+table's failures kept apart: retried with backoff, paused after ingest.table_failures_to_pause
+in a row (named in the run folder's paused-tables.json, which `status` reads), resumed at the
+next start. A table a writer could not open is paused with the writer's reason. It records
+the records this run committed (the driver's bound and outcome) and marks the run drained once
+every writer's last unit of every table is committed.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import FleetConfig, config_from_dump
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE
 from streamberg.common.errors import FencedError
+from streamberg.common.keeping import backoff as commit_backoff
 from streamberg.common.log import get_logger
 from streamberg.common.tables import run_folder, run_settings
-from streamberg.ingest.fleet_tables import ingest_view
+from streamberg.ingest.routes import ingest_view
+from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.units import FlushUnit
 
 
-class FleetCommitter:
-    """The one committer of a many-table job: a Committer per table, failures kept apart."""
+class Committers:
+    """The one committer of an ingest job: a Committer per table, failures kept apart."""
 
     def __init__(self, fleet: FleetConfig, parallelism: int, run_id: str) -> None:
         self.fleet, self.parallelism, self.run_id = fleet, parallelism, run_id
@@ -31,25 +34,52 @@ class FleetCommitter:
         self.failures: dict[str, int] = {}  # table -> commit failures in a row
         self.finished_writers: set[int] = set()
         self.drained = False
-        self.log = get_logger("ingest.fleet.committer", run=run_id)
+        self.log = get_logger("ingest.committers", run=run_id)
         self.pause_after = fleet.defaults.ingest.table_failures_to_pause
         self.commit_times: list[float] = []
         self._next_report = time.monotonic() + 60
+        self.committed = 0  # records (rows and dead letters) this run committed, every table
+        self._folder = RunFolder(run_folder(run_settings(fleet).ingest.state_dir, run_id))
+        self._baselines: dict[str, dict[str, Any]] = {}
 
     def open(self) -> None:
-        """Nothing to open until a table's first unit: each table's committer opens then."""
+        """Each table's committer opens at its first unit. After a restart of the same run
+        (Flink restarted the job), the records it committed before are counted again from the
+        tables themselves: each table's consumed total now less the one it had when this run
+        first opened it (recorded in the run folder before the run's first commit to it)."""
+        self._baselines = self._folder.baselines()
+        for table, base in self._baselines.items():
+            try:
+                committer = self._open(table, base["topic"], base.get("route_value"))
+                self.committed += committer.consumed_total - int(base["total"])
+            except FencedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - that table is retried at its first unit
+                self.log.warning("could not count a table's committed records after the restart", table=table,
+                                 reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+        if self._baselines:
+            self._folder.record_committed(self.committed)
+            self.log.info("run restarted: committed records counted from the tables", committed=self.committed,
+                          tables=len(self._baselines))
 
     def _committer(self, unit: FlushUnit) -> Any:
-        from streamberg.ingest.committer import Committer
-
         found = self.committers.get(unit.table)
         if found is None:
-            route = self.fleet.route_of(unit.topic)
-            config = ingest_view(config_from_dump(self.fleet.document(route, unit.topic, unit.route_value)))
-            found = Committer(config, self.parallelism, self.run_id, fleet_member=True)
-            found.open()
-            self.committers[unit.table] = found
+            found = self._open(unit.table, unit.topic, unit.route_value)
         return found
+
+    def _open(self, table: str, topic: str, route_value: str | None) -> Any:
+        from streamberg.ingest.committer import Committer
+
+        route = self.fleet.route_of(topic)
+        config = ingest_view(config_from_dump(self.fleet.document(route, topic, route_value)))
+        committer = Committer(config, self.parallelism, self.run_id)
+        committer.open()
+        self.committers[table] = committer
+        if table not in self._baselines:  # before this run's first commit to it
+            self._baselines[table] = {"topic": topic, "route_value": route_value, "total": committer.consumed_total}
+            self._folder.record_baselines(self._baselines)
+        return committer
 
     def offer(self, unit: FlushUnit) -> int:
         """Take one table's unit; return the records committed (any table) now."""
@@ -76,9 +106,9 @@ class FleetCommitter:
                 for held in retry[2]:
                     if _landed(held, committer.expected):
                         continue  # the failed commit did land (its answer was lost): not twice
-                    result = committer.offer(held)
+                    result = self._offer(committer, held)
                     records += result.records if result is not None else 0
-            result = committer.offer(unit)
+            result = self._offer(committer, unit)
             records += result.records if result is not None else 0
             if result is not None:
                 self.failures.pop(unit.table, None)
@@ -89,6 +119,14 @@ class FleetCommitter:
             self._failed(unit, exc)
         self._maybe_drained()
         return records
+
+    def _offer(self, committer: Any, unit: FlushUnit) -> Any:
+        before = committer.consumed_total
+        result = committer.offer(unit)
+        if committer.consumed_total != before:
+            self.committed += committer.consumed_total - before
+            self._folder.record_committed(self.committed)
+        return result
 
     def _count_commit(self) -> None:
         """Catalog commits per minute, all tables together, logged once a minute."""
@@ -116,32 +154,25 @@ class FleetCommitter:
                            "start", table=unit.table, failures=failures, reason=reason)
             self._write_paused()
             return
-        backoff = min(60.0, 2.0 ** failures)
+        backoff = commit_backoff(failures, 2.0, 60.0)
         self.failing[unit.table] = (failures, time.monotonic() + backoff, pending)
         self.log.warning("table commit failed; retried after a backoff while the others go on", table=unit.table,
                          failures=failures, retry_in_seconds=backoff, reason=reason)
 
     def _write_paused(self) -> None:
-        folder = self._run_folder()
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / PAUSED_TABLES_FILE).write_text(json.dumps(self.paused, indent=1))
-
-    def _run_folder(self) -> Path:
-        return run_folder(run_settings(self.fleet).ingest.state_dir, self.run_id)
+        self._folder.path.mkdir(parents=True, exist_ok=True)
+        (self._folder.path / PAUSED_TABLES_FILE).write_text(json.dumps(self.paused, indent=1))
 
     def _maybe_drained(self) -> None:
         if self.drained or len(self.finished_writers) < self.parallelism:
             return
         if any(not c.writers_finished for c in self.committers.values()):
             return
-        from streamberg.ingest.run_folder import RunFolder
-
         self.drained = True
-        any_config = next((c.config for c in self.committers.values()), None)
-        if any_config is not None:
-            RunFolder.of(any_config, self.run_id).mark_drained({})
+        self._folder.record_committed(self.committed)
+        self._folder.mark_drained({})
         self.log.info("all writers finished and every table committed", tables=len(self.committers),
-                      paused=sorted(self.paused))
+                      committed=self.committed, paused=sorted(self.paused))
 
     def close(self) -> None:
         for committer in self.committers.values():

@@ -1,0 +1,68 @@
+"""A writer subtask's Kafka source: one consumer for every partition it owns of every table's
+topic, assigned at the positions the table lanes ask for (ingest/writer.py). It never joins
+a consumer group and never commits: positions come from the tables (exactly-once), and a
+reassignment is the one way it moves.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+
+from streamberg.common.config import StreambergConfig
+
+
+def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
+    return sorted(p for p in partitions if p % parallelism == index)
+
+
+def consumer_settings(config: StreambergConfig) -> dict:
+    return {
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        # librdkafka wants a group id even for assign(); offsets are never auto-committed.
+        "group.id": config.ingest_target.consumer_group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
+        # latest without telling consume() (librdkafka#4224); with "error" it reports it, and
+        # the writer applies ingest.on_lost_offsets. kafka.start_offset is resolved to a number
+        # by the writer itself, for partitions the table has never recorded.
+        "auto.offset.reset": "error",
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
+        "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
+        **config.kafka.consumer,
+    }
+
+
+def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic!r} not found on {consumer}; create it first")
+        time.sleep(0.5)
+
+
+class KafkaSource:
+    """The consumer of one writer subtask, for every table it writes."""
+
+    def __init__(self, settings: StreambergConfig, run_id: str) -> None:
+        # Assigned, never subscribed: the group id only names the client (librdkafka wants one).
+        self.consumer = Consumer({**consumer_settings(settings), "group.id": f"streamberg-ingest-{run_id}"})
+
+    def topics(self, timeout: float = 30.0) -> list[str]:
+        return sorted(self.consumer.list_topics(timeout=timeout).topics)
+
+    def assign(self, positions: dict[tuple[str, int], int]) -> None:
+        """Read each (topic, partition) from the offset given (the lowest its tables ask for)."""
+        self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+
+    def consume(self, max_records: int, timeout: float) -> list:
+        return self.consumer.consume(max_records, timeout)
+
+    def close(self) -> None:
+        self.consumer.close()
