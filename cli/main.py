@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "streamberg.cli.merge",
     "streamberg.cli.maintain",
     "streamberg.cli.status",
+    "streamberg.cli.query",
     "streamberg.cli.run",
     "streamberg.cli.check",
     "streamberg.cli.deploy",

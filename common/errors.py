@@ -126,6 +126,11 @@ class ReplayRefused(StreambergError):
     """Raised when a replay would duplicate or move what the ingest owns; nothing was written."""
 
 
+class FreshReadRefused(StreambergError):
+    """Raised when a fresh read (fresh/) cannot be exact: the tail's records are gone, of
+    another log, or not yet placed by the ingest; or the table is of a kind it does not read."""
+
+
 # -- compactor ----------------------------------------------------------------------------------
 class LayoutError(StreambergError, ValueError):
     """Raised when a layout cannot be applied (unknown strategy, missing or unorderable column)."""

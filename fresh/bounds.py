@@ -1,0 +1,103 @@
+"""Where a fresh read's two halves meet: the pinned snapshot, the Kafka offsets it covers, and
+the end of the tail (each partition's watermark, captured after the snapshot was pinned).
+
+The ingest records in every commit, per partition, the next offset it has not committed
+(common/offsets.committed_position). So the records a snapshot S lacks are exactly those
+from S's recorded offset up to the end of each partition; the tail is read up to the
+watermark captured once, after S was pinned (so the watermark is never below S's offsets).
+Whatever commits after S are not seen: S is pinned, and the tail covers them.
+
+Refused, loudly (FreshReadRefused, naming the partition):
+- a recorded offset below the partition's first offset (Kafka's retention deleted records
+  the table never got: the ingest will report lost offsets; a fresh read cannot be exact);
+- a recorded offset above the partition's end (the topic was recreated or truncated: the
+  table's offsets are of another log);
+- a partition with records the table has recorded no offset for (new partitions, or a
+  table that has committed nothing yet): where the ingest starts it is its own rule
+  (kafka.start_offset), known once it commits; read again after its next commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.table import Table
+
+from streamberg.common.config import StreambergConfig
+from streamberg.common.errors import BrokerUnreachable, FreshReadRefused
+from streamberg.common.offsets import committed_position
+from streamberg.common.watermarks import read_topic_watermarks
+
+
+@dataclass(frozen=True)
+class FreshBounds:
+    """One fresh read's boundary: rows of `snapshot_id`, then per partition the records
+    with offsets in [committed[p], watermark[p])."""
+
+    table: str
+    topic: str
+    snapshot_id: int | None
+    committed: dict[int, int]  # partition -> the snapshot's next offset (what the tail starts from)
+    watermarks: dict[int, int] = field(default_factory=dict)  # partition -> end of the tail (exclusive)
+
+    @property
+    def tail_records(self) -> int:
+        """Kafka records in the tail (rows, dead letters and skipped records together)."""
+        return sum(max(0, self.watermarks[p] - self.committed.get(p, 0)) for p in self.watermarks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": self.table, "topic": self.topic, "snapshot_id": self.snapshot_id,
+                "committed": {str(p): o for p, o in sorted(self.committed.items())},
+                "watermarks": {str(p): o for p, o in sorted(self.watermarks.items())},
+                "tail_records": self.tail_records}
+
+
+def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> FreshBounds:
+    """Pin the table's current snapshot and its offsets, then capture the watermarks."""
+    from streamberg.ingest.source import consumer_settings
+
+    topic = config.kafka.topic
+    snapshot = table.current_snapshot()
+    position = committed_position(table, topic)  # on the lineage of the same loaded metadata
+    settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
+                "isolation.level": "read_committed"}
+    try:
+        # The true end of each partition: a broker's high watermark may lag its last record
+        # (tansu reports its last batch's start), so the end is confirmed by reading from it.
+        found = read_topic_watermarks(settings, topic, timeout_seconds, read_ends=True)
+    except BrokerUnreachable as exc:
+        raise FreshReadRefused(f"{config.table.identifier}: the broker did not give the tail's end: {exc}") from None
+    if not found.exists:
+        raise FreshReadRefused(f"{config.table.identifier}: topic {topic!r} is not on the broker (deleted?): "
+                               f"the table's recorded offsets have no log to continue from")
+    marks = {p: (low, found.end(p)) for p, (low, _) in found.partitions.items()}
+    bounds = FreshBounds(table=config.table.identifier, topic=topic,
+                         snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                         committed=dict(position.offsets), watermarks={p: high for p, (_, high) in marks.items()})
+    check(bounds, marks)
+    return bounds
+
+
+def check(bounds: FreshBounds, marks: dict[int, tuple[int, int]]) -> None:
+    """Refuse a tail that cannot be read exactly (module docstring), naming every partition."""
+    problems = []
+    for partition, (low, high) in sorted(marks.items()):
+        recorded = bounds.committed.get(partition)
+        if recorded is None:
+            if high > low:
+                problems.append(f"partition {partition} holds offsets {low}..{high - 1} and the table has recorded "
+                                f"no position for it yet (a new partition, or nothing committed): read again "
+                                f"after the ingest's next commit")
+        elif recorded < low:
+            problems.append(f"partition {partition}: the table stops at offset {recorded} and Kafka's retention "
+                            f"deleted everything before {low}: records the table never got are gone")
+        elif recorded > high:
+            problems.append(f"partition {partition}: the table recorded offset {recorded}, past the log's end "
+                            f"{high}: the topic was recreated or truncated")
+    for partition in sorted(set(bounds.committed) - set(marks)):
+        problems.append(f"partition {partition} is recorded by the table and absent from the broker: the topic "
+                        f"was recreated with fewer partitions")
+    if problems:
+        raise FreshReadRefused(f"{bounds.table}: no exact fresh read of topic {bounds.topic!r}: "
+                               + "; ".join(problems))

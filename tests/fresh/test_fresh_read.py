@@ -1,0 +1,188 @@
+"""Fresh reads (fresh/): a table's pinned snapshot plus its Kafka tail, exact.
+
+Against the real broker and the real ingest code (Writer -> Committers, in-process: commits
+with the same offsets, files and dead letters a Flink run makes). Every read's rows are
+compared with what the test itself produced: per partition, the records below the read's
+watermark, dead letters excluded, each id once. DuckDB (`streamberg query`) counts the same.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.errors import FreshReadRefused
+from streamberg.fresh import read
+from streamberg.ingest.dead_letters import open_tables
+from tests.helpers import config_at, write_config
+from tests.runbooks.inprocess import cli, event, ingest_until
+
+POISON = b"{not json"
+
+
+class Produced:
+    """Every record produced, by (partition, offset), from the delivery reports."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+        self.at: dict[tuple[int, int], int | None] = {}  # (partition, offset) -> id (None: poison)
+        self.lock = threading.Lock()
+
+    def send(self, partition: int, ids: list[int | None]) -> None:
+        for i in ids:
+            def delivered(err, msg, i=i) -> None:
+                assert err is None, err
+                with self.lock:
+                    self.at[(msg.partition(), msg.offset())] = i
+            self.producer.produce(self.topic, value=POISON if i is None else event(i), partition=partition,
+                                  on_delivery=delivered)
+            self.producer.poll(0)
+        assert self.producer.flush(30) == 0
+
+    def close(self) -> None:
+        self.producer.flush(5)
+        del self.producer  # librdkafka's threads stop with the handle, before the broker does
+
+    def below(self, watermarks: dict[int, int]) -> list[int]:
+        """The valid ids of every record below the watermarks (what an exact read returns)."""
+        with self.lock:
+            return sorted(i for (p, o), i in self.at.items() if i is not None and o < watermarks.get(p, 0))
+
+
+def _ids(result) -> list[int]:
+    return sorted(result.rows.column("id").to_pylist())
+
+
+@pytest.fixture
+def table(tmp_path: Path, broker: str):
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1})
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, 2)
+    open_tables(config)
+    produced = Produced(broker, config.kafka.topic)
+    yield path, config, produced
+    produced.close()
+
+
+def test_fresh_read_is_the_snapshot_plus_the_tail(table) -> None:
+    path, config, produced = table
+    produced.send(0, [*range(0, 100), None, *range(100, 150)])
+    produced.send(1, [*range(1000, 1080)])
+    ingest_until(config, {0: 151, 1: 80})  # one commit: everything so far
+    produced.send(0, [*range(150, 230), None, None, *range(230, 240)])
+    produced.send(1, [*range(1080, 1100)])
+
+    committed = read(path, fresh=False)
+    assert _ids(committed) == list(range(0, 150)) + list(range(1000, 1080))
+    fresh = read(path)
+    assert fresh.bounds.watermarks == {0: 243, 1: 100}
+    assert fresh.bounds.committed == {0: 151, 1: 80}
+    ids = _ids(fresh)
+    assert ids == produced.below(fresh.bounds.watermarks) == list(range(0, 240)) + list(range(1000, 1100))
+    assert len(set(ids)) == len(ids) == 340
+    assert fresh.snapshot_rows == 230 and fresh.tail.rows.num_rows == 110 and fresh.tail.rejected == 2
+    # Filter and columns applied to both halves.
+    some = read(path, columns=["id"], row_filter="id >= 140 and id < 1090")
+    assert some.rows.column_names == ["id"]
+    assert _ids(some) == list(range(140, 240)) + list(range(1000, 1090))
+    # DuckDB over the same read: rows and distinct keys.
+    sql = "SELECT count(*) AS n, count(DISTINCT id) AS d, min(id) AS lo, max(id) AS hi FROM db.events"
+    out = json.loads(cli("query", "--config", str(path), "--fresh", "--json", sql).stdout)
+    assert out == {"n": 340, "d": 340, "lo": 0, "hi": 1099}
+    out = json.loads(cli("query", "--config", str(path), "--json", sql).stdout)
+    assert out == {"n": 230, "d": 230, "lo": 0, "hi": 1079}
+
+
+def test_every_read_is_exact_while_the_ingest_commits(table) -> None:
+    """Producers and commits race the reads: each read has, per partition, every record below
+    its watermark once, whichever commit it pinned."""
+    path, config, produced = table
+    produced.send(0, list(range(0, 50)))
+    produced.send(1, list(range(10_000_000, 10_000_050)))
+    ingest_until(config, {0: 50, 1: 50})
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        n = 50
+        try:
+            while not stop.is_set():
+                produced.send(0, [*range(n, n + 40), None])
+                produced.send(1, list(range(10_000_000 + n, 10_000_000 + n + 40)))
+                n += 40
+                stop.wait(0.02)  # a steady stream, not a flood: every read then spans a few commits
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def commit() -> None:
+        try:
+            while not stop.is_set():
+                with produced.lock:
+                    ends: dict[int, int] = {}
+                    for p, o in produced.at:
+                        ends[p] = max(ends.get(p, 0), o + 1)
+                ingest_until(config, ends)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=commit)]
+    for thread in threads:
+        thread.start()
+    snapshots = set()
+    try:
+        deadline = time.monotonic() + 20
+        reads = 0
+        while time.monotonic() < deadline or len(snapshots) < 3:
+            result = read(path)
+            ids = _ids(result)
+            assert ids == produced.below(result.bounds.watermarks), result.to_json()
+            assert len(set(ids)) == len(ids)
+            snapshots.add(result.bounds.snapshot_id)
+            reads += 1
+            assert time.monotonic() < deadline + 60, f"only {len(snapshots)} snapshots seen"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors
+    assert reads >= 5 and len(snapshots) >= 3
+
+
+def test_what_cannot_be_exact_is_refused(table, broker: str) -> None:
+    path, config, produced = table
+    produced.send(0, list(range(0, 20)))
+    produced.send(1, list(range(20, 30)))
+    # Nothing committed yet: where the ingest starts is its own rule, not guessed.
+    with pytest.raises(FreshReadRefused, match="recorded no position"):
+        read(path)
+    assert _ids(read(path, fresh=False)) == []
+    ingest_until(config, {0: 20, 1: 10})
+    assert _ids(read(path)) == list(range(0, 30))
+    # A filter on a column the table lacks, a column it lacks: one sentence each.
+    with pytest.raises(FreshReadRefused, match="no column nope"):
+        read(path, columns=["nope"])
+    with pytest.raises(FreshReadRefused, match="does not parse"):
+        read(path, row_filter="id >>> 3")
+    refused = cli("query", "--config", str(path), "--fresh", "SELECT * FROM db.nothing", check=False)
+    assert refused.returncode == 2 and "names none of the config's tables" in refused.stderr
+    # The topic recreated: the table's offsets are of another log.
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.delete_topics([config.kafka.topic])[config.kafka.topic].result(30)
+    deadline = time.monotonic() + 30
+    while config.kafka.topic in admin.list_topics(timeout=5).topics:
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.2)
+    ensure_topic(broker, config.kafka.topic, 2)
+    Produced(broker, config.kafka.topic).send(0, [1, 2])
+    with pytest.raises(FreshReadRefused, match="recreated or truncated"):
+        read(path)
+    refused = cli("query", "--config", str(path), "--fresh", "SELECT count(*) FROM db.events", check=False)
+    assert refused.returncode == 1 and "recreated or truncated" in refused.stderr
