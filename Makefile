@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -16,6 +16,7 @@ help:
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
+	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits, ~14 min)"
 	@echo "make bench-fleet    100 tables from one ingest job vs the same records into one table (memory, time, freshness)"
 	@echo "make bench-govern   one governor keeping 100 tables vs 100 per-table compactors (estimated from one each), ~25 min"
 	@echo "make bench-soak     the whole loop for 22 min at a 1 s commit interval: memory, metadata, commit time"
@@ -39,7 +40,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy common
+	$(VENV)/bin/mypy common fresh
 
 # The tiers are set at collection (tests/conftest.py): flink (a PyFlink job), chaos (kill -9,
 # drills, local clusters), spark, broker. The fast tier keeps Spark and the broker.
@@ -60,6 +61,9 @@ bench-govern: setup
 
 bench-soak: setup
 	$(PY) bench/soak.py
+
+bench-fresh: setup
+	$(PY) bench/fresh.py
 
 bench-fleet: setup
 	$(PY) bench/fleet.py

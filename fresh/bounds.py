@@ -3,9 +3,9 @@ the end of the tail (each partition's watermark, captured after the snapshot was
 
 The ingest records in every commit, per partition, the next offset it has not committed
 (common/offsets.committed_position). So the records a snapshot S lacks are exactly those
-from S's recorded offset up to the end of each partition; the tail is read up to the
-watermark captured once, after S was pinned (so the watermark is never below S's offsets).
-Whatever commits after S are not seen: S is pinned, and the tail covers them.
+from S's recorded offset up to the end of each partition; the tail (fresh/tail.py) is read
+from there to each partition's end, reached after S was pinned, and that end is the read's
+watermark. Whatever commits after S are not seen: S is pinned, and the tail covers them.
 
 Refused, loudly (FreshReadRefused, naming the partition):
 - a recorded offset below the partition's first offset (Kafka's retention deleted records
@@ -33,7 +33,8 @@ from streamberg.common.watermarks import read_topic_watermarks
 @dataclass(frozen=True)
 class FreshBounds:
     """One fresh read's boundary: rows of `snapshot_id`, then per partition the records
-    with offsets in [committed[p], watermark[p])."""
+    with offsets in [committed[p], watermark[p]). Pinned, `watermarks` are the ends the broker
+    lists; after the tail was read, the ends it was read to (fresh/tail.py)."""
 
     table: str
     topic: str
@@ -63,9 +64,9 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
     settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
                 "isolation.level": "read_committed"}
     try:
-        # The true end of each partition: a broker's high watermark may lag its last record
-        # (tansu reports its last batch's start), so the end is confirmed by reading from it.
-        found = read_topic_watermarks(settings, topic, timeout_seconds, read_ends=True)
+        # The listed end may lag the last record (tansu answers its last batch's start): where
+        # the table's offset is past it, the true end is read before calling the topic recreated.
+        found = read_topic_watermarks(settings, topic, timeout_seconds, ends_past=position.offsets)
     except BrokerUnreachable as exc:
         raise FreshReadRefused(f"{config.table.identifier}: the broker did not give the tail's end: {exc}") from None
     if not found.exists:

@@ -19,7 +19,7 @@ rules over the change log and the tail) and the tables of a field-routed topic.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +88,38 @@ def _filter(row_filter: str | BooleanExpression | None) -> BooleanExpression:
     return row_filter
 
 
-def read(config: str | Path | StreambergConfig, identifier: str | None = None, *,
-         columns: list[str] | None = None, row_filter: str | BooleanExpression | None = None,
-         fresh: bool = True, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> FreshRead:
-    """The table's rows as of now (`fresh`), or as of its current snapshot."""
-    started = time.monotonic()
+@dataclass
+class ReadPlan:
+    """What one read is: the table's configuration and metadata (loaded once), the filter
+    and columns checked against it, and the pinned bounds."""
+
+    config: StreambergConfig
+    table: Any  # pyiceberg Table
+    expression: BooleanExpression
+    columns: list[str] | None
+    bounds: FreshBounds
+    fresh: bool
+
+    def tail(self, timeout_seconds: float) -> Tail:
+        """The tail after the pinned snapshot; the bounds then hold the ends it was read to."""
+        tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds)
+        self.bounds = replace(self.bounds, watermarks=tail.ends)
+        return tail
+
+    def shaped(self, rows: pa.Table, target: pa.Schema) -> pa.Table:
+        """Tail rows as the scan gave the snapshot's: filtered, projected, same Arrow types."""
+        if not isinstance(self.expression, AlwaysTrue):
+            from pyiceberg.expressions.visitors import bind
+            from pyiceberg.io.pyarrow import expression_to_pyarrow
+
+            rows = rows.filter(expression_to_pyarrow(bind(self.table.schema(), self.expression, case_sensitive=True)))
+        return rows.select([f.name for f in target]).cast(target)
+
+
+def plan_read(config: str | Path | StreambergConfig, identifier: str | None = None, *,
+              columns: list[str] | None = None, row_filter: str | BooleanExpression | None = None,
+              fresh: bool = True, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> ReadPlan:
+    """Check what is asked against the table and pin the snapshot (and, fresh, the tail's start)."""
     config = table_config(config, identifier)
     if fresh and has_changelog(config):
         raise FreshReadRefused(f"{config.table.identifier}: a primary-key table is not read fresh yet (its state "
@@ -102,8 +129,7 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
         raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is not read fresh yet; "
                                f"read it without --fresh")
     expression = _filter(row_filter)
-    schema = table.schema()
-    names = [f.name for f in schema.fields]
+    names = [f.name for f in table.schema().fields]
     unknown = [c for c in columns or [] if c not in names]
     if unknown:
         raise FreshReadRefused(f"{config.table.identifier} has no column {', '.join(unknown)} (columns: "
@@ -117,31 +143,31 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
         bounds = FreshBounds(table=config.table.identifier, topic=config.kafka.topic,
                              snapshot_id=snapshot.snapshot_id if snapshot else None,
                              committed=dict(committed_position(table, config.kafka.topic).offsets))
+    return ReadPlan(config, table, expression, columns, bounds, fresh)
+
+
+def read(config: str | Path | StreambergConfig, identifier: str | None = None, *,
+         columns: list[str] | None = None, row_filter: str | BooleanExpression | None = None,
+         fresh: bool = True, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> FreshRead:
+    """The table's rows as of now (`fresh`), or as of its current snapshot."""
+    started = time.monotonic()
+    plan = plan_read(config, identifier, columns=columns, row_filter=row_filter, fresh=fresh,
+                     timeout_seconds=timeout_seconds)
+    schema = plan.table.schema()
     selected = tuple(columns) if columns else ("*",)
     try:
-        scan = table.scan(row_filter=expression, selected_fields=selected, snapshot_id=bounds.snapshot_id)
-        committed = scan.to_arrow() if bounds.snapshot_id is not None else None
+        scan = plan.table.scan(row_filter=plan.expression, selected_fields=selected,
+                               snapshot_id=plan.bounds.snapshot_id)
+        committed = scan.to_arrow() if plan.bounds.snapshot_id is not None else None
     except ValueError as exc:  # a filter naming a column the table lacks
-        raise FreshReadRefused(f"{config.table.identifier}: {str(exc).splitlines()[0]}") from None
+        raise FreshReadRefused(f"{plan.config.table.identifier}: {str(exc).splitlines()[0]}") from None
     if committed is None:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
         committed = schema_to_pyarrow(schema.select(*columns) if columns else schema).empty_table()
-    tail = read_tail(config, schema, bounds, timeout_seconds) if fresh else None
+    tail = plan.tail(timeout_seconds) if fresh else None
     rows = committed
     if tail is not None and tail.rows.num_rows:
-        rows = pa.concat_tables([committed, _shaped(tail.rows, schema, expression, columns, committed.schema)])
-    return FreshRead(rows=rows, bounds=bounds, snapshot_rows=committed.num_rows, tail=tail,
+        rows = pa.concat_tables([committed, plan.shaped(tail.rows, committed.schema)])
+    return FreshRead(rows=rows, bounds=plan.bounds, snapshot_rows=committed.num_rows, tail=tail,
                      seconds=time.monotonic() - started)
-
-
-def _shaped(rows: pa.Table, schema: Any, expression: BooleanExpression, columns: list[str] | None,
-            target: pa.Schema) -> pa.Table:
-    """The tail's rows as the scan gave the snapshot's: filtered, projected, same Arrow types."""
-    if not isinstance(expression, AlwaysTrue):
-        from pyiceberg.expressions.visitors import bind
-        from pyiceberg.io.pyarrow import expression_to_pyarrow
-
-        rows = rows.filter(expression_to_pyarrow(bind(schema, expression, case_sensitive=True)))
-    rows = rows.select([f.name for f in target])
-    return rows.cast(target)

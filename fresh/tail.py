@@ -4,10 +4,12 @@ envelopes, key field, epoch units, size limit), so a record the ingest would dea
 not returned and a Debezium tombstone is skipped as the ingest skips it.
 
 The consumer is assigned (never subscribed, never committing) at the snapshot's offsets of
-every partition at once; a partition is done at its watermark or at its end
-(`enable.partition.eof`: a broker whose watermark runs past the last record, or records
-hidden by an open transaction under read_committed, end it there). Records at or past the
-watermark (produced during the read) are dropped, so each offset below it is returned once.
+every partition at once, and reads each partition to its end: the end the broker reports in
+its fetch answers (`enable.partition.eof`; under read_committed, the last stable offset), which
+becomes the read's watermark of that partition. The end a broker lists (ListOffsets) may lag
+its last record (tansu answers its last batch's start), the fetch's end does not. Records
+past a partition's end (produced during the read) are dropped and the partition paused, so
+each offset below the watermark is returned once.
 """
 
 from __future__ import annotations
@@ -38,21 +40,21 @@ class Tail:
     rejected: int  # of them, records the ingest dead-letters (not returned)
     skipped: int  # of them, records that are no row (Debezium tombstones)
     seconds: float
+    ends: dict[int, int]  # partition -> the offset its end was reached at (the read's watermark)
 
 
 def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float) -> Tail:
-    """Read and decode every record of `bounds`' tail; raise FreshReadRefused when Kafka does
-    not hand them over within `timeout_seconds`."""
+    """Read and decode every record after the snapshot's offsets up to each partition's end;
+    raise FreshReadRefused when Kafka does not hand them over within `timeout_seconds`."""
     started = time.monotonic()
     decoder = record_decoder(config, schema)
-    wanted = {p: (start, bounds.watermarks[p]) for p, start in bounds.committed.items()
-              if p in bounds.watermarks and bounds.watermarks[p] > start}
+    starts = {p: start for p, start in bounds.committed.items() if p in bounds.watermarks}
     parts: list[pa.Table] = []
     counts = {"records": 0, "rejected": 0, "skipped": 0}
-    if not wanted:
-        return Tail(decoder.file_schema.empty_table(), 0, 0, 0, time.monotonic() - started)
+    if not starts:
+        return Tail(decoder.file_schema.empty_table(), 0, 0, 0, time.monotonic() - started, {})
     settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
-                "enable.partition.eof": True, "isolation.level": "read_committed"}
+                "enable.partition.eof": True, "isolation.level": "read_committed", "fetch.wait.max.ms": 10}
     consumer = Consumer(settings)
     pending: list = []
 
@@ -69,40 +71,44 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             parts.append(result.table)
         pending.clear()
 
+    ends: dict[int, int] = {}  # partition -> where its end was reached: the read's watermark
     try:
-        consumer.assign([TopicPartition(bounds.topic, p, start) for p, (start, _) in sorted(wanted.items())])
-        open_partitions = set(wanted)
+        consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
+        next_offset = dict(starts)
         deadline = started + timeout_seconds
-        while open_partitions:
+        while len(ends) < len(starts):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FreshReadRefused(
                     f"{bounds.table}: Kafka did not hand over the tail within {timeout_seconds:g} s (partitions "
-                    f"{sorted(open_partitions)} unfinished); raise the read's timeout or read without --fresh")
-            for message in consumer.consume(DECODE_BATCH, min(left, 0.5)):
+                    f"{sorted(set(starts) - set(ends))} unfinished); raise the read's timeout or read without "
+                    f"--fresh")
+            # Ask for about what is left (records below the broker's watermarks, one end event a
+            # partition): consume() returns once that many arrived instead of waiting out its timeout.
+            expected = sum(max(0, bounds.watermarks[p] - next_offset[p]) + 1 for p in starts if p not in ends)
+            for message in consumer.consume(max(1, min(DECODE_BATCH, expected)), min(left, 0.5)):
                 partition = message.partition()
+                if partition in ends:
+                    continue  # past its end: produced during the read
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(partition)
+                        # Every record before the end was delivered before this event (one
+                        # queue a partition): the partition's watermark for this read.
+                        ends[partition] = message.offset()
+                        consumer.pause([TopicPartition(bounds.topic, partition)])
                         continue
                     if error.fatal() or error.code() in (KafkaError.OFFSET_OUT_OF_RANGE,
                                                          KafkaError._AUTO_OFFSET_RESET):
                         raise FreshReadRefused(f"{bounds.table}: partition {partition} of {bounds.topic!r}: "
                                                f"{error.str()}")
                     continue  # a passing error: librdkafka retries
-                end = wanted[partition][1]
-                offset = message.offset()
-                if offset >= end:
-                    open_partitions.discard(partition)
-                    continue
                 pending.append(message)
-                if offset == end - 1:
-                    open_partitions.discard(partition)
+                next_offset[partition] = message.offset() + 1
             if len(pending) >= DECODE_BATCH:
                 decode()
         decode()
     finally:
         consumer.close()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
-    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started)
+    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends)

@@ -34,7 +34,7 @@ class Produced:
         self.topic = topic
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
         self.at: dict[tuple[int, int], int | None] = {}  # (partition, offset) -> id (None: poison)
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
 
     def send(self, partition: int, ids: list[int | None]) -> None:
         for i in ids:
@@ -42,6 +42,7 @@ class Produced:
                 assert err is None, err
                 with self.lock:
                     self.at[(msg.partition(), msg.offset())] = i
+                    self.lock.notify_all()
             self.producer.produce(self.topic, value=POISON if i is None else event(i), partition=partition,
                                   on_delivery=delivered)
             self.producer.poll(0)
@@ -52,8 +53,14 @@ class Produced:
         del self.producer  # librdkafka's threads stop with the handle, before the broker does
 
     def below(self, watermarks: dict[int, int]) -> list[int]:
-        """The valid ids of every record below the watermarks (what an exact read returns)."""
+        """The valid ids of every record below the watermarks (what an exact read returns),
+        once the delivery report of each has come (a read may see a record before its
+        producer heard it landed)."""
         with self.lock:
+            reported = self.lock.wait_for(
+                lambda: all(sum(1 for (q, o) in self.at if q == p and o < end) == end
+                            for p, end in watermarks.items()), timeout=30)
+            assert reported, f"delivery reports below {watermarks} did not all come"
             return sorted(i for (p, o), i in self.at.items() if i is not None and o < watermarks.get(p, 0))
 
 

@@ -1,0 +1,254 @@
+"""Fresh reads against committed reads, in one run: freshness, read time, exactness.
+
+    .venv/bin/python bench/fresh.py [--rate 10000] [--seconds 300] [--intervals 5,60]
+
+Per commit interval (`--intervals`), on its own topic and table:
+1. The real `streamberg ingest` (PyFlink, exactly-once) runs on its own tansu broker while
+   events (the demo shape, `ts` = produce time) are produced at `--rate`/s for `--seconds`.
+2. Freshness. Every `--probe-every` s a probe event is produced and its produce time kept;
+   a fresh read filtered to its id (`streamberg.fresh.read`) is repeated until the probe is in
+   it: produce -> visible in a fresh read. The same probe's committed freshness: the commit
+   time of the first snapshot whose recorded offsets cover it, less its produce time (what
+   every engine reading the table sees). p50/p95 of both.
+3. Read time. Between probes, the same filtered count (`city = 'ber'`, column `id`) read
+   fresh and snapshot-only, alternately: p50/p95 of each and the ratio fresh / snapshot.
+4. Exactness. Every unfiltered fresh read (one per probe cycle) is checked: its rows equal
+   the records below its watermarks (every event valid, the topic new: the sum of the
+   watermarks), each id once.
+5. Memory: the peak resident memory of this reading process (the tail is decoded in it).
+
+Prints a summary and writes bench/results/fresh-<time>.json. Figures are measured, never
+assumed; run it on an otherwise idle machine (the broker, Flink and the producer share it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import yaml
+from confluent_kafka import Producer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
+from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
+from streamberg.common.catalog import load_catalog  # noqa: E402
+from streamberg.common.config import load_config  # noqa: E402
+from streamberg.common.offsets import decode_offsets  # noqa: E402
+from streamberg.common.summary_keys import kafka_offsets_key  # noqa: E402
+from streamberg.fresh import read  # noqa: E402
+
+CITIES = ("ams", "ber", "par", "lis", "osl")
+PARTITIONS = 4
+PROBE_BASE = 1_000_000_000  # probe ids, apart from the stream's
+
+
+def _event(i: int) -> bytes:
+    return orjson.dumps({"id": i, "ts": datetime.now(timezone.utc).isoformat(), "user_id": f"u{i % 997}",
+                         "city": CITIES[i % 5], "amount": (i % 10_000) / 100})
+
+
+class Stream(threading.Thread):
+    """Events at a fixed rate, in 10 ms slices; counts what the broker took."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int) -> None:
+        super().__init__(daemon=True)
+        self.topic, self.rate = topic, rate
+        self.stop = threading.Event()
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.num.messages": 10000,
+                                  "queue.buffering.max.messages": 2_000_000})
+        self.sent = 0
+        self.behind = 0.0  # the most the producer fell behind its schedule, s
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.stop.is_set():
+            elapsed = time.monotonic() - started
+            due = int(elapsed * self.rate)
+            self.behind = max(self.behind, (due - self.sent) / self.rate)
+            while self.sent < due:
+                try:
+                    self.producer.produce(self.topic, value=_event(self.sent), partition=self.sent % PARTITIONS)
+                    self.sent += 1
+                except BufferError:
+                    self.producer.poll(0.01)
+            self.producer.poll(0)
+            time.sleep(0.01)
+        assert self.producer.flush(120) == 0
+
+
+class Probes:
+    """Probe events, one at a time, with their produce time and position."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self) -> dict[str, Any]:
+        probe: dict[str, Any] = {"id": PROBE_BASE + len(self.sent)}
+        partition = len(self.sent) % PARTITIONS
+
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            probe["partition"], probe["offset"] = msg.partition(), msg.offset()
+
+        probe["produced"] = time.time()
+        self.producer.produce(self.topic, value=_event(probe["id"]), partition=partition, on_delivery=delivered)
+        assert self.producer.flush(30) == 0
+        self.sent.append(probe)
+        return probe
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+def _committed_freshness(config: Any, probes: list[dict[str, Any]]) -> list[float]:
+    """Per probe: the commit time of the first snapshot covering it, less its produce time."""
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    key = kafka_offsets_key(config.kafka.topic)
+    commits = sorted((s.timestamp_ms / 1000, decode_offsets(s.summary.additional_properties[key]))
+                     for s in table.snapshots() if s.summary is not None and key in s.summary.additional_properties)
+    out = []
+    for probe in probes:
+        for when, offsets in commits:
+            if offsets.get(probe["partition"], 0) > probe["offset"]:
+                out.append(when - probe["produced"])
+                break
+    return out
+
+
+def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Namespace) -> dict[str, Any]:
+    topic = f"fresh-{int(interval)}s"
+    ensure_topic(bootstrap, topic, PARTITIONS)
+    path = work / f"{topic}.yaml"
+    path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+        "catalog": {"name": f"bench{int(interval)}", "uri": f"sqlite:///{work}/catalog.db",
+                    "warehouse": str(work / "warehouse")},
+        "table": {"identifier": f"bench.fresh_{int(interval)}s", "schema": SAMPLE_EVENT_SCHEMA},
+        "ingest": {"commit_interval_seconds": interval, "state_dir": str(work / f"state-{int(interval)}"),
+                   "parallelism": 2, "max_poll_records": 10000}}))
+    config = load_config(path)
+    log = (work / f"ingest-{topic}.log").open("w")
+    ingest = subprocess.Popen([str(Path(sys.executable).parent / "streamberg"), "ingest", "--config", str(path),
+                               "--quiet"], stdout=subprocess.DEVNULL, stderr=log)
+    stream = Stream(bootstrap, topic, args.rate)
+    stream.start()  # records wait in Kafka while the job starts
+    probes = Probes(bootstrap, topic)
+    fresh_seen: list[float] = []
+    read_fresh: list[float] = []
+    read_snapshot: list[float] = []
+    exact = {"reads": 0, "inexact": 0, "tail_records_max": 0}
+    try:
+        # The table exists once the ingest prepared it; wait for its first commit.
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot() is not None:
+                    break
+            except Exception:  # noqa: BLE001 - not made yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no commit within 180 s: see {work}/ingest-{topic}.log")
+            time.sleep(0.5)
+        time.sleep(args.warmup)
+        print(f"  interval {interval:g} s: measuring for {args.seconds} s at {args.rate}/s", flush=True)
+        started = time.monotonic()
+        while time.monotonic() - started < args.seconds:
+            probe = probes.send()
+            while True:  # produce -> visible in a fresh read
+                found = read(config, columns=["id"], row_filter=f"id = {probe['id']}").rows.num_rows
+                if found:
+                    fresh_seen.append(time.time() - probe["produced"])
+                    break
+            whole = read(config, columns=["id"])  # exactness: every record below the watermarks, once
+            ids = whole.rows.column("id")
+            expected = sum(whole.bounds.watermarks.values())
+            exact["reads"] += 1
+            exact["tail_records_max"] = max(exact["tail_records_max"], whole.bounds.tail_records)
+            if len(ids) != expected or len(set(ids.to_pylist())) != expected:
+                exact["inexact"] += 1
+            next_probe = time.monotonic() + args.probe_every
+            while time.monotonic() < next_probe:
+                t = time.monotonic()
+                read(config, columns=["id"], row_filter="city = 'ber'")
+                read_fresh.append(time.monotonic() - t)
+                t = time.monotonic()
+                read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
+                read_snapshot.append(time.monotonic() - t)
+    finally:
+        stream.stop.set()
+        stream.join(120)
+        ingest.send_signal(2)
+        try:
+            ingest.wait(120)
+        except subprocess.TimeoutExpired:
+            ingest.kill()
+        log.close()
+    committed = _committed_freshness(config, probes.sent)
+    return {
+        "interval_s": interval, "rate": args.rate, "seconds": args.seconds, "events": stream.sent,
+        "producer_behind_max_s": round(stream.behind, 2), "probes": len(probes.sent),
+        "fresh_visible_s": {"p50": _pct(fresh_seen, 50), "p95": _pct(fresh_seen, 95), "n": len(fresh_seen)},
+        "committed_visible_s": {"p50": _pct(committed, 50), "p95": _pct(committed, 95), "n": len(committed)},
+        "read_fresh_s": {"p50": _pct(read_fresh, 50), "p95": _pct(read_fresh, 95), "n": len(read_fresh)},
+        "read_snapshot_s": {"p50": _pct(read_snapshot, 50), "p95": _pct(read_snapshot, 95), "n": len(read_snapshot)},
+        "fresh_over_snapshot_p95": (round(_pct(read_fresh, 95) / _pct(read_snapshot, 95), 2)  # type: ignore[operator]
+                                    if read_fresh and read_snapshot else None),
+        "exactness": exact,
+        "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, default=10_000, help="events/s")
+    parser.add_argument("--seconds", type=int, default=300, help="measuring time per interval")
+    parser.add_argument("--warmup", type=int, default=10, help="seconds of events before measuring")
+    parser.add_argument("--intervals", default="5,60", help="commit intervals (s), comma-separated")
+    parser.add_argument("--probe-every", type=float, default=2.0, help="seconds between probes")
+    parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
+    args = parser.parse_args()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    work = args.workdir / stamp
+    work.mkdir(parents=True)
+    broker = EmbeddedBroker(work / "broker")
+    info = broker.start(port=free_port())
+    results = []
+    try:
+        for interval in [float(x) for x in args.intervals.split(",") if x.strip()]:
+            results.append(run_interval(work, info.bootstrap, interval, args))
+    finally:
+        broker.stop()
+    out = ROOT / "bench" / "results" / f"fresh-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"stamp": stamp, "results": results}, indent=2))
+    for r in results:
+        print(f"interval {r['interval_s']:g} s, {r['events']:,} events at {r['rate']}/s:")
+        print(f"  visible  fresh p50 {r['fresh_visible_s']['p50']} s p95 {r['fresh_visible_s']['p95']} s | "
+              f"committed p50 {r['committed_visible_s']['p50']} s p95 {r['committed_visible_s']['p95']} s")
+        print(f"  read     fresh p95 {r['read_fresh_s']['p95']} s | snapshot p95 {r['read_snapshot_s']['p95']} s | "
+              f"ratio {r['fresh_over_snapshot_p95']}")
+        print(f"  exact    {r['exactness']['reads'] - r['exactness']['inexact']}/{r['exactness']['reads']} reads, "
+              f"tail up to {r['exactness']['tail_records_max']:,} records; reader peak RSS "
+              f"{r['reader_peak_rss_mib']} MiB")
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
