@@ -87,15 +87,16 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             # partition): consume() returns once that many arrived instead of waiting out its timeout.
             expected = sum(max(0, bounds.watermarks[p] - next_offset[p]) + 1 for p in starts if p not in ends)
             for message in consumer.consume(max(1, min(DECODE_BATCH, expected)), min(left, 0.5)):
-                partition = message.partition()
-                if partition in ends:
-                    continue  # past its end: produced during the read
-                error = message.error()
+                partition, offset, error = message.partition(), message.offset(), message.error()
+                if partition is None and error is not None and error.fatal():
+                    raise FreshReadRefused(f"{bounds.table}: the Kafka client failed: {error.str()}")
+                if partition is None or partition in ends:
+                    continue  # past its end: produced during the read (or a passing client-wide event)
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         # Every record before the end was delivered before this event (one
                         # queue a partition): the partition's watermark for this read.
-                        ends[partition] = message.offset()
+                        ends[partition] = offset if offset is not None else next_offset[partition]
                         consumer.pause([TopicPartition(bounds.topic, partition)])
                         continue
                     if error.fatal() or error.code() in (KafkaError.OFFSET_OUT_OF_RANGE,
@@ -103,8 +104,10 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                         raise FreshReadRefused(f"{bounds.table}: partition {partition} of {bounds.topic!r}: "
                                                f"{error.str()}")
                     continue  # a passing error: librdkafka retries
+                if offset is None:
+                    continue
                 pending.append(message)
-                next_offset[partition] = message.offset() + 1
+                next_offset[partition] = offset + 1
             if len(pending) >= DECODE_BATCH:
                 decode()
         decode()
