@@ -193,3 +193,65 @@ def test_what_cannot_be_exact_is_refused(table, broker: str) -> None:
         read(path)
     refused = cli("query", "--config", str(path), "--fresh", "SELECT count(*) FROM db.events", check=False)
     assert refused.returncode == 1 and "recreated or truncated" in refused.stderr
+
+
+_INGEST_LOOP = """
+import sys
+from streamberg.common.config import load_config
+from streamberg.common.watermarks import read_topic_watermarks
+from tests.runbooks.inprocess import ingest_until
+config = load_config(sys.argv[1])
+settings = {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "fresh-kill-loop"}
+while True:
+    marks = read_topic_watermarks(settings, config.kafka.topic, 10, read_ends=True)
+    ingest_until(config, {p: marks.end(p) for p in marks.partitions})
+"""
+
+
+def test_reads_stay_exact_across_kill_9_of_the_ingest(table) -> None:
+    """The ingest (the real writer and committer in a process of their own) is killed with
+    SIGKILL twice while records arrive; every read before, between and after is exact."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from streamberg.common.catalog import load_catalog
+
+    path, config, produced = table
+    root = Path(__file__).resolve().parents[2]
+    stop = threading.Event()
+
+    def produce() -> None:
+        n = 0
+        while not stop.is_set():
+            produced.send(n % 2, list(range(n, n + 25)))
+            n += 25
+            stop.wait(0.02)
+
+    def snapshots() -> int:
+        return len(load_catalog(config.catalog).load_table(config.table.identifier).snapshots())
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        for _ in range(2):
+            before = snapshots()
+            loop = subprocess.Popen([sys.executable, "-c", _INGEST_LOOP, str(path)], cwd=root,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 60
+            while snapshots() < before + 3:  # a few commits landed: kill it in the middle of its work
+                assert loop.poll() is None and time.monotonic() < deadline, "the ingest loop made no commits"
+                if snapshots():  # before the first commit a fresh read is refused (test above)
+                    result = read(path)
+                    assert _ids(result) == produced.below(result.bounds.watermarks)
+            os.kill(loop.pid, signal.SIGKILL)
+            loop.wait(30)
+            for _ in range(3):
+                result = read(path)
+                ids = _ids(result)
+                assert ids == produced.below(result.bounds.watermarks), result.to_json()
+                assert len(set(ids)) == len(ids) and result.snapshot_rows > 0 and result.tail.records > 0
+    finally:
+        stop.set()
+        producer.join(30)
