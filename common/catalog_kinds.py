@@ -140,16 +140,16 @@ def _none(config: CatalogConfig) -> list[str]:
 
 AVAILABLE_CATALOGS: dict[str, CatalogKind] = {
     "sql": CatalogKind("sql", _sql_open, _sql_readonly, _jdbc, state_in_catalog=True,
-                       local_paths=("uri", "warehouse"), describe=lambda c: f"sql {c.uri}", spark_jars=_sql_jars),
+                       local_paths=("uri", "warehouse", "scan_reports_dir"), describe=lambda c: f"sql {c.uri}", spark_jars=_sql_jars),
     "rest": CatalogKind("rest", _rest_open, _rest_readonly, _rest_java, state_in_catalog=False,
-                        local_paths=("state_uri", "credential_file", "token_file"),
+                        local_paths=("state_uri", "credential_file", "token_file", "scan_reports_dir"),
                         describe=lambda c: f"rest {c.uri}", spark_jars=_none, warehouse_named_by_server=True),
     "glue": CatalogKind("glue", _glue_open, _glue_open, _glue_java, state_in_catalog=False,
-                        local_paths=("state_uri",),
+                        local_paths=("state_uri", "scan_reports_dir"),
                         describe=lambda c: f"glue {c.properties.get('glue.region', '(region from the environment)')}",
                         spark_jars=_aws_jars),
     "hive": CatalogKind("hive", _hive_open, _hive_open, _hive_java, state_in_catalog=False,
-                        local_paths=("state_uri",), describe=lambda c: f"hive {c.uri}", spark_jars=_none),
+                        local_paths=("state_uri", "scan_reports_dir"), describe=lambda c: f"hive {c.uri}", spark_jars=_none),
 }
 
 

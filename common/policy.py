@@ -99,7 +99,8 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("streamberg.compact.enabled", "compact_enabled", _bool,
               "cluster and compact this table (true unless set false)"),
     PolicyKey("streamberg.cluster.columns", "compactor.columns", _columns,
-              "clustering columns, comma-separated (default: compactor.columns)"),
+              "clustering columns, comma-separated (default: compactor.columns); `auto`: up to 4 columns "
+              "chosen from what queries filter (scan reports in catalog.scan_reports_dir)"),
     PolicyKey("streamberg.cluster.strategy", "compactor.strategy", _strategy,
               "the layout, a compactor.strategy value (default: compactor.strategy)"),
     PolicyKey("streamberg.compact.min_files", "compactor.min_files", _int,
@@ -242,15 +243,43 @@ def effective(config: StreambergConfig, table: Any) -> tuple[StreambergConfig, l
     governor): the config's, with the table's own `streamberg.*` keys over them, and what is
     wrong with them: values refused (common/policy.policy_for) and clustering columns the
     table does not have. The one function; its problems are the table's, never raised."""
-    policy, configured = policy_for(config, table.properties)
-    problems = list(policy.problems)
     names = {name for name in _column_paths(table.schema())}
+    properties, problems = _auto_columns(config, dict(table.properties), names)
+    policy, configured = policy_for(config, properties)
+    problems += list(policy.problems)
     missing = [c for c in configured.compactor.columns if c not in names]
     if missing:
         source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
         problems.append(f"{source}: {', '.join(missing)} not a column of the table (columns: "
                         f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
     return configured, problems
+
+
+AUTO = "auto"
+
+
+def _auto_columns(config: StreambergConfig, properties: dict[str, str],
+                  names: set[str]) -> tuple[dict[str, str], list[str]]:
+    """`streamberg.cluster.columns=auto`: the columns the table's queries filter
+    (common/query_stats.py); the config's columns until a query filtered one."""
+    key = "streamberg.cluster.columns"
+    if str(properties.get(key, "")).strip().lower() != AUTO:
+        return properties, []
+    del properties[key]
+    folder = config.catalog.scan_reports_dir
+    if not folder:
+        return properties, [f"{key}=auto needs catalog.scan_reports_dir (where scan reports are collected); "
+                            f"clustering by compactor.columns"]
+    from streamberg.common.query_stats import auto_columns
+
+    try:
+        chosen, _ = auto_columns(folder, config.catalog.name, config.table.identifier, names)
+    except OSError as exc:
+        return properties, [f"{key}=auto: scan reports in {folder} cannot be read ({exc.strerror or exc}); "
+                            f"clustering by compactor.columns"]
+    if chosen:
+        properties[key] = ",".join(chosen)
+    return properties, []
 
 
 def _column_paths(schema: Any) -> list[str]:

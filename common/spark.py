@@ -42,6 +42,7 @@ from streamberg.common.jars import (
     spark_s3_jars,
     sqlite_jdbc_jar,
 )
+from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
@@ -147,6 +148,11 @@ def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: SPARK_CATALOG_CLASS}
     conf.update({f"{prefix}.{key}": value for key, value in kind_of(catalog).java_properties(catalog).items()})
+    if catalog.scan_reports_dir:  # every scan's report, for the clustering that follows the queries
+        from streamberg.common.report_jar import REPORTER_CLASS, REPORTS_DIR_PROPERTY
+
+        conf[f"{prefix}.metrics-reporter-impl"] = REPORTER_CLASS
+        conf[f"{prefix}.{REPORTS_DIR_PROPERTY}"] = catalog.scan_reports_dir
     return conf
 
 
@@ -159,6 +165,14 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
     from streamberg.common.catalog_kinds import kind_of
 
     jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar())]
+    try:  # the scan-report writer (common/report_jar.py): on the classpath of every session
+        from streamberg.common.report_jar import report_jar
+
+        jars.append(str(report_jar()))
+    except MissingJarError as exc:
+        if catalog is not None and catalog.scan_reports_dir:
+            raise
+        get_logger("spark").warning("no scan reports from this session", reason=str(exc)[:300])
     if catalog is None:
         try:
             jars.append(str(postgres_jdbc_jar()))

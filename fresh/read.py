@@ -153,6 +153,7 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
     started = time.monotonic()
     plan = plan_read(config, identifier, columns=columns, row_filter=row_filter, fresh=fresh,
                      timeout_seconds=timeout_seconds)
+    _report(plan)
     schema = plan.table.schema()
     selected = tuple(columns) if columns else ("*",)
     try:
@@ -171,3 +172,39 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
         rows = pa.concat_tables([committed, plan.shaped(tail.rows, committed.schema)])
     return FreshRead(rows=rows, bounds=plan.bounds, snapshot_rows=committed.num_rows, tail=tail,
                      seconds=time.monotonic() - started)
+
+
+# pyiceberg's predicates by class name, as Iceberg's expression JSON names them.
+_JSON_TYPES = {"EqualTo": "eq", "NotEqualTo": "not-eq", "In": "in", "NotIn": "not-in", "LessThan": "lt",
+               "LessThanOrEqual": "lt-eq", "GreaterThan": "gt", "GreaterThanOrEqual": "gt-eq", "IsNull": "is-null",
+               "NotNull": "not-null", "IsNaN": "is-nan", "NotNaN": "not-nan", "StartsWith": "starts-with",
+               "NotStartsWith": "not-starts-with"}
+
+
+def filter_json(expression: BooleanExpression) -> Any:
+    """A pyiceberg filter in Iceberg's JSON form (ExpressionParser), values left out, as a
+    Java engine's scan report carries it."""
+    name = type(expression).__name__
+    if name in ("And", "Or"):
+        return {"type": name.lower(), "left": filter_json(expression.left),  # type: ignore[attr-defined]
+                "right": filter_json(expression.right)}  # type: ignore[attr-defined]
+    if name == "Not":
+        return {"type": "not", "child": filter_json(expression.child)}  # type: ignore[attr-defined]
+    term = getattr(getattr(expression, "term", None), "name", None)
+    if term is not None:
+        return {"type": _JSON_TYPES.get(name, name.lower()), "term": str(term)}
+    return "true" if name == "AlwaysTrue" else "false" if name == "AlwaysFalse" else str(expression)[:200]
+
+
+def _report(plan: ReadPlan) -> None:
+    """The read as a scan report, where the catalog collects them (common/query_stats.py)."""
+    folder = plan.config.catalog.scan_reports_dir
+    if not folder:
+        return
+    from streamberg.common.query_stats import record_read
+
+    try:
+        record_read(folder, plan.config.table.identifier, filter_json(plan.expression),
+                    plan.columns or [f.name for f in plan.table.schema().fields])
+    except OSError:
+        pass  # a read never fails for its report

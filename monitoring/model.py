@@ -236,6 +236,9 @@ class Status:
     # `streamberg govern` last recorded for this table (None: no governor state found).
     policy_problems: list[str] = field(default_factory=list)
     governor: dict[str, Any] | None = None
+    # What engines' scans of the table filtered and skipped (catalog.scan_reports_dir,
+    # common/query_stats.usage) and the clustering columns it is kept with; None: not collected.
+    queries: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

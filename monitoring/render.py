@@ -147,6 +147,13 @@ def render_screen(status: Status) -> str:
 def _governor_lines(status: Status) -> list[str]:
     """What `streamberg govern` last recorded for the table, and its policy's bad values."""
     lines = [_line("policy", f"ignored: {problem}") for problem in status.policy_problems]
+    queries = status.queries
+    if queries is not None:
+        filtered = ", ".join(f"{c} {s:g}" for c, s in list((queries.get("filtered") or {}).items())[:5]) or "none"
+        skipped = queries.get("files_skipped_share")
+        lines.append(_line("queries", f"{queries.get('scans_total', 0)} scans reported, files skipped "
+                           f"{'-' if skipped is None else f'{skipped:.0%}'}; filtered: {filtered}; clustered by "
+                           f"{', '.join(queries.get('cluster_columns') or []) or '-'}"))
     governor = status.governor
     if governor is None:
         return lines

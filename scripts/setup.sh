@@ -63,4 +63,8 @@ fi
 # local `streamberg ingest` maps ~14,000 classes from it instead of loading them. Built once
 # (~20 s), kept in $VENV/share/streamberg/jvm, skipped when present.
 "$VENV/bin/python" -m streamberg.ingest.local.class_archive
+# 6. The scan-report writer (common/report_jar.py): a MetricsReporter compiled against the Iceberg
+# runtime with the JDK's javac, so engines' scans can say what they filter (catalog.scan_reports_dir).
+"$VENV/bin/python" -m streamberg.common.report_jar \
+  || say "no scan-report writer (needs a JDK's javac: openjdk-17-jdk-headless); catalog.scan_reports_dir will not work"
 say "done. Next: make demo (runs the ingest on embedded defaults) or make test."

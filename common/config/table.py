@@ -98,6 +98,11 @@ class CatalogConfig(_Section):
     # Extra catalog / FileIO properties (s3.endpoint, s3.access-key-id, header.X-Tenant, ...),
     # passed to pyiceberg and to Spark's Iceberg catalog alike.
     properties: Properties = Field(default_factory=dict)
+    # A local folder for Iceberg's scan reports (what engines filter and project: the evidence
+    # of `streamberg.cluster.columns=auto`, common/query_stats.py). When set, the product's
+    # Spark sessions report every scan there, and any Spark given the catalog properties
+    # `metrics-reporter-impl` and `streamberg.reports-dir` (docs/governor.md) does too.
+    scan_reports_dir: Text | None = None
 
     @model_validator(mode="after")
     def _uri_of_its_type(self) -> CatalogConfig:

@@ -1,0 +1,71 @@
+package org.streamberg.reports;
+
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.OutputStreamWriter;
+import java.io.Writer;
+import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.Map;
+import org.apache.iceberg.metrics.CommitReport;
+import org.apache.iceberg.metrics.CommitReportParser;
+import org.apache.iceberg.metrics.MetricsReport;
+import org.apache.iceberg.metrics.MetricsReporter;
+import org.apache.iceberg.metrics.ScanReport;
+import org.apache.iceberg.metrics.ScanReportParser;
+
+/**
+ * An Iceberg MetricsReporter (catalog property metrics-reporter-impl) that appends every scan
+ * and commit report, in Iceberg's own JSON form (ScanReportParser, CommitReportParser), as one
+ * line to a file of this JVM in the folder given by the catalog property
+ * streamberg.reports-dir. streamberg folds the files into bounded per-table statistics
+ * (common/query_stats.py). A report that cannot be written is dropped: a query never fails
+ * because of its report.
+ */
+public class StreambergReportWriter implements MetricsReporter {
+  private static final int MAX_FILE_BYTES = 64 * 1024 * 1024;
+  private Path file;
+
+  @Override
+  public void initialize(Map<String, String> properties) {
+    String dir = properties.get("streamberg.reports-dir");
+    if (dir == null || dir.isEmpty()) {
+      return;
+    }
+    String pid = ManagementFactory.getRuntimeMXBean().getName().replaceAll("[^0-9A-Za-z]", "-");
+    this.file = Paths.get(dir, "reports-" + pid + "-" + System.nanoTime() + ".jsonl");
+  }
+
+  @Override
+  public void report(MetricsReport report) {
+    if (file == null) {
+      return;
+    }
+    String line;
+    if (report instanceof ScanReport) {
+      line = "{\"report-type\":\"scan-report\",\"report\":" + ScanReportParser.toJson((ScanReport) report) + "}";
+    } else if (report instanceof CommitReport) {
+      line = "{\"report-type\":\"commit-report\",\"report\":" + CommitReportParser.toJson((CommitReport) report) + "}";
+    } else {
+      return;
+    }
+    write(line.replace('\n', ' ') + "\n");
+  }
+
+  private synchronized void write(String line) {
+    try {
+      Files.createDirectories(file.getParent());
+      if (Files.exists(file) && Files.size(file) > MAX_FILE_BYTES) {
+        return;  // bounded: the folder is folded and emptied by streamberg
+      }
+      try (Writer out = new OutputStreamWriter(new FileOutputStream(file.toFile(), true), StandardCharsets.UTF_8)) {
+        out.write(line);
+      }
+    } catch (IOException | RuntimeException e) {
+      // never fail a query for its report
+    }
+  }
+}

@@ -1,0 +1,103 @@
+"""The layout follows the queries: real Spark queries produce Iceberg scan reports (through
+the writer common/report_jar.py builds), they are folded into per-table statistics
+(common/query_stats.py), and `streamberg.cluster.columns=auto` follows what queries filter:
+stable under a few odd queries, moved by a real shift. A fresh read reports its filter too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.config import load_config
+from streamberg.common.policy import effective
+from streamberg.common.query_stats import AUTO_MIN_SCANS, filter_terms, fold, usage
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.render import render_screen
+from tests.compactor.helpers import FakeIngest, reload, write_config
+
+
+def _config(tmp_path: Path):
+    path = write_config(tmp_path)
+    document = yaml.safe_load(path.read_text())
+    document["catalog"]["scan_reports_dir"] = "reports"
+    path.write_text(yaml.safe_dump(document))
+    config = load_config(path)
+    ensure_table(load_catalog(config.catalog), config.table)
+    return config
+
+
+def test_clustering_columns_follow_what_queries_filter(tmp_path: Path, spark, spark_catalog) -> None:
+    config = _config(tmp_path)
+    reports = Path(config.catalog.scan_reports_dir)
+    assert reports.is_absolute() and reports.parent == tmp_path
+    ingest = FakeIngest(config, seed=3)
+    for _ in range(4):
+        ingest.append(300, days=2)
+    name = f"{spark_catalog(config)}.{config.table.identifier}"
+
+    def query(where: str, times: int) -> None:
+        for _ in range(times):
+            spark.sql(f"SELECT count(*), max(amount) FROM {name} WHERE {where}").collect()
+
+    query("city = 'c3'", 25)
+    query("id > 100", 3)  # noise
+    stats = fold(reports, config.catalog.name)
+    seen = usage(reports, config.table.identifier)
+    assert seen is not None and seen["scans_total"] == 28, stats
+    # Spark adds `city IS NOT NULL` to `city = 'c3'`: 25 point filters (1.0) and 25 null checks (0.1).
+    assert list(seen["filtered"])[0] == "city" and seen["filtered"]["city"] == 27.5
+    assert seen["filtered"]["id"] == 2.4  # three range filters (0.8); id is required: no null check
+    assert not list(reports.glob("reports-*.jsonl")), "folded files are consumed"
+
+    table = reload(config)
+    with table.transaction() as tx:
+        tx.set_properties({"streamberg.cluster.columns": "auto"})
+    table = reload(config)
+    chosen, problems = effective(config, table)
+    assert problems == [] and chosen.compactor.columns == ["city"]
+
+    query("user_id = 'u7'", 10)  # a few odd queries: the layout holds
+    assert effective(config, reload(config))[0].compactor.columns == ["city"]
+    query("user_id = 'u7'", AUTO_MIN_SCANS + 40)  # the queries really shifted
+    assert effective(config, reload(config))[0].compactor.columns == ["user_id", "city"]
+    evidence = usage(reports, config.table.identifier)["auto"]
+    assert evidence["was"] == ["city"] and "user_id" in evidence["evidence"]
+    status = collect_status(config)  # what an operator sees
+    assert status.queries["cluster_columns"] == ["user_id", "city"] and status.queries["scans_total"] == 98
+    assert "queries" in render_screen(status) and "clustered by user_id, city" in render_screen(status)
+
+
+def test_auto_without_a_reports_folder_says_so(tmp_path: Path) -> None:
+    from tests.compactor.helpers import setup_table
+
+    config, table = setup_table(tmp_path)
+    with table.transaction() as tx:
+        tx.set_properties({"streamberg.cluster.columns": "auto"})
+    chosen, problems = effective(config, reload(config))
+    assert chosen.compactor.columns == ["user_id", "city"]
+    assert problems and "needs catalog.scan_reports_dir" in problems[0]
+
+
+def test_filter_terms_of_iceberg_json() -> None:
+    expression = {"type": "and", "left": {"type": "eq", "term": "city", "value": "(hash)"},
+                  "right": {"type": "or", "left": {"type": "gt-eq", "term": "id", "value": "(3-digit-int)"},
+                            "right": {"type": "not", "child": {"type": "not-null", "term": "user_id"}}}}
+    assert filter_terms(expression) == [("city", "point"), ("id", "range"), ("user_id", "null")]
+    assert filter_terms("true") == [] and filter_terms({"type": "eq"}) == [] and filter_terms(None) == []
+    assert filter_terms({"type": "in", "term": {"type": "transform", "transform": "day", "term": "ts"}}) == \
+        [("ts", "point")]
+
+
+def test_the_products_own_reads_report_their_filters(tmp_path: Path) -> None:
+    from streamberg.fresh import read
+
+    config = _config(tmp_path)
+    FakeIngest(config, seed=5).append(100, days=1)
+    for _ in range(3):
+        assert read(config, fresh=False, columns=["id"], row_filter="city = 'c1' and amount > 3").rows.num_rows >= 0
+    seen = usage(config.catalog.scan_reports_dir, config.table.identifier) if fold(
+        config.catalog.scan_reports_dir, config.catalog.name) else None
+    assert seen is not None and seen["scans_total"] == 3
+    assert seen["filtered"] == {"city": 3.0, "amount": 2.4}
