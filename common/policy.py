@@ -76,6 +76,13 @@ def _days_or_none(text: str) -> float | None:
     return _float(text)
 
 
+def _positive_days(text: str) -> float:
+    value = _float(text)
+    if not 0 < value <= 3650:
+        raise ValueError("days between 0 and 3650")
+    return value
+
+
 def _seconds(text: str) -> float:
     value = _float(text)
     if not 0 <= value <= 30 * 86400:
@@ -132,8 +139,11 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "opted-in table)"),
     PolicyKey("streamberg.govern.min_interval_seconds", "min_interval_seconds", _seconds,
               "at least this long between two actions of one kind on this table (default 60)"),
+    PolicyKey("streamberg.columns.unused_after_days", "unused_after_days", _positive_days,
+              "a column no reported scan filtered or projected for this long is listed as unused by "
+              "`status` (default 30; needs catalog.scan_reports_dir)"),
 )
-_FAMILIES = ("compact", "cluster", "merge", "maintain", "govern", "snapshots", "retention")
+_FAMILIES = ("compact", "cluster", "merge", "maintain", "govern", "snapshots", "retention", "columns")
 
 
 @dataclass
@@ -142,6 +152,7 @@ class TablePolicy:
     merge_enabled: bool = True
     maintain_enabled: bool = True
     min_interval_seconds: float = 60.0
+    unused_after_days: float = 30.0
     settings: dict[str, Any] = field(default_factory=dict)  # config setting (dotted) -> this table's value
     problems: list[str] = field(default_factory=list)  # "key: why", one per bad value or unknown key
     governed: bool = False  # any policy key set (what an opt-in namespace's tables need)

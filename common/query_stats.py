@@ -105,7 +105,7 @@ def _add(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: 
     if identifier not in tables and len(tables) >= MAX_TABLES:
         return
     entry = tables.setdefault(identifier, {"scans": 0.0, "files_scanned": 0.0, "files_skipped": 0.0,
-                                           "updated": now, "columns": {}, "scans_total": 0})
+                                           "updated": now, "columns": {}, "scans_total": 0, "since": now})
     _decayed(entry, now)
     found_metrics = report.get("metrics")
     metrics: dict[str, Any] = found_metrics if isinstance(found_metrics, dict) else {}
@@ -236,15 +236,26 @@ def auto_columns(folder: str | Path, catalog_name: str, identifier: str, names: 
         return candidate, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}"
 
 
-def usage(folder: str | Path, identifier: str) -> dict[str, Any] | None:
-    """The table's statistics as `status` shows them (None without any report)."""
+def usage(folder: str | Path, identifier: str, columns_of_table: list[str] | None = None,
+          unused_after_days: float = 30.0, now: float | None = None) -> dict[str, Any] | None:
+    """The table's statistics as `status` shows them (None without any report). With the
+    table's top-level columns: those no reported scan filtered or projected within
+    `unused_after_days`, once reports have been collected that long."""
     entry = load(folder)["tables"].get(identifier)
     if entry is None:
         return None
+    now = time.time() if now is None else now
+    unused: list[str] | None = None
+    since = float(entry.get("since", entry.get("updated", now)))
+    if columns_of_table is not None and now - since >= unused_after_days * 86400:
+        cutoff = now - unused_after_days * 86400
+        seen = entry.get("columns", {})
+        unused = [c for c in columns_of_table if float(seen.get(c, {}).get("last_used", 0)) < cutoff]
     columns = entry.get("columns", {})
     scanned, skipped = float(entry.get("files_scanned", 0)), float(entry.get("files_skipped", 0))
     return {"scans": round(float(entry.get("scans", 0)), 1), "scans_total": int(entry.get("scans_total", 0)),
             "files_skipped_share": round(skipped / (scanned + skipped), 3) if scanned + skipped else None,
             "filtered": {c: round(_score(columns, c), 2) for c in sorted(columns, key=lambda c: -_score(columns, c))
                          if _score(columns, c) > 0},
-            "auto": entry.get("auto")}
+            "auto": entry.get("auto"), "reported_since": since, "unused_columns": unused,
+            "unused_after_days": unused_after_days}

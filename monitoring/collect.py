@@ -200,15 +200,19 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
         policy_problems=policy_problems, governor=governor_state(config),
-        queries=run.part("query statistics", _queries, config) if config.catalog.scan_reports_dir else None,
+        queries=run.part("query statistics", _queries, config, table) if config.catalog.scan_reports_dir else None,
     )
 
 
-def _queries(config: StreambergConfig) -> dict[str, Any]:
-    """The table's scan statistics and the clustering columns it is kept with (after `auto`)."""
+def _queries(config: StreambergConfig, table: Any) -> dict[str, Any]:
+    """The table's scan statistics, its unused columns and the clustering columns it is kept
+    with (after `auto`)."""
+    from streamberg.common.policy import policy_of
     from streamberg.common.query_stats import usage
 
-    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier) or {"scans_total": 0}
+    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier,
+                  [f.name for f in table.schema().fields],
+                  policy_of(table.properties).unused_after_days) or {"scans_total": 0}
     return {**found, "cluster_columns": list(config.compactor.columns)}
 
 

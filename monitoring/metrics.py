@@ -64,6 +64,24 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
     yield from _snapshot_metrics(status)
     yield from _merge_metrics(status)
     yield from _governor_metrics(status)
+    yield from _query_metrics(status)
+
+
+def _query_metrics(status: Status) -> Iterator[Metric]:
+    """What reported scans of the table read (catalog.scan_reports_dir)."""
+    queries = status.queries
+    if queries is None:
+        return
+    t = status.table
+    yield from _gauge("streamberg_table_scans_reported", "scans of the table reported (since collection began)", t,
+                      queries.get("scans_total", 0))
+    if queries.get("files_skipped_share") is not None:
+        yield from _gauge("streamberg_table_scan_files_skipped_ratio",
+                          "share of data files reported scans skipped (decayed, 7-day half-life)", t,
+                          queries["files_skipped_share"])
+    if queries.get("unused_columns") is not None:
+        yield from _gauge("streamberg_table_unused_columns", "columns no reported scan read within "
+                          "streamberg.columns.unused_after_days", t, len(queries["unused_columns"]))
 
 
 def _governor_metrics(status: Status) -> Iterator[Metric]:

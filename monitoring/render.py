@@ -154,6 +154,9 @@ def _governor_lines(status: Status) -> list[str]:
         lines.append(_line("queries", f"{queries.get('scans_total', 0)} scans reported, files skipped "
                            f"{'-' if skipped is None else f'{skipped:.0%}'}; filtered: {filtered}; clustered by "
                            f"{', '.join(queries.get('cluster_columns') or []) or '-'}"))
+        if queries.get("unused_columns"):
+            lines.append(_line("", f"unused for {queries.get('unused_after_days'):g} days: "
+                               f"{', '.join(queries['unused_columns'][:20])}"))
     governor = status.governor
     if governor is None:
         return lines

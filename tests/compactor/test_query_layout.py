@@ -5,6 +5,7 @@ stable under a few odd queries, moved by a real shift. A fresh read reports its 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import yaml
@@ -101,3 +102,10 @@ def test_the_products_own_reads_report_their_filters(tmp_path: Path) -> None:
         config.catalog.scan_reports_dir, config.catalog.name) else None
     assert seen is not None and seen["scans_total"] == 3
     assert seen["filtered"] == {"city": 3.0, "amount": 2.4}
+    assert seen["unused_columns"] is None  # not watched long enough to call a column unused
+    names = [f.name for f in reload(config).schema().fields]
+    later = usage(config.catalog.scan_reports_dir, config.table.identifier, names, 30, now=time.time() + 31 * 86400)
+    assert later["unused_columns"] == names  # nothing read in the 30 days before then
+    now = usage(config.catalog.scan_reports_dir, config.table.identifier, names, 30,
+                now=seen["reported_since"] + 30 * 86400)
+    assert now["unused_columns"] == [c for c in names if c not in ("id", "city", "amount")]
