@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "streamberg.cli.maintain",
     "streamberg.cli.status",
     "streamberg.cli.query",
+    "streamberg.cli.tail",
     "streamberg.cli.run",
     "streamberg.cli.check",
     "streamberg.cli.deploy",

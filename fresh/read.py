@@ -49,7 +49,8 @@ class FreshRead:
         out = {**self.bounds.to_json(), "rows": self.rows.num_rows, "snapshot_rows": self.snapshot_rows,
                "seconds": round(self.seconds, 3)}
         if self.tail is not None:
-            out.update(tail_rows=self.tail.rows.num_rows, tail_rejected=self.tail.rejected,
+            out.update(tail_rows=self.tail.rows.num_rows, tail_cached_records=self.tail.cached,
+                       tail_rejected=self.tail.rejected,
                        tail_skipped=self.tail.skipped, tail_seconds=round(self.tail.seconds, 3))
         return out
 

@@ -24,6 +24,7 @@ from pyiceberg.schema import Schema
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh.bounds import FreshBounds
+from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.source import consumer_settings
 
@@ -41,6 +42,7 @@ class Tail:
     skipped: int  # of them, records that are no row (Debezium tombstones)
     seconds: float
     ends: dict[int, int]  # partition -> the offset its end was reached at (the read's watermark)
+    cached: int = 0  # of the records, those whose rows came from the kept tail (fresh/cache.py)
 
 
 def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float) -> Tail:
@@ -53,6 +55,9 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     counts = {"records": 0, "rejected": 0, "skipped": 0}
     if not starts:
         return Tail(decoder.file_schema.empty_table(), 0, 0, 0, time.monotonic() - started, {})
+    # The kept tail first (`streamberg tail`, fresh/cache.py): Kafka then only past it.
+    parts, starts, cached = cached_rows(cache_folder(config), schema.schema_id, starts)
+    counts["records"] = cached
     settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
                 "enable.partition.eof": True, "isolation.level": "read_committed", "fetch.wait.max.ms": 10}
     consumer = Consumer(settings)
@@ -114,4 +119,5 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     finally:
         consumer.close()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
-    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends)
+    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends,
+                cached)

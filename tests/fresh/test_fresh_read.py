@@ -255,3 +255,74 @@ def test_reads_stay_exact_across_kill_9_of_the_ingest(table) -> None:
     finally:
         stop.set()
         producer.join(30)
+
+
+def test_the_kept_tail_serves_reads_exactly(table) -> None:
+    """`streamberg tail`'s keeper (fresh/cache.py) decodes the tail ahead of the reads: a read
+    takes its rows from the segments, Kafka only past them; exact with the keeper ahead,
+    behind a commit, missing a segment, and stopped."""
+    from streamberg.common.offsets import committed_position
+    from streamberg.fresh.cache import TailKeeper, cache_folder, cached_rows, segments
+
+    path, config, produced = table
+    produced.send(0, list(range(0, 100)))
+    produced.send(1, list(range(1000, 1100)))
+    ingest_until(config, {0: 100, 1: 100})
+    produced.send(0, [*range(100, 300), None])
+    produced.send(1, list(range(1100, 1250)))
+    stop = threading.Event()
+    keeper = TailKeeper(config, stop)
+    thread = threading.Thread(target=keeper.run)
+    thread.start()
+    folder = cache_folder(config)
+
+    def kept_up_to(ends: dict[int, int]) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            table_now = read(path, fresh=False).bounds
+            _, resume, _ = cached_rows(folder, 0, dict(table_now.committed))
+            if all(resume.get(p, 0) >= end for p, end in ends.items()):
+                return
+            assert time.monotonic() < deadline and thread.is_alive(), f"kept up to {resume}, not {ends}"
+            time.sleep(0.05)
+
+    try:
+        kept_up_to({0: 301, 1: 250})
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) == list(range(0, 300)) + list(range(1000, 1250))
+        assert result.tail.cached == 351 and result.tail.rejected == 0  # the poison was dropped when kept
+        # More records than kept: the segments, then Kafka past them.
+        produced.send(1, list(range(1250, 1300)))
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks)
+        assert 351 <= result.tail.cached <= 401
+        # A commit covers the kept tail (the in-process ingest reads all there is): its segments
+        # go; a read starts at the new offsets.
+        ingest_until(config, {0: 301, 1: 300})
+        committed = committed_position(load_table(config), config.kafka.topic).offsets
+        deadline = time.monotonic() + 30
+        while any(s.next <= committed[s.partition] for s in segments(folder)):
+            assert time.monotonic() < deadline, "covered segments were not dropped"
+            time.sleep(0.05)
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.records == 0
+        # A segment lost in the middle: the chain stops there, Kafka reads the rest.
+        produced.send(1, list(range(1300, 1400)))
+        kept_up_to({0: 301, 1: 400})
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.cached == 100
+        chain = [s for s in segments(folder) if s.partition == 1]
+        chain[0].path.unlink()
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.cached < 100
+    finally:
+        stop.set()
+        thread.join(30)
+    result = read(path)  # the keeper stopped: no heartbeat, Kafka alone
+    assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.cached == 0
+
+
+def load_table(config):
+    from streamberg.common.catalog import load_catalog
+
+    return load_catalog(config.catalog).load_table(config.table.identifier)

@@ -1,0 +1,214 @@
+"""A table's tail kept decoded (`streamberg tail`): fresh reads then cost what is left past it,
+not the whole commit interval.
+
+A keeper per table follows the table's topic from the offsets its snapshot recorded, decodes
+the records as a fresh read would (fresh/tail.py: the ingest's decoder for the table's
+schema) and writes them as Arrow files, one per partition and range of offsets, in
+`<ingest.state_dir>/tail-cache/<table>/`:
+
+    seg-s<schema id>-p<partition>-<first offset>-<next offset>.arrow
+
+A segment holds the decoded rows of every record in [first, next) of its partition, with
+each row's offset (`__streamberg_offset`); records the ingest dead-letters are not in it.
+Segments of a partition are contiguous: each starts where the one before ended. When a
+commit covers a segment it is deleted; when the table's schema changes, every segment of
+the older schema is dropped and the tail decoded again. A heartbeat file says the keeper is
+alive; a reader uses segments only under a fresh heartbeat, starting at the snapshot's own
+offset, chaining segments while they are contiguous, and reading the rest from Kafka: exact
+whether the cache is ahead, behind, absent or mid-write (segments appear by rename, whole).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.common.log import get_logger
+from streamberg.common.offsets import committed_position
+from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.source import consumer_settings, topic_partitions
+
+OFFSET_COLUMN = "__streamberg_offset"
+HEARTBEAT = "heartbeat"
+HEARTBEAT_FRESH_SECONDS = 10.0
+_SEGMENT = re.compile(r"seg-s(\d+)-p(\d+)-(\d+)-(\d+)\.arrow")
+SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
+SEGMENT_SECONDS = 0.25  # ... or this long after its first record
+LOOK_SECONDS = 2.0  # how often the keeper reads the table's committed offsets and schema
+
+
+def cache_folder(config: StreambergConfig) -> Path:
+    return Path(config.ingest.state_dir) / "tail-cache" / config.table.identifier
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: Path
+    schema_id: int
+    partition: int
+    first: int
+    next: int
+
+
+def segments(folder: Path) -> list[Segment]:
+    out = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if (m := _SEGMENT.fullmatch(name)) is not None:
+            out.append(Segment(folder / name, *(int(g) for g in m.groups())))
+    return sorted(out, key=lambda s: (s.partition, s.first, -s.next))
+
+
+def alive(folder: Path, now: float | None = None) -> bool:
+    try:
+        beat = (folder / HEARTBEAT).stat().st_mtime
+    except OSError:
+        return False
+    return (time.time() if now is None else now) - beat <= HEARTBEAT_FRESH_SECONDS
+
+
+def cached_rows(folder: Path, schema_id: int, starts: dict[int, int]) -> tuple[list[pa.Table], dict[int, int], int]:
+    """The cached rows from each partition's start, as far as its segments chain; the
+    offsets where Kafka must take over, and the records the segments covered."""
+    if not alive(folder):
+        return [], dict(starts), 0
+    by_partition: dict[int, list[Segment]] = {}
+    for segment in segments(folder):
+        if segment.schema_id == schema_id:
+            by_partition.setdefault(segment.partition, []).append(segment)
+    parts: list[pa.Table] = []
+    resume = dict(starts)
+    covered = 0
+    for partition, start in starts.items():
+        position = start
+        for segment in by_partition.get(partition, []):
+            if not segment.first <= position < segment.next:
+                continue
+            try:
+                with pa.memory_map(str(segment.path)) as source:
+                    rows = pa.ipc.open_file(source).read_all()
+            except (OSError, pa.ArrowInvalid):
+                break  # deleted under us (a commit covered it): Kafka from here
+            if position > segment.first:
+                rows = rows.filter(pc.greater_equal(rows[OFFSET_COLUMN], position))
+            parts.append(rows.drop_columns([OFFSET_COLUMN]))
+            covered += segment.next - position
+            position = segment.next
+        resume[partition] = position
+    return parts, resume, covered
+
+
+class TailKeeper:
+    """Keeps one table's tail decoded in its cache folder until `stop` is set."""
+
+    def __init__(self, config: StreambergConfig, stop: threading.Event) -> None:
+        self.config, self.stop = config, stop
+        self.folder = cache_folder(config)
+        self.log = get_logger("fresh.cache", table=config.table.identifier, topic=config.kafka.topic)
+        self.segments_written = 0
+
+    def run(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while not self.stop.is_set():
+            try:
+                self._follow()
+            except Exception as exc:  # noqa: BLE001 - this table's keeper starts over; readers fall back to Kafka
+                self.log.warning("tail keeper restarts", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
+                self.stop.wait(2.0)
+        (self.folder / HEARTBEAT).unlink(missing_ok=True)
+
+    def _table(self) -> tuple[Any, dict[int, int]]:
+        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+        return table, dict(committed_position(table, self.config.kafka.topic).offsets)
+
+    def _follow(self) -> None:
+        table, committed = self._table()
+        schema = table.schema()
+        decoder = record_decoder(self.config, schema)
+        self._drop(lambda s: s.schema_id != schema.schema_id)
+        topic = self.config.kafka.topic
+        consumer = Consumer({**consumer_settings(self.config), "group.id": f"streamberg-tail-{self.config.table.identifier}",
+                             "isolation.level": "read_committed", "fetch.wait.max.ms": 50})
+        try:
+            partitions = topic_partitions(consumer, topic, timeout=10)
+            position = {p: self._chain_end(p, committed[p], schema.schema_id) for p in partitions if p in committed}
+            consumer.assign([TopicPartition(topic, p, o) for p, o in position.items()])
+            pending: dict[int, list] = {}
+            started: dict[int, float] = {}
+            next_look = time.monotonic() + LOOK_SECONDS
+            while not self.stop.is_set():
+                (self.folder / HEARTBEAT).touch()
+                for message in consumer.consume(10_000, 0.1):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise RuntimeError(error.str())
+                    partition = message.partition()
+                    if partition is not None and partition in position:
+                        pending.setdefault(partition, []).append(message)
+                        started.setdefault(partition, time.monotonic())
+                now = time.monotonic()
+                for partition in list(pending):
+                    if len(pending[partition]) >= SEGMENT_RECORDS or now - started[partition] >= SEGMENT_SECONDS:
+                        position[partition] = self._write(decoder, schema.schema_id, partition,
+                                                          position[partition], pending.pop(partition))
+                        started.pop(partition)
+                if now >= next_look:
+                    next_look = now + LOOK_SECONDS
+                    table, committed = self._table()
+                    if table.schema().schema_id != schema.schema_id:
+                        self.log.info("schema changed: the tail is decoded again", schema=table.schema().schema_id)
+                        return
+                    self._drop(lambda s, done=committed: s.next <= done.get(s.partition, 0))
+        finally:
+            consumer.close()
+
+    def _chain_end(self, partition: int, start: int, schema_id: int) -> int:
+        """Where the partition's segments, chained from `start`, end; those off the chain are
+        dropped (a reader could never reach them)."""
+        position = start
+        chained = set()
+        for segment in segments(self.folder):
+            if segment.partition == partition and segment.schema_id == schema_id \
+                    and segment.first <= position < segment.next:
+                chained.add(segment.path)
+                position = segment.next
+        self._drop(lambda s: s.partition == partition and s.path not in chained)
+        return position
+
+    def _write(self, decoder: Any, schema_id: int, partition: int, first: int, messages: list) -> int:
+        """One segment of a partition's records from `first` (the previous segment's end)."""
+        keys = [m.key() for m in messages] if decoder.needs_keys else None
+        offsets = [m.offset() for m in messages]
+        result = decoder.decode([m.value() for m in messages], keys, ([partition] * len(messages), offsets))
+        kept = pa.array([offsets[int(i)] for i in result.kept], type=pa.int64()) if len(result.kept) else \
+            pa.array([], type=pa.int64())
+        rows = result.table.append_column(OFFSET_COLUMN, kept)
+        end = offsets[-1] + 1
+        name = f"seg-s{schema_id}-p{partition}-{first}-{end}.arrow"
+        temporary = self.folder / f".{name}.tmp"
+        with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        os.replace(temporary, self.folder / name)
+        self.segments_written += 1
+        return end
+
+    def _drop(self, covered: Any) -> None:
+        for segment in segments(self.folder):
+            if covered(segment):
+                segment.path.unlink(missing_ok=True)
