@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/fresh.py [--rate 10000] [--seconds 300] [--intervals 5,60]
 
-Per commit interval (`--intervals`), on its own topic and table:
+Per commit interval (`--intervals`), on its own topic and table, in phases (`--phases`):
+first with every fresh read decoding its tail from Kafka (`kafka`), then with `streamberg
+tail` keeping the tail decoded (`kept`), `--seconds` each:
 1. The real `streamberg ingest` (PyFlink, exactly-once) runs on its own tansu broker while
-   events (the demo shape, `ts` = produce time) are produced at `--rate`/s for `--seconds`.
+   events (the demo shape, `ts` = produce time) are produced at `--rate`/s.
 2. Freshness. Every `--probe-every` s a probe event is produced and its produce time kept;
    a fresh read filtered to its id (`streamberg.fresh.read`) is repeated until the probe is in
    it: produce -> visible in a fresh read. The same probe's committed freshness: the commit
@@ -15,7 +17,8 @@ Per commit interval (`--intervals`), on its own topic and table:
 4. Exactness. Every unfiltered fresh read (one per probe cycle) is checked: its rows equal
    the records below its watermarks (every event valid, the topic new: the sum of the
    watermarks), each id once.
-5. Memory: the peak resident memory of this reading process (the tail is decoded in it).
+5. Memory: the peak resident memory of this reading process (the tail is decoded in it) and
+   of the tail keeper.
 
 Prints a summary and writes bench/results/fresh-<time>.json. Figures are measured, never
 assumed; run it on an otherwise idle machine (the broker, Flink and the producer share it).
@@ -149,10 +152,8 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
     stream = Stream(bootstrap, topic, args.rate)
     stream.start()  # records wait in Kafka while the job starts
     probes = Probes(bootstrap, topic)
-    fresh_seen: list[float] = []
-    read_fresh: list[float] = []
-    read_snapshot: list[float] = []
-    exact = {"reads": 0, "inexact": 0, "tail_records_max": 0}
+    phases: dict[str, Any] = {}
+    keeper = None
     try:
         # The table exists once the ingest prepared it; wait for its first commit.
         deadline = time.monotonic() + 180
@@ -166,31 +167,21 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                 raise RuntimeError(f"no commit within 180 s: see {work}/ingest-{topic}.log")
             time.sleep(0.5)
         time.sleep(args.warmup)
-        print(f"  interval {interval:g} s: measuring for {args.seconds} s at {args.rate}/s", flush=True)
-        started = time.monotonic()
-        while time.monotonic() - started < args.seconds:
-            probe = probes.send()
-            while True:  # produce -> visible in a fresh read
-                found = read(config, columns=["id"], row_filter=f"id = {probe['id']}").rows.num_rows
-                if found:
-                    fresh_seen.append(time.time() - probe["produced"])
-                    break
-            whole = read(config, columns=["id"])  # exactness: every record below the watermarks, once
-            ids = whole.rows.column("id")
-            expected = sum(whole.bounds.watermarks.values())
-            exact["reads"] += 1
-            exact["tail_records_max"] = max(exact["tail_records_max"], whole.bounds.tail_records)
-            if len(ids) != expected or len(set(ids.to_pylist())) != expected:
-                exact["inexact"] += 1
-            next_probe = time.monotonic() + args.probe_every
-            while time.monotonic() < next_probe:
-                t = time.monotonic()
-                read(config, columns=["id"], row_filter="city = 'ber'")
-                read_fresh.append(time.monotonic() - t)
-                t = time.monotonic()
-                read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
-                read_snapshot.append(time.monotonic() - t)
+        for phase in args.phases.split(","):
+            if phase == "kept":  # `streamberg tail` keeps the tail decoded
+                keeper = subprocess.Popen([str(Path(sys.executable).parent / "streamberg"), "tail", "--config",
+                                           str(path)], stdout=subprocess.DEVNULL, stderr=log)
+                time.sleep(args.warmup)
+            print(f"  interval {interval:g} s, tail {phase}: measuring for {args.seconds} s at {args.rate}/s",
+                  flush=True)
+            phases[phase] = _measure(config, probes, args, keeper)
     finally:
+        if keeper is not None:
+            keeper.send_signal(2)
+            try:
+                keeper.wait(60)
+            except subprocess.TimeoutExpired:
+                keeper.kill()
         stream.stop.set()
         stream.join(120)
         ingest.send_signal(2)
@@ -199,28 +190,81 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
         except subprocess.TimeoutExpired:
             ingest.kill()
         log.close()
-    committed = _committed_freshness(config, probes.sent)
+    for phase in phases.values():
+        committed = _committed_freshness(config, phase.pop("probes_sent"))
+        phase["committed_visible_s"] = {"p50": _pct(committed, 50), "p95": _pct(committed, 95), "n": len(committed)}
+    return {"interval_s": interval, "rate": args.rate, "seconds": args.seconds, "events": stream.sent,
+            "producer_behind_max_s": round(stream.behind, 2), "phases": phases,
+            "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def _rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any) -> dict[str, Any]:
+    """One phase: probes (freshness), exactness of every unfiltered read, read times."""
+    fresh_seen: list[float] = []
+    read_fresh: list[float] = []
+    read_snapshot: list[float] = []
+    exact = {"reads": 0, "inexact": 0, "tail_records_max": 0, "tail_cached_share": []}
+    sent_before = len(probes.sent)
+    keeper_rss = 0.0
+    started = time.monotonic()
+    while time.monotonic() - started < args.seconds:
+        probe = probes.send()
+        while True:  # produce -> visible in a fresh read
+            if read(config, columns=["id"], row_filter=f"id = {probe['id']}").rows.num_rows:
+                fresh_seen.append(time.time() - probe["produced"])
+                break
+        whole = read(config, columns=["id"])  # exactness: every record below the watermarks, once
+        ids = whole.rows.column("id")
+        expected = sum(whole.bounds.watermarks.values())
+        exact["reads"] += 1
+        exact["tail_records_max"] = max(exact["tail_records_max"], whole.bounds.tail_records)
+        if whole.tail is not None and whole.tail.records:
+            exact["tail_cached_share"].append(whole.tail.cached / whole.tail.records)
+        if len(ids) != expected or len(set(ids.to_pylist())) != expected:
+            exact["inexact"] += 1
+        if keeper is not None:
+            keeper_rss = max(keeper_rss, _rss_mib(keeper.pid))
+        next_probe = time.monotonic() + args.probe_every
+        while time.monotonic() < next_probe:
+            t = time.monotonic()
+            read(config, columns=["id"], row_filter="city = 'ber'")
+            read_fresh.append(time.monotonic() - t)
+            t = time.monotonic()
+            read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
+            read_snapshot.append(time.monotonic() - t)
+    shares = exact.pop("tail_cached_share")
+    exact["tail_cached_share_p50"] = _pct(shares, 50)
     return {
-        "interval_s": interval, "rate": args.rate, "seconds": args.seconds, "events": stream.sent,
-        "producer_behind_max_s": round(stream.behind, 2), "probes": len(probes.sent),
+        "probes_sent": probes.sent[sent_before:],
         "fresh_visible_s": {"p50": _pct(fresh_seen, 50), "p95": _pct(fresh_seen, 95), "n": len(fresh_seen)},
-        "committed_visible_s": {"p50": _pct(committed, 50), "p95": _pct(committed, 95), "n": len(committed)},
         "read_fresh_s": {"p50": _pct(read_fresh, 50), "p95": _pct(read_fresh, 95), "n": len(read_fresh)},
         "read_snapshot_s": {"p50": _pct(read_snapshot, 50), "p95": _pct(read_snapshot, 95), "n": len(read_snapshot)},
         "fresh_over_snapshot_p95": (round(_pct(read_fresh, 95) / _pct(read_snapshot, 95), 2)  # type: ignore[operator]
                                     if read_fresh and read_snapshot else None),
         "exactness": exact,
-        "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "keeper_peak_rss_mib": round(keeper_rss, 1) if keeper is not None else None,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=10_000, help="events/s")
-    parser.add_argument("--seconds", type=int, default=300, help="measuring time per interval")
+    parser.add_argument("--seconds", type=int, default=300, help="measuring time per phase")
     parser.add_argument("--warmup", type=int, default=10, help="seconds of events before measuring")
     parser.add_argument("--intervals", default="5,60", help="commit intervals (s), comma-separated")
     parser.add_argument("--probe-every", type=float, default=2.0, help="seconds between probes")
+    parser.add_argument("--phases", default="kafka,kept",
+                        help="per interval: reads with the tail from Kafka (kafka), then with `streamberg tail` (kept)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
     args = parser.parse_args()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -238,14 +282,15 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"stamp": stamp, "results": results}, indent=2))
     for r in results:
-        print(f"interval {r['interval_s']:g} s, {r['events']:,} events at {r['rate']}/s:")
-        print(f"  visible  fresh p50 {r['fresh_visible_s']['p50']} s p95 {r['fresh_visible_s']['p95']} s | "
-              f"committed p50 {r['committed_visible_s']['p50']} s p95 {r['committed_visible_s']['p95']} s")
-        print(f"  read     fresh p95 {r['read_fresh_s']['p95']} s | snapshot p95 {r['read_snapshot_s']['p95']} s | "
-              f"ratio {r['fresh_over_snapshot_p95']}")
-        print(f"  exact    {r['exactness']['reads'] - r['exactness']['inexact']}/{r['exactness']['reads']} reads, "
-              f"tail up to {r['exactness']['tail_records_max']:,} records; reader peak RSS "
-              f"{r['reader_peak_rss_mib']} MiB")
+        print(f"interval {r['interval_s']:g} s, {r['events']:,} events at {r['rate']}/s "
+              f"(producer behind at most {r['producer_behind_max_s']} s):")
+        for name, p in r["phases"].items():
+            print(f"  tail {name}: visible fresh p50 {p['fresh_visible_s']['p50']} s p95 {p['fresh_visible_s']['p95']} s"
+                  f" | committed p50 {p['committed_visible_s']['p50']} s p95 {p['committed_visible_s']['p95']} s")
+            print(f"    read fresh p95 {p['read_fresh_s']['p95']} s | snapshot p95 {p['read_snapshot_s']['p95']} s |"
+                  f" ratio {p['fresh_over_snapshot_p95']} | exact {p['exactness']['reads'] - p['exactness']['inexact']}"
+                  f"/{p['exactness']['reads']} | tail up to {p['exactness']['tail_records_max']:,} records, cached "
+                  f"share p50 {p['exactness']['tail_cached_share_p50']} | keeper RSS {p['keeper_peak_rss_mib']} MiB")
     print(f"results: {out}")
     return 0
 

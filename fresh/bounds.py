@@ -27,7 +27,7 @@ from pyiceberg.table import Table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, FreshReadRefused
 from streamberg.common.offsets import committed_position
-from streamberg.common.watermarks import read_topic_watermarks
+from streamberg.common.watermarks import partition_watermarks, read_true_ends, topic_partitions_of
 
 
 @dataclass(frozen=True)
@@ -56,23 +56,29 @@ class FreshBounds:
 
 def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> FreshBounds:
     """Pin the table's current snapshot and its offsets, then capture the watermarks."""
-    from streamberg.ingest.source import consumer_settings
+    import time
+
+    from streamberg.fresh.consumers import borrowed
 
     topic = config.kafka.topic
     snapshot = table.current_snapshot()
     position = committed_position(table, topic)  # on the lineage of the same loaded metadata
-    settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
-                "isolation.level": "read_committed"}
+    bootstrap = config.kafka.bootstrap_servers
     try:
-        # The listed end may lag the last record (tansu answers its last batch's start): where
-        # the table's offset is past it, the true end is read before calling the topic recreated.
-        found = read_topic_watermarks(settings, topic, timeout_seconds, ends_past=position.offsets)
+        with borrowed(config) as consumer:
+            partitions = topic_partitions_of(consumer, topic, timeout_seconds, bootstrap)
+            if partitions is None:
+                raise FreshReadRefused(f"{config.table.identifier}: topic {topic!r} is not on the broker (deleted?): "
+                                       f"the table's recorded offsets have no log to continue from")
+            listed = partition_watermarks(consumer, topic, partitions, timeout_seconds, bootstrap)
+            # The listed end may lag the last record (tansu answers its last batch's start):
+            # where the table's offset is past it, the true end is read before calling the
+            # topic recreated.
+            past = {p: listed[p] for p, offset in position.offsets.items() if p in listed and offset > listed[p][1]}
+            ends = read_true_ends(consumer, topic, past, time.monotonic() + timeout_seconds) if past else {}
     except BrokerUnreachable as exc:
         raise FreshReadRefused(f"{config.table.identifier}: the broker did not give the tail's end: {exc}") from None
-    if not found.exists:
-        raise FreshReadRefused(f"{config.table.identifier}: topic {topic!r} is not on the broker (deleted?): "
-                               f"the table's recorded offsets have no log to continue from")
-    marks = {p: (low, found.end(p)) for p, (low, _) in found.partitions.items()}
+    marks = {p: (low, max(high, ends.get(p, high))) for p, (low, high) in listed.items()}
     bounds = FreshBounds(table=config.table.identifier, topic=topic,
                          snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                          committed=dict(position.offsets), watermarks={p: high for p, (_, high) in marks.items()})

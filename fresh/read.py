@@ -76,6 +76,18 @@ def table_config(config: str | Path | StreambergConfig, identifier: str | None =
     raise FreshReadRefused(f"{identifier}: not a table of {config}" + (f" ({why})" if why else ""))
 
 
+_catalogs: dict[str, Any] = {}
+
+
+def _catalog(config: StreambergConfig) -> Any:
+    """The catalog of a config, opened once a process (opening one costs more than a small read)."""
+    key = config.catalog.model_dump_json()
+    found = _catalogs.get(key)
+    if found is None:
+        found = _catalogs[key] = load_catalog(config.catalog)
+    return found
+
+
 def _filter(row_filter: str | BooleanExpression | None) -> BooleanExpression:
     if row_filter is None:
         return AlwaysTrue()
@@ -125,7 +137,7 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
     if fresh and has_changelog(config):
         raise FreshReadRefused(f"{config.table.identifier}: a primary-key table is not read fresh yet (its state "
                                f"needs the merge over the change log and the tail); read it without --fresh")
-    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    table = _catalog(config).load_table(config.table.identifier)
     if fresh and table.properties.get(ROUTE_VALUE_PROPERTY) is not None:
         raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is not read fresh yet; "
                                f"read it without --fresh")

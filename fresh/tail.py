@@ -18,15 +18,15 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from pyiceberg.schema import Schema
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
+from streamberg.fresh.consumers import borrowed
 from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.source import consumer_settings
 
 # Records decoded together (the ingest's poll batch is of the same order).
 DECODE_BATCH = 20_000
@@ -58,9 +58,6 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     # The kept tail first (`streamberg tail`, fresh/cache.py): Kafka then only past it.
     parts, starts, cached = cached_rows(cache_folder(config), schema.schema_id, starts)
     counts["records"] = cached
-    settings = {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
-                "enable.partition.eof": True, "isolation.level": "read_committed", "fetch.wait.max.ms": 10}
-    consumer = Consumer(settings)
     pending: list = []
 
     def decode() -> None:
@@ -77,7 +74,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
         pending.clear()
 
     ends: dict[int, int] = {}  # partition -> where its end was reached: the read's watermark
-    try:
+    with borrowed(config) as consumer:
         consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
         next_offset = dict(starts)
         deadline = started + timeout_seconds
@@ -116,8 +113,6 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             if len(pending) >= DECODE_BATCH:
                 decode()
         decode()
-    finally:
-        consumer.close()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
     return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends,
                 cached)
