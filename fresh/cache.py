@@ -46,6 +46,15 @@ _SEGMENT = re.compile(r"seg-s(\d+)-p(\d+)-(\d+)-(\d+)\.arrow")
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record
 LOOK_SECONDS = 2.0  # how often the keeper reads the table's committed offsets and schema
+MERGE_FANOUT = 8  # segments of one size tier merged into one of the next
+
+
+def _tier(segment: Segment) -> int:
+    span, tier = max(1, segment.next - segment.first), 0
+    while span >= MERGE_FANOUT:
+        span //= MERGE_FANOUT
+        tier += 1
+    return tier
 
 
 def cache_folder(config: StreambergConfig) -> Path:
@@ -175,6 +184,10 @@ class TailKeeper:
                         self.log.info("schema changed: the tail is decoded again", schema=table.schema().schema_id)
                         return
                     self._drop(lambda s, done=committed: s.next <= done.get(s.partition, 0))
+                    for partition in position:
+                        for _ in range(32):  # bounded work a look; the next look goes on
+                            if not self._merge(partition, schema.schema_id):
+                                break
         finally:
             consumer.close()
 
@@ -207,6 +220,39 @@ class TailKeeper:
         os.replace(temporary, self.folder / name)
         self.segments_written += 1
         return end
+
+    def _merge(self, partition: int, schema_id: int) -> bool:
+        """Size tiers, as a log-structured store keeps them: MERGE_FANOUT contiguous segments of
+        one tier (offset span within a power of MERGE_FANOUT) become one of the next, so a
+        partition holds a few dozen files whatever the interval, and each record is rewritten
+        a few times at most. The merged file appears before its parts go: a reader meanwhile
+        takes either (it chains from the widest segment at its position)."""
+        chain = [s for s in segments(self.folder) if s.partition == partition and s.schema_id == schema_id]
+        run: list[Segment] = []
+        for segment in chain:
+            if run and (segment.first != run[-1].next or _tier(segment) != _tier(run[0])):
+                run = []
+            run.append(segment)
+            if len(run) == MERGE_FANOUT:
+                break
+        else:
+            return False
+        try:
+            tables = []
+            for segment in run:
+                with pa.memory_map(str(segment.path)) as source:
+                    tables.append(pa.ipc.open_file(source).read_all())
+        except (OSError, pa.ArrowInvalid):
+            return False  # a commit covered part of it meanwhile: the next look merges what is left
+        rows = pa.concat_tables(tables)
+        name = f"seg-s{schema_id}-p{partition}-{run[0].first}-{run[-1].next}.arrow"
+        temporary = self.folder / f".{name}.tmp"
+        with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        os.replace(temporary, self.folder / name)
+        for segment in run:
+            segment.path.unlink(missing_ok=True)
+        return True
 
     def _drop(self, covered: Any) -> None:
         for segment in segments(self.folder):

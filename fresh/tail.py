@@ -77,7 +77,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     with borrowed(config) as consumer:
         consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
         next_offset = dict(starts)
-        deadline = started + timeout_seconds
+        deadline = time.monotonic() + timeout_seconds
         while len(ends) < len(starts):
             left = deadline - time.monotonic()
             if left <= 0:

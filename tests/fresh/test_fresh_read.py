@@ -326,3 +326,34 @@ def load_table(config):
     from streamberg.common.catalog import load_catalog
 
     return load_catalog(config.catalog).load_table(config.table.identifier)
+
+
+def test_kept_segments_merge_by_size_tier(tmp_path: Path) -> None:
+    """Eight contiguous segments of one size tier become one; a reader chains the same rows
+    before and after (and while both exist)."""
+    import pyarrow as pa
+
+    from streamberg.fresh.cache import HEARTBEAT, OFFSET_COLUMN, TailKeeper, cache_folder, cached_rows, segments
+
+    config = config_at(write_config(tmp_path, "127.0.0.1:9"))
+    keeper = TailKeeper(config, threading.Event())
+    folder = cache_folder(config)
+    folder.mkdir(parents=True)
+    (folder / HEARTBEAT).touch()
+    for n in range(9):  # offsets 100..189, ten a segment
+        first = 100 + 10 * n
+        rows = pa.table({"id": list(range(first, first + 10)), OFFSET_COLUMN: pa.array(range(first, first + 10),
+                                                                                            type=pa.int64())})
+        with pa.OSFile(str(folder / f"seg-s0-p3-{first}-{first + 10}.arrow"), "wb") as sink, \
+                pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+
+    def chained(start: int) -> list[int]:
+        parts, resume, covered = cached_rows(folder, 0, {3: start})
+        assert resume == {3: 190} and covered == 190 - start
+        return sorted(i for part in parts for i in part.column("id").to_pylist())
+
+    assert chained(105) == list(range(105, 190))
+    assert keeper._merge(3, 0) and not keeper._merge(3, 0)  # one run of eight; the ninth waits
+    assert [(s.first, s.next) for s in segments(folder)] == [(100, 180), (180, 190)]
+    assert chained(105) == list(range(105, 190)) and chained(185) == list(range(185, 190))
