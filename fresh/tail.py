@@ -4,12 +4,14 @@ envelopes, key field, epoch units, size limit), so a record the ingest would dea
 not returned and a Debezium tombstone is skipped as the ingest skips it.
 
 The consumer is assigned (never subscribed, never committing) at the snapshot's offsets of
-every partition at once, and reads each partition to its end: the end the broker reports in
-its fetch answers (`enable.partition.eof`; under read_committed, the last stable offset), which
-becomes the read's watermark of that partition. The end a broker lists (ListOffsets) may lag
-its last record (tansu answers its last batch's start), the fetch's end does not. Records
-past a partition's end (produced during the read) are dropped and the partition paused, so
-each offset below the watermark is returned once.
+every partition at once, and reads each partition to its end: the end its fetch answers
+report (`enable.partition.eof`; under read_committed, the last stable offset), or, once it has
+passed the end the broker listed when the snapshot was pinned (fresh/bounds.py), wherever it
+stands END_GRACE_SECONDS later: while records keep arriving a fetch may never come back
+empty, and a listed end may lag the last record (tansu lists its last batch's start). Where a
+partition ended is the read's watermark of that partition: every record before it was
+delivered in order. Records past it (produced during the read) are dropped and the partition
+paused, so each offset below the watermark is returned once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from streamberg.ingest.decode.envelopes import record_decoder
 
 # Records decoded together (the ingest's poll batch is of the same order).
 DECODE_BATCH = 20_000
+# How long a partition read past the end listed at the pin may wait for its fetch's end
+# before it ends where it stands (under a steady stream a fetch may never come back empty).
+END_GRACE_SECONDS = 0.1
 
 
 @dataclass
@@ -74,6 +79,9 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
         pending.clear()
 
     ends: dict[int, int] = {}  # partition -> where its end was reached: the read's watermark
+    # partition -> when the read passed the end the broker listed at the pin: it ends at its
+    # fetch's end, or END_GRACE_SECONDS later where it stands (records may never stop coming).
+    passed: dict[int, float] = {p: time.monotonic() for p, start in starts.items() if start >= bounds.watermarks[p]}
     with borrowed(config) as consumer:
         consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
         next_offset = dict(starts)
@@ -110,6 +118,14 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                     continue
                 pending.append(message)
                 next_offset[partition] = offset + 1
+                if partition not in passed and offset + 1 >= bounds.watermarks[partition]:
+                    passed[partition] = time.monotonic()
+            now = time.monotonic()
+            for partition, since in passed.items():
+                if partition not in ends and now - since >= END_GRACE_SECONDS:
+                    # Every record before where it stands was delivered, in order: exact there.
+                    ends[partition] = next_offset[partition]
+                    consumer.pause([TopicPartition(bounds.topic, partition)])
             if len(pending) >= DECODE_BATCH:
                 decode()
         decode()
