@@ -256,6 +256,65 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
     }
 
 
+def quiet_tail(work: Path, bootstrap: str, records: int) -> dict[str, Any]:
+    """The kept tail alone (no ingest running, nothing else on the machine): `records` events
+    past one commit, kept by a TailKeeper; fresh filtered reads with it, the same snapshot-only,
+    then fresh reads with the tail from Kafka (the keeper stopped)."""
+    import statistics
+
+    from streamberg.fresh.cache import TailKeeper, cache_folder, cached_rows
+    from streamberg.ingest.dead_letters import open_tables
+    from tests.runbooks.inprocess import ingest_until  # the real writer and committer, in-process
+
+    topic = "fresh-quiet"
+    ensure_topic(bootstrap, topic, PARTITIONS)
+    path = work / "quiet.yaml"
+    path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+        "catalog": {"name": "quiet", "uri": f"sqlite:///{work}/quiet.db", "warehouse": str(work / "warehouse")},
+        "table": {"identifier": "bench.quiet", "schema": SAMPLE_EVENT_SCHEMA},
+        "ingest": {"parallelism": 1, "state_dir": str(work / "state-quiet")}}))
+    config = load_config(path)
+    open_tables(config)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "queue.buffering.max.messages": 2_000_000})
+    for i in range(4000):
+        producer.produce(topic, value=_event(i), partition=i % PARTITIONS)
+    assert producer.flush(60) == 0
+    ingest_until(config, {p: 1000 for p in range(PARTITIONS)})
+    for i in range(4000, 4000 + records):
+        producer.produce(topic, value=_event(i), partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(120) == 0
+    stop = threading.Event()
+    keeper = threading.Thread(target=TailKeeper(config, stop).run)
+    keeper.start()
+    deadline = time.monotonic() + 300
+    while sum(cached_rows(cache_folder(config), 0, {p: 1000 for p in range(PARTITIONS)})[1].values()) < 4000 + records:
+        assert time.monotonic() < deadline, "the keeper did not catch up"
+        time.sleep(0.5)
+    kept, snapshot, kafka = [], [], []
+    for _ in range(20):
+        t = time.monotonic()
+        read(config, columns=["id"], row_filter="city = 'ber'")
+        kept.append(time.monotonic() - t)
+        t = time.monotonic()
+        read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
+        snapshot.append(time.monotonic() - t)
+    stop.set()
+    keeper.join(60)
+    for _ in range(5):
+        t = time.monotonic()
+        read(config, columns=["id"], row_filter="city = 'ber'")
+        kafka.append(time.monotonic() - t)
+    out = {"records": records, "kept_median_s": round(statistics.median(kept), 4), "kept_max_s": round(max(kept), 4),
+           "snapshot_median_s": round(statistics.median(snapshot), 4),
+           "kafka_median_s": round(statistics.median(kafka), 4)}
+    out["kept_over_snapshot"] = round(out["kept_median_s"] / out["snapshot_median_s"], 2)
+    out["kafka_over_kept"] = round(out["kafka_median_s"] / out["kept_median_s"], 1)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=10_000, help="events/s")
@@ -265,6 +324,8 @@ def main() -> int:
     parser.add_argument("--probe-every", type=float, default=2.0, help="seconds between probes")
     parser.add_argument("--phases", default="kafka,kept",
                         help="per interval: reads with the tail from Kafka (kafka), then with `streamberg tail` (kept)")
+    parser.add_argument("--quiet-tail", type=int, default=300_000, metavar="RECORDS",
+                        help="then the kept tail alone: fresh reads of this many kept records (0: skip)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
     args = parser.parse_args()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -276,11 +337,12 @@ def main() -> int:
     try:
         for interval in [float(x) for x in args.intervals.split(",") if x.strip()]:
             results.append(run_interval(work, info.bootstrap, interval, args))
+        quiet = quiet_tail(work, info.bootstrap, args.quiet_tail) if args.quiet_tail else None
     finally:
         broker.stop()
     out = ROOT / "bench" / "results" / f"fresh-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stamp": stamp, "results": results}, indent=2))
+    out.write_text(json.dumps({"stamp": stamp, "results": results, "quiet_tail": quiet}, indent=2))
     for r in results:
         print(f"interval {r['interval_s']:g} s, {r['events']:,} events at {r['rate']}/s "
               f"(producer behind at most {r['producer_behind_max_s']} s):")
@@ -291,6 +353,10 @@ def main() -> int:
                   f" ratio {p['fresh_over_snapshot_p95']} | exact {p['exactness']['reads'] - p['exactness']['inexact']}"
                   f"/{p['exactness']['reads']} | tail up to {p['exactness']['tail_records_max']:,} records, cached "
                   f"share p50 {p['exactness']['tail_cached_share_p50']} | keeper RSS {p['keeper_peak_rss_mib']} MiB")
+    if quiet:
+        print(f"kept tail alone, {quiet['records']:,} records: fresh read median {quiet['kept_median_s']} s "
+              f"(max {quiet['kept_max_s']} s), {quiet['kept_over_snapshot']}x the snapshot-only "
+              f"{quiet['snapshot_median_s']} s; from Kafka {quiet['kafka_median_s']} s ({quiet['kafka_over_kept']}x)")
     print(f"results: {out}")
     return 0
 

@@ -175,9 +175,11 @@ def fold(folder: str | Path, catalog_name: str, now: float | None = None) -> dic
                     record = json.loads(line)
                 except ValueError:
                     continue  # cut by a concurrent write
-                if isinstance(record, dict) and record.get("report-type") == "scan-report" \
-                        and isinstance(record.get("report"), dict):
-                    _add(stats, record["report"], catalog_name, now)
+                if isinstance(record, dict) and record.get("report-type") == "scan-report":
+                    # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
+                    report = record.get("report", record)
+                    if isinstance(report, dict):
+                        _add(stats, report, catalog_name, now)
             taken.unlink(missing_ok=True)
         _save(folder, stats)
     return stats

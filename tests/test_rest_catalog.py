@@ -156,6 +156,19 @@ def test_whole_loop_through_a_rest_catalog(tmp_path: Path, broker: str, spark, r
     assert sorted(rows_by_duckdb(config)) == sorted(producer.ids)
     assert SummaryKeys.KAFKA_OFFSETS_PREFIX + topic in table.current_snapshot().summary.additional_properties
 
+    # Iceberg's REST client in Spark posted a scan report for each scan it planned (the spec's
+    # /metrics endpoint); the stand-in keeps them as a server may, and they fold as ours do.
+    scans = [r for r in rest_catalog.reports if r.get("report-type") == "scan-report"
+             and str(r.get("table-name", "")).endswith("web.events")]
+    assert scans, rest_catalog.reports[:3]
+    folder = tmp_path / "posted-reports"
+    folder.mkdir()
+    (folder / "reports-rest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scans))
+    from streamberg.common.query_stats import fold, usage
+
+    fold(folder, config.catalog.name)
+    assert usage(folder, "web.events")["scans_total"] == len(scans)
+
 
 def test_a_wrong_secret_is_refused_in_one_line_without_showing_it(tmp_path: Path, broker: str,
                                                                  rest_catalog) -> None:
