@@ -21,10 +21,8 @@ whether the cache is ahead, behind, absent or mid-write (segments appear by rena
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +34,19 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
+from streamberg.common.tail_segments import (
+    HEARTBEAT,
+    OFFSET_COLUMN,
+    Segment,
+    alive,
+    cache_folder,
+    chains,
+    segment_name,
+    segments,
+)
 from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.source import consumer_settings, topic_partitions
 
-OFFSET_COLUMN = "__streamberg_offset"
-HEARTBEAT = "heartbeat"
-HEARTBEAT_FRESH_SECONDS = 10.0
-_SEGMENT = re.compile(r"seg-s(\d+)-p(\d+)-(\d+)-(\d+)\.arrow")
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record
 LOOK_SECONDS = 2.0  # how often the keeper reads the table's committed offsets and schema
@@ -57,56 +61,17 @@ def _tier(segment: Segment) -> int:
     return tier
 
 
-def cache_folder(config: StreambergConfig) -> Path:
-    return Path(config.ingest.state_dir) / "tail-cache" / config.table.identifier
-
-
-@dataclass(frozen=True)
-class Segment:
-    path: Path
-    schema_id: int
-    partition: int
-    first: int
-    next: int
-
-
-def segments(folder: Path) -> list[Segment]:
-    out = []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    for name in names:
-        if (m := _SEGMENT.fullmatch(name)) is not None:
-            out.append(Segment(folder / name, *(int(g) for g in m.groups())))
-    return sorted(out, key=lambda s: (s.partition, s.first, -s.next))
-
-
-def alive(folder: Path, now: float | None = None) -> bool:
-    try:
-        beat = (folder / HEARTBEAT).stat().st_mtime
-    except OSError:
-        return False
-    return (time.time() if now is None else now) - beat <= HEARTBEAT_FRESH_SECONDS
-
-
 def cached_rows(folder: Path, schema_id: int, starts: dict[int, int]) -> tuple[list[pa.Table], dict[int, int], int]:
     """The cached rows from each partition's start, as far as its segments chain; the
     offsets where Kafka must take over, and the records the segments covered."""
     if not alive(folder):
         return [], dict(starts), 0
-    by_partition: dict[int, list[Segment]] = {}
-    for segment in segments(folder):
-        if segment.schema_id == schema_id:
-            by_partition.setdefault(segment.partition, []).append(segment)
     parts: list[pa.Table] = []
     resume = dict(starts)
     covered = 0
-    for partition, start in starts.items():
-        position = start
-        for segment in by_partition.get(partition, []):
-            if not segment.first <= position < segment.next:
-                continue
+    for partition, chain in chains(folder, starts, schema_id).items():
+        position = starts[partition]
+        for segment in chain:
             try:
                 with pa.memory_map(str(segment.path)) as source:
                     rows = pa.ipc.open_file(source).read_all()
@@ -213,7 +178,7 @@ class TailKeeper:
             pa.array([], type=pa.int64())
         rows = result.table.append_column(OFFSET_COLUMN, kept)
         end = offsets[-1] + 1
-        name = f"seg-s{schema_id}-p{partition}-{first}-{end}.arrow"
+        name = segment_name(schema_id, partition, first, end)
         temporary = self.folder / f".{name}.tmp"
         with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
             writer.write_table(rows)
@@ -245,7 +210,7 @@ class TailKeeper:
         except (OSError, pa.ArrowInvalid):
             return False  # a commit covered part of it meanwhile: the next look merges what is left
         rows = pa.concat_tables(tables)
-        name = f"seg-s{schema_id}-p{partition}-{run[0].first}-{run[-1].next}.arrow"
+        name = segment_name(schema_id, partition, run[0].first, run[-1].next)
         temporary = self.folder / f".{name}.tmp"
         with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
             writer.write_table(rows)

@@ -30,6 +30,7 @@ from streamberg.common.offsets import CommittedPosition, ancestry, committed_pos
 from streamberg.common.policy import GOVERN_STATE_FILE, effective
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
+from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
@@ -190,9 +191,10 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     position = run.part("committed offsets", committed_position, ingest_table, config.kafka.topic) \
         if ingest_table is not None else None
     files = run.part("data files", lambda: live_data_files(table, run.cache)[0])
+    ingest = run.ingest(position, ingest_table)
     return Status(
         table=identifier, checked_at=checked_at, catalog=Reachability(True), table_exists=True,
-        ingest=run.ingest(position, ingest_table), merge=merge,
+        ingest=ingest, merge=merge,
         files=run.part("file sizes", table_stats.file_facts, config, table, files) if files is not None else None,
         compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
         clustering=run.part("clustering", table_stats.clustering_facts, config, table, files) if files is not None else None,
@@ -201,7 +203,30 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         maintenance=last_maintenance(config, catalog), errors=run.errors,
         policy_problems=policy_problems, governor=governor_state(config),
         queries=run.part("query statistics", _queries, config, table) if config.catalog.scan_reports_dir else None,
+        tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)
+        if position is not None and cache_folder(config).is_dir() else None,
     )
+
+
+def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[str, Any]:
+    """What `streamberg tail` keeps for the table: the segments chained from its committed
+    offsets (those a fresh read takes) and how far the records go past them."""
+    from streamberg.common.tail_segments import alive, chains, segments
+
+    folder = cache_folder(config)
+    committed = dict(position.offsets)
+    chained = chains(folder, committed)
+    kept = {p: (chain[-1].next - committed[p]) if chain else 0 for p, chain in chained.items()}
+    files = segments(folder)
+    size = 0
+    for segment in files:
+        try:
+            size += segment.path.stat().st_size
+        except OSError:
+            continue
+    lag = ingest.lag.total if ingest is not None and ingest.lag is not None else None
+    return {"alive": alive(folder), "segments": len(files), "bytes": size, "kept_records": sum(kept.values()),
+            "past_kept_records": max(0, lag - sum(kept.values())) if lag is not None else None}
 
 
 def _queries(config: StreambergConfig, table: Any) -> dict[str, Any]:

@@ -65,6 +65,22 @@ def status_metrics(status: Status, collect_seconds: float) -> Iterator[Metric]:
     yield from _merge_metrics(status)
     yield from _governor_metrics(status)
     yield from _query_metrics(status)
+    yield from _tail_metrics(status)
+
+
+def _tail_metrics(status: Status) -> Iterator[Metric]:
+    """The tail `streamberg tail` keeps for fresh reads."""
+    kept = status.tail_cache
+    if kept is None:
+        return
+    t = status.table
+    yield from _gauge("streamberg_tail_keeper_alive", "1 while streamberg tail keeps this table's tail", t,
+                      1 if kept["alive"] else 0)
+    yield from _gauge("streamberg_tail_kept_records", "records past the committed offsets kept decoded", t,
+                      kept["kept_records"])
+    if kept.get("past_kept_records") is not None:
+        yield from _gauge("streamberg_tail_past_kept_records", "records past the kept tail: a fresh read reads "
+                          "them from Kafka", t, kept["past_kept_records"])
 
 
 def _query_metrics(status: Status) -> Iterator[Metric]:

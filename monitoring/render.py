@@ -147,6 +147,13 @@ def render_screen(status: Status) -> str:
 def _governor_lines(status: Status) -> list[str]:
     """What `streamberg govern` last recorded for the table, and its policy's bad values."""
     lines = [_line("policy", f"ignored: {problem}") for problem in status.policy_problems]
+    kept = status.tail_cache
+    if kept is not None:
+        past = kept.get("past_kept_records")
+        lines.append(_line("tail kept", f"{'keeper alive' if kept['alive'] else 'keeper NOT running'}: "
+                           f"{kept['kept_records']:,} records in {kept['segments']} segments "
+                           f"({kept['bytes'] / 1e6:.1f} MB)"
+                           + (f", {past:,} past them" if past is not None else "")))
     queries = status.queries
     if queries is not None:
         filtered = ", ".join(f"{c} {s:g}" for c, s in list((queries.get("filtered") or {}).items())[:5]) or "none"

@@ -291,6 +291,12 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
         result = read(path)
         assert _ids(result) == produced.below(result.bounds.watermarks) == list(range(0, 300)) + list(range(1000, 1250))
         assert result.tail.cached == 351 and result.tail.rejected == 0  # the poison was dropped when kept
+        from streamberg.monitoring.collect import collect_status
+        from streamberg.monitoring.render import render_screen
+
+        status = collect_status(config)  # what an operator sees of the kept tail
+        assert status.tail_cache["alive"] and status.tail_cache["kept_records"] == 351
+        assert status.tail_cache["past_kept_records"] == 0 and "keeper alive: 351 records" in render_screen(status)
         # More records than kept: the segments, then Kafka past them.
         produced.send(1, list(range(1250, 1300)))
         result = read(path)
@@ -320,6 +326,9 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
         thread.join(30)
     result = read(path)  # the keeper stopped: no heartbeat, Kafka alone
     assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.cached == 0
+    from streamberg.monitoring.collect import collect_status
+
+    assert collect_status(config).tail_cache["alive"] is False
 
 
 def load_table(config):
