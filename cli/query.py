@@ -28,7 +28,8 @@ the table has not placed yet, a primary-key table (not read fresh yet). docs/fre
 
 Only the tables the query names are read; --columns limits what is read of them. Prints a
 table, or with --json one JSON object per row; --explain adds each table's snapshot, offsets,
-watermarks and tail size to stderr."""
+watermarks and tail size to stderr. The query reads those tables and nothing else: DuckDB's
+access to files, URLs and extensions is off (and cannot be turned back on by the query)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,6 +89,10 @@ def _query(args: argparse.Namespace) -> int:
         connection.register(view, result.rows)
         connection.execute(f'CREATE SCHEMA IF NOT EXISTS "{namespace}"')
         connection.execute(f'CREATE OR REPLACE VIEW "{namespace}"."{name}" AS SELECT * FROM {view}')
+    # The query reads the tables given, nothing else: no files, no network, no extensions
+    # (a query pasted from elsewhere cannot read the machine's files or reach a URL).
+    connection.execute("SET enable_external_access=false")
+    connection.execute("SET lock_configuration=true")
     try:
         cursor = connection.execute(args.sql)
     except duckdb.Error as exc:
