@@ -12,7 +12,7 @@ help:
 	@echo "make demo-fleet     28 tables from one ingest job (examples/fleet.yaml), each exactly once"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make test-fast      the suite without PyFlink jobs and kill -9 drills (under 10 minutes)"
-	@echo "make lint           ruff over the tree, mypy over common/ (CI runs it before the tests)"
+	@echo "make lint           ruff over the tree, mypy over common/ and fresh/ (CI runs it before the tests)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
