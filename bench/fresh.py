@@ -45,6 +45,7 @@ from confluent_kafka import Producer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streamberg.bench.soak import process_tree, tree_rss  # noqa: E402
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
@@ -198,16 +199,6 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
             "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def _rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any) -> dict[str, Any]:
     """One phase: probes (freshness), exactness of every unfiltered read, read times."""
     fresh_seen: list[float] = []
@@ -233,7 +224,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
         if len(ids) != expected or len(set(ids.to_pylist())) != expected:
             exact["inexact"] += 1
         if keeper is not None:
-            keeper_rss = max(keeper_rss, _rss_mib(keeper.pid))
+            keeper_rss = max(keeper_rss, tree_rss(keeper.pid, process_tree()) / 2**20)
         next_probe = time.monotonic() + args.probe_every
         while time.monotonic() < next_probe:
             t = time.monotonic()

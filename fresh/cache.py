@@ -159,15 +159,10 @@ class TailKeeper:
     def _chain_end(self, partition: int, start: int, schema_id: int) -> int:
         """Where the partition's segments, chained from `start`, end; those off the chain are
         dropped (a reader could never reach them)."""
-        position = start
-        chained = set()
-        for segment in segments(self.folder):
-            if segment.partition == partition and segment.schema_id == schema_id \
-                    and segment.first <= position < segment.next:
-                chained.add(segment.path)
-                position = segment.next
+        chain = chains(self.folder, {partition: start}, schema_id)[partition]
+        chained = {segment.path for segment in chain}
         self._drop(lambda s: s.partition == partition and s.path not in chained)
-        return position
+        return chain[-1].next if chain else start
 
     def _write(self, decoder: Any, schema_id: int, partition: int, first: int, messages: list) -> int:
         """One segment of a partition's records from `first` (the previous segment's end)."""
