@@ -162,25 +162,33 @@ def fold(folder: str | Path, catalog_name: str, now: float | None = None) -> dic
     folder = Path(folder)
     now = time.time() if now is None else now
     with _locked(folder):
-        stats = load(folder)
-        for path in sorted(folder.glob("reports-*.jsonl")):
-            taken = path.with_suffix(".folding")
+        return _fold_locked(folder, catalog_name, now)
+
+
+def _fold_locked(folder: Path, catalog_name: str, now: float) -> dict[str, Any]:
+    """`fold` under the lock the caller holds; the file is written only when a report came."""
+    stats = load(folder)
+    folded = False
+    for path in sorted(folder.glob("reports-*.jsonl")):
+        taken = path.with_suffix(".folding")
+        try:
+            os.replace(path, taken)  # the writer's next report starts a new file of the same name
+            lines = taken.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
             try:
-                os.replace(path, taken)  # the writer's next report starts a new file of the same name
-                lines = taken.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # cut by a concurrent write
-                if isinstance(record, dict) and record.get("report-type") == "scan-report":
-                    # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
-                    report = record.get("report", record)
-                    if isinstance(report, dict):
-                        _add(stats, report, catalog_name, now)
-            taken.unlink(missing_ok=True)
+                record = json.loads(line)
+            except ValueError:
+                continue  # cut by a concurrent write
+            if isinstance(record, dict) and record.get("report-type") == "scan-report":
+                # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
+                report = record.get("report", record)
+                if isinstance(report, dict):
+                    _add(stats, report, catalog_name, now)
+        taken.unlink(missing_ok=True)
+        folded = True
+    if folded:
         _save(folder, stats)
     return stats
 
@@ -206,9 +214,8 @@ def auto_columns(folder: str | Path, catalog_name: str, identifier: str, names: 
     any of its columns yet). Folds the pending reports first; keeps the choice (hysteresis)."""
     folder = Path(folder)
     now = time.time() if now is None else now
-    fold(folder, catalog_name, now)
     with _locked(folder):
-        stats = load(folder)
+        stats = _fold_locked(folder, catalog_name, now)
         entry = stats["tables"].get(identifier)
         if entry is None:
             return [], "no scan report of this table yet"
