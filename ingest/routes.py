@@ -31,6 +31,7 @@ class Routes:
     raw: dict[str, StreambergConfig] = field(default_factory=dict)  # the tables' own configurations
     refused: dict[str, str] = field(default_factory=dict)  # topic -> why it is not read
     waiting: dict[str, str] = field(default_factory=dict)  # topic -> what it waits for (routed again later)
+    _catalog: Any = field(default=None, repr=False)
 
     def update(self, topics: list[str]) -> list[str]:
         """Take the topics the broker has now; return the ones newly routed."""
@@ -54,8 +55,9 @@ class Routes:
 
     def _recorded(self, identifier: str) -> str | None:
         try:
-            any_config = next(iter(self.raw.values()), None) or run_settings(self.fleet)
-            return load_catalog(any_config.catalog).load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
+            if self._catalog is None:  # opened once: every new topic's owner is looked up here
+                self._catalog = load_catalog(run_settings(self.fleet).catalog)
+            return self._catalog.load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
         except Exception:  # noqa: BLE001 - no table yet
             return None
 
