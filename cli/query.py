@@ -24,7 +24,8 @@ the table as of now, exact: the snapshot plus the Kafka records after the offset
 snapshot recorded, up to each partition's end when the query started, decoded as the ingest
 decodes them (a record the ingest dead-letters is not returned). Refused with the reason when
 that cannot be exact: records deleted by Kafka's retention, a recreated topic, a partition
-the table has not placed yet, a primary-key table (not read fresh yet). docs/fresh-read.md.
+the table has not placed yet. A primary-key table read fresh is its state as of now (the
+merge's rules over its change log and tail). docs/fresh-read.md.
 
 Only the tables the query names are read; --columns limits what is read of them. Prints a
 table, or with --json one JSON object per row; --explain adds each table's snapshot, offsets,

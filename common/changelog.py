@@ -56,6 +56,9 @@ DELETE = "d"
 # change log relaxes them, the ingest still holds a row image to them).
 TARGET_PROPERTY = CHANGELOG_TARGET_PROPERTY
 REQUIRED_PROPERTY = "streamberg.changelog.required-columns"
+# The merge's key state (merge/key_state.py) and its columns: the contract between the merge,
+# which writes it, and a fresh read (fresh/keyed.py), which reads it.
+KEY_STATE_COLUMNS = ("key", "seq", "kafka_partition", "kafka_offset", "source_ts", "deleted", "applied_at")
 # `streamberg.operation` of maintenance's commit that trims merged changes from the change log.
 TRIM_OPERATION = "changelog-trim"
 

@@ -41,6 +41,9 @@ class FreshBounds:
     snapshot_id: int | None
     committed: dict[int, int]  # partition -> the snapshot's next offset (what the tail starts from)
     watermarks: dict[int, int] = field(default_factory=dict)  # partition -> end of the tail (exclusive)
+    # A primary-key table (fresh/keyed.py): `snapshot_id` is the table's, the offsets are its
+    # change log's, recorded by this change-log snapshot.
+    changelog_snapshot_id: int | None = None
 
     @property
     def tail_records(self) -> int:
@@ -51,7 +54,9 @@ class FreshBounds:
         return {"table": self.table, "topic": self.topic, "snapshot_id": self.snapshot_id,
                 "committed": {str(p): o for p, o in sorted(self.committed.items())},
                 "watermarks": {str(p): o for p, o in sorted(self.watermarks.items())},
-                "tail_records": self.tail_records}
+                "tail_records": self.tail_records,
+                **({"changelog_snapshot_id": self.changelog_snapshot_id}
+                   if self.changelog_snapshot_id is not None else {})}
 
 
 def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> FreshBounds:

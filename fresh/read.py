@@ -12,8 +12,10 @@ nothing (the snapshot is pinned, its offsets are in its own lineage). `fresh=Fal
 the committed snapshot only. The filter and the columns are applied to both halves (pushed
 into the table's scan: its files are pruned by the filter).
 
-Not read fresh (FreshReadRefused, with why): primary-key tables (their state needs the merge's
-rules over the change log and the tail) and the tables of a field-routed topic.
+A primary-key table read fresh is its state at the watermark: the table the merge keeps, its
+change log's unmerged changes and the tail, merged by key with the merge's rules
+(fresh/keyed.py). Not read fresh (FreshReadRefused, with why): the tables of a field-routed
+topic.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 
 from streamberg.common.catalog import load_catalog
@@ -32,6 +35,15 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import ROUTE_VALUE_PROPERTY
 from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh.bounds import FreshBounds, pin
+from streamberg.fresh.keyed import (
+    KeyedDelta,
+    KeyedSource,
+    delta,
+    joined_changes,
+    open_keyed,
+    pending_changes,
+    table_columns,
+)
 from streamberg.fresh.tail import Tail, read_tail
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -44,6 +56,8 @@ class FreshRead:
     snapshot_rows: int  # of `rows`, read from the pinned snapshot
     tail: Tail | None  # None: the committed snapshot only
     seconds: float
+    keyed: KeyedDelta | None = None  # a primary-key table read fresh: what its changes did
+
 
     def to_json(self) -> dict[str, Any]:
         out = {**self.bounds.to_json(), "rows": self.rows.num_rows, "snapshot_rows": self.snapshot_rows,
@@ -52,6 +66,9 @@ class FreshRead:
             out.update(tail_rows=self.tail.rows.num_rows, tail_cached_records=self.tail.cached,
                        tail_rejected=self.tail.rejected,
                        tail_skipped=self.tail.skipped, tail_seconds=round(self.tail.seconds, 3))
+        if self.keyed is not None:
+            out.update(changes=self.keyed.changes, keys_changed=self.keyed.removed.num_rows,
+                       stale_keys=self.keyed.stale)
         return out
 
 
@@ -112,12 +129,47 @@ class ReadPlan:
     columns: list[str] | None
     bounds: FreshBounds
     fresh: bool
+    keyed: KeyedSource | None = None  # a primary-key table read fresh: its change log and key state
+
+    @property
+    def read_columns(self) -> list[str] | None:
+        """The columns the table's scan reads: a keyed read needs the key besides those asked."""
+        if self.columns is None or self.keyed is None:
+            return self.columns
+        return self.columns + [k for k in self.keyed.keys if k not in self.columns]
 
     def tail(self, timeout_seconds: float) -> Tail:
-        """The tail after the pinned snapshot; the bounds then hold the ends it was read to."""
-        tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds)
+        """The tail after the pinned snapshot; the bounds then hold the ends it was read to.
+        A keyed table's tail is its change log's: change rows, decoded as the ingest writes them."""
+        if self.keyed is not None:
+            tail = read_tail(self.keyed.config, self.keyed.changelog.schema(), self.bounds, timeout_seconds)
+        else:
+            tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds)
         self.bounds = replace(self.bounds, watermarks=tail.ends)
         return tail
+
+    def keyed_delta(self, tail: Tail) -> KeyedDelta:
+        """What the change log's unmerged changes and the tail do to the pinned table."""
+        assert self.keyed is not None
+        changes = joined_changes(pending_changes(self.keyed), tail.rows)
+        return delta(self.keyed, changes, table_columns(self.table, self.keyed.changelog))
+
+    def keyed_rows(self, committed: pa.Table, change: KeyedDelta) -> tuple[pa.Table, int]:
+        """The pinned table's rows (filtered, with their keys) less every key the changes
+        touch, plus the rows the changes make (filtered, projected)."""
+        assert self.keyed is not None
+        keys = self.keyed.keys
+        position = "__streamberg_row"
+        index = committed.select(keys).append_column(position, pa.array(range(committed.num_rows), pa.int64()))
+        removed = change.removed.select(keys).cast(index.select(keys).schema)
+        kept = committed.take(index.join(removed, keys=keys, join_type="left anti").column(position).combine_chunks()
+                              .sort()) if removed.num_rows else committed
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        whole = schema_to_pyarrow(self.table.schema(), include_field_ids=False)
+        made = pa.table({f.name: (change.upserts.column(f.name) if f.name in change.upserts.column_names
+                                  else pa.nulls(change.upserts.num_rows, f.type)) for f in whole})
+        return pa.concat_tables([kept, self.shaped(made, committed.schema)]), kept.num_rows
 
     def shaped(self, rows: pa.Table, target: pa.Schema) -> pa.Table:
         """Tail rows as the scan gave the snapshot's: filtered, projected, same Arrow types."""
@@ -134,10 +186,11 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
               fresh: bool = True, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> ReadPlan:
     """Check what is asked against the table and pin the snapshot (and, fresh, the tail's start)."""
     config = table_config(config, identifier)
-    if fresh and has_changelog(config):
-        raise FreshReadRefused(f"{config.table.identifier}: a primary-key table is not read fresh yet (its state "
-                               f"needs the merge over the change log and the tail); read it without --fresh")
-    table = _catalog(config).load_table(config.table.identifier)
+    try:
+        table = _catalog(config).load_table(config.table.identifier)
+    except NoSuchTableError:
+        made_by = "the merge, when it starts" if has_changelog(config) else "the ingest, when it starts"
+        raise FreshReadRefused(f"{config.table.identifier} does not exist yet (made by {made_by})") from None
     if fresh and table.properties.get(ROUTE_VALUE_PROPERTY) is not None:
         raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is not read fresh yet; "
                                f"read it without --fresh")
@@ -147,7 +200,14 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
     if unknown:
         raise FreshReadRefused(f"{config.table.identifier} has no column {', '.join(unknown)} (columns: "
                                f"{', '.join(names)})")
-    if fresh:
+    keyed = None
+    if fresh and has_changelog(config):
+        keyed = open_keyed(_catalog(config), config, table)  # after the table: it holds what the table applied
+        snapshot = table.current_snapshot()
+        bounds = replace(pin(keyed.changelog, keyed.config, timeout_seconds), table=config.table.identifier,
+                         snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                         changelog_snapshot_id=_snapshot_id(keyed.changelog))
+    elif fresh:
         bounds = pin(table, config, timeout_seconds)
     else:
         from streamberg.common.offsets import committed_position
@@ -156,7 +216,12 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
         bounds = FreshBounds(table=config.table.identifier, topic=config.kafka.topic,
                              snapshot_id=snapshot.snapshot_id if snapshot else None,
                              committed=dict(committed_position(table, config.kafka.topic).offsets))
-    return ReadPlan(config, table, expression, columns, bounds, fresh)
+    return ReadPlan(config, table, expression, columns, bounds, fresh, keyed)
+
+
+def _snapshot_id(table: Any) -> int | None:
+    snapshot = table.current_snapshot()
+    return snapshot.snapshot_id if snapshot is not None else None
 
 
 def read(config: str | Path | StreambergConfig, identifier: str | None = None, *,
@@ -168,7 +233,8 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
                      timeout_seconds=timeout_seconds)
     _report(plan)
     schema = plan.table.schema()
-    selected = tuple(columns) if columns else ("*",)
+    read_columns = plan.read_columns
+    selected = tuple(read_columns) if read_columns else ("*",)
     try:
         scan = plan.table.scan(row_filter=plan.expression, selected_fields=selected,
                                snapshot_id=plan.bounds.snapshot_id)
@@ -178,13 +244,18 @@ def read(config: str | Path | StreambergConfig, identifier: str | None = None, *
     if committed is None:
         from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        committed = schema_to_pyarrow(schema.select(*columns) if columns else schema).empty_table()
+        committed = schema_to_pyarrow(schema.select(*read_columns) if read_columns else schema).empty_table()
     tail = plan.tail(timeout_seconds) if fresh else None
-    rows = committed
-    if tail is not None and tail.rows.num_rows:
+    rows, snapshot_rows, change = committed, committed.num_rows, None
+    if tail is not None and plan.keyed is not None:
+        change = plan.keyed_delta(tail)
+        rows, snapshot_rows = plan.keyed_rows(committed, change)
+        if columns:
+            rows = rows.select(columns)
+    elif tail is not None and tail.rows.num_rows:
         rows = pa.concat_tables([committed, plan.shaped(tail.rows, committed.schema)])
-    return FreshRead(rows=rows, bounds=plan.bounds, snapshot_rows=committed.num_rows, tail=tail,
-                     seconds=time.monotonic() - started)
+    return FreshRead(rows=rows, bounds=plan.bounds, snapshot_rows=snapshot_rows, tail=tail,
+                     seconds=time.monotonic() - started, keyed=change)
 
 
 # pyiceberg's predicates by class name, as Iceberg's expression JSON names them.

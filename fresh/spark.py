@@ -1,6 +1,8 @@
 """The same fresh read as a Spark DataFrame: Spark reads the pinned snapshot itself (Iceberg's
 Spark runtime, `snapshot-id`), and the tail decoded by fresh/tail.py joins it as a DataFrame of
-the same schema. Same bounds, same rows as `streamberg.fresh.read`.
+the same schema. Same bounds, same rows as `streamberg.fresh.read`. A primary-key table: the
+keys its unmerged changes and tail touch leave Spark's rows, the rows they make join them
+(fresh/keyed.py computes both).
 
     from streamberg.fresh.spark import spark_read
     frame, bounds = spark_read(spark, "fleet.yaml", "shop.events", row_filter="city = 'ams'")
@@ -33,16 +35,27 @@ def spark_read(spark: Any, config: str | Path | StreambergConfig, identifier: st
         frame = frame.limit(0)
     if row_filter:
         frame = frame.where(row_filter)
-    if columns:
-        frame = frame.select(*columns)
+    read_columns = plan.read_columns
+    if read_columns:
+        frame = frame.select(*read_columns)
     if not fresh:
         return frame, plan.bounds
-    tail = plan.tail(timeout_seconds)
-    if tail.rows.num_rows:
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-        schema = plan.table.schema()
-        target = schema_to_pyarrow(schema.select(*columns) if columns else schema, include_field_ids=False)
+    schema = plan.table.schema()
+    target = schema_to_pyarrow(schema.select(*read_columns) if read_columns else schema, include_field_ids=False)
+    tail = plan.tail(timeout_seconds)
+    if plan.keyed is not None:
+        change = plan.keyed_delta(tail)
+        if change.removed.num_rows:
+            keys = frame.select(*plan.keyed.keys).schema
+            removed = spark.createDataFrame(change.removed.select(plan.keyed.keys).to_pandas(), schema=keys)
+            frame = frame.join(removed, on=plan.keyed.keys, how="left_anti")
+        made, _ = plan.keyed_rows(target.empty_table(), change)
+        if made.num_rows:
+            frame = frame.unionByName(spark.createDataFrame(made.to_pandas(), schema=frame.schema))
+        return (frame.select(*columns) if columns else frame), plan.bounds
+    if tail.rows.num_rows:
         rows = plan.shaped(tail.rows, target)
         frame = frame.unionByName(spark.createDataFrame(rows.to_pandas(), schema=frame.schema))
     return frame, plan.bounds

@@ -37,11 +37,11 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.catalog import ensure_namespace
+from streamberg.common.changelog import KEY_STATE_COLUMNS
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
 
-KEY, SEQ, PARTITION, OFFSET, SOURCE_TS, DELETED, APPLIED_AT = (
-    "key", "seq", "kafka_partition", "kafka_offset", "source_ts", "deleted", "applied_at")
+KEY, SEQ, PARTITION, OFFSET, SOURCE_TS, DELETED, APPLIED_AT = KEY_STATE_COLUMNS
 # The key state is rewritten in place (copy-on-write): no delete files pile up in a table no
 # compactor keeps.
 PROPERTIES = {"format-version": "2", "write.merge.mode": "copy-on-write", "write.update.mode": "copy-on-write",
