@@ -143,7 +143,7 @@ def run_streamberg(config_path: Path, records: int, parallelism: int, env: dict 
     # Steady state: from the moment the writers were reading (job started, logged by each
     # writer) to that last commit, so JVM and job start-up are left out.
     opened = [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
-              for line in proc.stderr.splitlines() if '"writer opened"' in line]
+              for line in proc.stderr.splitlines() if '"lane opened"' in line]
     running = done_at - max(opened)
     return {"parallelism": parallelism, "seconds": seconds, "records": records, "commits": len(snapshots),
             "records_per_s": records / seconds, "startup_seconds": max(opened) - started_wall,
