@@ -60,8 +60,9 @@ def submit(config_path: str, parallelism: int | None) -> int:
     from streamberg.common.errors import StreambergError
     from streamberg.common.log import get_logger
     from streamberg.common.tables import run_settings
-    from streamberg.ingest.job import build_job, job_name, new_run_id
+    from streamberg.ingest.job import build_job, job_name
     from streamberg.ingest.routes import prepare_routes
+    from streamberg.ingest.run_folder import new_run_id
 
     fleet = load_tables(config_path)  # one table or many: routes (the ingest writes a change log itself)
     parallelism = parallelism or run_settings(fleet).ingest.parallelism

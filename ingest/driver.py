@@ -17,17 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.config import FleetConfig, StreambergConfig
-from streamberg.common.config.sealing import export
+from streamberg.common.config.sealing import export, job_document
 from streamberg.common.errors import IngestFenced, JobFailed, LostOffsetsError
 from streamberg.common.log import get_logger, renders_json
 from streamberg.common.stop import stop_on_signals
 from streamberg.common.tables import run_settings
-from streamberg.ingest.job import build_job, failure_message, job_dump, job_name, new_run_id
 from streamberg.ingest.local.fork_server import ForkServer, ForkServerUnavailable
 from streamberg.ingest.local.gateway import python_worker_mode, start_local_gateway
 from streamberg.ingest.local.worker_logs import WORKER_LOG_NAME, WorkerLogRelay, WorkerLogTarget
-from streamberg.ingest.routes import prepare_routes
-from streamberg.ingest.run_folder import RunFolder, prune_runs
+from streamberg.ingest.run_folder import RunFolder, new_run_id, prune_runs
 
 DRIVER_TICK_SECONDS = 0.25  # how often the driver looks at the run's markers
 TABLE_LOOK_SECONDS = 1.0  # how often it reads the catalog and the job status
@@ -54,12 +52,16 @@ def run_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: 
     interrupted)."""
     settings = run_settings(fleet)  # the run-wide settings: state folder, parallelism, Python workers
     # The job graph carries no secret: the workers started below read them from the environment.
-    export(job_dump(fleet))
+    export(job_document(fleet))
     worker_mode = python_worker_mode()
     # The slow starts first, before anything else is imported or read: the workers' fork
-    # server and the gateway JVM come up while the driver prepares the tables.
+    # server and the gateway JVM come up while the driver imports the job's API (PyFlink's
+    # DataStream, the committers: ~0.6 s) and prepares the tables.
     with _python_workers(settings, worker_mode) as fork_server:
         start_local_gateway(settings)
+        from streamberg.ingest.job import build_job, job_name
+        from streamberg.ingest.routes import prepare_routes
+
         run_id = new_run_id()
         log = get_logger("ingest.driver", job=job_name(fleet), run=run_id)
         topics = prepare_routes(fleet, log)
@@ -166,6 +168,8 @@ def _watch(run: _Run, client: Any, stop: _StopRequest, bar: Any) -> str | None:
         catalog.look()
         status = str(client.get_job_status().result())
         if status.endswith(("FAILED", "CANCELED", "FINISHED")):
+            from streamberg.ingest.job import failure_message
+
             raise JobFailed(failure_message(client, status))
         if bar is not None:
             bar.n = folder.records_committed()

@@ -27,7 +27,6 @@ the next start.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,6 +38,7 @@ from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import FlatMapFunction, MapFunction, RuntimeContext
 
 from streamberg.common.config import FleetConfig, StreambergConfig
+from streamberg.common.config.sealing import job_document as job_dump
 from streamberg.common.config.sealing import seal, unseal
 from streamberg.common.errors import named_in
 from streamberg.common.log import get_logger
@@ -209,15 +209,6 @@ def build_job(fleet: FleetConfig, parallelism: int, run_id: str, cluster: bool =
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
-
-
-def job_dump(fleet: FleetConfig) -> dict[str, Any]:
-    """The configuration a job's operators are built from, as data (its secrets not sealed yet)."""
-    return fleet.model_dump(mode="json", by_alias=True)
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def failure_message(client: Any, status: str) -> str:

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,8 @@ class ReadProgress:
 
                 get_logger("ingest.writer").warning("cannot write the read-progress file (bounded runs then stop "
                                                     "on committed records only)", path=str(self.path), error=str(exc))
+
+
+def new_run_id() -> str:
+    """A run's id: its start time, then random hex (names its folder and its log lines)."""
+    return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]

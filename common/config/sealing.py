@@ -95,3 +95,10 @@ def unseal(dump: Any, environ: Mapping[str, str] | None = None) -> Any:
         raise ConfigError(f"the secret {name} is not in this worker's environment{also}: give the TaskManagers the "
                           "same STREAMBERG_* variables as the job's client (the job graph carries no secret)")
     return dump
+
+
+def job_document(fleet: Any) -> dict[str, Any]:
+    """The configuration a job's operators are built from, as data (its secrets not sealed
+    yet): what `export` and `seal` take. Here, not beside the job graph, so a driver can
+    export it before importing PyFlink's job API (ingest/driver.py starts the JVM first)."""
+    return dict(fleet.model_dump(mode="json", by_alias=True))

@@ -31,7 +31,19 @@ from pathlib import Path
 
 from streamberg.ingest.local.jvm_lib import CACHE_ENV, jvm_cache_dir, prepare_gateway_jvm
 
-ARCHIVE_NAME = "flink-classes.jsa"
+# The gateway JVM, sized for what it does in this job: the MiniCluster moves the writers'
+# units (file lists and offsets, not records: the data stays in the Python workers) from
+# one operator to the next. Measured with `make bench-peers` (docs/performance.md): at 1M
+# events its heap stays far below 256 MB; the serial collector keeps no G1 remembered sets
+# (~50 MB at this size) and gives the heap back after a full collection; C1 alone
+# (TieredStopAtLevel=1) starts the MiniCluster about a second sooner on two cores and
+# compiles what the JVM's little per-record work needs. The same flags when the archive is
+# built and used (its name carries their digest). JVM_ARGS set by the operator come after
+# these, so an -Xmx there wins.
+GATEWAY_JVM_OPTIONS = ("-Xms64m", "-Xmx1g", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:MaxMetaspaceSize=256m",
+                       "-XX:ReservedCodeCacheSize=64m")
+# The archive's name carries the options' digest: other options, another archive.
+ARCHIVE_NAME = f"flink-classes-{hashlib.sha256(' '.join(GATEWAY_JVM_OPTIONS).encode()).hexdigest()[:10]}.jsa"
 DIGEST_SUFFIX = ".sha256"
 # Silence the JVM's CDS warnings (an unusable archive is not an error; the gateway's stderr
 # is a pipe nobody reads until it fails, and a full pipe would block the JVM).
@@ -84,13 +96,6 @@ def use_archive(lib_dir: Path) -> bool:
     return True
 
 
-# The gateway JVM's heap, sized explicitly and given back when idle (a JVM left to its
-# defaults reserves a quarter of the machine's memory and keeps its high-water mark): the
-# MiniCluster of a local run lives in it. The same flags when the archive is built and used.
-# JVM_ARGS set by the operator come after these, so an -Xmx there wins.
-GATEWAY_JVM_OPTIONS = ("-Xmx1g", "-XX:+UseG1GC", "-XX:G1PeriodicGCInterval=30000", "-XX:MaxMetaspaceSize=512m")
-
-
 def add_gateway_jvm_options() -> None:
     if not any(a in os.environ.get("JVM_ARGS", "") for a in GATEWAY_JVM_OPTIONS):
         _add_jvm_args(*GATEWAY_JVM_OPTIONS)
@@ -128,6 +133,9 @@ def build(cache: Path, force: bool = False) -> Path | None:
         # The digest first, then the archive: a run that sees the new archive sees its digest.
         digest.replace(lib_dir / digest.name)
         partial.replace(archive)  # atomic: a run sees the whole archive or none
+        for old in lib_dir.glob("flink-classes*.jsa*"):  # archives of other JVM options: never mapped again
+            if not old.name.startswith(ARCHIVE_NAME):
+                old.unlink(missing_ok=True)
     finally:
         shutil.rmtree(private, ignore_errors=True)
     return archive

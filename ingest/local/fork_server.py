@@ -32,6 +32,7 @@ ingest can ask for a worker. If the server is not there, workers start the slow 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -446,6 +447,11 @@ def main(argv: list[str]) -> int:
         return 2
     server = _Server(Path(argv[1]))
     failed = preload()
+    # What the imports made goes to the permanent generation: the workers' collections never
+    # walk it, so their pages stay shared with this process instead of being copied into
+    # each worker by the collector's writes (Python's gc.freeze, made for pre-fork servers).
+    gc.collect()
+    gc.freeze()
     if failed:
         print(f"streamberg fork server: could not preload {', '.join(failed)}; workers import them themselves",
               file=sys.stderr, flush=True)

@@ -32,6 +32,10 @@ def local_settings(parallelism: int, python_workers: str | None = None) -> dict[
         "python.executable": python_workers or sys.executable,
         "python.client.executable": sys.executable,
         "taskmanager.numberOfTaskSlots": str(max(parallelism, 1)),
+        # The network buffers carry the writers' units (file lists, offsets) to the committer,
+        # not records: 16 MB (512 buffers) instead of Flink's 64 MB minimum, off-heap.
+        "taskmanager.memory.network.min": "16mb",
+        "taskmanager.memory.network.max": "16mb",
         # A local MiniCluster listens on loopback only (docs/security.md): by default its REST
         # endpoint and BLOB server bind every interface, with web job submission and
         # cancellation on. `ingest.flink` (applied last) can widen any of these.
