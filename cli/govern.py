@@ -31,10 +31,11 @@ from streamberg.common.redact import redact
 def executors(config: StreambergConfig) -> list[Any]:
     """A table's executors, one per component (the composition hands them to the governor)."""
     from streamberg.compactor.executor import CompactExecutor
+    from streamberg.maintenance.columns import DropColumnsExecutor
     from streamberg.maintenance.executor import MaintainExecutor
     from streamberg.merge.executor import MergeExecutor
 
-    return [CompactExecutor(config.govern.replan_seconds), MergeExecutor(), MaintainExecutor()]
+    return [CompactExecutor(config.govern.replan_seconds), MergeExecutor(), MaintainExecutor(), DropColumnsExecutor()]
 
 
 def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergConfig:

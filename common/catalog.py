@@ -362,7 +362,7 @@ def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Sche
             existing = catalog.load_table(table.identifier)
     if table.schema_ is None:
         log.info("table.schema not declared: the table's own schema is used", schema_id=existing.schema().schema_id)
-    elif problems := describe_schema_differences(schema_from_config(table), existing.schema()):
+    elif problems := describe_schema_differences(_declared_kept(table, existing), existing.schema()):
         raise SchemaMismatchError(
             f"table {table.identifier} exists with a schema the config does not match:\n  - " + "\n  - ".join(problems)
         )
@@ -378,6 +378,19 @@ def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Sche
         log.warning("partition spec differs from the config; writing with the table's spec",
                     table_spec=str(existing.spec()), config_spec=str(wanted_spec))
     return existing
+
+
+def _declared_kept(table: TableConfig, existing: Table) -> Schema:
+    """The config's schema less the columns the governor dropped as unused: the ingest ignores
+    those fields knowingly (common/column_lifecycle.py), so a config still declaring them fits."""
+    from streamberg.common.column_lifecycle import ignored_fields
+
+    declared = schema_from_config(table)
+    ignored = ignored_fields(existing.properties)
+    if not ignored:
+        return declared
+    return Schema(*[f for f in declared.fields if f.name not in ignored], schema_id=declared.schema_id,
+                  identifier_field_ids=list(declared.identifier_field_ids))
 
 
 def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) -> SchemaEvolution:

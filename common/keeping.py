@@ -21,7 +21,7 @@ from streamberg.common.config import StreambergConfig
 @dataclass(frozen=True)
 class Due:
     table: str
-    action: str  # compact | merge | maintain
+    action: str  # compact | merge | maintain | drop-columns
     urgency: float  # times its trigger is passed (>= 1 is due)
     why: str
     min_interval_seconds: float = 60.0

@@ -142,6 +142,9 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
     PolicyKey("streamberg.columns.unused_after_days", "unused_after_days", _positive_days,
               "a column no reported scan filtered or projected for this long is listed as unused by "
               "`status` (default 30; needs catalog.scan_reports_dir)"),
+    PolicyKey("streamberg.columns.drop_unused", "drop_unused", _bool,
+              "the governor drops the unused columns (never a key, partition, clustering, sequence, retention "
+              "or key column) and the ingest then ignores those fields, counted (false unless set true)"),
 )
 _FAMILIES = ("compact", "cluster", "merge", "maintain", "govern", "snapshots", "retention", "columns")
 
@@ -153,6 +156,7 @@ class TablePolicy:
     maintain_enabled: bool = True
     min_interval_seconds: float = 60.0
     unused_after_days: float = 30.0
+    drop_unused: bool = False
     settings: dict[str, Any] = field(default_factory=dict)  # config setting (dotted) -> this table's value
     problems: list[str] = field(default_factory=list)  # "key: why", one per bad value or unknown key
     governed: bool = False  # any policy key set (what an opt-in namespace's tables need)

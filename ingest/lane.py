@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import load_catalog
+from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.field_sightings import FieldSighting, merge_sightings
@@ -116,6 +118,9 @@ class TableLane:
         """Decode and write against the table's current schema."""
         self.schema_id = table.schema().schema_id
         self.decoder = record_decoder(self.config, table.schema())
+        # Fields of columns the governor dropped as unused (common/column_lifecycle.py):
+        # counted, never added back, never dead letters.
+        self.ignored = ignored_fields(table.properties)
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,
@@ -258,6 +263,12 @@ class TableLane:
         keys = [m.key() for m in messages] if self.decoder.needs_keys else None
         result = self.decoder.decode(values, keys, (partitions, offsets))
         self.skipped += result.skipped
+        if self.evolution == "add" and self.ignored and result.unknown:
+            ignored = [u.path and u.path[0] in self.ignored for u in result.unknown]
+            if any(ignored):  # counted as with schema_evolution off, and not held for the committer to add
+                self._count_unknown(replace(result, unknown=[u for u, i in zip(result.unknown, ignored) if i]),
+                                    partitions, offsets)
+                result = replace(result, unknown=[u for u, i in zip(result.unknown, ignored) if not i])
         if self.evolution == "add":
             split = hold_back(result, self.decoder.schema, self.changes)
             table, rejected = split.table, split.rejected

@@ -64,7 +64,7 @@ SECTIONS = {
 # Where the whole configuration is taken apart: a component's services are given their
 # section and the TableTarget, not the whole StreambergConfig.
 # An executor (common/keeping.py) is the app's entry for the governor: it composes as app.py does.
-COMPOSERS = {"compactor": {"app.py", "executor.py"}, "maintenance": {"app.py", "executor.py"},
+COMPOSERS = {"compactor": {"app.py", "executor.py"}, "maintenance": {"app.py", "executor.py", "columns.py"},
              "merge": {"app.py", "executor.py"}}
 
 

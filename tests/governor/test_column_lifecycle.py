@@ -1,0 +1,100 @@
+"""Columns nobody reads are dropped only where a table declared it, never a protected one,
+and the ingest then ignores their fields knowingly: counted, not added back, no dead letter
+(common/column_lifecycle.py, maintenance/columns.py). Real broker, the real ingest code
+in-process, a real catalog; the scan statistics are the product's own reads' reports, aged
+by the test (it states when each column was last read)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
+from streamberg.common.field_sightings import sightings_of
+from streamberg.common.offsets import summary_properties
+from streamberg.common.policy import effective, policy_of
+from streamberg.common.query_stats import STATS_FILE, fold
+from streamberg.fresh import read
+from streamberg.ingest.dead_letters import open_tables
+from streamberg.maintenance.columns import DropColumnsExecutor
+from tests.helpers import config_at, dead_letters, table_ids, write_config
+from tests.runbooks.inprocess import event, ingest_until, produce_values
+
+DAY = 86400.0
+
+
+def _age(folder: Path, identifier: str, last_used: dict[str, float], since: float) -> None:
+    """The statistics as if reports had been collected since `since`, each column last read then."""
+    stats = json.loads((folder / STATS_FILE).read_text())
+    entry = stats["tables"][identifier]
+    entry["since"] = since
+    for column, at in last_used.items():
+        entry.setdefault("columns", {}).setdefault(column, {})["last_used"] = at
+    (folder / STATS_FILE).write_text(json.dumps(stats))
+
+
+def test_unused_columns_dropped_where_declared_and_ignored_by_the_ingest(tmp_path: Path, broker: str) -> None:
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1, "schema_evolution": "add"},
+                        extra={"compactor": {"columns": ["city"]}, "maintenance": {"retention": {"column": "ts"}}})
+    document = yaml.safe_load(path.read_text())
+    document["catalog"]["scan_reports_dir"] = "reports"
+    path.write_text(yaml.safe_dump(document))
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, 1)
+    open_tables(config)
+    produce_values(config, [event(i, amount=float(i)) for i in range(50)], 0, 1)
+    ingest_until(config, {0: 50})
+    catalog = load_catalog(config.catalog)
+    table = catalog.load_table(config.table.identifier)
+    executor = DropColumnsExecutor()
+
+    # What queries read: id and city (the product's own reads report it).
+    for _ in range(3):
+        read(config, fresh=False, columns=["id"], row_filter="city = 'c'")
+    folder = Path(config.catalog.scan_reports_dir)
+    assert fold(folder, config.catalog.name)
+    now = time.time()
+    _age(folder, config.table.identifier, {"id": now, "city": now, "ts": now - 40 * DAY}, since=now - 40 * DAY)
+
+    # Not declared on the table: nothing is dropped, whatever the statistics say.
+    assert not executor.enabled(policy_of(table.properties))
+    with table.transaction() as tx:
+        tx.set_properties({"streamberg.columns.drop_unused": "true"})
+    table = catalog.load_table(config.table.identifier)
+    policy = policy_of(table.properties)
+    assert policy.problems == [] and executor.enabled(policy)
+    effective_config, _ = effective(config, table)
+    due = executor.due(effective_config, table, catalog, None)
+    assert due is not None and due.action == "drop-columns", due
+    assert "user_id, amount" in due.why and "ts (the retention column)" in due.why, due.why
+
+    outcome = executor.run(effective_config, None)
+    assert outcome["dropped"] == ["user_id", "amount"]
+    table = catalog.load_table(config.table.identifier)
+    assert [f.name for f in table.schema().fields] == ["id", "ts", "city"]  # ts, id, city kept
+    assert json.loads(table.properties[IGNORED_FIELDS_PROPERTY]) == ["amount", "user_id"]
+    assert executor.due(effective_config, table, catalog, None) is None  # nothing left to drop
+
+    # The ingest goes on: the fields are ignored knowingly, not added back, not dead letters.
+    produce_values(config, [event(i, amount=float(i)) for i in range(50, 80)], 0, 1)
+    ingest_until(config, {0: 80})
+    table = catalog.load_table(config.table.identifier)
+    assert [f.name for f in table.schema().fields] == ["id", "ts", "city"]
+    assert table_ids(config) == list(range(80))
+    assert dead_letters(config).num_rows == 0
+    seen = sightings_of(summary_properties(table.current_snapshot()))
+    assert seen["user_id"].records == 30 and seen["amount"].records == 30, seen
+
+
+def test_a_hostile_ignored_fields_property_ignores_nothing() -> None:
+    from streamberg.common.column_lifecycle import ignored_fields
+
+    for text in ("", "not json", "{}", "[1, 2]", '"a"', "[" * 10000, json.dumps(["ok", 3, None, ""])):
+        found = ignored_fields({IGNORED_FIELDS_PROPERTY: text})
+        assert found <= {"ok"}
+    assert ignored_fields({IGNORED_FIELDS_PROPERTY: json.dumps([f"c{i}" for i in range(10_000)])}).__len__() == 500
