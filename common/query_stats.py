@@ -181,16 +181,53 @@ def _fold_locked(folder: Path, catalog_name: str, now: float) -> dict[str, Any]:
                 record = json.loads(line)
             except ValueError:
                 continue  # cut by a concurrent write
-            if isinstance(record, dict) and record.get("report-type") == "scan-report":
-                # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
-                report = record.get("report", record)
-                if isinstance(report, dict):
-                    _add(stats, report, catalog_name, now)
+            kind = record.get("report-type") if isinstance(record, dict) else None
+            # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
+            report = record.get("report", record) if kind in ("scan-report", "commit-report") else None
+            if isinstance(report, dict) and kind == "scan-report":
+                _add(stats, report, catalog_name, now)
+            elif isinstance(report, dict):
+                _add_commit(stats, report, catalog_name, now)
         taken.unlink(missing_ok=True)
         folded = True
     if folded:
         _save(folder, stats)
     return stats
+
+
+def _add_commit(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: float) -> None:
+    """A commit to a table (a Java engine's CommitReport, or ours: `record_commit`): counted
+    apart from the scans, so a table written and never read is not "watched" for unused columns."""
+    name = report.get("table-name")
+    if not isinstance(name, str) or not name:
+        return
+    commits = stats.setdefault("commits", {})
+    identifier = table_of(name, catalog_name)[:400]
+    if identifier not in commits and len(commits) >= MAX_TABLES:
+        return
+    entry = commits.setdefault(identifier, {"total": 0})
+    entry["total"] = int(entry.get("total", 0)) + 1
+    entry["last_at"] = now
+    snapshot = report.get("snapshot-id")
+    if isinstance(snapshot, int):
+        entry["snapshot_id"] = snapshot
+
+
+def record_commit(folder: str | Path, identifier: str, snapshot_id: int | None, operation: str) -> None:
+    """A commit of the product's own (pyiceberg writes: the ingest's, maintenance's), as a
+    commit report in Iceberg's JSON form: the governor wakes on it (governor/keeper.py)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"report-type": "commit-report", "report": {
+        "table-name": identifier, "snapshot-id": snapshot_id, "operation": operation, "metrics": {}}})
+    with (folder / f"reports-python-{os.getpid()}.jsonl").open("a") as out:
+        out.write(line + "\n")
+
+
+def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """identifier -> its reported commits (`total`, `last_at`), the pending reports folded first."""
+    found = fold(folder, catalog_name, now).get("commits")
+    return found if isinstance(found, dict) else {}
 
 
 def record_read(folder: str | Path, identifier: str, filter_json: Any, projected: list[str]) -> None:

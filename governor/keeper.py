@@ -9,6 +9,8 @@ an executor's failure to answer is that table's problem, named, never the round'
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,9 @@ from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due, Executor
 from streamberg.common.policy import policy_for
+
+# How often the service folds the reported commits (one fold serves every table's probe).
+COMMITS_EVERY_SECONDS = 1.0
 
 
 class SharedCatalogs:
@@ -27,6 +32,26 @@ class SharedCatalogs:
 
     def __init__(self) -> None:
         self._open: dict[str, tuple[Any, Any]] = {}
+        self._commits: dict[str, tuple[float, dict[str, Any]]] = {}  # folder -> (read at, commits)
+        self._lock = threading.Lock()
+
+    def commits(self, config: StreambergConfig) -> dict[str, Any] | None:
+        """The commits reported per table in the config's report folder (None: no folder),
+        folded at most once every COMMITS_EVERY_SECONDS for the whole service."""
+        folder = config.catalog.scan_reports_dir
+        if not folder:
+            return None
+        from streamberg.common.query_stats import commits
+
+        with self._lock:
+            read_at, found = self._commits.get(folder, (0.0, {}))
+            if time.monotonic() - read_at >= COMMITS_EVERY_SECONDS:
+                try:
+                    found = commits(folder, config.catalog.name)
+                except OSError:
+                    return None  # no channel now: every probe reads the catalog
+                self._commits[folder] = (time.monotonic(), found)
+            return found
 
     def get(self, config: StreambergConfig) -> tuple[Any, Any]:
         key = config.catalog.model_dump_json()
@@ -44,13 +69,33 @@ class SharedCatalogs:
 
 
 class TableKeeper:
-    """Probe and runner of one table: the components' executors, the one shared session."""
+    """Probe and runner of one table: the components' executors, the one shared session.
+
+    With a report folder (catalog.scan_reports_dir) the table is read from the catalog only
+    when a commit was reported for it since the last read, after one of the governor's own
+    actions, or `govern.poll_seconds` after the last read: a thousand idle tables cost no
+    catalog call a round. Without one, every probe reads it."""
 
     def __init__(self, config: StreambergConfig, executors: list[Executor], session: Any,
                  catalogs: SharedCatalogs) -> None:
         self.config, self.executors, self.session, self.catalogs = config, executors, session, catalogs
         self.effective = config
         self.by_action: dict[str, Executor] = {e.action: e for e in executors}
+        self._table: Any = None
+        self._read_at = 0.0
+        self._commits_seen: int | None = None
+        self.catalog_reads = 0  # tables read from the catalog (bench/govern_events.py counts them)
+
+    def _table_now(self, catalog: Any) -> Any:
+        commits = self.catalogs.commits(self.config)
+        seen = int((commits or {}).get(self.identifier, {}).get("total", 0)) if commits is not None else None
+        fresh_enough = time.monotonic() - self._read_at < self.config.govern.poll_seconds
+        if seen is not None and self._table is not None and seen == self._commits_seen and fresh_enough:
+            return self._table  # no commit reported since it was read: its metadata is the same
+        self._table = catalog.load_table(self.identifier)
+        self.catalog_reads += 1
+        self._read_at, self._commits_seen = time.monotonic(), seen
+        return self._table
 
     @property
     def identifier(self) -> str:
@@ -62,7 +107,7 @@ class TableKeeper:
                 and catalog.table_exists(changelog_identifier(self.config)):
             table = None  # a primary-key table its first merge makes: only the merge can be due
         else:
-            table = catalog.load_table(self.identifier)
+            table = self._table_now(catalog)
         policy, config = policy_for(self.config, table.properties if table is not None else {})
         self.effective = config
         problems, due = list(policy.problems), []
@@ -79,6 +124,7 @@ class TableKeeper:
         return due, problems
 
     def run(self, action: str) -> dict[str, Any]:
+        self._table = None  # the action may have committed: read the table again at the next probe
         return self.by_action[action].run(self.effective, self.session)
 
 

@@ -322,9 +322,23 @@ class Committer:
                       attempts=attempts, seconds=round(result.seconds, 3))
         if dead_file is not None or self._dead_letters_behind:
             self._apply_dead_letters()
+        self._report_commit(snapshot_id)
         if self.config.ingest.record_group_offsets:
             self._commit_group_offsets(new_offsets)
         return result
+
+    def _report_commit(self, snapshot_id: int) -> None:
+        """The commit as a commit report where the catalog collects them: the governor wakes
+        on it instead of reading the table every round (common/query_stats.py)."""
+        folder = self.config.catalog.scan_reports_dir
+        if not folder:
+            return
+        from streamberg.common.query_stats import record_commit
+
+        try:
+            record_commit(folder, self.config.table.identifier, snapshot_id, "append")
+        except OSError as exc:  # a commit never fails for its report
+            self.log.warning("commit report not written", folder=str(folder), error=str(exc)[:200])
 
     def _append(self, files: list, properties: dict[str, str], dead: list[DeadLetter], held: list[HeldRecord],
                 candidates: SchemaChanges) -> tuple[int, int, EvolvedBatch | None]:

@@ -369,6 +369,10 @@ class GovernConfig(_Section):
     # An action running longer is cancelled (its Spark jobs, its streaming query) and its table
     # backs off, so one long rewrite never holds every other table; null: no limit.
     action_timeout_seconds: Annotated[float | None, _float(1, 7 * DAY_SECONDS, optional=True)] = 3600.0
+    # With catalog.scan_reports_dir, a probe reads a table from the catalog only after a commit
+    # was reported for it (Java engines' commit reports, the ingest's own), and at least this
+    # often for writers that report nothing (and for property changes, which are no commit).
+    poll_seconds: Annotated[float, _float(0, DAY_SECONDS)] = 300.0
 
 
 class RunConfig(_Section):

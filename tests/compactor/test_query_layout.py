@@ -69,6 +69,14 @@ def test_clustering_columns_follow_what_queries_filter(tmp_path: Path, spark, sp
     assert status.queries["cluster_columns"] == ["user_id", "city"] and status.queries["scans_total"] == 98
     assert "queries" in render_screen(status) and "clustered by user_id, city" in render_screen(status)
 
+    # The same channel carries a Java engine's commits: the governor wakes on them (governor/keeper.py).
+    from streamberg.common.query_stats import commits
+
+    before = commits(reports, config.catalog.name).get(config.table.identifier, {}).get("total", 0)
+    spark.sql(f"INSERT INTO {name} SELECT * FROM {name} LIMIT 1")
+    after = commits(reports, config.catalog.name)[config.table.identifier]
+    assert after["total"] == before + 1 and after["snapshot_id"] == reload(config).current_snapshot().snapshot_id
+
 
 def test_auto_without_a_reports_folder_says_so(tmp_path: Path) -> None:
     from tests.compactor.helpers import setup_table
