@@ -17,6 +17,12 @@ whose output is one new *run* (files laid out together, disjoint in the layout's
   clustering column (data arriving in the clustering order) are not merged: it would buy
   nothing. Runs of ``max_group_bytes`` or more are full and not merged further.
 - **cluster**: the new files alone, when no merge is due.
+- **relayout**: a partition with no other group whose runs were clustered by other columns
+  than the current ones (`streamberg.cluster.columns` changed, by hand or by `auto`): its runs
+  and new files rewritten into one run of the current layout, the partitions whose stale runs
+  are oldest first, at most ``relayout_max_bytes`` a pass (the governor's budget); a sealed
+  partition stays sealed. A run whose rewrite snapshot was expired has no known columns and
+  is left as it is.
 
 Full mode (``--full``) ignores runs: every live file, every partition, split by size. A pass
 that crashed halfway, or a replayed streaming batch, re-plans from the table: nothing is
@@ -38,11 +44,12 @@ from pyiceberg.table import Table
 from streamberg.common.clustering import column_intervals, health, overlap_depth
 from streamberg.common.config import CompactorConfig, TableTarget
 from streamberg.common.pending import Mode, select_partitions
+from streamberg.common.summary_keys import SummaryKeys
 from streamberg.common.table_files import DataFileInfo, ManifestCache, target_file_size
 from streamberg.compactor.runs import PlanningRules, Run, RunCandidate, RunLayout, without_runs
 
 # deletes: a partition whose deletes passed a threshold, rewritten whole (docs/cdc.md)
-GroupKind = Literal["cluster", "merge", "finish", "full", "deletes"]
+GroupKind = Literal["cluster", "merge", "finish", "full", "deletes", "relayout"]
 # Size tiers start at one output file, but at most at this size: with large target files
 # (128 MiB) every run of a partition would otherwise sit in tier 0, and the new files of
 # each pass would be merged into the partition's whole data, pass after pass.
@@ -230,6 +237,9 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
             reasons=part.reasons + ((f"merge: {len(runs)} run(s), merge_factor {rules.merge_factor}",) if runs else ()),
             kind="merge" if runs else "cluster", merged_runs=tuple(r.snapshot_id for r in runs),
             files_per_point_before=_files_per_point(part, schema, columns)))
+    if layout is not None and columns and rules.relayout_max_bytes:
+        groups += _relayouts(table, parts, {(g.spec_id, g.partition) for g in groups}, tuple(columns), rules,
+                             first_index=len(groups))
     return Plan(
         table=name, mode=mode, starting_snapshot_id=selected.snapshot_id,
         starting_sequence_number=selected.sequence_number, groups=tuple(groups), deferred=tuple(deferred),
@@ -237,6 +247,49 @@ def plan_rewrite(table: Table, rules: PlanningRules, *, mode: Mode = "incrementa
         has_delete_files=selected.has_delete_files, planned_at_ms=selected.now_ms, seal_only=tuple(seal_only),
         live_partition_keys=tuple(p.key for p in parts if p.files or p.runs),
     )
+
+
+def _run_columns(table: Table, snapshot_id: int) -> tuple[str, ...] | None:
+    """The clustering columns the rewrite that made a run recorded (None: unknown)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.summary is None:
+        return None
+    text = snapshot.summary.additional_properties.get(SummaryKeys.COMPACTOR_COLUMNS)
+    return None if text is None else tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def _relayouts(table: Table, parts: Sequence[RunCandidate], grouped: set[tuple[int, tuple[Any, ...]]],
+               columns: tuple[str, ...], rules: PlanningRules, first_index: int) -> list[FileGroup]:
+    """Relayout groups (module doc): oldest stale runs first, within the pass's budget."""
+    stale: list[tuple[int, RunCandidate, tuple[str, ...]]] = []
+    for part in parts:
+        if (part.spec_id, part.partition) in grouped or not part.runs:
+            continue
+        olds = [(r, cols) for r in part.runs
+                if (cols := _run_columns(table, r.snapshot_id)) is not None and cols != columns]
+        if olds:
+            oldest = min(f.sequence_number for r, _ in olds for f in r.files)
+            stale.append((oldest, part, olds[0][1]))
+    groups: list[FileGroup] = []
+    budget = rules.relayout_max_bytes or 0
+    schema = table.schema()
+    for _, part, old in sorted(stale, key=lambda item: item[0]):
+        files = list(part.files) + [f for r in part.runs for f in r.files]
+        size = sum(f.size_bytes for f in files)
+        if size > budget and groups:  # the budget spent (one partition a pass at least)
+            break
+        budget -= size
+        sealed = not part.files and all(r.sealed for r in part.runs)
+        chunks = _split(files, rules.max_group_bytes)
+        reason = f"relayout: clustered by {', '.join(old) or 'nothing'}, now by {', '.join(columns)}"
+        for chunk in chunks:
+            groups.append(FileGroup(
+                index=first_index + len(groups), spec_id=part.spec_id, partition=part.partition,
+                partition_path=part.path, files=tuple(chunk), reasons=(reason,), kind="relayout",
+                merged_runs=tuple(r.snapshot_id for r in part.runs), seal=sealed and len(chunks) == 1,
+                sealed_key=part.key if sealed and len(chunks) == 1 else "",
+                files_per_point_before=_files_per_point(part, schema, columns)))
+    return groups
 
 
 class PassPlanner:

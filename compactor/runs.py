@@ -32,6 +32,7 @@ class PlanningRules(DueRules):
     merge_factor: int = 2
     seal_after_commits: int | None = 10
     seal_after_seconds: float | None = 3600.0
+    relayout_max_bytes: int | None = 1024**3
 
     @classmethod
     def from_config(cls, config: CompactorConfig) -> PlanningRules:
@@ -40,6 +41,7 @@ class PlanningRules(DueRules):
             every_n_snapshots=config.every_n_snapshots, max_group_bytes=config.max_group_bytes,
             merge_factor=config.merge_factor, seal_after_commits=config.seal_after_commits,
             seal_after_seconds=config.seal_after_seconds, delete_files_threshold=config.delete_files_threshold,
+            relayout_max_bytes=config.relayout_max_bytes,
             deleted_ratio_threshold=config.deleted_ratio_threshold,
         )
 

@@ -71,6 +71,10 @@ class CompactorConfig(_Section):
     # (null: that rule is off; both null: partitions are never sealed).
     seal_after_commits: Annotated[int | None, _int(1, MAX_COUNT, optional=True)] = 10
     seal_after_seconds: Annotated[float | None, _float(0, YEAR_SECONDS, optional=True)] = 3600.0
+    # When the clustering columns change (streamberg.cluster.columns, by hand or `auto`), runs
+    # laid out by the old ones are rewritten by the new, at most this many bytes a pass, the
+    # partitions whose stale runs are oldest first (null: older files keep their layout).
+    relayout_max_bytes: Annotated[int | None, _int(1, MAX_BYTES, optional=True)] = 1024**3
 
     # -- deletes (primary-key tables, docs/cdc.md) --
     # A partition whose live delete files reach this count, or whose deleted rows reach this

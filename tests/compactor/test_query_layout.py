@@ -117,3 +117,45 @@ def test_the_products_own_reads_report_their_filters(tmp_path: Path) -> None:
     now = usage(config.catalog.scan_reports_dir, config.table.identifier, names, 30,
                 now=seen["reported_since"] + 30 * 86400)
     assert now["unused_columns"] == [c for c in names if c not in ("id", "city", "amount")]
+
+
+def test_a_changed_choice_relays_older_runs_by_the_budget(tmp_path: Path, spark, spark_catalog) -> None:
+    """Runs clustered by the old columns are rewritten by the new ones, the oldest first, at most
+    relayout_max_bytes a pass; the rows are the same; a relaid partition is not planned again."""
+    from streamberg.common.summary_keys import SummaryKeys
+    from streamberg.compactor.compactor import Compactor
+    from streamberg.compactor.planner import PassPlanner
+    from tests.compactor.helpers import row_multiset, setup_table
+
+    config, _ = setup_table(tmp_path, partition_spec=[{"source": "ts", "transform": "day"}],
+                            compactor={"columns": ["city"], "relayout_max_bytes": 1})
+    spark_catalog(config)
+    ingest = FakeIngest(config, seed=9)
+    for _ in range(3):
+        ingest.append(400, days=3)  # three day partitions
+    Compactor(config.compactor, config.target, spark).run_pass(mode="incremental")
+    table = reload(config)
+    rows = row_multiset(table)
+    assert rows and sum(rows.values()) == 1200
+
+    with table.transaction() as tx:
+        tx.set_properties({"streamberg.cluster.columns": "user_id"})
+    table = reload(config)
+    chosen = effective(config, table)[0]
+    assert chosen.compactor.columns == ["user_id"]
+    plan = PassPlanner(chosen.compactor, chosen.target, chosen.compactor.columns).plan(table)
+    # A budget of one byte: one partition a pass, the oldest stale runs first.
+    assert [g.kind for g in plan.groups] == ["relayout"] and "by city, now by user_id" in plan.groups[0].reasons[0]
+    relaid = set()
+    for _ in range(3):
+        table = reload(config)
+        plan = PassPlanner(chosen.compactor, chosen.target, chosen.compactor.columns).plan(table)
+        assert len({g.partition for g in plan.groups}) == 1 and plan.groups[0].partition not in relaid
+        relaid.add(plan.groups[0].partition)
+        Compactor(chosen.compactor, chosen.target, spark).run_pass(mode="incremental")
+    table = reload(config)
+    assert len(relaid) == 3
+    assert PassPlanner(chosen.compactor, chosen.target, chosen.compactor.columns).plan(table).groups == ()
+    assert row_multiset(table) == rows  # the same rows, each once
+    last = table.current_snapshot()
+    assert last.summary.additional_properties[SummaryKeys.COMPACTOR_COLUMNS] == "user_id"
