@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits, ~14 min)"
 	@echo "make bench-peers    streamberg beside Quix Streams, dlt+dlt-iceberg and a bare loop: same events, one run (peers in .bench-peers/)"
 	@echo "make bench-govern-events  the governor's catalog calls for 1,000 mostly idle tables: polling vs commit reports (~3 min)"
+	@echo "make bench-layout   the layout follows a shifting query mix: files per query vs full optimizes, adaptation, dropped columns (~10 min)"
 	@echo "make bench-fleet    100 tables from one ingest job vs the same records into one table (memory, time, freshness)"
 	@echo "make bench-govern   one governor keeping 100 tables vs 100 per-table compactors (estimated from one each), ~25 min"
 	@echo "make bench-soak     the whole loop for 22 min at a 1 s commit interval: memory, metadata, commit time"
@@ -57,6 +58,9 @@ bench-peers: setup
 
 bench-govern-events: setup
 	$(PY) bench/govern_events.py
+
+bench-layout: setup
+	$(PY) bench/layout.py
 
 bench-compact: setup
 	$(PY) bench/compact.py
