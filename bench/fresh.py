@@ -194,6 +194,7 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
     for phase in phases.values():
         committed = _committed_freshness(config, phase.pop("probes_sent"))
         phase["committed_visible_s"] = {"p50": _pct(committed, 50), "p95": _pct(committed, 95), "n": len(committed)}
+        phase["committed_series"] = [round(c, 3) for c in committed]
     return {"interval_s": interval, "rate": args.rate, "seconds": args.seconds, "events": stream.sent,
             "producer_behind_max_s": round(stream.behind, 2), "phases": phases,
             "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
@@ -207,6 +208,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
     exact = {"reads": 0, "inexact": 0, "tail_records_max": 0, "tail_cached_share": []}
     sent_before = len(probes.sent)
     keeper_rss = 0.0
+    series: list[tuple[float, float]] = []  # (seconds into the phase, produce -> visible fresh)
     started = time.monotonic()
     while time.monotonic() - started < args.seconds:
         probe = probes.send()
@@ -221,6 +223,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
         exact["tail_records_max"] = max(exact["tail_records_max"], whole.bounds.tail_records)
         if whole.tail is not None and whole.tail.records:
             exact["tail_cached_share"].append(whole.tail.cached / whole.tail.records)
+        series.append((round(time.monotonic() - started, 2), round(fresh_seen[-1], 3)))
         if len(ids) != expected or len(set(ids.to_pylist())) != expected:
             exact["inexact"] += 1
         if keeper is not None:
@@ -238,6 +241,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
     return {
         "probes_sent": probes.sent[sent_before:],
         "fresh_visible_s": {"p50": _pct(fresh_seen, 50), "p95": _pct(fresh_seen, 95), "n": len(fresh_seen)},
+        "fresh_series": series,
         "read_fresh_s": {"p50": _pct(read_fresh, 50), "p95": _pct(read_fresh, 95), "n": len(read_fresh)},
         "read_snapshot_s": {"p50": _pct(read_snapshot, 50), "p95": _pct(read_snapshot, 95), "n": len(read_snapshot)},
         "fresh_over_snapshot_p95": (round(_pct(read_fresh, 95) / _pct(read_snapshot, 95), 2)  # type: ignore[operator]
@@ -245,6 +249,33 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
         "exactness": exact,
         "keeper_peak_rss_mib": round(keeper_rss, 1) if keeper is not None else None,
     }
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    """Produce -> visible, per probe over each phase: in a fresh read, and in the committed table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(r["interval_s"], name, phase) for r in results for name, phase in r["phases"].items()]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.8 * len(panels)), squeeze=False)
+    for ax, (interval, name, phase) in zip(axes[:, 0], panels):
+        fresh = phase.get("fresh_series") or []
+        committed = phase.get("committed_series") or []
+        ax.plot([t for t, _ in fresh], [v for _, v in fresh], ".", label="fresh read", color="tab:blue")
+        if committed and fresh:
+            span = fresh[-1][0] if fresh else 1.0
+            step = span / max(1, len(committed))
+            ax.plot([i * step for i in range(len(committed))], committed, ".", label="committed table",
+                    color="tab:orange", alpha=0.6)
+        ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+        ax.set_yscale("log")
+        ax.set_title(f"commit interval {interval:g} s, tail {name}: produce -> visible (s)")
+        ax.set_xlabel("seconds into the phase")
+        ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def quiet_tail(work: Path, bootstrap: str, records: int) -> dict[str, Any]:
@@ -334,6 +365,8 @@ def main() -> int:
     out = ROOT / "bench" / "results" / f"fresh-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"stamp": stamp, "results": results, "quiet_tail": quiet}, indent=2))
+    if results:
+        plot(results, out.with_suffix(".png"))
     for r in results:
         print(f"interval {r['interval_s']:g} s, {r['events']:,} events at {r['rate']}/s "
               f"(producer behind at most {r['producer_behind_max_s']} s):")

@@ -185,10 +185,11 @@ def run_system(system: str, records: int, partitions: int, interval: float, boot
         return _streamberg(int(system.removeprefix("streamberg-p")), records, interval, bootstrap, topic, folder, log)
     if system == "quix":
         assert moto is not None
-        bucket = f"quix-{int(time.time())}"
+        bucket = f"quix-{records}-{int(time.time())}"
+        database = f"bench{records}"  # a database of its own per run (one moto server per bench)
         moto.client("s3").create_bucket(Bucket=bucket)
-        moto.client("glue").create_database(DatabaseInput={"Name": "bench"})
-        table = "bench.events"
+        moto.client("glue").create_database(DatabaseInput={"Name": database})
+        table = f"{database}.events"
         result = timed([str(venv_python("quix")), str(SYSTEMS_DIR / "quix_sink.py"), *common, "--interval",
                         str(interval), "--endpoint", moto.endpoint, "--bucket", bucket, "--table", table], log)
         from pyiceberg.catalog import load_catalog as pyiceberg_catalog

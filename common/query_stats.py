@@ -40,7 +40,7 @@ MAX_TABLES = 10_000
 AUTO_MAX_COLUMNS = 4
 AUTO_MIN_SCANS = 20
 AUTO_SWITCH_RATIO = 1.25
-AUTO_MIN_SHARE = 0.2  # a column is chosen when its score is at least this share of the top one's
+AUTO_MIN_SHARE = 0.5  # a column is chosen when its score is at least this share of the top one's
 # Predicate kinds (Iceberg's expression JSON types) and what a filter of that kind is worth
 # to clustering: a point predicate prunes most, a range a little less, a null check little.
 KIND_OF = {"eq": "point", "in": "point", "starts-with": "point", "not-eq": "other", "not-in": "other",
@@ -245,6 +245,23 @@ def _score(columns: dict[str, Any], name: str) -> float:
     return sum(float(found.get(kind, 0.0)) * weight for kind, weight in KIND_WEIGHT.items())
 
 
+def _with_hysteresis(scored: list[tuple[float, str]], current: list[str], columns: dict[str, Any]) -> list[str]:
+    """The columns by score (each at least AUTO_MIN_SHARE of the top one's, at most
+    AUTO_MAX_COLUMNS), with a margin for the current choice: a chosen column stays while it
+    keeps AUTO_MIN_SHARE / AUTO_SWITCH_RATIO of the top score, and the leading column changes
+    only when another's score is AUTO_SWITCH_RATIO times its own. A column that fades drops
+    out, a column that rises joins: a few odd queries move nothing."""
+    top = scored[0][0]
+    keep = AUTO_MIN_SHARE / AUTO_SWITCH_RATIO
+    picked = [c for s, c in scored if s >= AUTO_MIN_SHARE * top or (c in current and s >= keep * top)]
+    picked = picked[:AUTO_MAX_COLUMNS]
+    if current and current[0] in picked and picked[0] != current[0] \
+            and _score(columns, picked[0]) < AUTO_SWITCH_RATIO * _score(columns, current[0]):
+        picked.remove(current[0])
+        picked.insert(0, current[0])  # the leading column holds until beaten by the ratio
+    return picked
+
+
 def auto_columns(folder: str | Path, catalog_name: str, identifier: str, names: set[str],
                  now: float | None = None) -> tuple[list[str], str]:
     """The clustering columns `auto` gives the table now and why (empty when no query filtered
@@ -261,20 +278,16 @@ def auto_columns(folder: str | Path, catalog_name: str, identifier: str, names: 
                         reverse=True)
         if not scored:
             return [], f"no filter on its columns in {int(entry.get('scans_total', 0))} scans"
-        top = scored[0][0]
-        candidate = [c for s, c in scored if s >= AUTO_MIN_SHARE * top][:AUTO_MAX_COLUMNS]
         chosen = entry.get("auto") or {}
         current = [c for c in chosen.get("columns", []) if c in names]
         scans_since = int(entry.get("scans_total", 0)) - int(chosen.get("scans_total", 0))
         evidence = ", ".join(f"{c} {s:g}" for s, c in scored[:6])
-        if current and set(candidate) == set(current):
+        candidate = _with_hysteresis(scored, current, columns)
+        if current and candidate == current:
             return current, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}"
-        if current:
-            now_score = sum(_score(columns, c) for c in current)
-            new_score = sum(_score(columns, c) for c in candidate)
-            if scans_since < AUTO_MIN_SCANS or new_score < AUTO_SWITCH_RATIO * now_score:
-                return current, (f"kept {', '.join(current)} (filter scores {evidence}; a change needs "
-                                 f"{AUTO_MIN_SCANS} scans since the choice and {AUTO_SWITCH_RATIO:g}x its score)")
+        if current and scans_since < AUTO_MIN_SCANS:
+            return current, (f"kept {', '.join(current)} (filter scores {evidence}; a change needs "
+                             f"{AUTO_MIN_SCANS} scans since the choice)")
         if candidate != current:
             entry["auto"] = {"columns": candidate, "since": now, "scans_total": int(entry.get("scans_total", 0)),
                              "evidence": evidence, "was": current}

@@ -340,22 +340,43 @@ def activate(spark: Any) -> None:
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
+# A Spark local property: scans planned while it is "true" are the product's own work and not
+# reported as queries (common/jvm_reporter/StreambergReportWriter.java).
+OWN_SCANS_PROPERTY = "streamberg.own-scans"
+
+
+@contextmanager
+def own_scans(spark: Any) -> Iterator[None]:
+    """The product's own work on `spark` in this thread (and the streaming queries it starts):
+    its scans read every column and are not what users query, so they are not reported."""
+    context = spark.sparkContext
+    before = context.getLocalProperty(OWN_SCANS_PROPERTY)
+    context.setLocalProperty(OWN_SCANS_PROPERTY, "true")
+    try:
+        yield
+    finally:
+        context.setLocalProperty(OWN_SCANS_PROPERTY, before)
+
+
 @contextmanager
 def session_for(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, str], given: Any = None,
                 app_name: str = "streamberg-compactor") -> Iterator[Any]:
     """The Spark session a component runs on: `given` (a caller's, e.g. a test's or
     `streamberg run`'s, made current with this catalog registered; left running), else one
     built here from the config and stopped on the way out. A session that is already gone
-    (its JVM was signalled with the whole process group) is only logged."""
+    (its JVM was signalled with the whole process group) is only logged. Its scans are the
+    component's own work while it runs (own_scans): not reported as queries."""
     if given is not None:
         activate(given)
         register_catalog(given, catalog)
-        yield given
+        with own_scans(given):
+            yield given
         return
     spark = build_spark_session(catalog, master, spark_conf, app_name=app_name)
     quiet_spark_logs(spark)
     try:
-        yield spark
+        with own_scans(spark):
+            yield spark
     finally:
         try:
             spark.stop()

@@ -75,7 +75,12 @@ def plan_scan_tasks(spark: Any, jtable: Any, snapshot_id: int, filters: Iterable
     """
     filters = list(filters)
     jvm = spark._jvm
-    scan = jtable.newScan().useSnapshot(snapshot_id).ignoreResiduals()
+    # Planned on the same table without the catalog's metrics reporter: the compactor's own
+    # scan reads every column, and as a scan report it would count as a query using them
+    # (common/query_stats.py: no column would ever be unused on a compacted table).
+    unreported = jvm.org.apache.iceberg.BaseTable(jtable.operations(), jtable.name(),
+                                                  jvm.org.apache.iceberg.metrics.InMemoryMetricsReporter())
+    scan = unreported.newScan().useSnapshot(snapshot_id).ignoreResiduals()
     if filters and all(f is not None for f in filters):
         expr = jvm.org.apache.iceberg.expressions.ExpressionParser.fromJson(json.dumps(_or_balanced(filters)))
         scan = scan.filter(expr)

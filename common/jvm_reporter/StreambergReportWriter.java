@@ -45,6 +45,9 @@ public class StreambergReportWriter implements MetricsReporter {
       return;
     }
     String line;
+    if (report instanceof ScanReport && ownScan()) {
+      return;  // the product's own work (a compaction's stream, a rewrite, a merge): not a query
+    }
     if (report instanceof ScanReport) {
       line = "{\"report-type\":\"scan-report\",\"report\":" + ScanReportParser.toJson((ScanReport) report) + "}";
     } else if (report instanceof CommitReport) {
@@ -53,6 +56,23 @@ public class StreambergReportWriter implements MetricsReporter {
       return;
     }
     write(line.replace('\n', ' ') + "\n");
+  }
+
+  /**
+   * Whether the scan is streamberg's own work: the Spark local property streamberg.own-scans
+   * is "true" on the planning thread (common/spark.own_scans sets it around the product's
+   * actions; a streaming query's thread inherits it). Reflection: this class runs in engines
+   * without Spark too.
+   */
+  private static boolean ownScan() {
+    try {
+      Class<?> context = Class.forName("org.apache.spark.SparkContext");
+      Object active = context.getMethod("getOrCreate").invoke(null);
+      Object value = context.getMethod("getLocalProperty", String.class).invoke(active, "streamberg.own-scans");
+      return "true".equals(value);
+    } catch (Throwable e) {
+      return false;
+    }
   }
 
   private synchronized void write(String line) {
