@@ -46,10 +46,10 @@ def protected_columns(config: StreambergConfig, table: Any) -> dict[str, str]:
     """column -> why it is never dropped."""
     out: dict[str, str] = {}
     schema = table.schema()
-    for name in config.table.primary_key or []:
-        out[name] = "a primary-key column"
     for field_id in schema.identifier_field_ids:
         out[schema.find_column_name(field_id) or str(field_id)] = "an identifier column"
+    for name in config.table.primary_key or []:
+        out[name] = "a primary-key column"
     for spec in table.specs().values():
         for part in spec.fields:
             name = schema.find_column_name(part.source_id)

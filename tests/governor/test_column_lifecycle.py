@@ -98,3 +98,30 @@ def test_a_hostile_ignored_fields_property_ignores_nothing() -> None:
         found = ignored_fields({IGNORED_FIELDS_PROPERTY: text})
         assert found <= {"ok"}
     assert ignored_fields({IGNORED_FIELDS_PROPERTY: json.dumps([f"c{i}" for i in range(10_000)])}).__len__() == 500
+
+
+def test_keys_partition_sources_and_named_columns_are_never_dropped(tmp_path: Path) -> None:
+    """Even when no query read any column: the key, the partition source, the clustering, the
+    and sequence columns stay; the rest may go; never the whole table."""
+    from streamberg.common.catalog import ensure_table
+    from streamberg.common.column_lifecycle import droppable
+    from streamberg.common.config import StreambergConfig
+
+    config = StreambergConfig.model_validate({
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "t", "envelope": "upsert", "key_format": "value"},
+        "catalog": {"uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": str(tmp_path / "w")},
+        "table": {"identifier": "db.users", "primary_key": ["id"], "sequence_field": "version",
+                  "partition_spec": [{"source": "ts", "transform": "day"}],
+                  "schema": [{"name": "id", "type": "long", "required": True},
+                             {"name": "version", "type": "long", "required": True},
+                             {"name": "ts", "type": "timestamptz", "required": True},
+                             {"name": "city", "type": "string"}, {"name": "note", "type": "string"},
+                             {"name": "extra", "type": "string"}]},
+        "compactor": {"columns": ["city"]}})
+    table = ensure_table(load_catalog(config.catalog), config.table)
+    everything = [f.name for f in table.schema().fields]
+    drop, kept = droppable(config, table, everything)
+    assert drop == ["note", "extra"]
+    assert kept == {"id": "a primary-key column", "version": "the sequence column", "ts": "a partition source",
+                    "city": "a clustering column"}
+    assert droppable(config, table, ["note"]) == (["note"], {})
