@@ -213,15 +213,19 @@ def _add_commit(stats: dict[str, Any], report: dict[str, Any], catalog_name: str
         entry["snapshot_id"] = snapshot
 
 
+def _append_report(folder: str | Path, kind: str, report: dict[str, Any]) -> None:
+    """One report line of this process, in the Java writer's form, into the folder it folds."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / f"reports-python-{os.getpid()}.jsonl").open("a") as out:
+        out.write(json.dumps({"report-type": kind, "report": report}) + "\n")
+
+
 def record_commit(folder: str | Path, identifier: str, snapshot_id: int | None, operation: str) -> None:
     """A commit of the product's own (pyiceberg writes: the ingest's, maintenance's), as a
     commit report in Iceberg's JSON form: the governor wakes on it (governor/keeper.py)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"report-type": "commit-report", "report": {
-        "table-name": identifier, "snapshot-id": snapshot_id, "operation": operation, "metrics": {}}})
-    with (folder / f"reports-python-{os.getpid()}.jsonl").open("a") as out:
-        out.write(line + "\n")
+    _append_report(folder, "commit-report", {"table-name": identifier, "snapshot-id": snapshot_id,
+                                             "operation": operation, "metrics": {}})
 
 
 def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> dict[str, dict[str, Any]]:
@@ -232,12 +236,8 @@ def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> 
 
 def record_read(folder: str | Path, identifier: str, filter_json: Any, projected: list[str]) -> None:
     """A read of the product's own (a fresh read), as a scan report in Iceberg's JSON form."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"report-type": "scan-report", "report": {
-        "table-name": identifier, "filter": filter_json, "projected-field-names": projected, "metrics": {}}})
-    with (folder / f"reports-python-{os.getpid()}.jsonl").open("a") as out:
-        out.write(line + "\n")
+    _append_report(folder, "scan-report", {"table-name": identifier, "filter": filter_json,
+                                           "projected-field-names": projected, "metrics": {}})
 
 
 def _score(columns: dict[str, Any], name: str) -> float:

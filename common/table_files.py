@@ -14,11 +14,12 @@ a pending file; monitoring counts them as the compactor's backlog.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestFile
+from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, TableProperties
 
 from streamberg.common.config.table import DEFAULT_TARGET_FILE_SIZE_BYTES
@@ -117,6 +118,18 @@ class ManifestCache:
             self._entries.pop(next(iter(self._entries)))
         self._entries[manifest.manifest_path] = rows
         return rows
+
+
+def snapshot_entries(io: Any, snapshot: Any, status: ManifestEntryStatus) -> Iterator[tuple[int, Any]]:
+    """(partition spec id, data file) of each manifest entry `snapshot` itself recorded with
+    `status` (ADDED: the files it added; DELETED: the files it removed), from the manifests it
+    wrote (a manifest carried over from an earlier snapshot records none of its entries)."""
+    for manifest in snapshot.manifests(io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+            if entry.status == status and entry.snapshot_id == snapshot.snapshot_id:
+                yield manifest.partition_spec_id, entry.data_file
 
 
 def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[list[DataFileInfo], bool]:

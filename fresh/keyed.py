@@ -57,6 +57,7 @@ from streamberg.common.errors import FreshReadRefused
 from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.source_epochs import Epochs, read_epochs, reapply_after
 from streamberg.common.summary_keys import SummaryKeys
+from streamberg.common.table_files import snapshot_entries
 
 STATE_KEY, STATE_SEQ, STATE_PARTITION, STATE_OFFSET, STATE_SOURCE_TS = KEY_STATE_COLUMNS[:5]
 # An int or long sequence_field is shifted by 2^63 so negative values order too (merge/order.py).
@@ -148,16 +149,9 @@ def pending_changes(source: KeyedSource) -> pa.Table:
         newer = unapplied_snapshots(changelog, source.after)
     except ValueError as exc:
         raise FreshReadRefused(f"{source.config.table.identifier}: {exc}") from None
-    tasks = []
-    for snapshot in newer:
-        if snapshot.summary is None or snapshot.summary.operation.value != "append":
-            continue
-        for manifest in snapshot.manifests(changelog.io):
-            if manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in manifest.fetch_manifest_entry(changelog.io, discard_deleted=True):
-                if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id:
-                    tasks.append(FileScanTask(entry.data_file))
+    tasks = [FileScanTask(data_file) for snapshot in newer
+             if snapshot.summary is not None and snapshot.summary.operation.value == "append"
+             for _, data_file in snapshot_entries(changelog.io, snapshot, ManifestEntryStatus.ADDED)]
     schema = changelog.schema()
     if not tasks:
         return schema_to_pyarrow(schema, include_field_ids=False).empty_table()

@@ -28,6 +28,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.offsets import summary_properties
 from streamberg.common.summary_keys import kafka_offsets_key
+from streamberg.common.table_files import snapshot_entries
 
 
 def ingest_files(table, topic: str) -> list:
@@ -37,12 +38,7 @@ def ingest_files(table, topic: str) -> list:
     for snapshot in table.metadata.snapshots:
         if key not in summary_properties(snapshot):
             continue
-        for manifest in snapshot.manifests(table.io):
-            if manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id:
-                    files.append((manifest.partition_spec_id, entry.data_file))
+        files.extend(snapshot_entries(table.io, snapshot, ManifestEntryStatus.ADDED))
     return files
 
 

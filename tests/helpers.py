@@ -22,13 +22,16 @@ EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
 
 
 def write_config(directory: Path, bootstrap: str, topic: str | None = None, *, partition_spec: list | None = None,
-                 ingest: dict | None = None, table: str | None = None, extra: dict | None = None) -> Path:
-    """A config file for an isolated catalog/warehouse under `directory`; returns its path."""
+                 ingest: dict | None = None, table: str | None = None, extra: dict | None = None,
+                 catalog: dict | None = None) -> Path:
+    """A config file for an isolated catalog/warehouse under `directory` (`catalog`: more
+    catalog settings); returns its path."""
     directory.mkdir(parents=True, exist_ok=True)
     document: dict[str, Any] = {
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic or f"t-{uuid.uuid4().hex[:8]}"},
         # A catalog name of its own: Spark caches catalogs by name for the whole session.
-        "catalog": {"name": f"c{uuid.uuid4().hex[:8]}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "catalog": {"name": f"c{uuid.uuid4().hex[:8]}", "uri": "sqlite:///catalog.db", "warehouse": "warehouse",
+                    **(catalog or {})},
         "table": {"identifier": table or "db.events", "schema": EVENT_SCHEMA,
                   "partition_spec": partition_spec or []},
         "ingest": {"commit_interval_seconds": 2, "parallelism": 2, "state_dir": "state", **(ingest or {})},

@@ -20,7 +20,7 @@ from pyiceberg.table.snapshots import Snapshot
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
-from streamberg.common.table_files import live_data_files
+from streamberg.common.table_files import live_data_files, snapshot_entries
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},
@@ -127,25 +127,11 @@ def summary(snapshot: Snapshot) -> dict[str, str]:
 
 def removed_by(table: Table, snapshot: Snapshot) -> set[str]:
     """Data files a snapshot removed (its DELETED manifest entries)."""
-    removed = set()
-    for manifest in snapshot.manifests(table.io):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-            if entry.status == ManifestEntryStatus.DELETED and entry.snapshot_id == snapshot.snapshot_id:
-                removed.add(entry.data_file.file_path)
-    return removed
+    return {f.file_path for _, f in snapshot_entries(table.io, snapshot, ManifestEntryStatus.DELETED)}
 
 
 def added_by(table: Table, snapshot: Snapshot) -> set[str]:
-    added = set()
-    for manifest in snapshot.manifests(table.io):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-            if entry.status == ManifestEntryStatus.ADDED:
-                added.add(entry.data_file.file_path)
-    return added
+    return {f.file_path for _, f in snapshot_entries(table.io, snapshot, ManifestEntryStatus.ADDED)}
 
 
 def file_sizes(table: Table) -> dict[str, int]:

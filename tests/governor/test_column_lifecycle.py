@@ -10,8 +10,6 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
@@ -40,10 +38,8 @@ def _age(folder: Path, identifier: str, last_used: dict[str, float], since: floa
 
 def test_unused_columns_dropped_where_declared_and_ignored_by_the_ingest(tmp_path: Path, broker: str) -> None:
     path = write_config(tmp_path, broker, ingest={"parallelism": 1, "schema_evolution": "add"},
-                        extra={"compactor": {"columns": ["city"]}, "maintenance": {"retention": {"column": "ts"}}})
-    document = yaml.safe_load(path.read_text())
-    document["catalog"]["scan_reports_dir"] = "reports"
-    path.write_text(yaml.safe_dump(document))
+                        extra={"compactor": {"columns": ["city"]}, "maintenance": {"retention": {"column": "ts"}}},
+                        catalog={"scan_reports_dir": "reports"})
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, 1)
     open_tables(config)

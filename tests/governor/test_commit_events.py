@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.query_stats import commits
@@ -22,11 +21,8 @@ from tests.runbooks.inprocess import event, ingest_until, produce_values
 
 
 def _config(tmp_path: Path, broker: str, reports: bool, poll_seconds: float = 300.0):
-    path = write_config(tmp_path, broker, ingest={"parallelism": 1}, extra={"govern": {"poll_seconds": poll_seconds}})
-    if reports:
-        document = yaml.safe_load(path.read_text())
-        document["catalog"]["scan_reports_dir"] = "reports"
-        path.write_text(yaml.safe_dump(document))
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1}, extra={"govern": {"poll_seconds": poll_seconds}},
+                        catalog={"scan_reports_dir": "reports"} if reports else None)
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, 1)
     open_tables(config)
