@@ -165,7 +165,7 @@ def ingest(config_path: Path, records: int, parallelism: int) -> dict[str, float
     table = load_catalog(config.catalog).load_table(name)
     last = max(table.metadata.snapshots, key=lambda s: s.timestamp_ms)
     opened = [datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
-              for line in proc.stderr.splitlines() if '"writer opened"' in line]
+              for line in proc.stderr.splitlines() if '"tables routed"' in line]
     steady = last.timestamp_ms / 1000 - max(opened)
     return {"seconds": seconds, "records": records, "records_per_s": records / seconds,
             "startup_seconds": max(opened) - started_wall, "steady_seconds": steady,

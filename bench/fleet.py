@@ -173,8 +173,10 @@ def live_phase(path: Path, log: Path, args: argparse.Namespace, events: Events, 
                              "--quiet"], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
     deadline = time.monotonic() + 300
-    while '"writer opened"' not in log.read_text():
+    # Every writer logs "tables routed" once it opened its tables' lanes.
+    while log.read_text().count('"tables routed"') < args.parallelism:
         if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
             raise SystemExit(f"the live ingest did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.5)
     time.sleep(args.interval)  # every lane reading
@@ -215,7 +217,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="commit interval (s)")
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--rate", type=int, default=5000, help="events/s during the freshness phase")
-    parser.add_argument("--seconds", type=int, default=60, help="length of each freshness phase")
+    parser.add_argument("--seconds", type=int, default=60, help="length of each freshness phase (0: none)")
     parser.add_argument("--max-open-files", type=int, default=None,
                         help="ingest.max_open_files of every run (default: the product's default)")
     parser.add_argument("--min-bytes", type=int, default=16 * 1024,
@@ -275,7 +277,7 @@ def main() -> int:
               f"{many['tables_exact']}/{args.topics} tables exact", flush=True)
 
         live = {}
-        for label, path in (("every_interval", fleet_path), ("commit_min_bytes", quiet_path)):
+        for label, path in (("every_interval", fleet_path), ("commit_min_bytes", quiet_path))[:2 if args.seconds else 0]:
             print(f"freshness ({label}): {args.rate:,} events/s for {args.seconds} s while the many-table ingest "
                   "runs ...", flush=True)
             live[label] = live_phase(path, work / f"fleet-live-{label}.log", args, events, topics, identifiers,

@@ -6,6 +6,7 @@ same database is read by Spark's Iceberg JdbcCatalog, so both engines see one ta
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -253,6 +254,24 @@ def load_catalog(config: CatalogConfig) -> Catalog:
     from streamberg.common.catalog_kinds import kind_of
 
     return kind_of(config).open(config)
+
+
+_shared_catalogs: dict[tuple[int, str], Catalog] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_catalog(config: CatalogConfig) -> Catalog:
+    """The catalog of `config` opened once in this process and kept: a job writing a hundred
+    tables opens each of them several times (its lane, its committer, the dead-letter table),
+    and each opening made a new engine (a SQL catalog: a pool, its own tables checked, every
+    statement compiled again: ~4 ms, 0.4 s a writer for 100 tables). Keyed by the process
+    too: a connection is never used across a fork."""
+    key = (os.getpid(), config.model_dump_json())
+    with _shared_lock:
+        found = _shared_catalogs.get(key)
+        if found is None:
+            found = _shared_catalogs[key] = load_catalog(config)
+        return found
 
 
 def open_sql_catalog(config: CatalogConfig) -> Catalog:

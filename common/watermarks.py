@@ -89,7 +89,7 @@ def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[
 
 
 def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]],
-                       deadline: float) -> dict[int, int]:
+                   deadline: float) -> dict[int, int]:
     """One past the last offset readable in each partition, reading from the watermark's
     batch on (all partitions fetched together). A partition not done by the deadline keeps
     what was seen, which is still no less than its watermark."""
@@ -98,37 +98,72 @@ def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, i
         return {}
     consumer.assign([TopicPartition(topic, p, marks[p][1] - 1) for p in sorted(waiting)])
     ends: dict[int, int] = {}
-    while waiting and (left := deadline - time.monotonic()) > 0:
-        message = consumer.poll(min(left, 0.5))
-        if message is None:
-            continue
-        partition, offset = message.partition(), message.offset()
-        if message.error() is not None or partition is None or offset is None:
-            waiting.discard(partition)  # end of partition (or an offset error): done with it
-            continue
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    try:
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(left, 0.5))
+            if message is None or message.topic() != topic:  # (a reused consumer: nothing of another topic)
+                continue
+            partition, offset = message.partition(), message.offset()
+            if message.error() is not None or partition is None or offset is None:
+                waiting.discard(partition)  # end of partition (or an offset error): done with it
+                continue
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+    finally:
+        consumer.unassign()
     return ends
+
+
+class WatermarkReader:
+    """Watermarks of many topics through one consumer of its own, made at the first read and
+    closed with the reader: a writer opening a hundred tables asks the broker a hundred
+    times, not a hundred consumers' connections and metadata (each ~30 ms on a local broker).
+    `settings` carry the bootstrap servers, a group id and the security settings."""
+
+    def __init__(self, settings: Mapping[str, Any], timeout_seconds: float) -> None:
+        self.settings, self.timeout_seconds = dict(settings), timeout_seconds
+        self.bootstrap = str(settings.get("bootstrap.servers", "?"))
+        self._consumer: Consumer | None = None
+
+    def __enter__(self) -> WatermarkReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = marks_consumer(self.settings, self.timeout_seconds)
+        return self._consumer
+
+    def read(self, topic: str, partitions: Collection[int] | None = None, read_ends: bool = False,
+             ends_past: Mapping[int, int] | None = None, present: Collection[int] | None = None) -> Watermarks:
+        """The topic's watermarks (all its partitions, or those given). The true end is read for
+        every partition with `read_ends`, else for those whose offset in `ends_past` is beyond
+        the high watermark (on tansu that is normal just past it). `present`: the topic's
+        partitions as the caller's metadata has them (else asked here). Raises BrokerUnreachable."""
+        deadline = time.monotonic() + self.timeout_seconds
+        listed = sorted(present) if present else topic_partitions_of(self.consumer, topic, self.timeout_seconds,
+                                                                      self.bootstrap)
+        if listed is None:
+            return Watermarks(exists=False, partitions={})
+        wanted = [p for p in listed if partitions is None or p in partitions]
+        marks = partition_watermarks(self.consumer, topic, wanted, self.timeout_seconds, self.bootstrap)
+        past = marks if read_ends else {p: marks[p] for p, offset in (ends_past or {}).items()
+                                        if p in marks and offset > marks[p][1]}
+        ends = read_true_ends(self.consumer, topic, past, deadline) if past else {}
+        return Watermarks(exists=True, partitions=marks, ends=ends)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 def read_topic_watermarks(settings: Mapping[str, Any], topic: str, timeout_seconds: float,
                           partitions: Collection[int] | None = None, read_ends: bool = False,
                           ends_past: Mapping[int, int] | None = None) -> Watermarks:
-    """Watermarks of the topic's partitions (all of them, or those given), with a consumer of
-    its own. The true end is read for every partition with `read_ends`, else for those whose
-    offset in `ends_past` is beyond the high watermark (on tansu that is normal just past it).
-    Raises BrokerUnreachable."""
-    bootstrap = str(settings.get("bootstrap.servers", "?"))
-    deadline = time.monotonic() + timeout_seconds
-    consumer = marks_consumer(settings, timeout_seconds)
-    try:
-        present = topic_partitions_of(consumer, topic, timeout_seconds, bootstrap)
-        if present is None:
-            return Watermarks(exists=False, partitions={})
-        wanted = [p for p in present if partitions is None or p in partitions]
-        marks = partition_watermarks(consumer, topic, wanted, timeout_seconds, bootstrap)
-        past = marks if read_ends else {p: marks[p] for p, offset in (ends_past or {}).items()
-                                        if p in marks and offset > marks[p][1]}
-        ends = read_true_ends(consumer, topic, past, deadline) if past else {}
-        return Watermarks(exists=True, partitions=marks, ends=ends)
-    finally:
-        consumer.close()
+    """One topic's watermarks with a consumer of its own (WatermarkReader.read). Raises
+    BrokerUnreachable."""
+    with WatermarkReader(settings, timeout_seconds) as reader:
+        return reader.read(topic, partitions, read_ends=read_ends, ends_past=ends_past)

@@ -29,7 +29,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
@@ -147,7 +147,7 @@ class Committer:
 
     # -- life cycle -------------------------------------------------------------------
     def open(self) -> None:
-        self.catalog = load_catalog(self.config.catalog)
+        self.catalog = shared_catalog(self.config.catalog)
         table = self.catalog.load_table(self.config.table.identifier)
         position = committed_position(table, self.topic)
         self.expected = dict(position.offsets)

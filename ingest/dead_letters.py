@@ -40,7 +40,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.common.catalog import ensure_namespace, ensure_table, load_catalog
+from streamberg.common.catalog import ensure_namespace, ensure_table, shared_catalog
 from streamberg.common.changelog import add_own_columns
 from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
 from streamberg.common.dead_letter_outbox import applied_key, pending_files
@@ -93,7 +93,7 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
 
 def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
     """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
-    catalog = load_catalog(config.catalog)
+    catalog = shared_catalog(config.catalog)
     if CHANGELOG_TARGET_PROPERTY in config.table.properties:
         add_own_columns(catalog, config.table)
     fmt, _ = format_of(config)

@@ -28,7 +28,7 @@ import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
@@ -36,7 +36,7 @@ from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
-from streamberg.common.watermarks import Watermarks
+from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.decode.interface import DecodeResult
@@ -44,7 +44,7 @@ from streamberg.ingest.decode.unknown_fields import display
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
-from streamberg.ingest.source import owned_partitions, topic_partitions
+from streamberg.ingest.source import KafkaSource, owned_partitions
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
@@ -66,6 +66,7 @@ class TableLane:
         self.log = get_logger("ingest.lane", job=config.ingest_target.job_id, table=config.table.identifier,
                               writer=index, run=run_id)
         self.consumer: Consumer | None = None
+        self.marks: WatermarkReader | None = None  # the writer's positions reader
         self.position: dict[int, int] = {}  # partition -> next offset to read
         self.unit_start: dict[int, int] = {}  # partition -> offset where the open unit began
         # partition -> the offset asked for at the last positioning, until a record arrives
@@ -91,13 +92,17 @@ class TableLane:
         """The commit interval now (wall clock // interval): a unit closes when it changes."""
         return int(time.time() // self.interval)
 
-    def open(self, consumer: Consumer) -> None:
-        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+    def open(self, source: KafkaSource) -> None:
+        """Position this table's partitions from the table's committed offsets, checked
+        against the broker (through the writer's source: its consumer, its listing of the
+        topics, its positions reader)."""
+        table = shared_catalog(self.config.catalog).load_table(self.config.table.identifier)
         committed = committed_position(table, self.topic)
-        self.consumer = consumer
-        mine = owned_partitions(topic_partitions(self.consumer, self.topic), self.index, self.parallelism)
+        self.consumer, self.marks = source.consumer, source.marks
+        present = source.partitions_of(self.topic)
+        mine = owned_partitions(present, self.index, self.parallelism)
         recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
-        marks = broker_positions(self.config, mine, recorded)
+        marks = broker_positions(self.config, mine, recorded, reader=self.marks, present=present)
         for p in mine:
             self.position[p] = (recorded[p] if p in recorded
                                 else self._start_of_new_partition(p, marks, topic_started=bool(committed.offsets)))
@@ -137,7 +142,7 @@ class TableLane:
         if now - self.schema_checked < SCHEMA_RECHECK_SECONDS:
             return
         self.schema_checked = now
-        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+        table = shared_catalog(self.config.catalog).load_table(self.config.table.identifier)
         if table.schema().schema_id == self.schema_id:
             return
         self.rolled.extend(self.files.flush())
@@ -183,7 +188,7 @@ class TableLane:
     def _out_of_range(self, partition: int) -> None:
         """The broker refused the position while running (retention overtook the writer)."""
         asked = self.position[partition]
-        marks = broker_positions(self.config, [partition], {partition: asked})
+        marks = broker_positions(self.config, [partition], {partition: asked}, reader=self.marks)
         problems = position_problems(self.topic, {partition: asked}, marks)
         if problems:
             self._position_lost(problems[0])
@@ -220,7 +225,7 @@ class TableLane:
                     f"{self.topic}[{p}]: the broker delivered offset {first} when offset {asked} was asked for; "
                     f"the partition's offsets went back. Nothing was committed past the table's offsets")
             if first > asked:
-                marks = broker_positions(self.config, [p], {p: asked})
+                marks = broker_positions(self.config, [p], {p: asked}, reader=self.marks)
                 if marks.low(p) > asked:
                     self._position_lost(PositionProblem(self.topic, p, asked, marks.low(p), marks.end(p)))
 

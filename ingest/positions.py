@@ -20,13 +20,13 @@ the table's snapshot summary, which status, metrics and `streamberg table` repor
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.offsets import OffsetSkip
-from streamberg.common.watermarks import Watermarks, read_topic_watermarks
+from streamberg.common.watermarks import WatermarkReader, Watermarks
 
 BROKER_TIMEOUT_SECONDS = 30.0
 RUNBOOK = "docs/runbooks/lost-offsets.md"
@@ -79,12 +79,22 @@ def refusal(problems: Iterable[PositionProblem], table: str) -> LostOffsetsError
 
 
 def broker_positions(config: StreambergConfig, partitions: Iterable[int], committed: Mapping[int, int],
-                     timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Watermarks:
+                     timeout_seconds: float = BROKER_TIMEOUT_SECONDS, reader: WatermarkReader | None = None,
+                     present: Collection[int] | None = None) -> Watermarks:
     """The watermarks of `partitions`; for those whose committed offset is past the high
     watermark, the true end too (tansu's watermark can lag by a batch: a committed offset
-    just past it is normal there, common/watermarks.py)."""
+    just past it is normal there, common/watermarks.py). `reader`: the writer's, shared by
+    its tables (else one of its own for this call); `present`: the topic's partitions as the
+    writer's metadata has them."""
+    if reader is not None:
+        return reader.read(config.kafka.topic, set(partitions), ends_past=committed, present=present)
+    with WatermarkReader(positions_settings(config), timeout_seconds) as own:
+        return own.read(config.kafka.topic, set(partitions), ends_past=committed, present=present)
+
+
+def positions_settings(config: StreambergConfig) -> dict:
+    """What a consumer that only asks the broker for positions is given: the servers and the
+    security settings (a group id only names it: it never joins)."""
     kafka = config.kafka
-    settings = {**kafka.consumer, "bootstrap.servers": kafka.bootstrap_servers,
-                "group.id": f"{config.ingest_target.consumer_group}-positions"}
-    return read_topic_watermarks(settings, kafka.topic, timeout_seconds, partitions=set(partitions),
-                                 ends_past=committed)
+    return {**kafka.consumer, "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": f"{config.ingest_target.consumer_group}-positions"}

@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.fleet import ROUTE_TOPIC_PROPERTY, ROUTE_VALUE_PROPERTY
 from streamberg.common.config.resolve import resolve_fleet
@@ -56,7 +56,7 @@ class Routes:
     def _recorded(self, identifier: str) -> str | None:
         try:
             if self._catalog is None:  # opened once: every new topic's owner is looked up here
-                self._catalog = load_catalog(run_settings(self.fleet).catalog)
+                self._catalog = shared_catalog(run_settings(self.fleet).catalog)
             return self._catalog.load_table(identifier).properties.get(ROUTE_TOPIC_PROPERTY)
         except Exception:  # noqa: BLE001 - no table yet
             return None
@@ -97,7 +97,7 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
     from streamberg.ingest.decode.formats import value_format
 
     if infer and config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
-        catalog = load_catalog(config.catalog)
+        catalog = shared_catalog(config.catalog)
         try:
             catalog.load_table(config.table.identifier)
         except NoSuchTableError:
@@ -206,7 +206,7 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
         log.warning("the route's partition spec does not fit the inferred columns; the table is unpartitioned",
                     problem=str(exc)[:200])
         spec = UNPARTITIONED_PARTITION_SPEC
-    catalog = load_catalog(config.catalog)
+    catalog = shared_catalog(config.catalog)
     ensure_namespace(catalog, config.table.namespace)
     properties = {**BOUNDED_METADATA, **config.table.properties, ROUTE_TOPIC_PROPERTY: config.kafka.topic,
                   **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})}

@@ -11,6 +11,8 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.watermarks import WatermarkReader
+from streamberg.ingest.positions import BROKER_TIMEOUT_SECONDS, positions_settings
 
 
 def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
@@ -53,9 +55,21 @@ class KafkaSource:
     def __init__(self, settings: StreambergConfig, run_id: str) -> None:
         # Assigned, never subscribed: the group id only names the client (librdkafka wants one).
         self.consumer = Consumer({**consumer_settings(settings), "group.id": f"streamberg-ingest-{run_id}"})
+        self.partitions: dict[str, list[int]] = {}  # topic -> its partitions, as the last listing had them
+        # Positions of every table's partitions through one consumer (ingest/positions.py).
+        self.marks = WatermarkReader(positions_settings(settings), BROKER_TIMEOUT_SECONDS)
 
     def topics(self, timeout: float = 30.0) -> list[str]:
-        return sorted(self.consumer.list_topics(timeout=timeout).topics)
+        """The broker's topics now; their partitions are kept for the lanes opened after it
+        (a hundred tables' lanes open without a hundred more metadata requests)."""
+        listed = self.consumer.list_topics(timeout=timeout).topics
+        self.partitions = {name: sorted(meta.partitions) for name, meta in listed.items()
+                           if meta.error is None and meta.partitions}
+        return sorted(listed)
+
+    def partitions_of(self, topic: str) -> list[int]:
+        """The topic's partitions: from the last listing, else asked (waiting for a new topic)."""
+        return self.partitions.get(topic) or topic_partitions(self.consumer, topic)
 
     def assign(self, positions: dict[tuple[str, int], int]) -> None:
         """Read each (topic, partition) from the offset given (the lowest its tables ask for)."""
@@ -65,4 +79,5 @@ class KafkaSource:
         return self.consumer.consume(max_records, timeout)
 
     def close(self) -> None:
+        self.marks.close()
         self.consumer.close()

@@ -28,7 +28,7 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog, routed_values
+from streamberg.common.catalog import routed_values, shared_catalog
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
 from streamberg.common.errors import ConfigError, FencedError, LostOffsetsError
 from streamberg.common.log import get_logger
@@ -192,7 +192,7 @@ class Writer:
         table's own name and skipped."""
         route = self.split[topic]
         refused: dict[str, str] = {}
-        values = routed_values(load_catalog(config.catalog), config.table.namespace, topic,
+        values = routed_values(shared_catalog(config.catalog), config.table.namespace, topic,
                                lambda value: route.table_identifier(topic, value), refused)
         for table, why in refused.items():
             if table not in self.refused_tables:
@@ -232,11 +232,11 @@ class Writer:
             why = self._claim(config, self.fleet.route_of(topic) if value else None)
             # A table this lane would make is refused past a cap; one an earlier run made keeps
             # being written (it holds its slot when one is free).
-            if why is not None and not load_catalog(config.catalog).table_exists(config.table.identifier):
+            if why is not None and not shared_catalog(config.catalog).table_exists(config.table.identifier):
                 raise TableCapReached(why)
         ensure_route_table(config, topic, value, sample, anchor_field=route_field, infer=self.fleet.single is None)
         lane = TableLane(config, self.index, self.parallelism, self.run_id, reassign=self.reassign, route_value=value)
-        lane.open(self.source.consumer)
+        lane.open(self.source)
         if start is not None:
             for p in lane.unrecorded:  # a table its records were never committed to: they begin here
                 if p in start:
