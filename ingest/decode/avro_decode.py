@@ -22,15 +22,23 @@ from pyiceberg.types import IcebergType
 from streamberg.ingest.decode.avro_schema import iceberg_schema, iceberg_type
 from streamberg.ingest.decode.registry_decode import FitKey, RegistryDecoder
 
+# Logical types read as the numbers (or strings) they are on the wire: the table's Arrow
+# column takes them as they come (a date's days, a time's or a timestamp's micro- or
+# nanoseconds since midnight or the epoch; a uuid's text, which the table keeps as a string,
+# ingest/decode/avro_schema.py). fastavro would make a Python date, time or datetime of each
+# for Arrow to take apart again: that was a third of an Avro record's decode. The
+# millisecond ones keep fastavro's reading (the table counts micros).
+RAW_LOGICAL_TYPES = frozenset({"uuid", "date", "time-micros", "timestamp-micros", "local-timestamp-micros",
+                               "timestamp-nanos", "local-timestamp-nanos"})
 
-def _without_uuid(schema: Any) -> Any:
-    """The schema with `uuid` logical types left out: fastavro then reads them as the strings
-    they are on the wire (the table keeps uuids as strings, ingest/decode/avro_schema.py)."""
+
+def _reader_schema(schema: Any) -> Any:
+    """The writer schema with RAW_LOGICAL_TYPES left out (the same bytes, read as raw values)."""
     if isinstance(schema, dict):
-        return {k: _without_uuid(v) for k, v in schema.items()
-                if not (k == "logicalType" and v == "uuid")}
+        return {k: _reader_schema(v) for k, v in schema.items()
+                if not (k == "logicalType" and v in RAW_LOGICAL_TYPES)}
     if isinstance(schema, list):
-        return [_without_uuid(s) for s in schema]
+        return [_reader_schema(s) for s in schema]
     return schema
 
 
@@ -46,7 +54,7 @@ class AvroDecoder(RegistryDecoder):
         parsed_json = json.loads(self.registry.by_id(key[0]))
         # A value is a record; a key (wrap) may be any Avro type, a primitive often.
         table_form = iceberg_type(parsed_json) if self.wrap is not None else iceberg_schema(parsed_json).as_struct()
-        return table_form, (parse_schema(_without_uuid(parsed_json)), schemaless_reader)
+        return table_form, (parse_schema(_reader_schema(parsed_json)), schemaless_reader)
 
     def _read(self, body: io.BytesIO, reader: Any, length: int) -> dict:
         parsed, schemaless_reader = reader

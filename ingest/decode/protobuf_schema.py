@@ -225,14 +225,29 @@ def iceberg_schema(message: Any) -> Schema:
 # -- a message as a row ------------------------------------------------------------------------
 def reader(message: Any) -> Callable[[Any], dict]:
     """A function from a parsed message of `message` to its row (a dict in the table's
-    shape), planned once per descriptor."""
-    plans: dict[str, list[tuple[str, Callable[[Any, Any, str], Any]]]] = {}
+    shape), planned once per descriptor. A timestamp is read as its microseconds since the
+    epoch (the table's Arrow column takes them as they are: a datetime made here only to be
+    taken apart again was a fifth of a record's decode); a plain scalar field (no presence,
+    not repeated, no enum) is read by attribute alone."""
+    plans: dict[str, tuple[tuple[str, ...], list[tuple[str, Callable[[Any, Any, str], Any]]]]] = {}
 
-    def plan(desc: Any) -> list[tuple[str, Callable[[Any, Any, str], Any]]]:
+    def plan(desc: Any) -> tuple[tuple[str, ...], list[tuple[str, Callable[[Any, Any, str], Any]]]]:
         if desc.full_name not in plans:
-            plans[desc.full_name] = []  # a recursive message is refused before a reader is made
-            plans[desc.full_name].extend((f.name, field_reader(f)) for f in desc.fields)
+            special: list[tuple[str, Callable[[Any, Any, str], Any]]] = []
+            plans[desc.full_name] = ((), special)  # a recursive message is refused before a reader is made
+            plain = tuple(f.name for f in desc.fields if _plain(f))
+            special.extend((f.name, field_reader(f)) for f in desc.fields if not _plain(f))
+            plans[desc.full_name] = (plain, special)
         return plans[desc.full_name]
+
+    def record_reader(desc: Any) -> Callable[[Any], dict]:
+        def read_record(m: Any) -> dict:
+            plain, special = plan(desc)
+            out = {name: getattr(m, name) for name in plain}
+            for name, read in special:
+                out[name] = read(getattr(m, name), m, name)
+            return out
+        return read_record
 
     def value_reader(fd: Any) -> Callable[[Any], Any]:
         desc = fd.message_type
@@ -242,12 +257,12 @@ def reader(message: Any) -> Callable[[Any], dict]:
                 return lambda v: names.get(v, str(v))
             return lambda v: v
         if desc.full_name == TIMESTAMP:
-            return lambda m: _EPOCH + dt.timedelta(seconds=m.seconds, microseconds=m.nanos // 1000)
+            return lambda m: m.seconds * 1_000_000 + m.nanos // 1000
         if desc.full_name == DATE:
             return lambda m: dt.date(m.year, m.month, m.day)
         if desc.full_name in _WRAPPERS:
             return lambda m: m.value
-        return lambda m: {name: read(getattr(m, name), m, name) for name, read in plan(desc)}
+        return record_reader(desc)
 
     def field_reader(fd: Any) -> Callable[[Any, Any, str], Any]:
         if is_map(fd):
@@ -262,10 +277,12 @@ def reader(message: Any) -> Callable[[Any], dict]:
             return lambda v, m, name: read(v) if m.HasField(name) else None
         return lambda v, m, name: read(v)
 
-    def row(msg: Any) -> dict:
-        return {name: read(getattr(msg, name), msg, name) for name, read in plan(message)}
+    return record_reader(message)
 
-    return row
+
+def _plain(fd: Any) -> bool:
+    """A field whose attribute is its value: a scalar, not repeated, no presence, no enum."""
+    return fd.message_type is None and fd.enum_type is None and not fd.has_presence and not is_repeated(fd)
 
 
 # -- Iceberg -> Protobuf -----------------------------------------------------------------------

@@ -143,7 +143,11 @@ class RegistryDecoder:
             if len(value) > self.max_record_bytes:
                 rejected.append((i, f"oversized: {len(value)} bytes > max_record_bytes {self.max_record_bytes}"))
                 continue
-            known = next((self._headers[value[:n]] for n in self._header_lengths if value[:n] in self._headers), None)
+            known = None
+            for n in self._header_lengths:
+                known = self._headers.get(value[:n])
+                if known is not None:
+                    break
             if known is not None:
                 key, length = known
                 body = io.BytesIO(value)

@@ -14,6 +14,7 @@ import struct
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -227,3 +228,76 @@ def test_long_field_names_never_reach_the_metadata(tmp_path: Path, broker: str) 
     assert all(len(f.name) <= 128 for f in table.schema().fields)
     reasons = [d["reason"] for d in dead_letters(config).to_pylist()]
     assert len(reasons) == 50 and all(len(r) < 1_000 and "100,000 characters" in r for r in reasons), reasons[:1]
+
+
+def test_logical_types_read_raw_equal_their_values(registry) -> None:
+    """Dates, times, timestamps and uuids are read as the numbers (text) on the wire and
+    given to Arrow as they are (ingest/decode/avro_decode.py RAW_LOGICAL_TYPES): the rows
+    equal the values the records were written with, edges of the ranges included; a
+    timestamp past a Python datetime's range (year 9999) is kept exactly, as Iceberg's
+    64-bit microseconds hold it (fastavro's datetime made it a dead letter)."""
+    import datetime as dt
+    import uuid
+
+    utc = dt.timezone.utc
+    schema = {"type": "record", "name": "Times", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "local", "type": ["null", {"type": "long", "logicalType": "local-timestamp-micros"}], "default": None},
+        {"name": "ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "key", "type": {"type": "string", "logicalType": "uuid"}}]}
+    instants = [dt.datetime(1970, 1, 1, tzinfo=utc), dt.datetime(1, 1, 1, tzinfo=utc),
+                dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc), dt.datetime(2026, 11, 27, 13, 5, 7, 123456, tzinfo=utc),
+                dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=utc)]
+    records = [{"id": i, "day": ts.date(), "at": ts.timetz().replace(tzinfo=None), "ts": ts,
+                "local": ts.replace(tzinfo=None) if i % 2 else None, "ms": ts.replace(microsecond=ts.microsecond // 1000 * 1000),
+                "key": str(uuid.UUID(int=i * 7919))} for i, ts in enumerate(instants)]
+    values = _serialize(registry.url, schema, records)
+    result = AvroDecoder(iceberg_schema(schema), 1 << 16, _registry(registry.url)).decode(values)
+    assert result.rejected == [] and result.kept.tolist() == list(range(len(records)))
+    rows = result.table.to_pylist()
+    for row, record in zip(rows, records):
+        assert row == record, (row, record)
+    outside = AvroDecoder(iceberg_schema(schema), 1 << 16, _registry(registry.url)).decode(
+        _serialize(registry.url, schema, [{**records[0], "ts": 2**63 - 1}]))
+    assert outside.rejected == []
+    assert outside.table.column("ts").cast(pa.int64()).to_pylist() == [2**63 - 1]
+
+
+def test_protobuf_timestamps_read_as_micros_equal_their_values(registry) -> None:
+    import base64
+    import datetime as dt
+
+    from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+    from google.protobuf.message_factory import GetMessageClass
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
+
+    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+
+    table = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ts", TimestamptzType(), required=False),
+                   NestedField(3, "name", StringType(), required=True))
+    proto = file_descriptor_proto(table, "Stamp")
+    schema_id = registry.register("stamp-value", base64.b64encode(proto.SerializeToString()).decode(), "PROTOBUF")
+    pool = descriptor_pool.DescriptorPool()
+    wellknown = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(wellknown)
+    pool.Add(wellknown)
+    pool.Add(proto)
+    message = GetMessageClass(pool.FindMessageTypeByName("streamberg.Stamp"))
+    utc = dt.timezone.utc
+    instants = [dt.datetime(1970, 1, 1, tzinfo=utc), dt.datetime(1, 1, 1, tzinfo=utc),
+                dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=utc), dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=utc),
+                None]
+    values = []
+    for i, instant in enumerate(instants):
+        m = message(id=i, name=f"n{i}")
+        if instant is not None:
+            m.ts.FromDatetime(instant)
+        values.append(b"\x00" + struct.pack(">I", schema_id) + b"\x00" + m.SerializeToString())
+    result = ProtobufDecoder(table, 1 << 16, _registry(registry.url)).decode(values)
+    assert result.rejected == []
+    assert result.table.to_pylist() == [{"id": i, "ts": t, "name": f"n{i}"} for i, t in enumerate(instants)]
