@@ -11,7 +11,9 @@ DESCRIPTION = """\
 Keeps the Kafka tail of every table of a config (or of --table) decoded on local disk
 (<ingest.state_dir>/tail-cache/<table>/), so a fresh read (`streamberg query --fresh`,
 streamberg.fresh.read) costs what arrived in the last fraction of a second, not the whole
-commit interval. Segments a commit covers are deleted; a schema change decodes the tail again.
+commit interval. A primary-key table's tail is kept as its change log's change rows (a fresh
+read merges them by key). Segments a commit covers are deleted; a schema change decodes the
+tail again.
 A fresh read uses the kept tail only while this command is alive (a heartbeat), chains its
 segments from the snapshot's own offsets and reads the rest from Kafka: exact with the
 keeper ahead, behind, stopped or absent. Runs until Ctrl-C or SIGTERM. docs/fresh-read.md."""
@@ -27,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from streamberg.common.changelog import has_changelog
+    from streamberg.common.changelog import ingest_config
     from streamberg.common.log import get_logger
     from streamberg.common.stop import install_stop_handlers
     from streamberg.common.tables import config_tables
@@ -35,12 +37,13 @@ def _tail(args: argparse.Namespace) -> int:
 
     tables = config_tables(args.config)
     wanted = {t.lower() for t in args.table} if args.table else None
-    configs = [c for name, c in sorted(tables.configs.items())
-               if (wanted is None or name.lower() in wanted) and not has_changelog(c)]
+    # A primary-key table's tail is its change log's (change rows): the keeper follows that.
+    configs = [ingest_config(c) for name, c in sorted(tables.configs.items())
+               if wanted is None or name.lower() in wanted]
     if wanted is not None and len(configs) < len(wanted):
-        raise UsageError(f"--table: not a table of {args.config} read fresh ({', '.join(sorted(tables.configs))})")
+        raise UsageError(f"--table: not a table of {args.config} ({', '.join(sorted(tables.configs))})")
     if not configs:
-        raise CommandError("no table of the config is read fresh (primary-key tables are not yet)")
+        raise CommandError("the config names no table")
     stop = threading.Event()
     install_stop_handlers(stop)
     threads = [threading.Thread(target=TailKeeper(c, stop).run, name=c.table.identifier, daemon=True) for c in configs]

@@ -1,7 +1,7 @@
 """The kept tail's files: the contract between `streamberg tail` (fresh/cache.py, which writes
 them), fresh reads (which read them) and `status` (which reports them).
 
-In `<ingest.state_dir>/tail-cache/<table>/`:
+In `<ingest.state_dir>/tail-cache/<table>/` (a primary-key table's: its change log's):
 - `seg-s<schema id>-p<partition>-<first offset>-<next offset>.arrow`: an Arrow IPC file with
   the decoded rows of every record of the partition in [first, next), each row with its
   offset in `__streamberg_offset`; written whole by rename;
@@ -25,7 +25,11 @@ _SEGMENT = re.compile(r"seg-s(\d+)-p(\d+)-(\d+)-(\d+)\.arrow")
 
 
 def cache_folder(config: StreambergConfig) -> Path:
-    return Path(config.ingest.state_dir) / "tail-cache" / config.table.identifier
+    """Where the table's tail is kept: the tail of the table the ingest writes (a primary-key
+    table's is its change log's: change rows, as a fresh read of it takes them)."""
+    from streamberg.common.changelog import ingest_config
+
+    return Path(config.ingest.state_dir) / "tail-cache" / ingest_config(config).table.identifier
 
 
 def segment_name(schema_id: int, partition: int, first: int, next_offset: int) -> str:

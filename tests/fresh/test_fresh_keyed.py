@@ -12,12 +12,16 @@ table itself to the same rows: the fresh read applied the merge's rules.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import ingest_config, merge_position
+from streamberg.common.tail_segments import cache_folder
 from streamberg.fresh import read
+from streamberg.fresh.cache import TailKeeper
 from streamberg.fresh.spark import spark_read
 from streamberg.merge.app import MergeOptions, run_merge
 from streamberg.merge.tables import ensure_target
@@ -119,6 +123,30 @@ def test_a_keyed_table_read_fresh_is_the_source_at_the_watermark(tmp_path: Path,
     frame, bounds = spark_read(spark, path)
     assert bounds.watermarks == _ends(produced)
     assert _by_key([r.asDict() for r in frame.collect()], "spark") == expected
+
+    # `streamberg tail` keeps a primary-key table's tail as its change log's change rows: the
+    # read takes them from the keeper's segments (none from Kafka) and is the same state.
+    stop = threading.Event()
+    keeper = TailKeeper(ingest_config(config), stop)
+    thread = threading.Thread(target=keeper.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            kept = read(config)
+            assert kept.tail is not None
+            if kept.tail.records and kept.tail.cached == kept.tail.records:
+                break
+            assert time.monotonic() < deadline and thread.is_alive(), \
+                f"the keeper kept {kept.tail.cached} of {kept.tail.records} tail records"
+            time.sleep(0.1)
+        assert cache_folder(config) == cache_folder(view) and keeper.segments_written > 0
+        assert kept.tail.rejected == 0  # the dead letters were dropped when kept
+        assert kept.keyed is not None and kept.keyed.stale == fresh.keyed.stale
+        assert _by_key(kept.rows.to_pylist(), "kept tail") == expected
+    finally:
+        stop.set()
+        thread.join(30)
 
     # The real ingest and merge bring the table itself to the rows read fresh.
     ingest_until(view, _ends(produced))
