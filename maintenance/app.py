@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.catalog import open_existing_table
+from streamberg.common.catalog_wait import open_existing_table
 from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find

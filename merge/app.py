@@ -13,7 +13,7 @@ from py4j.protocol import Py4JError
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import GreaterThanOrEqual
 
-from streamberg.common.catalog import wait_for_catalog, wait_for_table
+from streamberg.common.catalog_wait import wait_for_catalog, wait_for_table
 from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CatalogUnreachable, MergeError, ResyncRefused

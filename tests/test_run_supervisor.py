@@ -92,7 +92,8 @@ def test_continuous_compactor_and_maintenance_wait_for_the_table_then_fail(tmp_p
 def test_waiting_ends_when_the_table_appears(tmp_path: Path) -> None:
     import threading
 
-    from streamberg.common.catalog import load_catalog, wait_for_table
+    from streamberg.common.catalog import load_catalog
+    from streamberg.common.catalog_wait import wait_for_table
     from streamberg.ingest.dead_letters import open_tables
     from tests.helpers import config_at
 
