@@ -110,6 +110,9 @@ class Writer:
                 self._report_refused(topic, self.tables.by_topic[topic].table.identifier, reason)
                 self.log.error("topic not read: its table could not be opened; the other tables go on", topic=topic,
                                reason=reason)
+        # The positions consumer served this round's tables; closed until it is asked again
+        # (a refused position, the next new topic), not kept with its buffers between.
+        self.source.marks.close()
         if opened:
             self.reassign()
             self.log.info("tables routed", new_topics=opened, tables=len(self.lanes))
