@@ -277,7 +277,8 @@ def main() -> int:
               f"{many['tables_exact']}/{args.topics} tables exact", flush=True)
 
         live = {}
-        for label, path in (("every_interval", fleet_path), ("commit_min_bytes", quiet_path))[:2 if args.seconds else 0]:
+        phases = (("every_interval", fleet_path), ("commit_min_bytes", quiet_path)) if args.seconds else ()
+        for label, path in phases:
             print(f"freshness ({label}): {args.rate:,} events/s for {args.seconds} s while the many-table ingest "
                   "runs ...", flush=True)
             live[label] = live_phase(path, work / f"fleet-live-{label}.log", args, events, topics, identifiers,

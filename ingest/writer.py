@@ -111,7 +111,7 @@ class Writer:
                 self.log.error("topic not read: its table could not be opened; the other tables go on", topic=topic,
                                reason=reason)
         # The positions consumer served this round's tables; closed until it is asked again
-        # (a refused position, the next new topic), not kept with its buffers between.
+        # (a refused position, the next new topic): no idle broker connection between rounds.
         self.source.marks.close()
         if opened:
             self.reassign()

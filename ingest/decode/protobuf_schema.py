@@ -232,12 +232,11 @@ def reader(message: Any) -> Callable[[Any], dict]:
     plans: dict[str, tuple[tuple[str, ...], list[tuple[str, Callable[[Any, Any, str], Any]]]]] = {}
 
     def plan(desc: Any) -> tuple[tuple[str, ...], list[tuple[str, Callable[[Any, Any, str], Any]]]]:
+        # Planned at a message's first read (a nested message's reader plans it when first
+        # called); a recursive message is refused before any reader is made.
         if desc.full_name not in plans:
-            special: list[tuple[str, Callable[[Any, Any, str], Any]]] = []
-            plans[desc.full_name] = ((), special)  # a recursive message is refused before a reader is made
-            plain = tuple(f.name for f in desc.fields if _plain(f))
-            special.extend((f.name, field_reader(f)) for f in desc.fields if not _plain(f))
-            plans[desc.full_name] = (plain, special)
+            plans[desc.full_name] = (tuple(f.name for f in desc.fields if _plain(f)),
+                                     [(f.name, field_reader(f)) for f in desc.fields if not _plain(f)])
         return plans[desc.full_name]
 
     def record_reader(desc: Any) -> Callable[[Any], dict]:
