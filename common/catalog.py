@@ -53,9 +53,25 @@ def _prepare_sqlite(uri: str) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
-    with engine.connect() as conn:
-        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-    engine.dispose()
+    try:
+        for attempt in commit_retrying(WAL_SWITCH_RETRIES, _sqlite_locked):
+            with attempt, engine.connect() as conn:
+                if conn.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    finally:
+        engine.dispose()
+
+
+# SQLite answers a change of journal mode with "database is locked" at once, without waiting
+# out the busy timeout, while another connection makes the same change: processes started
+# together on a new database (a job's writers claiming their tables' slots, `streamberg run`'s
+# components) saw it as a failure and paused a table for the run. The file is WAL a moment
+# later; a few retries with backoff, then the error as it is.
+WAL_SWITCH_RETRIES = 8
+
+
+def _sqlite_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlalchemy.exc.OperationalError) and "database is locked" in str(exc.orig)
 
 
 # For commands that open the catalog to work on it (compact, maintain): long enough for a

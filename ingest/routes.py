@@ -77,12 +77,10 @@ class TableCapReached(Exception):
 
 
 def exc_reason(exc: BaseException) -> str:
-    """One line for status and logs: the error's own text, its class when it says nothing else."""
+    """One line for status and logs: the error's class and the first line of its text, redacted."""
     from streamberg.common.catalog import first_line
 
-    if isinstance(exc, (TableOwnedElsewhere, TableCapReached)):
-        return first_line(exc)[:500]
-    return f"{type(exc).__name__}: {first_line(exc)[:400]}"
+    return first_line(exc)[:500]
 
 
 def ensure_route_table(config: StreambergConfig, topic: str, value: str | None = None,

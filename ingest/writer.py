@@ -30,7 +30,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from streamberg.common.catalog import routed_values, shared_catalog
 from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump
-from streamberg.common.errors import ConfigError, FencedError, LostOffsetsError
+from streamberg.common.errors import CatalogUnreachable, ConfigError, FencedError, LostOffsetsError
 from streamberg.common.log import get_logger
 from streamberg.common.tables import run_settings
 from streamberg.ingest.lane import TableLane
@@ -41,6 +41,17 @@ from streamberg.ingest.units import FlushUnit
 # Errors a lane's opening may raise that stop the job, whatever the other tables: a position
 # Kafka lost under on_lost_offsets=fail (a restart would find it lost again), a fence.
 JOB_STOPPING = (LostOffsetsError, FencedError)
+
+
+def passing_failure(exc: BaseException) -> bool:
+    """A failure another moment may not have: the catalog or its database busy or out of
+    reach: SQLAlchemy's OperationalError (SQLite locked, PostgreSQL's lost connection), a REST
+    catalog's 503, no answer at all."""
+    import sqlalchemy
+    from pyiceberg.exceptions import ServiceUnavailableError
+
+    return isinstance(exc, (sqlalchemy.exc.OperationalError, ServiceUnavailableError, CatalogUnreachable,
+                            ConnectionError, TimeoutError))
 
 
 class Writer:
@@ -64,6 +75,7 @@ class Writer:
         self.closed_early = 0  # files closed before their interval's end to bound memory
         self._engine: Any = None  # the catalog's database: the tables' slots (common/table_slots.py)
         self.reports: list[FlushUnit] = []  # tables this writer could not open, for the committer
+        self._open_failures: dict[str, int] = {}  # topic -> failed openings of its table (passing ones retried)
 
     @property
     def position(self) -> dict[str, int]:
@@ -106,6 +118,8 @@ class Writer:
             except Exception as exc:  # noqa: BLE001 - one topic's table cannot be opened: that topic alone stops
                 self._forget(topic)
                 reason = exc_reason(exc)
+                if self._try_again(topic, exc, reason):
+                    continue
                 self.tables.refused[topic] = reason
                 self._report_refused(topic, self.tables.by_topic[topic].table.identifier, reason)
                 self.log.error("topic not read: its table could not be opened; the other tables go on", topic=topic,
@@ -116,6 +130,19 @@ class Writer:
         if opened:
             self.reassign()
             self.log.info("tables routed", new_topics=opened, tables=len(self.lanes))
+
+    def _try_again(self, topic: str, exc: BaseException, reason: str) -> bool:
+        """Whether a topic whose table could not be opened is routed again soon (True), not
+        refused: a failure another moment may not have (the catalog's database locked or out
+        of reach), ingest.table_failures_to_pause times at most, with backoff."""
+        tries = self._open_failures[topic] = self._open_failures.get(topic, 0) + 1
+        if not passing_failure(exc) or tries >= self.tables.by_topic[topic].ingest.table_failures_to_pause:
+            return False
+        self.tables.wait(topic, reason)
+        self._next_discovery = min(self._next_discovery, time.monotonic() + min(2.0 ** (tries - 1), 30.0))
+        self.log.warning("table not opened yet; tried again at the next look", topic=topic, attempt=tries,
+                         reason=reason)
+        return True
 
     def _report_refused(self, topic: str, table: str, reason: str) -> None:
         """Tell the committer (and so `status`, through the run folder) why a table is not written."""

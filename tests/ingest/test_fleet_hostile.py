@@ -226,3 +226,44 @@ def test_a_forged_route_record_is_reported_under_its_own_name(tmp_path: Path, br
     proc = streamberg("govern", "--config", str(path), "--dry-run", "--json", check=False)
     assert proc.returncode == 0 and "clicks_x-y" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert {"web.decoy", "web.decoy2"} <= set(json.loads(proc.stdout)["problems"])
+
+
+def test_a_catalog_down_while_a_writer_opens_its_tables_delays_them_never_pauses_them(
+        tmp_path: Path, broker: str, rest_catalog) -> None:
+    """A failure another moment may not have (here a REST catalog answering 503, as the
+    catalog's SQLite database "locked" did in a CI run) when a writer opens a table: the
+    topic is routed again with backoff, not refused and paused for the run."""
+    p = f"d{int(time.time() * 1000) % 100000}-"
+    n = p.replace("-", "_")
+    secret = tmp_path / "credential"
+    secret.write_text(rest_catalog.credential + "\n")
+    secret.chmod(0o600)
+    path = _write(tmp_path, {
+        "kafka": {"bootstrap_servers": broker, "value_format": "json"},
+        "catalog": {"name": f"r{n}", "type": "rest", "uri": rest_catalog.url, "warehouse": "tests",
+                    "credential_file": str(secret), "allow_insecure": True},
+        "defaults": {"ingest": {"commit_interval_seconds": 0.5, "state_dir": "state", "parallelism": 1,
+                                "topic_discovery_seconds": 0.5, "table_failures_to_pause": 8}},
+        "tables": [{"identifier": "down.{topic}", "topics": [f"{p}a", f"{p}b"], "schema": "infer"}],
+    })
+    fleet = load_fleet(path)
+    _produce(broker, f"{p}a", [_event(i) for i in range(20)])
+    _produce(broker, f"{p}b", [_event(i) for i in range(15)])
+    catalog = load_catalog(CatalogConfig.model_validate(fleet.document(fleet.tables[0], f"{p}a")["catalog"]))
+    writer, committer = Writer(fleet, 0, 1, "down-1"), Committers(fleet, 1, "down-1")
+    committer.open()
+    rest_catalog.down = True
+    try:
+        writer.open()
+        assert set(writer.tables.waiting) == {f"{p}a", f"{p}b"} and not writer.tables.refused, \
+            (writer.tables.waiting, writer.tables.refused)
+    finally:
+        rest_catalog.down = False
+    try:
+        _drive([writer], committer, lambda: _count(catalog, f"down.{n}a") == 20 and _count(catalog, f"down.{n}b") == 15)
+    finally:
+        writer.close()
+        committer.close()
+    assert not committer.paused and not writer.tables.refused, (committer.paused, writer.tables.refused)
+    assert sorted(_rows(catalog, f"down.{n}a")) == list(range(20))
+    assert sorted(_rows(catalog, f"down.{n}b")) == list(range(15))

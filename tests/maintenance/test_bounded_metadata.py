@@ -83,8 +83,13 @@ def test_snapshots_and_metadata_stop_growing_once_expiry_starts(spark, tmp_path:
         assert max(s[index] for s in last) <= 1.15 * max(s[index] for s in middle), \
             (what, [s[index] for s in samples])
     # Old metadata files go after each commit: write.metadata.previous-versions-max (10) and the
-    # current one, give or take the files of a commit in flight.
-    assert max(s[3] for s in samples) <= 10 + 1 + 2, str([s[3] for s in samples])
+    # current one. Between those, Spark's expiry adds its commit in flight and the files of
+    # its commits that lost a race to the ingest (Iceberg Java's JDBC catalog leaves them; they
+    # go once older than the log's oldest version, ten commits later, ~1 s here): a few more,
+    # more under load (a CI run saw 14 once), never a growing count.
+    files = [s[3] for s in samples]
+    assert sorted(files)[len(files) // 2] <= 10 + 1, str(files)
+    assert max(files) <= 10 + 1 + 5, str(files)
     # Nothing was lost: every row committed is in the table.
     table = reload(config)
     assert table.scan().to_arrow().num_rows == 5 * COMMITS
