@@ -13,7 +13,8 @@ and the peak memory of its process tree (RSS and PSS, sampled every 0.2 s from /
   no commit, no catalog: the floor.
 - streamberg p=2 and p=1: `streamberg ingest --max-records N` (exactly-once, dead letters,
   one commit per table per interval), with its start-up (command start to the last writer
-  reading) from its own log.
+  reading) from its own log; streamberg-proc-p2: the same at p=2 on the engine with no JVM
+  (`--engine processes`, ingest/processes.py).
 - Quix Streams 3.28.1 `IcebergSink`: AWS Glue with S3 only; moto's server stands in for
   both (bench/peer_systems/quix_sink.py).
 - dlt 1.27.2 + dlt-iceberg 0.6.3 (its local SQLite catalog), the backlog in one load, rows
@@ -56,7 +57,7 @@ VENVS = {
     "dlt": ["dlt[filesystem]==1.27.2", "dlt-iceberg==0.6.3", "s3fs==2025.3.2", "fsspec==2025.3.2",
             "confluent-kafka"],
 }
-ALL_SYSTEMS = ("bare", "streamberg-p2", "streamberg-p1", "quix", "dlt-dicts", "dlt-arrow")
+ALL_SYSTEMS = ("bare", "streamberg-p2", "streamberg-p1", "streamberg-proc-p2", "quix", "dlt-dicts", "dlt-arrow")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -181,8 +182,9 @@ def run_system(system: str, records: int, partitions: int, interval: float, boot
         import pyarrow.parquet as pq
 
         return {**result, **counted(pq.read_table(out, columns=["id"]).column("id"))}
-    if system.startswith("streamberg-p"):
-        return _streamberg(int(system.removeprefix("streamberg-p")), records, interval, bootstrap, topic, folder, log)
+    if system.startswith("streamberg-"):  # streamberg-p2: the Flink engine; streamberg-proc-p2: processes
+        engine = "processes" if system.startswith("streamberg-proc-") else "flink"
+        return _streamberg(int(system.rsplit("-p", 1)[1]), records, interval, bootstrap, topic, folder, log, engine)
     if system == "quix":
         assert moto is not None
         bucket = f"quix-{records}-{int(time.time())}"
@@ -221,7 +223,7 @@ def run_system(system: str, records: int, partitions: int, interval: float, boot
 
 
 def _streamberg(parallelism: int, records: int, interval: float, bootstrap: str, topic: str, folder: Path,
-                log: Path) -> dict[str, Any]:
+                log: Path, engine: str) -> dict[str, Any]:
     import yaml
 
     from streamberg.common.catalog import load_catalog
@@ -235,7 +237,8 @@ def _streamberg(parallelism: int, records: int, interval: float, bootstrap: str,
         "ingest": {"commit_interval_seconds": interval, "parallelism": parallelism, "state_dir": "state",
                    "max_poll_records": 10000}}))
     exe = Path(sys.executable).parent / "streamberg"
-    result = timed([str(exe), "ingest", "--config", str(path), "--max-records", str(records), "--quiet"], log,
+    result = timed([str(exe), "ingest", "--config", str(path), "--max-records", str(records), "--quiet",
+                    "--engine", engine], log,
                    env={"STREAMBERG_LOG_FORMAT": "json"})
     opened = []
     for line in log.read_text().splitlines():

@@ -28,7 +28,7 @@ def _ingest(args: argparse.Namespace) -> int:
         # One table or many: routes (common/config/loading.load_tables); the ingest writes a
         # primary-key table's change log itself.
         outcome = run_ingest(load_tables(args.config), parallelism=args.parallelism, max_records=args.max_records,
-                             duration=args.duration, progress=not args.quiet)
+                             duration=args.duration, progress=not args.quiet, engine=args.engine)
     except IngestFenced as exc:
         # Exit 3 (ExitCode.FENCED, cli/main.py) with the fencing message; the summary line
         # still says what this run committed.
@@ -91,6 +91,10 @@ cannot help).""",
     )
     parser.add_argument("--config", required=True, help="the streamberg YAML config")
     parser.add_argument("--parallelism", type=int, default=None, help="writer subtasks (default: ingest.parallelism)")
+    parser.add_argument("--engine", choices=("flink", "processes"), default=None,
+                        help="what runs the writers and the committer here: flink (PyFlink's MiniCluster) or "
+                             "processes (the same tasks in processes of their own, no JVM: a faster start, "
+                             "less memory) (default: ingest.engine, flink)")
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument("--max-records", type=int, default=None,
                        help="stop once this many records (valid + dead-lettered) are committed by this run")

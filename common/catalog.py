@@ -265,6 +265,20 @@ _state_engines: dict[str, sqlalchemy.engine.Engine] = {}
 _state_lock = threading.Lock()
 
 
+def _forget_inherited_engines() -> None:
+    """In a forked child: never use (or close) the parent's pooled connections, SQLAlchemy's
+    rule for a fork; the child opens its own on first use (the local engine forks its tasks
+    from a driver that opened the catalog)."""
+    global _state_lock, _shared_lock
+    _state_lock, _shared_lock = threading.Lock(), threading.Lock()  # a thread of the parent may have held them
+    for engine in _state_engines.values():
+        engine.dispose(close=False)
+    _state_engines.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_engines)
+
+
 def load_catalog(config: CatalogConfig) -> Catalog:
     """The catalog of `config`, for work: its kind's own opening (common/catalog_kinds.py)."""
     from streamberg.common.catalog_kinds import kind_of

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.sealing import export, job_document
@@ -46,21 +46,25 @@ class RunBounds:
 
 
 def run_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: int | None = None,
-               duration: float | None = None, progress: bool = True) -> RunOutcome:
+               duration: float | None = None, progress: bool = True, engine: str | None = None) -> RunOutcome:
     """Run the ingest job of the tables `fleet` routes (one table: a config of one route,
     common/config/loading.load_tables); return when a bound is reached (or run until
-    interrupted)."""
+    interrupted). `engine`: `flink` or `processes` (default: ingest.engine)."""
     settings = run_settings(fleet)  # the run-wide settings: state folder, parallelism, Python workers
-    # The job graph carries no secret: the workers started below read them from the environment.
-    export(job_document(fleet))
-    worker_mode = python_worker_mode()
+    engine = engine or settings.ingest.engine
+    flink = engine == "flink"
+    if flink:
+        # The job graph carries no secret: the workers started below read them from the environment.
+        export(job_document(fleet))
+    worker_mode = python_worker_mode() if flink else "process"
     # The slow starts first, before anything else is imported or read: the workers' fork
     # server and the gateway JVM come up while the driver imports the job's API (PyFlink's
     # DataStream, the committers: ~0.6 s) and prepares the tables.
-    with _python_workers(settings, worker_mode) as fork_server:
-        start_local_gateway(settings)
-        from streamberg.ingest.job import build_job, job_name
+    with _python_workers(settings, worker_mode) if flink else nullcontext() as fork_server:
+        if flink:
+            start_local_gateway(settings)
         from streamberg.ingest.routes import prepare_routes
+        from streamberg.ingest.tasks import job_name
 
         run_id = new_run_id()
         log = get_logger("ingest.driver", job=job_name(fleet), run=run_id)
@@ -69,7 +73,7 @@ def run_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: 
         prune_runs(folder)
         worker_log = (folder.path / WORKER_LOG_NAME).resolve()
         parallelism = parallelism or settings.ingest.parallelism
-        log.info("starting ingest", parallelism=parallelism, routes=len(fleet.tables), topics=topics,
+        log.info("starting ingest", engine=engine, parallelism=parallelism, routes=len(fleet.tables), topics=topics,
                  max_records=max_records, duration_s=duration,
                  python_workers=worker_mode + (", forked" if fork_server else ""),
                  worker_logs=str(worker_log.with_name(f"{worker_log.stem}-*{worker_log.suffix}")))
@@ -77,21 +81,30 @@ def run_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: 
                    _drain_seconds(fleet))
         bar = _progress_bar(max_records, enabled=progress)
         relay = WorkerLogRelay(worker_log, write=None if bar is None else lambda text: bar.write(text, end="")).start()
-        client = build_job(fleet, parallelism, run_id, log_target=WorkerLogTarget(str(worker_log), renders_json()),
-                           python_workers=fork_server.launcher if fork_server else None,
-                           ).execute_async(job_name(fleet))
+        log_target = WorkerLogTarget(str(worker_log), renders_json())
+        job: RunningJob
+        if flink:
+            from streamberg.ingest.job import FlinkJob, build_job
+
+            job = FlinkJob(build_job(fleet, parallelism, run_id, log_target=log_target,
+                                     python_workers=fork_server.launcher if fork_server else None,
+                                     ).execute_async(job_name(fleet)))
+        else:
+            from streamberg.ingest.processes import ProcessesJob
+
+            job = ProcessesJob(fleet, parallelism, run_id, log_target, log).start()
         stop = _StopRequest(folder, log)
         fenced = None
         try:
             with stop_on_signals(stop, lambda: stop.reason is not None):
-                fenced = _watch(run, client, stop, bar)
+                fenced = _watch(run, job, stop, bar)
         except KeyboardInterrupt:  # a second signal: stop now (safe: nothing is half-visible)
             stop.reason = stop.reason or "interrupted"
         finally:
             if bar is not None:
                 bar.close()
             try:
-                client.cancel().result()
+                job.cancel()
             except Exception:  # noqa: BLE001 - already terminal
                 pass
             relay.stop()
@@ -104,6 +117,16 @@ def run_ingest(fleet: FleetConfig, parallelism: int | None = None, max_records: 
         log.info("ingest stopped", consumed=outcome.consumed, seconds=round(outcome.seconds, 1),
                  reason=outcome.stopped_because)
         return outcome
+
+
+class RunningJob(Protocol):
+    """What the driver needs of a running job, whatever its engine (ingest/job.py's FlinkJob,
+    ingest/processes.py's ProcessesJob)."""
+
+    def ended(self) -> str | None:
+        """None while it runs; why, once it ended for good."""
+
+    def cancel(self) -> None: ...
 
 
 def _drain_seconds(fleet: FleetConfig) -> float:
@@ -142,9 +165,10 @@ class _StopRequest:
             self.log.info("stopping: writers flush and commit what they have", reason=reason)
 
 
-def _watch(run: _Run, client: Any, stop: _StopRequest, bar: Any) -> str | None:
+def _watch(run: _Run, job: RunningJob, stop: _StopRequest, bar: Any) -> str | None:
     """Poll until the writers drained after a stop (or did not in time); return the fence
-    reason if another instance fenced this run. Raises JobFailed if Flink gave the job up."""
+    reason if another instance fenced this run. Raises JobFailed if the job ended for good
+    (Flink gave it up; the processes' attempts were spent)."""
     folder, bounds = run.folder, run.bounds
     stop_deadline = None
     next_look = 0.0
@@ -166,11 +190,8 @@ def _watch(run: _Run, client: Any, stop: _StopRequest, bar: Any) -> str | None:
             run.log.error("a Kafka position was lost; stopping without restart", reason=reason)
             raise LostOffsetsError(reason)
         catalog.look()
-        status = str(client.get_job_status().result())
-        if status.endswith(("FAILED", "CANCELED", "FINISHED")):
-            from streamberg.ingest.job import failure_message
-
-            raise JobFailed(failure_message(client, status))
+        if (failure := job.ended()) is not None:
+            raise JobFailed(failure)
         if bar is not None:
             bar.n = folder.records_committed()
             bar.refresh()

@@ -26,9 +26,6 @@ the next start.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from pyflink.common import Configuration, Types, WatermarkStrategy
@@ -41,62 +38,49 @@ from streamberg.common.config import FleetConfig, StreambergConfig
 from streamberg.common.config.sealing import job_document as job_dump
 from streamberg.common.config.sealing import seal, unseal
 from streamberg.common.errors import named_in
-from streamberg.common.log import get_logger
 from streamberg.common.tables import run_settings
-from streamberg.ingest.committers import Committers
 from streamberg.ingest.local.gateway import start_local_gateway
 from streamberg.ingest.local.settings import configuration, local_settings
 from streamberg.ingest.local.worker_logs import WorkerLogTarget
-from streamberg.ingest.run_folder import RunFolder
-from streamberg.ingest.writer import Writer
-
-STOP_CHECK_SECONDS = 0.5  # how often a writer reports what it read and looks for the stop marker
+from streamberg.ingest.tasks import (
+    RESTART_ATTEMPTS,
+    RESTART_DELAY_SECONDS,
+    CommitterTask,
+    WriterTask,
+    failure_logged,
+    job_name,
+    log_restart,
+)
 
 
 class WriterFunction(FlatMapFunction):
+    """A writer task (ingest/tasks.py) as a Flink operator, driven by the tick stream."""
+
     def __init__(self, config: dict, run_id: str, log_target: WorkerLogTarget | None):
         self.config_dump, self.run_id, self.log_target = config, run_id, log_target
 
     def open(self, runtime_context: RuntimeContext) -> None:
         if self.log_target is not None:
             self.log_target.configure()
-        _log_restart(runtime_context, "writers")
         index = runtime_context.get_index_of_this_subtask()
-        parallelism = runtime_context.get_number_of_parallel_subtasks()
-        with _failure_logged("writers", subtask=index):
+        log_restart("writers", index, runtime_context.get_attempt_number())
+        with failure_logged("writers", subtask=index):
             # The job graph carries no secret: this worker's environment does.
             fleet = FleetConfig.model_validate(unseal(self.config_dump))
-            self.folder = folder = RunFolder.of(run_settings(fleet), self.run_id)
-            self.writer = Writer(fleet, index, parallelism, self.run_id)
-            with _lost_offsets_marked(folder):
-                self.writer.open()
-            self.progress = folder.progress(index, self.writer.position)
-            self._next_stop_check = 0.0
-
-    def _stop_requested(self) -> bool:
-        """Every STOP_CHECK_SECONDS: report what was read, then look for the stop marker."""
-        now = time.monotonic()
-        if now < self._next_stop_check:
-            return False
-        self._next_stop_check = now + STOP_CHECK_SECONDS
-        self.progress.update(self.writer.position)
-        return self.folder.stop_due()
+            self.task = WriterTask(fleet, index, runtime_context.get_number_of_parallel_subtasks(), self.run_id)
+        self.task.open()
 
     def flat_map(self, tick):  # noqa: ANN001, ANN201 - Flink's signature
-        if self.writer.finished:
-            time.sleep(0.2)  # done; keep the (unbounded) tick stream from spinning
-            return
-        with _failure_logged("writers", subtask=self.writer.index), _lost_offsets_marked(self.folder):
-            yield from self.writer.poll()
-            if self._stop_requested():
-                yield from self.writer.finish()
+        yield from self.task.step()
 
     def close(self) -> None:
-        if getattr(self, "writer", None) is not None:
-            self.writer.close()
+        if getattr(self, "task", None) is not None:
+            self.task.close()
 
 
 class CommitterFunction(MapFunction):
+    """The committer task (ingest/tasks.py) as a Flink operator of parallelism 1."""
+
     def __init__(self, config: dict, parallelism: int, run_id: str, log_target: WorkerLogTarget | None):
         self.config_dump, self.parallelism, self.run_id = config, parallelism, run_id
         self.log_target = log_target
@@ -104,61 +88,18 @@ class CommitterFunction(MapFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         if self.log_target is not None:
             self.log_target.configure()
-        _log_restart(runtime_context, "committer")
-        with _failure_logged("committer"):
-            self.committer = Committers(FleetConfig.model_validate(unseal(self.config_dump)), self.parallelism,
-                                        self.run_id)
-            self.committer.open()
+        log_restart("committer", 0, runtime_context.get_attempt_number())
+        with failure_logged("committer"):
+            self.task = CommitterTask(FleetConfig.model_validate(unseal(self.config_dump)), self.parallelism,
+                                      self.run_id)
+        self.task.open()
 
     def map(self, unit: Any) -> int:
-        with _failure_logged("committer"):
-            return self.committer.offer(unit)
+        return self.task.offer(unit)
 
     def close(self) -> None:
-        if getattr(self, "committer", None) is not None:
-            self.committer.close()
-
-
-@contextmanager
-def _failure_logged(operator: str, **context: Any) -> Iterator[None]:
-    """Log a task's exception before Flink gets it. Local Python workers run in processes of
-    their own, whose output the driver relays from their log only (worker_logs.py), and a job
-    that fails for good shuts its MiniCluster down before the driver can ask why: this line
-    is how the cause reaches the operator."""
-    try:
-        yield
-    except Exception as exc:
-        get_logger("ingest.job").error("task failed; Flink restarts the job (or fails it after its attempts)",
-                                       operator=operator, error=f"{type(exc).__name__}: {exc}", **context)
-        raise
-
-
-@contextmanager
-def _lost_offsets_marked(folder: RunFolder) -> Iterator[None]:
-    """A lost Kafka position under ingest.on_lost_offsets=fail: tell the driver, which stops
-    the run at once (a Flink restart would only find the same position lost again)."""
-    from streamberg.common.errors import LostOffsetsError
-
-    try:
-        yield
-    except LostOffsetsError as exc:
-        folder.mark_lost_offsets(str(exc))
-        raise
-
-
-def _log_restart(runtime_context: RuntimeContext, operator: str) -> None:
-    """Say so when Flink restarted this task (after a failure anywhere in the job)."""
-    attempt = runtime_context.get_attempt_number()
-    if attempt > 0:
-        get_logger("ingest.job").warning("task restarted by Flink after a failure; resuming from the table's offsets",
-                                         operator=operator, subtask=runtime_context.get_index_of_this_subtask(),
-                                         attempt=attempt)
-
-
-def job_name(fleet: FleetConfig) -> str:
-    """The Flink pipeline's name: the tables it writes (its routes' identifiers)."""
-    names = ", ".join(r.identifier for r in fleet.tables)
-    return f"streamberg-ingest {names if len(names) <= 120 else names[:117] + '...'}"
+        if getattr(self, "task", None) is not None:
+            self.task.close()
 
 
 def flink_configuration(config: StreambergConfig, parallelism: int, cluster: bool = False,
@@ -180,8 +121,8 @@ def flink_configuration(config: StreambergConfig, parallelism: int, cluster: boo
         "parallelism.default": str(parallelism),
         # A failure restarts the whole job; every task re-reads its position from the table.
         "restart-strategy.type": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": "3",
-        "restart-strategy.fixed-delay.delay": "5 s",
+        "restart-strategy.fixed-delay.attempts": str(RESTART_ATTEMPTS),
+        "restart-strategy.fixed-delay.delay": f"{RESTART_DELAY_SECONDS:g} s",
         "pipeline.name": name,
         **config.ingest.flink,
     }
@@ -209,6 +150,20 @@ def build_job(fleet: FleetConfig, parallelism: int, run_id: str, cluster: bool =
     discard = get_gateway().jvm.org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink()
     commits.sink_to(Sink(discard)).name("discard").set_parallelism(1)
     return env
+
+
+class FlinkJob:
+    """A submitted job as the driver watches it (ingest/driver.RunningJob)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def ended(self) -> str | None:
+        status = str(self.client.get_job_status().result())
+        return failure_message(self.client, status) if status.endswith(("FAILED", "CANCELED", "FINISHED")) else None
+
+    def cancel(self) -> None:
+        self.client.cancel().result()
 
 
 def failure_message(client: Any, status: str) -> str:

@@ -168,6 +168,11 @@ class IngestConfig(_Section):
     max_new_fields_per_commit: Annotated[int, _int(1, MAX_SCHEMA_FIELDS)] = 100
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
     commit_retries: Annotated[int, _int(0, 1000)] = 10
+    # What runs the writers and the committer of a local `streamberg ingest`: `flink` (PyFlink
+    # on a MiniCluster, as on a cluster) or `processes` (the same tasks in processes of their
+    # own, no JVM: starts in ~1 s, not ~4, and holds no JVM; ingest/processes.py). A cluster
+    # run (`flink run`, `deploy`) is always Flink.
+    engine: Literal["flink", "processes"] = "flink"
     # Local runs: fork the Python workers from one process that imported Beam, PyFlink and
     # streamberg once (ingest/local/fork_server.py) instead of starting a fresh interpreter for
     # each; false starts each worker anew (slower start-up and restarts, same isolation).
