@@ -222,6 +222,8 @@ def main() -> int:
                         help="ingest.max_open_files of every run (default: the product's default)")
     parser.add_argument("--min-bytes", type=int, default=16 * 1024,
                         help="ingest.commit_min_bytes of the second freshness phase (quiet tables wait, up to 60 s)")
+    parser.add_argument("--engine", choices=("flink", "processes"), default="flink",
+                        help="ingest.engine of both runs (the ratio compares like with like)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fleet")
     args = parser.parse_args()
 
@@ -234,7 +236,7 @@ def main() -> int:
     catalog_doc = {"name": "benchfleet", "uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
     common = {"kafka": {"bootstrap_servers": info.bootstrap, "value_format": "json"}, "catalog": catalog_doc}
     ingest_settings = {"commit_interval_seconds": args.interval, "state_dir": str(work / "state"),
-                       "max_poll_records": 10000, "topic_discovery_seconds": 10,
+                       "max_poll_records": 10000, "topic_discovery_seconds": 10, "engine": args.engine,
                        **({"max_open_files": args.max_open_files} if args.max_open_files else {})}
     single_path = work / "single.yaml"
     single_path.write_text(yaml.safe_dump({

@@ -42,8 +42,15 @@ def _tail(args: argparse.Namespace) -> int:
                if wanted is None or name.lower() in wanted]
     if wanted is not None and len(configs) < len(wanted):
         raise UsageError(f"--table: not a table of {args.config} ({', '.join(sorted(tables.configs))})")
+    # A field-routed topic's tables share one topic: a fresh read picks its value's records
+    # from Kafka (fresh/tail.routed_here); a kept tail of the whole topic would not serve it.
+    routed = sorted(c.table.identifier for c in configs if c.route_field is not None)
+    configs = [c for c in configs if c.route_field is None]
+    if routed:
+        get_logger("fresh.cache").info("tails not kept: tables of a field-routed topic (fresh reads read their "
+                                       "tail from Kafka)", tables=routed[:20], count=len(routed))
     if not configs:
-        raise CommandError("the config names no table")
+        raise CommandError("the config names no table whose tail can be kept" if routed else "the config names no table")
     stop = threading.Event()
     install_stop_handlers(stop)
     threads = [threading.Thread(target=TailKeeper(c, stop).run, name=c.table.identifier, daemon=True) for c in configs]

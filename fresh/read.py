@@ -14,8 +14,9 @@ into the table's scan: its files are pruned by the filter).
 
 A primary-key table read fresh is its state at the watermark: the table the merge keeps, its
 change log's unmerged changes and the tail, merged by key with the merge's rules
-(fresh/keyed.py). Not read fresh (FreshReadRefused, with why): the tables of a field-routed
-topic.
+(fresh/keyed.py). A table of a field-routed topic keeps its route value's records of the
+tail alone, by the writers' rule (fresh/tail.routed_here). Not read fresh (FreshReadRefused,
+with why): a primary-key table of a field-routed topic.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class FreshRead:
                "seconds": round(self.seconds, 3)}
         if self.tail is not None:
             out.update(tail_rows=self.tail.rows.num_rows, tail_cached_records=self.tail.cached,
-                       tail_rejected=self.tail.rejected,
+                       tail_rejected=self.tail.rejected, tail_routed_elsewhere=self.tail.elsewhere,
                        tail_skipped=self.tail.skipped, tail_seconds=round(self.tail.seconds, 3))
         if self.keyed is not None:
             out.update(changes=self.keyed.changes, keys_changed=self.keyed.removed.num_rows,
@@ -144,7 +145,8 @@ class ReadPlan:
         if self.keyed is not None:
             tail = read_tail(self.keyed.config, self.keyed.changelog.schema(), self.bounds, timeout_seconds)
         else:
-            tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds)
+            tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds,
+                             self.table.properties.get(ROUTE_VALUE_PROPERTY))
         self.bounds = replace(self.bounds, watermarks=tail.ends)
         return tail
 
@@ -192,8 +194,12 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
         made_by = "the merge, when it starts" if has_changelog(config) else "the ingest, when it starts"
         raise FreshReadRefused(f"{config.table.identifier} does not exist yet (made by {made_by})") from None
     if fresh and table.properties.get(ROUTE_VALUE_PROPERTY) is not None:
-        raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is not read fresh yet; "
-                               f"read it without --fresh")
+        if config.route_field is None:  # a configuration given alone: which field routes is the fleet's
+            raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is read fresh "
+                                   f"through its config of many (which names the route's field)")
+        if has_changelog(config):
+            raise FreshReadRefused(f"{config.table.identifier}: a primary-key table of a field-routed topic is not "
+                                   f"read fresh yet; read it without --fresh")
     expression = _filter(row_filter)
     names = [f.name for f in table.schema().fields]
     unknown = [c for c in columns or [] if c not in names]

@@ -19,11 +19,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import orjson
 import pyarrow as pa
 from confluent_kafka import KafkaError, TopicPartition
 from pyiceberg.schema import Schema
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
@@ -48,34 +50,64 @@ class Tail:
     seconds: float
     ends: dict[int, int]  # partition -> the offset its end was reached at (the read's watermark)
     cached: int = 0  # of the records, those whose rows came from the kept tail (fresh/cache.py)
+    elsewhere: int = 0  # of them, records of a field-routed topic that are another table's
 
 
-def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float) -> Tail:
+def routed_here(value: bytes | None, field: str, wanted: str) -> bool:
+    """Whether a field-routed topic's record is the table's of route value `wanted`: the
+    writers' rule (ingest/writer.py): a JSON object whose `field` is that value as a table-name
+    part. A record that is not (not JSON, no valid value) is another table's, or its route's
+    unrouted dead letters."""
+    try:
+        record = orjson.loads(value) if value is not None else None
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(record, dict):
+        return False
+    try:
+        return route_value(record.get(field)) == wanted
+    except ValueError:
+        return False
+
+
+def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float,
+              route_value_of_table: str | None = None) -> Tail:
     """Read and decode every record after the snapshot's offsets up to each partition's end;
-    raise FreshReadRefused when Kafka does not hand them over within `timeout_seconds`."""
+    raise FreshReadRefused when Kafka does not hand them over within `timeout_seconds`.
+    A field-routed topic's table (config.route_field) decodes its route value's records
+    alone (`route_value_of_table`; None: the route's unrouted table, which holds no rows)."""
     started = time.monotonic()
     decoder = record_decoder(config, schema)
     starts = {p: start for p, start in bounds.committed.items() if p in bounds.watermarks}
     parts: list[pa.Table] = []
-    counts = {"records": 0, "rejected": 0, "skipped": 0}
+    counts = {"records": 0, "rejected": 0, "skipped": 0, "elsewhere": 0}
     if not starts:
         return Tail(decoder.file_schema.empty_table(), 0, 0, 0, time.monotonic() - started, {})
-    # The kept tail first (`streamberg tail`, fresh/cache.py): Kafka then only past it.
-    parts, starts, cached = cached_rows(cache_folder(config), schema.schema_id, starts)
+    routed = config.route_field is not None
+    cached = 0
+    if not routed:  # the kept tail first (`streamberg tail`, fresh/cache.py): Kafka then only past it
+        parts, starts, cached = cached_rows(cache_folder(config), schema.schema_id, starts)
     counts["records"] = cached
     pending: list = []
 
     def decode() -> None:
         if not pending:
             return
-        keys = [m.key() for m in pending] if decoder.needs_keys else None
-        result = decoder.decode([m.value() for m in pending], keys,
-                                ([m.partition() for m in pending], [m.offset() for m in pending]))
         counts["records"] += len(pending)
-        counts["rejected"] += len(result.rejected)
-        counts["skipped"] += result.skipped
-        if result.table.num_rows:
-            parts.append(result.table)
+        mine = pending
+        if routed:
+            assert config.route_field is not None
+            mine = [] if route_value_of_table is None else \
+                [m for m in pending if routed_here(m.value(), config.route_field, route_value_of_table)]
+            counts["elsewhere"] += len(pending) - len(mine)
+        if mine:
+            keys = [m.key() for m in mine] if decoder.needs_keys else None
+            result = decoder.decode([m.value() for m in mine], keys,
+                                    ([m.partition() for m in mine], [m.offset() for m in mine]))
+            counts["rejected"] += len(result.rejected)
+            counts["skipped"] += result.skipped
+            if result.table.num_rows:
+                parts.append(result.table)
         pending.clear()
 
     ends: dict[int, int] = {}  # partition -> where its end was reached: the read's watermark
@@ -131,4 +163,4 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
         decode()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
     return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends,
-                cached)
+                cached, counts["elsewhere"])

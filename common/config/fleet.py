@@ -391,8 +391,9 @@ class FleetConfig(_Section):
         compactor = dumped["compactor"]
         if compactor.get("checkpoint_dir"):
             compactor["checkpoint_dir"] = per_table_checkpoint(str(compactor["checkpoint_dir"]), table["identifier"])
+        routed = {"route_field": route.route_field} if route.route_field is not None else {}
         return {**dumped, "kafka": kafka, "table": table, "ingest": ingest, "compactor": compactor,
-                "config_path": self.config_path}
+                "config_path": self.config_path, **routed}
 
     def route_of(self, topic: str) -> RouteConfig | None:
         return next((r for r in self.tables if r.claims(topic)), None)

@@ -103,6 +103,11 @@ class StreambergConfig(BaseSettings):
     govern: GovernConfig = Field(default_factory=GovernConfig)
     # Where the file was read from (set by load_config; used to resolve relative paths).
     config_path: str | None = None
+    # Set by a config of many for the tables of a field-routed topic, not a setting: the
+    # route's field, whose value (the table's `streamberg.route.value`) picks the topic's
+    # records a table holds (a fresh read's tail keeps those alone, as the writers do; the
+    # route's unrouted table holds none).
+    route_field: str | None = None
 
     @property
     def side_tables(self) -> tuple[str, ...]:
