@@ -16,8 +16,8 @@ Failures are handled as the Flink job's restart strategy does (ingest/tasks.py):
 ends stops every task of the run, and all start again from the tables' offsets after
 RESTART_DELAY_SECONDS, RESTART_ATTEMPTS times; then the run fails with the task's own error.
 The driver asks (`ended()`) at each of its looks. The tasks die with the driver (the kernel
-sends them SIGKILL when it goes, PR_SET_PDEATHSIG) and ignore the terminal's Ctrl-C, which
-the driver turns into a graceful stop.
+sends them SIGKILL when it goes, PR_SET_PDEATHSIG) and leave Ctrl-C and SIGTERM to it, which
+turns them into a graceful stop.
 
 What Flink gives and this does not: a cluster (`streamberg deploy`, `flink run`), Flink's web
 UI and metrics. Both engines read the same config and write the same tables.
@@ -43,7 +43,7 @@ from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.tasks import RESTART_ATTEMPTS, RESTART_DELAY_SECONDS, CommitterTask, WriterTask, log_restart
 
 FAILURE_FILE = "task-failed-{name}.txt"  # in the run folder: a task's own error, for the driver
-STOP_GRACE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long
+STOP_WAIT_SECONDS = 5.0  # how long a killed task's exit is waited for
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 
 
@@ -129,15 +129,13 @@ class ProcessesJob:
         return f"task {name} was killed by signal {-code}" if code < 0 else f"task {name} ended (exit code {code})"
 
     def _stop(self) -> None:
+        """End every task at once: what they have not committed is read again by the next
+        attempt or run (a stop that drains commits it first, through the run's markers)."""
         for process in self.processes:
-            if process.exitcode is None:
-                process.terminate()
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for process in self.processes:
-            process.join(max(0.0, deadline - time.monotonic()))
             if process.exitcode is None:
                 process.kill()
-                process.join(1.0)
+        for process in self.processes:
+            process.join(STOP_WAIT_SECONDS)
         self.processes = []
 
 
@@ -183,8 +181,12 @@ def _child(name: str, parent: int, log_target: WorkerLogTarget | None, folder: P
         libc.prctl(PR_SET_NAME, process_name(name), 0, 0, 0)  # what `ps` and `top` show
     if os.getppid() != parent:  # the driver went before the line above
         os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The driver owns the run's lifetime: a stop sent to the whole process group (Ctrl-C, a
+    # supervisor's SIGTERM) is its to turn into a drain; a task dying of it first would only
+    # be restarted. The driver ends its tasks with SIGKILL (safe at any moment), and the
+    # kernel does when the driver dies.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     for end in ends:
         if end not in keep:
             end.close()

@@ -159,3 +159,37 @@ def _alive(pid: int) -> bool:
         return False
     return state != "Z"
 
+
+
+def test_a_stop_sent_to_the_whole_process_group_drains_once(tmp_path: Path, broker: str) -> None:
+    """SIGTERM to the run's process group (a supervisor, a terminal's Ctrl-C): the tasks leave
+    it to the driver, which drains; no task dies of it and none is restarted."""
+    path = write_config(tmp_path, broker, "processes-group-stop-events",
+                        ingest={"commit_interval_seconds": 1, "max_poll_records": 500, "parallelism": 2})
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, PARTITIONS)
+    producer = BackgroundProducer(config, 2000, rate=20_000, max_batches=1, bad_fraction=0.01).start()
+    producer.join()
+    log = tmp_path / "ingest.log"
+    proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
+                            stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True, env=ENV)
+    try:
+        _wait(lambda: _committed(config) >= producer.produced // 2 and len(process_tree(proc.pid)) == 4, proc, log,
+              120, "the run never committed with its task processes up")
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "every task starts again" not in text and "task failed" not in text, text[-3000:]
+    assert json.loads(stdout.decode().strip().splitlines()[-1])["stopped_because"] != "unknown"
+    ids = table_ids(config)
+    assert not duplicates(ids)
+    # What the drain committed: every record read before the stop, each once, in order per
+    # partition (the table's offsets say how far; every valid record below them is there).
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    offsets = committed_position(table, config.kafka.topic).offsets
+    assert sum(offsets.values()) >= producer.produced // 2
+    assert set(ids) <= set(producer.ids) and len(ids) + dead_letters(config).num_rows == sum(offsets.values())
