@@ -79,6 +79,9 @@ ORDERS_SCHEMA = [
 ]
 
 
+ENGINE = "flink"  # ingest.engine of every streamberg run (--engine)
+
+
 def write_config(directory: Path, bootstrap: str, topic: str, interval: float, parallelism: int,
                  schema: list | None = None, registry_url: str | None = None, value_format: str = "avro") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,7 @@ def write_config(directory: Path, bootstrap: str, topic: str, interval: float, p
         "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
         "table": {"identifier": f"bench.{topic.replace('-', '_')}", "schema": schema or SCHEMA},
         "ingest": {"commit_interval_seconds": interval, "parallelism": parallelism, "state_dir": "state",
-                   "max_poll_records": 10000},
+                   "max_poll_records": 10000, "engine": ENGINE},
     }
     path = directory / f"{topic}.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -213,6 +216,8 @@ def freshness(bootstrap: str, directory: Path, partitions: int, parallelism: int
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--engine", choices=("flink", "processes"), default="flink",
+                        help="ingest.engine of the streamberg runs (processes: no JVM; its runs skip the unforked one)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--parallelisms", default="1,2", help="streamberg runs, one per parallelism (comma list)")
     parser.add_argument("--interval", type=float, default=5.0, help="commit interval of the streamberg runs")
@@ -227,6 +232,8 @@ def main() -> None:
                         help="skip the comparison run whose Python workers start fresh interpreters "
                              "(ingest.fork_python_workers=false)")
     args = parser.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     parallelisms = [int(p) for p in args.parallelisms.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
@@ -249,7 +256,7 @@ def main() -> None:
                                            parallelism)
                 runs.append(run_streamberg(config_path, args.records, parallelism))
             unforked = None
-            if not args.no_unforked_run:
+            if not args.no_unforked_run and args.engine == "flink":  # forking is the Flink workers'
                 # The same run at the highest parallelism, each Python worker a fresh
                 # interpreter instead of a fork of the pre-warmed one (ingest/local/fork_server.py).
                 parallelism = max(parallelisms)
@@ -327,7 +334,7 @@ def main() -> None:
         nested["mb_ratio_to_flat"] = nested["mb_per_s"] / flat["mb_per_s"]
     scaling = by_p[2]["records_per_s"] / by_p[1]["records_per_s"] if 1 in by_p and 2 in by_p else None
     result = {
-        "records": args.records, "partitions": args.partitions, "cores": os.cpu_count(),
+        "records": args.records, "partitions": args.partitions, "cores": os.cpu_count(), "engine": args.engine,
         "python_workers": os.environ.get("_python_worker_execution_mode", "process"),  # noqa: SIM112 - PyFlink's name
         "baseline": {"seconds": base_s, "records_per_s": base_rate},
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
