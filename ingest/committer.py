@@ -182,9 +182,30 @@ class Committer:
             self.finished_writers.add(unit.writer)
         if not self._ready() or self._waiting_for_more():
             return None
-        units, self.pending = self.pending.units, _Pending()
+        units, later = self._complete_intervals()
+        self.pending = _Pending(later)
         self._waiting_since = None
         return self.commit(units) if any(not u.empty for u in units) else None
+
+    def _complete_intervals(self) -> tuple[list[FlushUnit], list[FlushUnit]]:
+        """The pending units to commit now, and those of an interval some writers have not
+        reported yet, kept for the next commit. Once a small interval waited (commit_min_bytes)
+        and one writer's next unit made the commit ready, committing that unit too would leave
+        the other writers' units of its interval for the commit after: the writers would stay
+        an interval apart in every commit from then on, each row waiting two intervals. A
+        writer that reports nothing (slow, or gone) is never waited for: its unit joins a
+        later commit, as before."""
+        units = self.pending.units
+        if any(u.final or u.held for u in units):
+            return units, []
+        active = set(range(self.parallelism)) - self.finished_writers
+        latest: dict[int, int] = {}
+        for u in units:
+            latest[u.writer] = max(latest.get(u.writer, u.epoch), u.epoch)
+        if not active or not active <= set(latest):
+            return units, []
+        reached = min(latest[w] for w in active)  # every active writer reported up to this interval
+        return [u for u in units if u.epoch <= reached], [u for u in units if u.epoch > reached]
 
     def _waiting_for_more(self) -> bool:
         """ingest.commit_min_bytes: a complete interval with little data (or none: a table of a

@@ -127,6 +127,38 @@ def test_small_intervals_wait_for_commit_min_bytes_or_the_max_wait(tmp_path: Pat
     committer.close()
 
 
+def test_a_waiting_interval_is_committed_without_the_next_interval_of_one_writer(tmp_path: Path,
+                                                                                  broker: str) -> None:
+    """Two writers, commit_min_bytes: when a small interval waited and one writer's next unit
+    makes the commit due, the commit takes the complete interval and keeps that unit for the
+    next one, with the other writer's unit of its interval (measured with bench-fleet: a
+    commit of both made the writers an interval apart for good, each row waiting two)."""
+    import time
+
+    cfg = config_at(write_config(tmp_path, broker, "paired", ingest={"commit_min_bytes": 10_000_000,
+                                                                      "commit_max_wait_seconds": 1.0}))
+    open_tables(cfg)
+    committer = Committer(cfg, parallelism=2, run_id="r1")
+    committer.open()
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=0, end=10, epoch=1)) is None
+    assert committer.offer(make_unit(cfg, writer=1, partition=1, start=0, end=10, epoch=1)).records == 20  # first positions
+    assert committer.offer(make_unit(cfg, writer=0, partition=0, start=10, end=20, epoch=2)) is None
+    assert committer.offer(make_unit(cfg, writer=1, partition=1, start=10, end=20, epoch=2)) is None  # small: waits
+    time.sleep(1.1)
+    result = committer.offer(make_unit(cfg, writer=0, partition=0, start=20, end=30, epoch=3))
+    assert result is not None and result.records == 20  # interval 2 of both writers, not writer 0's interval 3
+    assert committed_position(load_catalog(cfg.catalog).load_table(cfg.table.identifier), "paired").offsets == \
+        {0: 20, 1: 20}
+    for writer, partition in ((1, 1), (0, 0)):
+        last = make_unit(cfg, writer=writer, partition=partition, start=30 if writer == 0 else 20,
+                         end=40 if writer == 0 else 30, epoch=4 if writer == 0 else 3)
+        last.final = True
+        committer.offer(last)
+    assert committer.writers_finished
+    assert sorted(table_ids(cfg)) == sorted(list(range(40)) + list(range(30)))
+    committer.close()
+
+
 def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:
     first = Committer(config, parallelism=1, run_id="first")
     second = Committer(config, parallelism=1, run_id="second")
