@@ -55,6 +55,32 @@ def dead_letters(config: StreambergConfig):
     return load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table).scan().to_arrow()
 
 
+def committed_records(config: StreambergConfig) -> int:
+    """Records (rows and dead letters) the table's offsets say it committed; 0 before it exists."""
+    from streamberg.common.offsets import committed_position
+
+    catalog = load_catalog(config.catalog)
+    if not catalog.table_exists(config.table.identifier):
+        return 0
+    return sum(committed_position(catalog.load_table(config.table.identifier), config.kafka.topic).offsets.values())
+
+
+def assert_every_record_once(config: StreambergConfig, producer: BackgroundProducer, partitions: int) -> None:
+    """After a run that read the whole topic: every valid id `producer` delivered is in the
+    table once, the malformed rest in the dead-letter table, and the table's offsets are the
+    topic's ends (read to the end, not asked)."""
+    from streamberg.common.offsets import committed_position
+
+    ids = table_ids(config)
+    assert not duplicates(ids)
+    assert sorted(ids) == sorted(producer.ids)
+    assert dead_letters(config).num_rows == producer.produced - len(producer.ids) > 0
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    offsets = committed_position(table, config.kafka.topic).offsets
+    assert {str(p): o for p, o in offsets.items()} == \
+        end_offsets_by_reading(config.kafka.bootstrap_servers, config.kafka.topic, partitions)
+
+
 def streamberg(*args: str, timeout: float = 600, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real `streamberg` command in a subprocess."""
     exe = Path(sys.executable).parent / "streamberg"

@@ -29,10 +29,11 @@ from streamberg.common.offsets import committed_position
 from streamberg.ingest.processes import process_name
 from tests.helpers import (
     BackgroundProducer,
+    assert_every_record_once,
+    committed_records,
     config_at,
     dead_letters,
     duplicates,
-    end_offsets_by_reading,
     table_ids,
     write_config,
 )
@@ -42,13 +43,6 @@ PARTITIONS = 2
 RATE = 1000  # records a second
 EXE = Path(sys.executable).parent / "streamberg"
 ENV = {**os.environ, "STREAMBERG_LOG_FORMAT": "json"}
-
-
-def _committed(config) -> int:
-    catalog = load_catalog(config.catalog)
-    if not catalog.table_exists(config.table.identifier):
-        return 0
-    return sum(committed_position(catalog.load_table(config.table.identifier), config.kafka.topic).offsets.values())
 
 
 def _wait(what, proc: subprocess.Popen, log: Path, seconds: float, why: str) -> None:
@@ -76,18 +70,18 @@ def test_a_killed_writer_process_restarts_the_run_and_loses_nothing(tmp_path: Pa
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: _committed(config) > 0 and len(processes_named(proc.pid, process_name("writer-1"))) == 1,
+        _wait(lambda: committed_records(config) > 0 and len(processes_named(proc.pid, process_name("writer-1"))) == 1,
               proc, log, 120, "the run never committed with its writer processes up")
         # No JVM: the driver's tree is the driver and its task processes.
         tree = process_tree(proc.pid) - {proc.pid}
         names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in tree)
         assert names == ["sb-committer", "sb-writer-0", "sb-writer-1"], names
         os.kill(processes_named(proc.pid, process_name("writer-1"))[0], signal.SIGKILL)
-        killed_at_committed = _committed(config)
+        killed_at_committed = committed_records(config)
         _wait(lambda: "every task starts again" in log.read_text(), proc, log, 30, "the driver never saw the kill")
         time.sleep(1.0)  # records keep coming while the tasks start again
         producer.stop()
-        _wait(lambda: _committed(config) >= producer.produced, proc, log, 120, "the restarted run never caught up")
+        _wait(lambda: committed_records(config) >= producer.produced, proc, log, 120, "the restarted run never caught up")
         proc.send_signal(signal.SIGTERM)  # an operator's stop: drain, commit, exit 0
         stdout, _ = proc.communicate(timeout=120)
     finally:
@@ -104,13 +98,8 @@ def test_a_killed_writer_process_restarts_the_run_and_loses_nothing(tmp_path: Pa
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
     assert summary["consumed"] == producer.produced > killed_at_committed
 
-    ids = table_ids(config)
-    assert not duplicates(ids)
-    assert sorted(ids) == sorted(producer.ids) == sorted(_duckdb_ids(config))
-    assert dead_letters(config).num_rows == producer.produced - len(producer.ids) > 0
-    table = load_catalog(config.catalog).load_table(config.table.identifier)
-    offsets = committed_position(table, config.kafka.topic).offsets
-    assert {str(p): o for p, o in offsets.items()} == end_offsets_by_reading(broker, config.kafka.topic, PARTITIONS)
+    assert_every_record_once(config, producer, PARTITIONS)
+    assert sorted(_duckdb_ids(config)) == sorted(producer.ids)  # an independent reader agrees
 
 
 def test_the_task_processes_die_with_the_driver_and_a_bounded_run_commits_everything(
@@ -125,7 +114,7 @@ def test_the_task_processes_die_with_the_driver_and_a_bounded_run_commits_everyt
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: _committed(config) > 0, proc, log, 120, "the run never committed")
+        _wait(lambda: committed_records(config) > 0, proc, log, 120, "the run never committed")
         tasks = process_tree(proc.pid) - {proc.pid}
         assert len(tasks) == 3
         proc.kill()  # SIGKILL to the driver alone, not its group
@@ -143,7 +132,7 @@ def test_the_task_processes_die_with_the_driver_and_a_bounded_run_commits_everyt
     later = BackgroundProducer(config, 2000, rate=20_000, max_batches=1, first_id=3000).start()
     later.join()
     done = subprocess.run([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes",
-                           "--max-records", str(producer.produced + later.produced - _committed(config))],
+                           "--max-records", str(producer.produced + later.produced - committed_records(config))],
                           capture_output=True, text=True, timeout=180, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -174,7 +163,7 @@ def test_a_stop_sent_to_the_whole_process_group_drains_once(tmp_path: Path, brok
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: _committed(config) >= producer.produced // 2 and len(process_tree(proc.pid)) == 4, proc, log,
+        _wait(lambda: committed_records(config) >= producer.produced // 2 and len(process_tree(proc.pid)) == 4, proc, log,
               120, "the run never committed with its task processes up")
         os.killpg(proc.pid, signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=120)

@@ -22,16 +22,12 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position
 from streamberg.ingest.local.fork_server import PROCESS_NAME
 from tests.helpers import (
     BackgroundProducer,
+    assert_every_record_once,
+    committed_records,
     config_at,
-    dead_letters,
-    duplicates,
-    end_offsets_by_reading,
-    table_ids,
     write_config,
 )
 from tests.listening import process_tree, processes_named
@@ -62,13 +58,6 @@ def _launchers(root: int) -> list[int]:
     return sorted(launchers)
 
 
-def _committed(config) -> int:
-    catalog = load_catalog(config.catalog)
-    if not catalog.table_exists(config.table.identifier):
-        return 0
-    return sum(committed_position(catalog.load_table(config.table.identifier), config.kafka.topic).offsets.values())
-
-
 def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_path: Path, broker: str) -> None:
     path = write_config(tmp_path, broker, "worker-crash-events",
                         ingest={"commit_interval_seconds": 1, "max_poll_records": 500, "parallelism": 2})
@@ -83,7 +72,7 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"})
     try:
         deadline = time.monotonic() + 240
-        while (_committed(config) == 0 or len(_python_workers(proc.pid)) < 2
+        while (committed_records(config) == 0 or len(_python_workers(proc.pid)) < 2
                or len(_launchers(proc.pid)) != len(_python_workers(proc.pid))):
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the job never committed with its Python workers running"
@@ -93,10 +82,10 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
         # waited for one launcher per worker): not in the driver, each a process of its own.
         assert proc.pid not in workers
         os.kill(workers[-1], signal.SIGKILL)
-        killed_at_committed = _committed(config)
+        killed_at_committed = committed_records(config)
         time.sleep(AFTER_KILL_SECONDS)  # records keep coming while Flink restarts the tasks
         producer.stop()
-        while _committed(config) < producer.produced:
+        while committed_records(config) < producer.produced:
             assert proc.poll() is None, log.read_text()[-3000:]
             assert time.monotonic() < deadline + 240, "the restarted job never caught up"
             time.sleep(0.5)
@@ -117,10 +106,4 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
     assert summary["consumed"] == producer.produced > killed_at_committed
 
-    ids = table_ids(config)
-    assert not duplicates(ids)
-    assert sorted(ids) == sorted(producer.ids)
-    assert dead_letters(config).num_rows == producer.produced - len(producer.ids) > 0
-    table = load_catalog(config.catalog).load_table(config.table.identifier)
-    offsets = committed_position(table, config.kafka.topic).offsets
-    assert {str(p): o for p, o in offsets.items()} == end_offsets_by_reading(broker, config.kafka.topic, PARTITIONS)
+    assert_every_record_once(config, producer, PARTITIONS)
