@@ -38,13 +38,14 @@ from typing import Any
 
 from streamberg.common.config import FleetConfig
 from streamberg.common.tables import run_settings
+from streamberg.ingest.local.fork_server import name_process
 from streamberg.ingest.local.worker_logs import WorkerLogTarget
 from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.tasks import RESTART_ATTEMPTS, RESTART_DELAY_SECONDS, CommitterTask, WriterTask, log_restart
 
 FAILURE_FILE = "task-failed-{name}.txt"  # in the run folder: a task's own error, for the driver
 STOP_WAIT_SECONDS = 5.0  # how long a killed task's exit is waited for
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+PR_SET_PDEATHSIG = 1
 
 
 def process_name(task: str) -> bytes:
@@ -74,12 +75,12 @@ class ProcessesJob:
         parent = os.getpid()
         attempt = self.attempt
         self.processes = [context.Process(
-            target=_child, name="streamberg-committer", daemon=True,
+            target=_child, name="committer", daemon=True,
             args=("committer", parent, self.log_target, self.folder.path, ends, readers,
                   lambda: _commit(self.fleet, self.parallelism, self.run_id, readers, attempt)))]
         for index, (_, sender) in enumerate(pipes):
             self.processes.append(context.Process(
-                target=_child, name=f"streamberg-writer-{index}", daemon=True,
+                target=_child, name=f"writer-{index}", daemon=True,
                 args=(f"writer-{index}", parent, self.log_target, self.folder.path, ends, [sender],
                       lambda index=index, sender=sender: _write(self.fleet, index, self.parallelism, self.run_id,
                                                                 sender, attempt))))
@@ -118,7 +119,7 @@ class ProcessesJob:
         self._stop()
 
     def _reason(self, process: multiprocessing.process.BaseProcess) -> str:
-        name = (process.name or "").removeprefix("streamberg-")
+        name = process.name  # the task's name, as the task wrote its failure file
         path = self.folder.path / FAILURE_FILE.format(name=name)
         with contextlib.suppress(OSError):
             text = path.read_text().strip()
@@ -176,9 +177,8 @@ def _child(name: str, parent: int, log_target: WorkerLogTarget | None, folder: P
     """A task process: dies with the driver, leaves Ctrl-C to it, logs where the workers log,
     and leaves its error for the driver (no traceback on the terminal)."""
     with contextlib.suppress(Exception):  # Linux; elsewhere the parent check below is all
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        libc.prctl(PR_SET_NAME, process_name(name), 0, 0, 0)  # what `ps` and `top` show
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    name_process(process_name(name))
     if os.getppid() != parent:  # the driver went before the line above
         os._exit(1)
     # The driver owns the run's lifetime: a stop sent to the whole process group (Ctrl-C, a

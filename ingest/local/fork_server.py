@@ -195,7 +195,8 @@ def read_request(conn: socket.socket) -> tuple[dict, list[int]]:
         raise
 
 
-def _name_process(name: bytes) -> None:
+def name_process(name: bytes) -> None:
+    """Name this process as `ps` and `top` show it (/proc/PID/comm, 15 bytes; Linux only)."""
     with contextlib.suppress(Exception):
         import ctypes
 
@@ -237,7 +238,7 @@ def run_worker(request: dict, fds: list[int]) -> int:
     try:
         if mode == "-m":
             if target == BOOT_MODULE:
-                _name_process(PROCESS_NAME)
+                name_process(PROCESS_NAME)
             sys.argv = [target, *rest]
             # Run as __main__ from its source; its imports are the preloaded ones. (Executing
             # a module object that is already imported would make runpy warn about it.)

@@ -34,6 +34,7 @@ from tests.helpers import (
     config_at,
     dead_letters,
     duplicates,
+    json_events,
     table_ids,
     write_config,
 )
@@ -91,7 +92,7 @@ def test_a_killed_writer_process_restarts_the_run_and_loses_nothing(tmp_path: Pa
 
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
-    events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    events = json_events(text)
     assert [e for e in events if e.get("event", "").startswith("task restarted after a failure")
             and e.get("attempt") == 1], "the tasks never said they were restarted"
     assert "Traceback" not in text

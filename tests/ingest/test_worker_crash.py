@@ -28,6 +28,7 @@ from tests.helpers import (
     assert_every_record_once,
     committed_records,
     config_at,
+    json_events,
     write_config,
 )
 from tests.listening import process_tree, processes_named
@@ -98,7 +99,7 @@ def test_sigkill_of_a_python_worker_is_restarted_by_flink_and_loses_nothing(tmp_
 
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
-    events = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    events = json_events(text)
     restarts = [e for e in events if e.get("event", "").startswith("task restarted after a failure")]
     assert restarts, "the killed worker's tasks were never restarted"
     assert all(e["attempt"] >= 1 for e in restarts)
