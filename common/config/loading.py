@@ -377,6 +377,9 @@ def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:
         raise config_error(str(path), exc) from None
     except SettingsError as exc:
         raise _env_error(exc) from None
+    if config.route_field is not None:  # from the file or STREAMBERG_ROUTE_FIELD: it would filter fresh reads
+        raise ConfigError(f"invalid configuration in {path}: route_field: not a setting of a one-table file (a "
+                          "config of many sets it for its field-routed tables: tables[].route_field)")
     config = _absolute_overrides(config)
     _register_secrets(config)
     return config

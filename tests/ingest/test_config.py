@@ -56,6 +56,10 @@ BAD = {
     "yes is no boolean": (lambda d: d.update(maintenance={"allow_location_outside_warehouse": "yes"}),
                           "maintenance.allow_location_outside_warehouse: must be true or false"),
     "on_lost_offsets": (lambda d: d["ingest"].update(on_lost_offsets="skip"), "ingest.on_lost_offsets"),
+    # The fleet's own mark for a field-routed table: in a one-table file it would filter the
+    # table's fresh reads down to nothing.
+    "route_field": (lambda d: d.update(route_field="region"), "route_field: not a setting of a one-table file"),
+    "ingest.engine": (lambda d: d["ingest"].update(engine="spark"), "ingest.engine"),
 }
 
 
