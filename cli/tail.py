@@ -49,8 +49,15 @@ def _tail(args: argparse.Namespace) -> int:
     if routed:
         get_logger("fresh.cache").info("tails not kept: tables of a field-routed topic (fresh reads read their "
                                        "tail from Kafka)", tables=routed[:20], count=len(routed))
+    # Under ingest.keep_tail the ingest's own writers keep the tail (ingest/tail_spool.py).
+    by_ingest = sorted(c.table.identifier for c in configs if c.ingest.keep_tail)
+    configs = [c for c in configs if not c.ingest.keep_tail]
+    if by_ingest:
+        get_logger("fresh.cache").info("tails kept by the ingest itself (ingest.keep_tail)", tables=by_ingest[:20],
+                                       count=len(by_ingest))
     if not configs:
-        raise CommandError("the config names no table whose tail can be kept" if routed else "the config names no table")
+        raise CommandError("the config names no table whose tail this command keeps" if routed or by_ingest
+                           else "the config names no table")
     stop = threading.Event()
     install_stop_handlers(stop)
     threads = [threading.Thread(target=TailKeeper(c, stop).run, name=c.table.identifier, daemon=True) for c in configs]

@@ -20,7 +20,6 @@ whether the cache is ahead, behind, absent or mid-write (segments appear by rena
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -37,12 +36,15 @@ from streamberg.common.offsets import committed_position
 from streamberg.common.tail_segments import (
     HEARTBEAT,
     OFFSET_COLUMN,
-    Segment,
     alive,
     cache_folder,
     chains,
-    segment_name,
+    drop,
+    merge,
+    mergeable,
+    read_segment,
     segments,
+    write_segment,
 )
 from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.source import consumer_settings, topic_partitions
@@ -50,15 +52,6 @@ from streamberg.ingest.source import consumer_settings, topic_partitions
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record
 LOOK_SECONDS = 2.0  # how often the keeper reads the table's committed offsets and schema
-MERGE_FANOUT = 8  # segments of one size tier merged into one of the next
-
-
-def _tier(segment: Segment) -> int:
-    span, tier = max(1, segment.next - segment.first), 0
-    while span >= MERGE_FANOUT:
-        span //= MERGE_FANOUT
-        tier += 1
-    return tier
 
 
 def cached_rows(folder: Path, schema_id: int, starts: dict[int, int]) -> tuple[list[pa.Table], dict[int, int], int]:
@@ -72,10 +65,8 @@ def cached_rows(folder: Path, schema_id: int, starts: dict[int, int]) -> tuple[l
     for partition, chain in chains(folder, starts, schema_id).items():
         position = starts[partition]
         for segment in chain:
-            try:
-                with pa.memory_map(str(segment.path)) as source:
-                    rows = pa.ipc.open_file(source).read_all()
-            except (OSError, pa.ArrowInvalid):
+            rows = read_segment(segment)
+            if rows is None:
                 break  # deleted under us (a commit covered it): Kafka from here
             if position > segment.first:
                 rows = rows.filter(pc.greater_equal(rows[OFFSET_COLUMN], position))
@@ -173,48 +164,14 @@ class TailKeeper:
             pa.array([], type=pa.int64())
         rows = result.table.append_column(OFFSET_COLUMN, kept)
         end = offsets[-1] + 1
-        name = segment_name(schema_id, partition, first, end)
-        temporary = self.folder / f".{name}.tmp"
-        with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
-            writer.write_table(rows)
-        os.replace(temporary, self.folder / name)
+        write_segment(self.folder, schema_id, partition, first, end, rows)
         self.segments_written += 1
         return end
 
     def _merge(self, partition: int, schema_id: int) -> bool:
-        """Size tiers, as a log-structured store keeps them: MERGE_FANOUT contiguous segments of
-        one tier (offset span within a power of MERGE_FANOUT) become one of the next, so a
-        partition holds a few dozen files whatever the interval, and each record is rewritten
-        a few times at most. The merged file appears before its parts go: a reader meanwhile
-        takes either (it chains from the widest segment at its position)."""
-        chain = [s for s in segments(self.folder) if s.partition == partition and s.schema_id == schema_id]
-        run: list[Segment] = []
-        for segment in chain:
-            if run and (segment.first != run[-1].next or _tier(segment) != _tier(run[0])):
-                run = []
-            run.append(segment)
-            if len(run) == MERGE_FANOUT:
-                break
-        else:
-            return False
-        try:
-            tables = []
-            for segment in run:
-                with pa.memory_map(str(segment.path)) as source:
-                    tables.append(pa.ipc.open_file(source).read_all())
-        except (OSError, pa.ArrowInvalid):
-            return False  # a commit covered part of it meanwhile: the next look merges what is left
-        rows = pa.concat_tables(tables)
-        name = segment_name(schema_id, partition, run[0].first, run[-1].next)
-        temporary = self.folder / f".{name}.tmp"
-        with pa.OSFile(str(temporary), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
-            writer.write_table(rows)
-        os.replace(temporary, self.folder / name)
-        for segment in run:
-            segment.path.unlink(missing_ok=True)
-        return True
+        """One merge of a size tier of the partition's segments (common/tail_segments.py)."""
+        run = mergeable([s for s in segments(self.folder) if s.partition == partition and s.schema_id == schema_id])
+        return run is not None and merge(self.folder, run) is not None
 
     def _drop(self, covered: Any) -> None:
-        for segment in segments(self.folder):
-            if covered(segment):
-                segment.path.unlink(missing_ok=True)
+        drop(self.folder, covered)

@@ -53,6 +53,7 @@ from streamberg.common.offsets import (
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
 from streamberg.common.table_files import target_file_size
+from streamberg.common.tail_segments import cache_folder, drop_committed
 from streamberg.ingest.dead_letters import (
     apply_dead_letter_files,
     dead_letter_rows,
@@ -344,6 +345,8 @@ class Committer:
         if dead_file is not None or self._dead_letters_behind:
             self._apply_dead_letters()
         self._report_commit(snapshot_id)
+        if self.config.ingest.keep_tail:  # the writers' kept tail this commit covers (ingest/tail_spool.py)
+            drop_committed(cache_folder(self.config), new_offsets)
         if self.config.ingest.record_group_offsets:
             self._commit_group_offsets(new_offsets)
         return result

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyiceberg.table import Table
 
@@ -45,6 +46,7 @@ from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
 from streamberg.ingest.source import KafkaSource, owned_partitions
+from streamberg.ingest.tail_spool import TailSpool
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
@@ -83,6 +85,7 @@ class TableLane:
         self.held_bytes = 0
         self.changes = SchemaChanges()
         self.rolled: list[WrittenFile] = []
+        self.spool: TailSpool | None = None  # ingest.keep_tail: the decoded rows kept for fresh reads
         self.sightings: dict[str, FieldSighting] = {}
         self.schema_checked = 0.0
         self.epoch = self.epoch_now()
@@ -115,6 +118,8 @@ class TableLane:
         for problem in problems:
             self._position_lost(problem)
         self.expect_first = dict(self.position)
+        if self.config.ingest.keep_tail and self.config.route_field is None:
+            self.spool = TailSpool(self.config, mine, self.log)
         self._decode_with(table)
         self.log.info("lane opened", partitions=mine, start_offsets=self.position,
                       committed_snapshot=committed.snapshot_id)
@@ -123,6 +128,8 @@ class TableLane:
         """Decode and write against the table's current schema."""
         self.schema_id = table.schema().schema_id
         self.decoder = record_decoder(self.config, table.schema())
+        if self.spool is not None:
+            self.spool.decoding_with(self.schema_id)
         # Fields of columns the governor dropped as unused (common/column_lifecycle.py):
         # counted, never added back, never dead letters.
         self.ignored = ignored_fields(table.properties)
@@ -265,6 +272,7 @@ class TableLane:
         offsets = [m.offset() for m in messages]
         if self.expect_first:
             self._check_first_offsets(partitions, offsets)
+        before = {p: self.position[p] for p in set(partitions)} if self.spool is not None else {}
         keys = [m.key() for m in messages] if self.decoder.needs_keys else None
         result = self.decoder.decode(values, keys, (partitions, offsets))
         self.skipped += result.skipped
@@ -274,13 +282,14 @@ class TableLane:
                 self._count_unknown(replace(result, unknown=[u for u, i in zip(result.unknown, ignored) if i]),
                                     partitions, offsets)
                 result = replace(result, unknown=[u for u, i in zip(result.unknown, ignored) if not i])
+        held = np.empty(0, dtype=np.int64)
         if self.evolution == "add":
             split = hold_back(result, self.decoder.schema, self.changes)
-            table, rejected = split.table, split.rejected
-            if len(split.held):
-                self._hold(messages, split.held)
+            table, kept, rejected, held = split.table, split.kept, split.rejected, split.held
+            if len(held):
+                self._hold(messages, held)
         else:
-            table, rejected = result.table, [(i, str(reason)) for i, reason in result.rejected]
+            table, kept, rejected = result.table, result.kept, [(i, str(reason)) for i, reason in result.rejected]
             if result.unknown:
                 self._count_unknown(result, partitions, offsets)
         if table.num_rows:
@@ -289,6 +298,22 @@ class TableLane:
         # Within a partition messages arrive in offset order: the last one seen is the highest.
         for p, last in dict(zip(partitions, offsets)).items():
             self.position[p] = last + 1
+        if self.spool is not None:
+            self._keep(table, kept, partitions, offsets, before, held)
+
+    def _keep(self, table: pa.Table, kept: np.ndarray, partitions: list[int], offsets: list[int],
+              before: dict[int, int], held: np.ndarray) -> None:
+        """ingest.keep_tail: the batch's rows for fresh reads (ingest/tail_spool.py); nothing
+        for a partition with records held for a schema change (they are not rows yet)."""
+        assert self.spool is not None
+        after = {p: self.position[p] for p in before}
+        if len(kept) != table.num_rows:  # not expected; kept nothing rather than rows of unknown records
+            self.spool.gap(set(before))
+            return
+        parts = np.asarray(partitions)
+        kept = np.asarray(kept, dtype=np.int64)
+        self.spool.take(table, parts[kept], np.asarray(offsets, dtype=np.int64)[kept], before, after,
+                        {int(p) for p in np.unique(parts[held])} if len(held) else set())
 
     def _count_unknown(self, result: DecodeResult, partitions: list[int], offsets: list[int]) -> None:
         """schema_evolution off: fields the schema lacks are not written, but counted per path."""
@@ -328,6 +353,8 @@ class TableLane:
     # -- flushing ---------------------------------------------------------------------
     def flush(self, final: bool) -> FlushUnit:
         """The open unit, closed: its files, ranges, dead letters and schema changes."""
+        if self.spool is not None:
+            self.spool.cut()  # a unit's end is a segment's: a commit's offsets start a reader's chain
         files = self.rolled + self.files.flush()
         self.rolled = []
         # Partitions that moved, jumped, or whose start the table does not hold yet.

@@ -330,6 +330,8 @@ class Writer:
             self._bound_memory(lanes[0].config)
         units, self.reports = self.reports, []
         for lane in list(self.lanes.values()):  # each table on its own interval (a route may set its own)
+            if lane.spool is not None:
+                lane.spool.tick()
             epoch = lane.epoch_now()
             if epoch != lane.epoch:
                 # Empty units too: a table's committer commits an interval once every writer reported it.

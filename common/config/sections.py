@@ -168,6 +168,14 @@ class IngestConfig(_Section):
     max_new_fields_per_commit: Annotated[int, _int(1, MAX_SCHEMA_FIELDS)] = 100
     # Retries of an Iceberg commit that lost a race (e.g. with the compactor).
     commit_retries: Annotated[int, _int(0, 1000)] = 10
+    # Keep the table's uncommitted records decoded for fresh reads (docs/fresh-read.md): the
+    # writers write the rows they decode into <state_dir>/tail-cache/<table>/ as well, a
+    # fraction of a second after reading them, and the committer deletes what a commit
+    # covers. A fresh read on this machine then reads Kafka only past them: its cost no longer
+    # grows with the commit interval. Costs the disk of one interval's rows (Arrow, not
+    # compressed). Off: fresh reads decode their whole tail from Kafka (or `streamberg tail`'s).
+    # Not for tables of a field-routed topic (their fresh reads pick their records from Kafka).
+    keep_tail: Bool = False
     # What runs the writers and the committer of a local `streamberg ingest`: `flink` (PyFlink
     # on a MiniCluster, as on a cluster) or `processes` (the same tasks in processes of their
     # own, no JVM: starts in ~1 s, not ~4, and holds no JVM; ingest/processes.py). A cluster

@@ -36,14 +36,15 @@ class Produced:
         self.at: dict[tuple[int, int], int | None] = {}  # (partition, offset) -> id (None: poison)
         self.lock = threading.Condition()
 
-    def send(self, partition: int, ids: list[int | None]) -> None:
+    def send(self, partition: int, ids: list[int | None], **fields) -> None:
+        """Events with `ids` (None: a poison record) to `partition`; `fields` as tests' `event`."""
         for i in ids:
             def delivered(err, msg, i=i) -> None:
                 assert err is None, err
                 with self.lock:
                     self.at[(msg.partition(), msg.offset())] = i
                     self.lock.notify_all()
-            self.producer.produce(self.topic, value=POISON if i is None else event(i), partition=partition,
+            self.producer.produce(self.topic, value=POISON if i is None else event(i, **fields), partition=partition,
                                   on_delivery=delivered)
             self.producer.poll(0)
         assert self.producer.flush(30) == 0
@@ -335,6 +336,95 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
     from streamberg.monitoring.collect import collect_status
 
     assert collect_status(config).tail_cache["alive"] is False
+
+
+def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: str) -> None:
+    """ingest.keep_tail: the ingest's writer keeps the rows it decodes (ingest/tail_spool.py)
+    and a read takes them instead of decoding Kafka; exact with the kept tail complete, behind
+    new records, broken by records held for a schema change, and after commits (which delete
+    what they cover)."""
+    from streamberg.common.config.loading import as_fleet
+    from streamberg.common.tail_segments import cache_folder, segments
+    from streamberg.fresh.cache import cached_rows
+    from streamberg.ingest.committers import Committers
+    from streamberg.ingest.writer import Writer
+
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1, "keep_tail": True,
+                                                   "commit_interval_seconds": 3600})
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, 2)
+    open_tables(config)
+    produced = Produced(broker, config.kafka.topic)
+    folder = cache_folder(config)
+    produced.send(0, list(range(0, 100)))
+    produced.send(1, list(range(1000, 1100)))
+    ingest_until(config, {0: 100, 1: 100})
+    assert not segments(folder)  # the commit covered everything kept
+
+    fleet, stop, failed = as_fleet(config), threading.Event(), []
+
+    def run() -> None:  # the real writer and committer, as a job runs them, until stopped
+        try:
+            writer, committer = Writer(fleet, 0, 1, "kept"), Committers(fleet, 1, "kept")
+            writer.open()
+            committer.open()
+            try:
+                while not stop.is_set():
+                    for unit in writer.poll():
+                        committer.offer(unit)
+                for unit in writer.finish():
+                    committer.offer(unit)
+            finally:
+                writer.close()
+                committer.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            failed.append(exc)
+
+    def kept_up_to(ends: dict[int, int]) -> dict[int, int]:
+        deadline = time.monotonic() + 30
+        while True:
+            committed = dict(read(path, fresh=False).bounds.committed)
+            _, resume, _ = cached_rows(folder, load_table(config).schema().schema_id, committed)
+            if all(resume.get(p, 0) >= end for p, end in ends.items()):
+                return committed
+            assert time.monotonic() < deadline and not failed, f"kept up to {resume}, not {ends}: {failed}"
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        produced.send(0, [*range(100, 300), None])
+        produced.send(1, list(range(1100, 1250)))
+        committed = kept_up_to({0: 301, 1: 250})
+        assert committed == {0: 100, 1: 100}  # nothing committed since: the rows are the kept tail's
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) == list(range(0, 300)) + list(range(1000, 1250))
+        assert result.tail.cached == 351 and result.tail.rejected == 0  # the poison dead-lettered as it was kept
+        assert len(segments(folder)) < 10
+        # Records past the kept tail: Kafka serves them.
+        produced.send(1, list(range(1250, 1260)))
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks) and 351 <= result.tail.cached <= 361
+        # A record with a field the table lacks is held for the committer's schema change: nothing
+        # is kept for it, the chain of its partition breaks there and Kafka serves the rest.
+        produced.send(1, [1260], device="d1")
+        produced.send(1, list(range(1261, 1300)))
+        produced.send(0, list(range(300, 320)))
+        kept_up_to({0: 321})
+        result = read(path)
+        assert _ids(result) == produced.below(result.bounds.watermarks)
+        assert result.tail.cached < result.tail.records
+    finally:
+        stop.set()
+        thread.join(60)
+        produced.close()
+    assert not failed, failed
+    # The final commit covered every kept row: nothing is left, and reads are the table's.
+    committed = dict(read(path, fresh=False).bounds.committed)
+    assert committed == {0: 321, 1: 300}
+    assert not [s for s in segments(folder) if s.next <= committed[s.partition]]
+    result = read(path)
+    assert _ids(result) == list(range(0, 320)) + list(range(1000, 1300)) and result.tail.records == 0
 
 
 def load_table(config):
