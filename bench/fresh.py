@@ -3,8 +3,11 @@
     .venv/bin/python bench/fresh.py [--rate 10000] [--seconds 300] [--intervals 5,60]
 
 Per commit interval (`--intervals`), on its own topic and table, in phases (`--phases`):
-first with every fresh read decoding its tail from Kafka (`kafka`), then with `streamberg
-tail` keeping the tail decoded (`kept`), `--seconds` each:
+with every fresh read decoding its tail from Kafka (`kafka`), with the ingest's own writers
+keeping the rows they decode (`ingest`: `ingest.keep_tail`), or with `streamberg tail`
+keeping the tail decoded (`kept`), `--seconds` each. The ingest (`--engine`) keeps its tail
+in every phase when `ingest` is among them (the same load for all); the other phases' reads
+look at another state folder and never see it.
 1. The real `streamberg ingest` (PyFlink, exactly-once) runs on its own tansu broker while
    events (the demo shape, `ts` = produce time) are produced at `--rate`/s.
 2. Freshness. Every `--probe-every` s a probe event is produced and its produce time kept;
@@ -52,6 +55,7 @@ from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
 from streamberg.common.offsets import decode_offsets  # noqa: E402
 from streamberg.common.summary_keys import kafka_offsets_key  # noqa: E402
+from streamberg.common.tail_segments import cache_folder, segments  # noqa: E402
 from streamberg.fresh import read  # noqa: E402
 
 CITIES = ("ams", "ber", "par", "lis", "osl")
@@ -145,8 +149,18 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                     "warehouse": str(work / "warehouse")},
         "table": {"identifier": f"bench.fresh_{int(interval)}s", "schema": SAMPLE_EVENT_SCHEMA},
         "ingest": {"commit_interval_seconds": interval, "state_dir": str(work / f"state-{int(interval)}"),
-                   "parallelism": 2, "max_poll_records": 10000}}))
+                   "parallelism": 2, "max_poll_records": 10000, "keep_tail": "ingest" in args.phases.split(","),
+                   "engine": args.engine}}))
     config = load_config(path)
+
+    def reading_from(state: str) -> tuple[Path, Any]:
+        """The same table read with another state folder (another kept tail, or none)."""
+        document = yaml.safe_load(path.read_text())
+        document["ingest"].update(state_dir=str(work / f"{state}-{int(interval)}"), keep_tail=False)
+        other = work / f"{topic}-{state}.yaml"
+        other.write_text(yaml.safe_dump(document))
+        return other, load_config(other)
+
     log = (work / f"ingest-{topic}.log").open("w")
     ingest = subprocess.Popen([str(Path(sys.executable).parent / "streamberg"), "ingest", "--config", str(path),
                                "--quiet"], stdout=subprocess.DEVNULL, stderr=log)
@@ -169,13 +183,17 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
             time.sleep(0.5)
         time.sleep(args.warmup)
         for phase in args.phases.split(","):
-            if phase == "kept":  # `streamberg tail` keeps the tail decoded
+            reader = config  # "ingest": the ingest's own state folder, where its writers keep the tail
+            if phase == "kafka":
+                _, reader = reading_from("no-kept-tail")
+            elif phase == "kept":  # `streamberg tail` keeps the tail decoded
+                kept_path, reader = reading_from("keeper")
                 keeper = subprocess.Popen([str(Path(sys.executable).parent / "streamberg"), "tail", "--config",
-                                           str(path)], stdout=subprocess.DEVNULL, stderr=log)
+                                           str(kept_path)], stdout=subprocess.DEVNULL, stderr=log)
                 time.sleep(args.warmup)
             print(f"  interval {interval:g} s, tail {phase}: measuring for {args.seconds} s at {args.rate}/s",
                   flush=True)
-            phases[phase] = _measure(config, probes, args, keeper)
+            phases[phase] = _measure(reader, probes, args, keeper if phase == "kept" else None)
     finally:
         if keeper is not None:
             keeper.send_signal(2)
@@ -208,6 +226,8 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
     exact = {"reads": 0, "inexact": 0, "tail_records_max": 0, "tail_cached_share": []}
     sent_before = len(probes.sent)
     keeper_rss = 0.0
+    kept_bytes = 0  # the kept tail's files at most (what it costs on disk / in the page cache)
+    folder = cache_folder(config)
     series: list[tuple[float, float]] = []  # (seconds into the phase, produce -> visible fresh)
     started = time.monotonic()
     while time.monotonic() - started < args.seconds:
@@ -228,6 +248,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
             exact["inexact"] += 1
         if keeper is not None:
             keeper_rss = max(keeper_rss, tree_rss(keeper.pid, process_tree()) / 2**20)
+        kept_bytes = max(kept_bytes, sum(_size(s.path) for s in segments(folder)))
         next_probe = time.monotonic() + args.probe_every
         while time.monotonic() < next_probe:
             t = time.monotonic()
@@ -248,7 +269,15 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
                                     if read_fresh and read_snapshot else None),
         "exactness": exact,
         "keeper_peak_rss_mib": round(keeper_rss, 1) if keeper is not None else None,
+        "kept_tail_peak_mib": round(kept_bytes / 2**20, 1),
     }
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # deleted meanwhile (a commit covered it)
+        return 0
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -344,8 +373,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10, help="seconds of events before measuring")
     parser.add_argument("--intervals", default="5,60", help="commit intervals (s), comma-separated")
     parser.add_argument("--probe-every", type=float, default=2.0, help="seconds between probes")
-    parser.add_argument("--phases", default="kafka,kept",
-                        help="per interval: reads with the tail from Kafka (kafka), then with `streamberg tail` (kept)")
+    parser.add_argument("--phases", default="kafka,ingest",
+                        help="per interval: reads with the tail from Kafka (kafka), kept by the ingest's writers "
+                             "(ingest: ingest.keep_tail), kept by `streamberg tail` (kept)")
+    parser.add_argument("--engine", choices=("flink", "processes"), default="flink", help="the ingest's engine")
     parser.add_argument("--quiet-tail", type=int, default=300_000, metavar="RECORDS",
                         help="then the kept tail alone: fresh reads of this many kept records (0: skip)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
@@ -364,7 +395,8 @@ def main() -> int:
         broker.stop()
     out = ROOT / "bench" / "results" / f"fresh-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stamp": stamp, "results": results, "quiet_tail": quiet}, indent=2))
+    out.write_text(json.dumps({"stamp": stamp, "engine": args.engine, "phases": args.phases, "results": results,
+                               "quiet_tail": quiet}, indent=2))
     if results:
         plot(results, out.with_suffix(".png"))
     for r in results:
@@ -376,7 +408,8 @@ def main() -> int:
             print(f"    read fresh p95 {p['read_fresh_s']['p95']} s | snapshot p95 {p['read_snapshot_s']['p95']} s |"
                   f" ratio {p['fresh_over_snapshot_p95']} | exact {p['exactness']['reads'] - p['exactness']['inexact']}"
                   f"/{p['exactness']['reads']} | tail up to {p['exactness']['tail_records_max']:,} records, cached "
-                  f"share p50 {p['exactness']['tail_cached_share_p50']} | keeper RSS {p['keeper_peak_rss_mib']} MiB")
+                  f"share p50 {p['exactness']['tail_cached_share_p50']} | kept tail at most {p['kept_tail_peak_mib']} MiB"
+                  f" | keeper RSS {p['keeper_peak_rss_mib']} MiB")
     if quiet:
         print(f"kept tail alone, {quiet['records']:,} records: fresh read median {quiet['kept_median_s']} s "
               f"(max {quiet['kept_max_s']} s), {quiet['kept_over_snapshot']}x the snapshot-only "

@@ -175,12 +175,20 @@ class ReadPlan:
 
     def shaped(self, rows: pa.Table, target: pa.Schema) -> pa.Table:
         """Tail rows as the scan gave the snapshot's: filtered, projected, same Arrow types."""
+        wanted = [f.name for f in target]
         if not isinstance(self.expression, AlwaysTrue):
-            from pyiceberg.expressions.visitors import bind
+            from pyiceberg.expressions.visitors import bind, extract_field_ids
             from pyiceberg.io.pyarrow import expression_to_pyarrow
 
-            rows = rows.filter(expression_to_pyarrow(bind(self.table.schema(), self.expression, case_sensitive=True)))
-        return rows.select([f.name for f in target]).cast(target)
+            schema = self.table.schema()
+            bound = bind(schema, self.expression, case_sensitive=True)
+            # The columns asked for and those the filter reads, before filtering: a filter
+            # copies every column it keeps.
+            referenced = [schema.find_column_name(i) or "" for i in extract_field_ids(bound)]
+            rows = rows.select([n for n in rows.column_names
+                                if n in wanted or any(r == n or r.startswith(n + ".") for r in referenced)])
+            rows = rows.filter(expression_to_pyarrow(bound))
+        return rows.select(wanted).cast(target)
 
 
 def plan_read(config: str | Path | StreambergConfig, identifier: str | None = None, *,

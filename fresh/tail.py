@@ -7,8 +7,9 @@ The consumer is assigned (never subscribed, never committing) at the snapshot's 
 every partition at once, and reads each partition to its end: the end its fetch answers
 report (`enable.partition.eof`; under read_committed, the last stable offset), or, once it has
 passed the end the broker listed when the snapshot was pinned (fresh/bounds.py), wherever it
-stands END_GRACE_SECONDS later: while records keep arriving a fetch may never come back
-empty, and a listed end may lag the last record (tansu lists its last batch's start). Where a
+stands END_GRACE_SECONDS later (sooner once the client holds no more of it): while records
+keep arriving a fetch may never come back empty, and a listed end may lag the last record
+(tansu lists its last batch's start). Where a
 partition ended is the read's watermark of that partition: every record before it was
 delivered in order. Records past it (produced during the read) are dropped and the partition
 paused, so each offset below the watermark is returned once.
@@ -36,6 +37,9 @@ from streamberg.ingest.decode.envelopes import record_decoder
 DECODE_BATCH = 20_000
 # How long a partition read past the end listed at the pin may wait for its fetch's end
 # before it ends where it stands (under a steady stream a fetch may never come back empty).
+# A partition that got records in this read ends sooner, once the client's queue holds no
+# more of it: a record batch is delivered whole, so the rest of the batch holding the listed
+# end is already there.
 END_GRACE_SECONDS = 0.1
 
 
@@ -114,6 +118,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     # partition -> when the read passed the end the broker listed at the pin: it ends at its
     # fetch's end, or END_GRACE_SECONDS later where it stands (records may never stop coming).
     passed: dict[int, float] = {p: time.monotonic() for p, start in starts.items() if start >= bounds.watermarks[p]}
+    received: set[int] = set()  # partitions that got records in this read (their fetch came)
     with borrowed(config) as consumer:
         consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
         next_offset = dict(starts)
@@ -127,8 +132,15 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                     f"--fresh")
             # Ask for about what is left (records below the broker's watermarks, one end event a
             # partition): consume() returns once that many arrived instead of waiting out its timeout.
-            expected = sum(max(0, bounds.watermarks[p] - next_offset[p]) + 1 for p in starts if p not in ends)
-            for message in consumer.consume(max(1, min(DECODE_BATCH, expected)), min(left, 0.5)):
+            # Past the listed end: what the queue holds (a partition ends when it holds no more).
+            past = [p for p in passed if p not in ends]
+            wanted = DECODE_BATCH if past else \
+                max(1, min(DECODE_BATCH, sum(max(0, bounds.watermarks[p] - next_offset[p]) + 1
+                                             for p in starts if p not in ends)))
+            waiting = (0.002 if any(p in received for p in past) else 0.01) if past else 0.5
+            batch = consumer.consume(wanted, min(left, waiting))
+            got: set[int] = set()
+            for message in batch:
                 partition, offset, error = message.partition(), message.offset(), message.error()
                 if partition is None and error is not None and error.fatal():
                     raise FreshReadRefused(f"{bounds.table}: the Kafka client failed: {error.str()}")
@@ -150,11 +162,15 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                     continue
                 pending.append(message)
                 next_offset[partition] = offset + 1
+                got.add(partition)
                 if partition not in passed and offset + 1 >= bounds.watermarks[partition]:
                     passed[partition] = time.monotonic()
+            received |= got
             now = time.monotonic()
+            drained = len(batch) < wanted  # the queue gave all it held
             for partition, since in passed.items():
-                if partition not in ends and now - since >= END_GRACE_SECONDS:
+                if partition not in ends and (now - since >= END_GRACE_SECONDS or
+                                              (drained and partition in received and partition not in got)):
                     # Every record before where it stands was delivered, in order: exact there.
                     ends[partition] = next_offset[partition]
                     consumer.pause([TopicPartition(bounds.topic, partition)])
