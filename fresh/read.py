@@ -15,8 +15,8 @@ into the table's scan: its files are pruned by the filter).
 A primary-key table read fresh is its state at the watermark: the table the merge keeps, its
 change log's unmerged changes and the tail, merged by key with the merge's rules
 (fresh/keyed.py). A table of a field-routed topic keeps its route value's records of the
-tail alone, by the writers' rule (fresh/tail.routed_here). Not read fresh (FreshReadRefused,
-with why): a primary-key table of a field-routed topic.
+tail alone, by the writers' rule (fresh/tail.routed_here); such a table is never a
+primary-key table (a field route carries rows, envelope none: the config refuses others).
 """
 
 from __future__ import annotations
@@ -201,13 +201,10 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
     except NoSuchTableError:
         made_by = "the merge, when it starts" if has_changelog(config) else "the ingest, when it starts"
         raise FreshReadRefused(f"{config.table.identifier} does not exist yet (made by {made_by})") from None
-    if fresh and table.properties.get(ROUTE_VALUE_PROPERTY) is not None:
-        if config.route_field is None:  # a configuration given alone: which field routes is the fleet's
-            raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is read fresh "
-                                   f"through its config of many (which names the route's field)")
-        if has_changelog(config):
-            raise FreshReadRefused(f"{config.table.identifier}: a primary-key table of a field-routed topic is not "
-                                   f"read fresh yet; read it without --fresh")
+    # A configuration given alone: which field routes is the fleet's.
+    if fresh and table.properties.get(ROUTE_VALUE_PROPERTY) is not None and config.route_field is None:
+        raise FreshReadRefused(f"{config.table.identifier}: a table of a field-routed topic is read fresh "
+                               f"through its config of many (which names the route's field)")
     expression = _filter(row_filter)
     names = [f.name for f in table.schema().fields]
     unknown = [c for c in columns or [] if c not in names]

@@ -356,6 +356,12 @@ class FleetConfig(_Section):
         for i, route in enumerate(self.tables):
             if route.route_field is not None and (route.value_format or self.kafka.value_format) != "json":
                 raise ValueError(f"tables.{i}.route_field: routing by a field reads JSON values (value_format json)")
+            if route.route_field is not None and (route.envelope or self.kafka.envelope) != "none":
+                # (kafka.envelope is every route's unless it says otherwise: a change stream's
+                # records hold the row under before/after, no top-level field to route by.)
+                raise ValueError(f"tables.{i}.route_field: routes rows (envelope none); kafka.envelope is "
+                                 f"{self.kafka.envelope}: set the route's envelope: none, or route the change "
+                                 f"stream by topic")
         return self
 
     def document(self, route: RouteConfig, topic: str, value: str | None = None) -> dict[str, Any]:
