@@ -209,8 +209,9 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
 
 
 def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[str, Any]:
-    """What `streamberg tail` keeps for the table: the segments chained from its committed
-    offsets (those a fresh read takes) and how far the records go past them."""
+    """What is kept of the table's tail (by `streamberg tail` or the ingest): the segments
+    chained from its committed offsets (those a fresh read takes) and how far the records go
+    past them."""
     from streamberg.common.tail_segments import alive, chains, segments
 
     folder = cache_folder(config)
@@ -225,7 +226,8 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
         except OSError:
             continue
     lag = ingest.lag.total if ingest is not None and ingest.lag is not None else None
-    return {"alive": alive(folder), "segments": len(files), "bytes": size, "kept_records": sum(kept.values()),
+    return {"alive": alive(folder), "kept_by": "ingest" if config.ingest.keep_tail else "streamberg tail",
+            "segments": len(files), "bytes": size, "kept_records": sum(kept.values()),
             "past_kept_records": max(0, lag - sum(kept.values())) if lag is not None else None}
 
 

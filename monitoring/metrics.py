@@ -74,7 +74,7 @@ def _tail_metrics(status: Status) -> Iterator[Metric]:
     if kept is None:
         return
     t = status.table
-    yield from _gauge("streamberg_tail_keeper_alive", "1 while streamberg tail keeps this table's tail", t,
+    yield from _gauge("streamberg_tail_keeper_alive", "1 while this table's tail is kept (streamberg tail, or the ingest under ingest.keep_tail)", t,
                       1 if kept["alive"] else 0)
     yield from _gauge("streamberg_tail_kept_records", "records past the committed offsets kept decoded", t,
                       kept["kept_records"])

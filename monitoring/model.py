@@ -239,9 +239,9 @@ class Status:
     # What engines' scans of the table filtered and skipped (catalog.scan_reports_dir,
     # common/query_stats.usage) and the clustering columns it is kept with; None: not collected.
     queries: dict[str, Any] | None = None
-    # The tail `streamberg tail` keeps decoded for fresh reads (common/tail_segments.py):
-    # alive, segments, bytes, records kept past the committed offsets and records past those.
-    # None: no keeper ever ran for this table.
+    # The tail kept decoded for fresh reads (common/tail_segments.py), by `streamberg tail` or
+    # by the ingest (ingest.keep_tail; kept_by): alive, segments, bytes, records kept past the
+    # committed offsets and records past those. None: it was never kept for this table.
     tail_cache: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -150,7 +150,8 @@ def _governor_lines(status: Status) -> list[str]:
     kept = status.tail_cache
     if kept is not None:
         past = kept.get("past_kept_records")
-        lines.append(_line("tail kept", f"{'keeper alive' if kept['alive'] else 'keeper NOT running'}: "
+        keeper = "the ingest" if kept.get("kept_by") == "ingest" else "keeper"
+        lines.append(_line("tail kept", f"{keeper} {'alive' if kept['alive'] else 'NOT running'}: "
                            f"{kept['kept_records']:,} records in {kept['segments']} segments "
                            f"({kept['bytes'] / 1e6:.1f} MB)"
                            + (f", {past:,} past them" if past is not None else "")))

@@ -401,6 +401,12 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
         assert _ids(result) == produced.below(result.bounds.watermarks) == list(range(0, 300)) + list(range(1000, 1250))
         assert result.tail.cached == 351 and result.tail.rejected == 0  # the poison dead-lettered as it was kept
         assert len(segments(folder)) < 10
+        from streamberg.monitoring.collect import collect_status
+        from streamberg.monitoring.render import render_screen
+
+        status = collect_status(config)  # what an operator sees: who keeps it, how much
+        assert status.tail_cache["kept_by"] == "ingest" and status.tail_cache["kept_records"] == 351
+        assert "the ingest alive: 351 records" in render_screen(status)
         # Records past the kept tail: Kafka serves them.
         produced.send(1, list(range(1250, 1260)))
         result = read(path)
