@@ -90,7 +90,8 @@ def encode_sequence(*parts: int) -> str | None:
     """The ordered text of a tuple of non-negative integers; None when a part is not one."""
     out = []
     for part in parts:
-        if isinstance(part, bool) or not isinstance(part, int) or part < 0:
+        # (type() first: called for every change event; a bool is an int subclass, refused.)
+        if type(part) is not int and (isinstance(part, bool) or not isinstance(part, int)) or part < 0:
             return None
         digits = str(part)
         if len(digits) > SEQUENCE_DIGITS_MAX:
