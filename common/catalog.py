@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -380,11 +380,14 @@ def routed_values(catalog: Catalog, namespace: str, topic: str, made: Callable[[
     return sorted(values)
 
 
-def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Schema] | None = None) -> Table:
+def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Schema] | None = None,
+                 made_with: Mapping[str, str] | None = None) -> Table:
     """Create the table from the config when absent; when present, check it can take our records.
 
     `derive`: where the schema of a table to create comes from when the config declares none
-    (the registry's writer schema of an Avro topic); asked only then."""
+    (the registry's writer schema of an Avro topic); asked only then. `made_with`: properties
+    a table made here starts with (a route's topic: recorded in the creating commit, not in
+    a second one)."""
     log = get_logger("catalog", table=table.identifier)
     ensure_namespace(catalog, table.namespace)
     try:
@@ -399,7 +402,8 @@ def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Sche
         else:
             assert derive is not None  # checked above
             expected = derive()
-        properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **BOUNDED_METADATA, **table.properties}
+        properties = {TARGET_SIZE_PROPERTY: str(table.target_file_size_bytes), **BOUNDED_METADATA, **table.properties,
+                      **(made_with or {})}
         try:
             created = catalog.create_table(
                 table.identifier, schema=expected,

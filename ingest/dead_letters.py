@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -91,15 +91,16 @@ def ensure_dead_letter_table(catalog: Catalog, identifier: str) -> Table:
             return catalog.load_table(identifier)
 
 
-def open_tables(config: StreambergConfig) -> tuple[Catalog, Table, Table]:
-    """Catalog, main table and dead-letter table, created where absent (what an ingest opens)."""
+def open_tables(config: StreambergConfig, made_with: Mapping[str, str] | None = None) -> tuple[Catalog, Table, Table]:
+    """Catalog, main table and dead-letter table, created where absent (what an ingest opens);
+    `made_with`: properties a main table made here starts with (common/catalog.ensure_table)."""
     catalog = shared_catalog(config.catalog)
     if CHANGELOG_TARGET_PROPERTY in config.table.properties:
         add_own_columns(catalog, config.table)
     fmt, _ = format_of(config)
     derive = (lambda: registry_schema(config)) if fmt.needs_registry else None
     # Tables made by an earlier release get the properties that bound their metadata.
-    return (catalog, bound_metadata(ensure_table(catalog, config.table, derive)),
+    return (catalog, bound_metadata(ensure_table(catalog, config.table, derive, made_with)),
             bound_metadata(ensure_dead_letter_table(catalog, config.ingest_target.dead_letter_table)))
 
 

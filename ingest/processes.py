@@ -158,8 +158,12 @@ def _commit(fleet: FleetConfig, parallelism: int, run_id: str, readers: list[Con
     live = list(readers)
     try:
         task.open()
+        warming = True  # the tables' committers opened while no unit waits (Committers.warm_up)
         while live:
-            ready = wait(live)
+            ready = wait(live, timeout=0.0 if warming else None)
+            if not ready:
+                warming = task.warm_up()
+                continue
             for conn in [c for c in live if c in ready]:
                 try:
                     unit = conn.recv()

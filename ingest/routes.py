@@ -103,7 +103,9 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
                 create_inferred(config, [json.dumps({anchor_field: ""}).encode()], partitioned=False)
             else:
                 create_inferred(config, sample if sample else sample_values(config, topic), value=value)
-    catalog, table, _ = open_tables(config)
+    # A table made here records its topic (and route value) in the commit that makes it.
+    catalog, table, _ = open_tables(config, {ROUTE_TOPIC_PROPERTY: topic,
+                                             **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
     _check_table(config, table)
     owner, owner_value = table.properties.get(ROUTE_TOPIC_PROPERTY), table.properties.get(ROUTE_VALUE_PROPERTY)
     if owner is None:  # the topic (and route value) this table is fed from, recorded once

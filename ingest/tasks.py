@@ -86,6 +86,11 @@ class CommitterTask:
         with failure_logged("committer"):
             return self.committers.offer(unit)
 
+    def warm_up(self) -> bool:
+        """While no unit waits: open one more table's committer ahead of its first unit."""
+        with failure_logged("committer"):
+            return self.committers.warm_up()
+
     def close(self) -> None:
         self.committers.close()
 

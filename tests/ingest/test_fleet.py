@@ -114,6 +114,14 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
 
     try:
         _drive(writer, committer, all_there)
+        # A route's table records its topic in the commit that made it (not in a second one).
+        from pyiceberg.serializers import FromInputFile
+
+        orders = catalog.load_table("shop.orders")
+        log = orders.metadata.metadata_log
+        made = FromInputFile.table_metadata(orders.io.new_input(log[0].metadata_file if log else
+                                                                 orders.metadata_location))
+        assert made.properties.get("streamberg.route.topic") == f"{prefix}orders", made.properties
         # A name that makes the same identifier as events.t00's, made later: not read, reported.
         _produce(broker, f"{prefix}events.T00", [_event(0)])
         _drive(writer, committer, lambda: f"{prefix}events.T00" in writer.tables.refused)
