@@ -22,7 +22,7 @@ from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh import read
 from streamberg.ingest.dead_letters import open_tables
 from tests.helpers import config_at, write_config
-from tests.runbooks.inprocess import cli, event, ingest_until
+from tests.runbooks.inprocess import cli, event, ingest_until, ingest_while
 
 POISON = b"{not json"
 
@@ -343,11 +343,8 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
     and a read takes them instead of decoding Kafka; exact with the kept tail complete, behind
     new records, broken by records held for a schema change, and after commits (which delete
     what they cover)."""
-    from streamberg.common.config.loading import as_fleet
     from streamberg.common.tail_segments import cache_folder, segments
     from streamberg.fresh.cache import cached_rows
-    from streamberg.ingest.committers import Committers
-    from streamberg.ingest.writer import Writer
 
     path = write_config(tmp_path, broker, ingest={"parallelism": 1, "keep_tail": True,
                                                    "commit_interval_seconds": 3600})
@@ -361,22 +358,11 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
     ingest_until(config, {0: 100, 1: 100})
     assert not segments(folder)  # the commit covered everything kept
 
-    fleet, stop, failed = as_fleet(config), threading.Event(), []
+    stop, failed = threading.Event(), []
 
     def run() -> None:  # the real writer and committer, as a job runs them, until stopped
         try:
-            writer, committer = Writer(fleet, 0, 1, "kept"), Committers(fleet, 1, "kept")
-            writer.open()
-            committer.open()
-            try:
-                while not stop.is_set():
-                    for unit in writer.poll():
-                        committer.offer(unit)
-                for unit in writer.finish():
-                    committer.offer(unit)
-            finally:
-                writer.close()
-                committer.close()
+            ingest_while(config, lambda _writer: stop.is_set(), run_id="kept")
         except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
             failed.append(exc)
 

@@ -14,6 +14,7 @@ import io
 import json
 import subprocess
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Producer
 
@@ -54,19 +55,29 @@ def schema_change_events(valid: range, anonymous: range, with_device: range, poi
 
 def ingest_until(config: StreambergConfig, ends: dict[int, int], timeout: float = 60.0) -> None:
     """Consume every partition up to `ends` (next offsets) and commit it as one snapshot."""
+    topic = config.kafka.topic
+    deadline = time.monotonic() + timeout
+
+    def done(writer: Writer) -> bool:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"in-process ingest reached {writer.position}, wanted {ends}")
+        return all(writer.position.get(f"{topic}/{p}", 0) >= end for p, end in ends.items())
+
+    ingest_while(config, done)
+
+
+def ingest_while(config: StreambergConfig, done: Callable[[Writer], bool], run_id: str | None = None) -> None:
+    """The real writer and committer of one table in this process, as a job runs them: poll and
+    commit until `done(writer)`, then the writer's final units (a bounded run's last commit)."""
     open_tables(config)
-    run_id = f"inprocess-{time.monotonic_ns()}"
+    run_id = run_id or f"inprocess-{time.monotonic_ns()}"
     tables = as_fleet(config)  # one table: a config of one route, as the job runs it
     writer = Writer(tables, 0, 1, run_id)
     committer = Committers(tables, 1, run_id)
     writer.open()
     committer.open()
-    topic = config.kafka.topic
     try:
-        deadline = time.monotonic() + timeout
-        while any(writer.position.get(f"{topic}/{p}", 0) < end for p, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"in-process ingest reached {writer.position}, wanted {ends}")
+        while not done(writer):
             for unit in writer.poll():
                 committer.offer(unit)
         for unit in writer.finish():
