@@ -4,8 +4,9 @@
 
 Per commit interval (`--intervals`), on its own topic and table, in phases (`--phases`):
 with every fresh read decoding its tail from Kafka (`kafka`), with the ingest's own writers
-keeping the rows they decode (`ingest`: `ingest.keep_tail`), or with `streamberg tail`
-keeping the tail decoded (`kept`), `--seconds` each. The ingest (`--engine`) keeps its tail
+keeping the rows they decode (`ingest`: `ingest.keep_tail`), the same read only as far as
+that kept tail goes (`kept-end`: `until="kept"`, no broker round trip), or with `streamberg
+tail` keeping the tail decoded (`kept`), `--seconds` each. The ingest (`--engine`) keeps its tail
 in every phase when `ingest` is among them (the same load for all); the other phases' reads
 look at another state folder and never see it.
 1. The real `streamberg ingest` (PyFlink, exactly-once) runs on its own tansu broker while
@@ -149,7 +150,7 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                     "warehouse": str(work / "warehouse")},
         "table": {"identifier": f"bench.fresh_{int(interval)}s", "schema": SAMPLE_EVENT_SCHEMA},
         "ingest": {"commit_interval_seconds": interval, "state_dir": str(work / f"state-{int(interval)}"),
-                   "parallelism": 2, "max_poll_records": 10000, "keep_tail": "ingest" in args.phases.split(","),
+                   "parallelism": 2, "max_poll_records": 10000, "keep_tail": bool({"ingest", "kept-end"} & set(args.phases.split(","))),
                    "engine": args.engine}}))
     config = load_config(path)
 
@@ -193,7 +194,8 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                 time.sleep(args.warmup)
             print(f"  interval {interval:g} s, tail {phase}: measuring for {args.seconds} s at {args.rate}/s",
                   flush=True)
-            phases[phase] = _measure(reader, probes, args, keeper if phase == "kept" else None)
+            phases[phase] = _measure(reader, probes, args, keeper if phase == "kept" else None,
+                                     "kept" if phase == "kept-end" else "now")
     finally:
         if keeper is not None:
             keeper.send_signal(2)
@@ -218,7 +220,7 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
             "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any) -> dict[str, Any]:
+def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any, until: str = "now") -> dict[str, Any]:
     """One phase: probes (freshness), exactness of every unfiltered read, read times."""
     fresh_seen: list[float] = []
     read_fresh: list[float] = []
@@ -233,10 +235,10 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
     while time.monotonic() - started < args.seconds:
         probe = probes.send()
         while True:  # produce -> visible in a fresh read
-            if read(config, columns=["id"], row_filter=f"id = {probe['id']}").rows.num_rows:
+            if read(config, columns=["id"], row_filter=f"id = {probe['id']}", until=until).rows.num_rows:
                 fresh_seen.append(time.time() - probe["produced"])
                 break
-        whole = read(config, columns=["id"])  # exactness: every record below the watermarks, once
+        whole = read(config, columns=["id"], until=until)  # exactness: every record below the watermarks, once
         ids = whole.rows.column("id")
         expected = sum(whole.bounds.watermarks.values())
         exact["reads"] += 1
@@ -252,7 +254,7 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any)
         next_probe = time.monotonic() + args.probe_every
         while time.monotonic() < next_probe:
             t = time.monotonic()
-            read(config, columns=["id"], row_filter="city = 'ber'")
+            read(config, columns=["id"], row_filter="city = 'ber'", until=until)
             read_fresh.append(time.monotonic() - t)
             t = time.monotonic()
             read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
@@ -375,7 +377,8 @@ def main() -> int:
     parser.add_argument("--probe-every", type=float, default=2.0, help="seconds between probes")
     parser.add_argument("--phases", default="kafka,ingest",
                         help="per interval: reads with the tail from Kafka (kafka), kept by the ingest's writers "
-                             "(ingest: ingest.keep_tail), kept by `streamberg tail` (kept)")
+                             "(ingest: ingest.keep_tail), the same to the kept tail's end (kept-end), kept by "
+                             "`streamberg tail` (kept)")
     parser.add_argument("--engine", choices=("flink", "processes"), default="flink", help="the ingest's engine")
     parser.add_argument("--quiet-tail", type=int, default=300_000, metavar="RECORDS",
                         help="then the kept tail alone: fresh reads of this many kept records (0: skip)")

@@ -25,7 +25,10 @@ snapshot recorded, up to each partition's end when the query started, decoded as
 decodes them (a record the ingest dead-letters is not returned). Refused with the reason when
 that cannot be exact: records deleted by Kafka's retention, a recreated topic, a partition
 the table has not placed yet. A primary-key table read fresh is its state as of now (the
-merge's rules over its change log and tail). docs/fresh-read.md.
+merge's rules over its change log and tail). With --fresh --until kept the tail ends where
+the ingest's kept tail ends (ingest.keep_tail): exact to that end, a fraction of a second
+behind Kafka, no broker round trip; where no live kept tail is on this machine, to Kafka's
+end as without it. docs/fresh-read.md.
 
 Only the tables the query names are read; --columns limits what is read of them. Prints a
 table, or with --json one JSON object per row; --explain adds each table's snapshot, offsets,
@@ -38,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the config file (one table or many)")
     parser.add_argument("--fresh", action="store_true", help="the tables as of now: snapshot plus Kafka tail")
+    parser.add_argument("--until", choices=("now", "kept"), default="now",
+                        help="--fresh: the tail to each partition's end now (default), or to where the kept tail ends")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
     parser.add_argument("--explain", action="store_true", help="each table's read (snapshot, offsets, tail) on stderr")
     parser.add_argument("--columns", default=None, metavar="A,B",
@@ -80,7 +85,8 @@ def _query(args: argparse.Namespace) -> int:
     connection = duckdb.connect(":memory:")
     for n, identifier in enumerate(named):
         try:
-            result = read(tables.configs[identifier], columns=columns, fresh=args.fresh, timeout_seconds=args.timeout)
+            result = read(tables.configs[identifier], columns=columns, fresh=args.fresh, timeout_seconds=args.timeout,
+                          until=args.until)
         except FreshReadRefused as exc:
             raise CommandError(str(exc)) from None
         if args.explain:

@@ -91,6 +91,19 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
     return bounds
 
 
+def pin_kept(table: Table, config: StreambergConfig) -> FreshBounds:
+    """Pin the table's current snapshot and its offsets alone: a read to the kept tail's end
+    (fresh/tail.read_kept) asks the broker nothing; its watermarks are where the kept tail
+    ends, set when it is read. (The checks against the broker's offsets are the live
+    ingest's, which keeps that tail: it reads from the same offsets and stops on a lost one.)"""
+    topic = config.kafka.topic
+    snapshot = table.current_snapshot()
+    position = committed_position(table, topic)
+    return FreshBounds(table=config.table.identifier, topic=topic,
+                       snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
+                       committed=dict(position.offsets), watermarks=dict(position.offsets))
+
+
 def check(bounds: FreshBounds, marks: dict[int, tuple[int, int]]) -> None:
     """Refuse a tail that cannot be read exactly (module docstring), naming every partition."""
     problems = []

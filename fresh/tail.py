@@ -28,6 +28,7 @@ from pyiceberg.schema import Schema
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
+from streamberg.common.tail_segments import alive
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.fresh.consumers import borrowed
@@ -72,6 +73,22 @@ def routed_here(value: bytes | None, field: str, wanted: str) -> bool:
         return route_value(record.get(field)) == wanted
     except ValueError:
         return False
+
+
+def kept_tail_alive(config: StreambergConfig) -> bool:
+    """Whether a live keeper (the ingest under ingest.keep_tail, or `streamberg tail`) keeps
+    this table's tail where this process can read it. A field-routed table's is never kept."""
+    return config.route_field is None and alive(cache_folder(config))
+
+
+def read_kept(config: StreambergConfig, schema: Schema, bounds: FreshBounds) -> Tail:
+    """The tail as far as the kept tail chains from the snapshot's offsets, no further: each
+    partition's watermark is where its chain ends (every record below it is in the snapshot
+    or in the segments, so the read is exact to it). No broker round trip."""
+    started = time.monotonic()
+    parts, ends, cached = cached_rows(cache_folder(config), schema.schema_id, dict(bounds.committed))
+    rows = pa.concat_tables(parts) if parts else record_decoder(config, schema).file_schema.empty_table()
+    return Tail(rows, cached, 0, 0, time.monotonic() - started, ends, cached)
 
 
 def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float,

@@ -97,6 +97,9 @@ def test_fresh_read_is_the_snapshot_plus_the_tail(table) -> None:
     assert ids == produced.below(fresh.bounds.watermarks) == list(range(0, 240)) + list(range(1000, 1100))
     assert len(set(ids)) == len(ids) == 340
     assert fresh.snapshot_rows == 230 and fresh.tail.rows.num_rows == 110 and fresh.tail.rejected == 2
+    # To the kept tail's end where no tail is kept: the full read, to Kafka's end.
+    whole = read(path, until="kept")
+    assert whole.until == "now" and _ids(whole) == ids
     # Filter and columns applied to both halves.
     some = read(path, columns=["id"], row_filter="id >= 140 and id < 1090")
     assert some.rows.column_names == ["id"]
@@ -393,6 +396,13 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
         status = collect_status(config)  # what an operator sees: who keeps it, how much
         assert status.tail_cache["kept_by"] == "ingest" and status.tail_cache["kept_records"] == 351
         assert "the ingest alive: 351 records" in render_screen(status)
+        # To the kept tail's end, asking the broker nothing: exact to where it ends.
+        kept = read(path, until="kept", row_filter="id >= 1000")
+        assert kept.until == "kept" and kept.bounds.watermarks == {0: 301, 1: 250} and kept.tail.cached == 351
+        assert _ids(kept) == [i for i in produced.below(kept.bounds.watermarks) if i >= 1000]
+        counted = cli("query", "--config", str(path), "--fresh", "--until", "kept", "--json",
+                      "SELECT count(*) AS n, count(DISTINCT id) AS d FROM db.events")  # DuckDB, the same read
+        assert json.loads(counted.stdout.splitlines()[0]) == {"n": 550, "d": 550}
         # Records past the kept tail: Kafka serves them.
         produced.send(1, list(range(1250, 1260)))
         result = read(path)
@@ -411,12 +421,14 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
         thread.join(60)
         produced.close()
     assert not failed, failed
-    # The final commit covered every kept row: nothing is left, and reads are the table's.
+    # The final commit covered every kept row: nothing is left, and reads are the table's
+    # (to the kept tail's end too: where nothing is kept, that is the snapshot's offsets).
     committed = dict(read(path, fresh=False).bounds.committed)
     assert committed == {0: 321, 1: 300}
     assert not [s for s in segments(folder) if s.next <= committed[s.partition]]
     result = read(path)
     assert _ids(result) == list(range(0, 320)) + list(range(1000, 1300)) and result.tail.records == 0
+    assert _ids(read(path, until="kept")) == _ids(result)
 
 
 def load_table(config):
