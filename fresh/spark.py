@@ -16,16 +16,17 @@ from typing import Any
 from streamberg.common.config import StreambergConfig
 from streamberg.common.spark import register_catalog
 from streamberg.fresh.bounds import FreshBounds
-from streamberg.fresh.read import DEFAULT_TIMEOUT_SECONDS, plan_read
+from streamberg.fresh.read import DEFAULT_TIMEOUT_SECONDS, Until, plan_read
 
 
 def spark_read(spark: Any, config: str | Path | StreambergConfig, identifier: str | None = None, *,
                columns: list[str] | None = None, row_filter: str | None = None, fresh: bool = True,
-               timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> tuple[Any, FreshBounds]:
+               timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, until: Until = "now") -> tuple[Any, FreshBounds]:
     """A DataFrame of the table as of now (or of its current snapshot) and the read's bounds.
-    `row_filter` is a filter both pyiceberg and Spark SQL read (`id > 5 and city = 'ams'`)."""
+    `row_filter` is a filter both pyiceberg and Spark SQL read (`id > 5 and city = 'ams'`);
+    `until` as streamberg.fresh.read's."""
     plan = plan_read(config, identifier, columns=columns, row_filter=row_filter, fresh=fresh,
-                     timeout_seconds=timeout_seconds)
+                     timeout_seconds=timeout_seconds, until=until)
     name = f"{register_catalog(spark, plan.config.catalog)}.{plan.config.table.identifier}"
     reader = spark.read
     if plan.bounds.snapshot_id is not None:
