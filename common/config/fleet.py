@@ -166,6 +166,10 @@ class RouteConfig(_Section):
     # This route's tables commit on their own interval (a hot table often, quiet ones rarely);
     # null: defaults.ingest's. A table with nothing new in an interval makes no commit.
     commit_interval_seconds: Annotated[float | None, _float(0, 86400.0, optional=True)] = None
+    # This route's tables keep their uncommitted rows decoded for fresh reads
+    # (ingest.keep_tail: the tables read fresh, not the whole fleet); null: defaults.ingest's.
+    # Not for a field route (its tables' fresh reads pick their records from Kafka).
+    keep_tail: bool | None = None
 
     model_config = {"extra": "forbid", "frozen": True, "populate_by_name": True}
 
@@ -194,6 +198,9 @@ class RouteConfig(_Section):
                                  "table part of the identifier")
             if self.envelope not in (None, "none"):
                 raise ValueError("route_field: routes rows (envelope none); a change stream is routed by topic")
+            if self.keep_tail:
+                raise ValueError("keep_tail: a field route's tables are read fresh from Kafka (their records share a "
+                                 "topic); their tail is not kept")
         if self.topic_pattern is not None and not _PLACEHOLDER.search(self.identifier) and not self.route_field:
             raise ValueError("identifier: a topic_pattern route needs {topic} or {source_table} in its identifier "
                              "(else every matching topic would write one table)")
@@ -392,6 +399,8 @@ class FleetConfig(_Section):
         ingest.setdefault("record_group_offsets", False)  # one group consumer a table: asked for, not assumed
         if route.commit_interval_seconds is not None:
             ingest["commit_interval_seconds"] = route.commit_interval_seconds
+        if route.keep_tail is not None:
+            ingest["keep_tail"] = route.keep_tail
         # Each table's compactor keeps its own streaming checkpoint (a shared one would hand a
         # table another table's snapshot ids).
         compactor = dumped["compactor"]

@@ -201,3 +201,22 @@ def test_a_worker_rebuilds_the_drivers_config_validated_and_untouched_by_its_env
     damaged["maintenance"]["orphan"] = {"safety_age_seconds": 1}  # below the floor: refused again
     with pytest.raises(ConfigError, match="maintenance.orphan.safety_age_seconds"):
         config_from_dump(damaged)
+
+
+def test_a_route_keeps_its_tables_tails_alone(tmp_path: Path) -> None:
+    """keep_tail per route: the tables read fresh keep their tail, the rest of the fleet not
+    (defaults.ingest.keep_tail is every route's unless it says otherwise)."""
+    import yaml
+
+    from streamberg.common.config import load_fleet
+    from streamberg.common.config.loading import config_from_dump
+
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "catalog": {"uri": "sqlite:///catalog.db", "warehouse": "warehouse"},
+        "tables": [{"identifier": "shop.orders", "topics": ["orders"], "schema": "infer", "keep_tail": True},
+                   {"identifier": "raw.{topic}", "topic_pattern": "ev\\..*", "schema": "infer"}]}))
+    fleet = load_fleet(tmp_path / "fleet.yaml")
+    kept = [config_from_dump(fleet.document(route, topic)).ingest.keep_tail
+            for route, topic in ((fleet.tables[0], "orders"), (fleet.tables[1], "ev.a"))]
+    assert kept == [True, False]

@@ -52,6 +52,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     "route field on the fleet's change stream": ({**copy.deepcopy(BASE), "kafka": {**BASE["kafka"], "envelope": "debezium"},
                                                   "tables": [{**BASE["tables"][0], "primary_key": ["id"]}]},
                                                  "kafka.envelope is debezium"),
+    "route field keeping its tail": (_route(keep_tail=True), "keep_tail"),
     "route field a dotted path": (_route(route_field="a.b", identifier="web.clicks_{a.b}"), "route_field"),
     "route field with a quote": (_route(route_field="x'y"), "route_field"),
     "unknown placeholder": (_route(identifier="web.clicks_{user}"), "identifier"),
