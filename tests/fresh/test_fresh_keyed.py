@@ -27,7 +27,7 @@ from streamberg.merge.app import MergeOptions, run_merge
 from streamberg.merge.tables import ensure_target
 from tests.cdc.helpers import cdc_config, rows_by_pyiceberg
 from tests.cdc.test_debezium import HOSTILE, PARTITIONS, Source, _produce
-from tests.runbooks.inprocess import cli, ingest_until
+from tests.runbooks.inprocess import cli, ingest_until, ingest_while
 
 
 def _by_key(rows: list[dict], what: str) -> dict[int, dict]:
@@ -147,6 +147,38 @@ def test_a_keyed_table_read_fresh_is_the_source_at_the_watermark(tmp_path: Path,
     finally:
         stop.set()
         thread.join(30)
+
+    # The ingest keeps the tail itself (ingest.keep_tail): its writer's change rows, as it
+    # decoded them for the change log, serve the read: the same state. (An interval of a day:
+    # nothing is committed while the test reads.)
+    keeping = view.model_copy(update={"ingest": view.ingest.model_copy(update={"keep_tail": True,
+                                                                               "commit_interval_seconds": 86400})})
+    done, failed = threading.Event(), []
+
+    def run() -> None:
+        try:
+            ingest_while(keeping, lambda _writer: done.is_set(), run_id="kept-by-ingest")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            by_ingest = read(config)
+            assert by_ingest.tail is not None
+            if by_ingest.tail.records and by_ingest.tail.cached == by_ingest.tail.records:
+                break
+            assert time.monotonic() < deadline and not failed, \
+                f"the ingest kept {by_ingest.tail.cached} of {by_ingest.tail.records} tail records: {failed}"
+            time.sleep(0.1)
+        assert by_ingest.keyed is not None and by_ingest.keyed.stale == fresh.keyed.stale
+        assert _by_key(by_ingest.rows.to_pylist(), "the ingest's kept tail") == expected
+    finally:
+        done.set()
+        thread.join(60)
+    assert not failed, failed
 
     # The real ingest and merge bring the table itself to the rows read fresh.
     ingest_until(view, _ends(produced))
