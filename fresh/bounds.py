@@ -19,7 +19,7 @@ Refused, loudly (FreshReadRefused, naming the partition):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyiceberg.table import Table
@@ -91,17 +91,23 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
     return bounds
 
 
-def pin_kept(table: Table, config: StreambergConfig) -> FreshBounds:
-    """Pin the table's current snapshot and its offsets alone: a read to the kept tail's end
-    (fresh/tail.read_kept) asks the broker nothing; its watermarks are where the kept tail
-    ends, set when it is read. (The checks against the broker's offsets are the live
-    ingest's, which keeps that tail: it reads from the same offsets and stops on a lost one.)"""
+def pin_snapshot(table: Table, config: StreambergConfig) -> FreshBounds:
+    """Pin the table's current snapshot and its offsets alone, asking the broker nothing (a
+    committed read; a read to the kept tail's end sets its watermarks when it reads that tail)."""
     topic = config.kafka.topic
     snapshot = table.current_snapshot()
-    position = committed_position(table, topic)
     return FreshBounds(table=config.table.identifier, topic=topic,
                        snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
-                       committed=dict(position.offsets), watermarks=dict(position.offsets))
+                       committed=dict(committed_position(table, topic).offsets))
+
+
+def pin_kept(table: Table, config: StreambergConfig) -> FreshBounds:
+    """The pin of a read to the kept tail's end (fresh/tail.read_kept): the snapshot and its
+    offsets, watermarks there until the kept tail is read. (The checks against the broker's
+    offsets are the live ingest's, which keeps that tail: it reads from the same offsets and
+    stops on a lost one.)"""
+    bounds = pin_snapshot(table, config)
+    return replace(bounds, watermarks=dict(bounds.committed))
 
 
 def check(bounds: FreshBounds, marks: dict[int, tuple[int, int]]) -> None:

@@ -35,7 +35,7 @@ from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import ROUTE_VALUE_PROPERTY
 from streamberg.common.errors import FreshReadRefused
-from streamberg.fresh.bounds import FreshBounds, pin, pin_kept
+from streamberg.fresh.bounds import FreshBounds, pin, pin_kept, pin_snapshot
 from streamberg.fresh.keyed import (
     KeyedDelta,
     KeyedSource,
@@ -61,7 +61,7 @@ class FreshRead:
     tail: Tail | None  # None: the committed snapshot only
     seconds: float
     keyed: KeyedDelta | None = None  # a primary-key table read fresh: what its changes did
-    until: str = "now"  # where the tail ended: "now" (Kafka's end at the read) or "kept" (the kept tail's)
+    until: Until = "now"  # where the tail ended: "now" (Kafka's end at the read) or "kept" (the kept tail's)
 
     def to_json(self) -> dict[str, Any]:
         out = {**self.bounds.to_json(), "rows": self.rows.num_rows, "snapshot_rows": self.snapshot_rows,
@@ -219,27 +219,21 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
         raise FreshReadRefused(f"{config.table.identifier} has no column {', '.join(unknown)} (columns: "
                                f"{', '.join(names)})")
     keyed = None
+    # To the kept tail's end only where a live one serves this (append) table; else to Kafka's.
+    kept = fresh and until == "kept" and not has_changelog(config) and kept_tail_alive(config)
     if fresh and has_changelog(config):
         keyed = open_keyed(_catalog(config), config, table)  # after the table: it holds what the table applied
         snapshot = table.current_snapshot()
         bounds = replace(pin(keyed.changelog, keyed.config, timeout_seconds), table=config.table.identifier,
                          snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
                          changelog_snapshot_id=_snapshot_id(keyed.changelog))
-    elif fresh and until == "kept" and kept_tail_alive(config):
+    elif kept:
         bounds = pin_kept(table, config)  # no broker asked: the read ends where the kept tail does
     elif fresh:
-        until = "now"
         bounds = pin(table, config, timeout_seconds)
     else:
-        from streamberg.common.offsets import committed_position
-
-        snapshot = table.current_snapshot()
-        bounds = FreshBounds(table=config.table.identifier, topic=config.kafka.topic,
-                             snapshot_id=snapshot.snapshot_id if snapshot else None,
-                             committed=dict(committed_position(table, config.kafka.topic).offsets))
-    if keyed is not None:
-        until = "now"
-    return ReadPlan(config, table, expression, columns, bounds, fresh, keyed, until)
+        bounds = pin_snapshot(table, config)
+    return ReadPlan(config, table, expression, columns, bounds, fresh, keyed, "kept" if kept else "now")
 
 
 def _snapshot_id(table: Any) -> int | None:

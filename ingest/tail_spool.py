@@ -48,7 +48,6 @@ class TailSpool:
 
     def __init__(self, config: StreambergConfig, partitions: list[int], log: Any) -> None:
         self.folder = cache_folder(config)
-        self.partitions = set(partitions)
         self.log = log
         self.schema_id = -1
         self.pending: dict[int, list[pa.Table]] = {}  # partition -> rows not written yet
@@ -56,12 +55,11 @@ class TailSpool:
         self.end: dict[int, int] = {}  # partition -> where its kept rows end (pending or written)
         self.since: dict[int, float] = {}  # partition -> when its pending rows began
         self.written: dict[int, list[Segment]] = {}  # partition -> its segments, for merging
-        self.segments_written = 0
         self._beat = 0.0
         self.folder.mkdir(parents=True, exist_ok=True)
         # An earlier run's segments of these partitions: the lane reads them again from the
         # table's offsets and keeps them anew (a configuration may have changed meanwhile).
-        drop(self.folder, lambda s: s.partition in self.partitions)
+        drop(self.folder, lambda s: s.partition in partitions)
 
     def decoding_with(self, schema_id: int) -> None:
         """The lane decodes against another schema from now on: what is pending is written
@@ -92,7 +90,6 @@ class TailSpool:
             self.pending.setdefault(partition, []).append(mine)
             self.since.setdefault(partition, now)
             self.end[partition] = next_offset
-        self.tick(now)
 
     def gap(self, partitions: set[int]) -> None:
         """Records of `partitions` the lane read but whose rows are not the table's yet (held
@@ -102,7 +99,8 @@ class TailSpool:
             self.end.pop(partition, None)
 
     def tick(self, now: float | None = None) -> None:
-        """Write the partitions' rows that waited long enough or are many; the heartbeat."""
+        """Write the partitions' rows that waited long enough or are many; the heartbeat. (The
+        writer calls it after every poll, for every lane.)"""
         now = time.monotonic() if now is None else now
         for partition in list(self.pending):
             if now - self.since[partition] >= SEGMENT_SECONDS or \
@@ -131,7 +129,6 @@ class TailSpool:
                              error=str(exc)[:200])
             self.end.pop(partition, None)
             return
-        self.segments_written += 1
         chain = self.written.setdefault(partition, [])
         if len(chain) >= 4 * MERGE_FANOUT:  # segments a commit covered stay listed until looked at
             chain[:] = [s for s in chain if os.path.exists(s.path)]

@@ -58,6 +58,19 @@ def _sequenced(batches: list[list[bytes | None]]) -> list[list[bytes | None]]:
     return out
 
 
+def _served_by_the_kept_tail(config: Any, running: Any, keeper: str) -> Any:
+    """The first fresh read whose every tail record came from the kept tail, while `running()`."""
+    deadline = time.monotonic() + 60
+    while True:
+        kept = read(config)
+        assert kept.tail is not None
+        if kept.tail.records and kept.tail.cached == kept.tail.records:
+            return kept
+        assert time.monotonic() < deadline and running(), \
+            f"{keeper} kept {kept.tail.cached} of {kept.tail.records} tail records"
+        time.sleep(0.1)
+
+
 def _ends(produced: list[list[list[Any]]]) -> dict[int, int]:
     return {p: sum(len(batch[p]) for batch in produced) for p in range(PARTITIONS)}
 
@@ -131,15 +144,7 @@ def test_a_keyed_table_read_fresh_is_the_source_at_the_watermark(tmp_path: Path,
     thread = threading.Thread(target=keeper.run)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            kept = read(config)
-            assert kept.tail is not None
-            if kept.tail.records and kept.tail.cached == kept.tail.records:
-                break
-            assert time.monotonic() < deadline and thread.is_alive(), \
-                f"the keeper kept {kept.tail.cached} of {kept.tail.records} tail records"
-            time.sleep(0.1)
+        kept = _served_by_the_kept_tail(config, lambda: thread.is_alive(), "the keeper")
         assert cache_folder(config) == cache_folder(view) and keeper.segments_written > 0
         assert kept.tail.rejected == 0  # the dead letters were dropped when kept
         assert kept.keyed is not None and kept.keyed.stale == fresh.keyed.stale
@@ -164,15 +169,7 @@ def test_a_keyed_table_read_fresh_is_the_source_at_the_watermark(tmp_path: Path,
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            by_ingest = read(config)
-            assert by_ingest.tail is not None
-            if by_ingest.tail.records and by_ingest.tail.cached == by_ingest.tail.records:
-                break
-            assert time.monotonic() < deadline and not failed, \
-                f"the ingest kept {by_ingest.tail.cached} of {by_ingest.tail.records} tail records: {failed}"
-            time.sleep(0.1)
+        by_ingest = _served_by_the_kept_tail(config, lambda: not failed, "the ingest")
         assert by_ingest.keyed is not None and by_ingest.keyed.stale == fresh.keyed.stale
         assert _by_key(by_ingest.rows.to_pylist(), "the ingest's kept tail") == expected
     finally:

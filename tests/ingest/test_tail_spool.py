@@ -115,6 +115,7 @@ def test_the_spool_keeps_its_partitions_alone(tmp_path: Path) -> None:
         spool.decoding_with(0)
         spool.take(pa.table({"id": [1, 2]}), np.array([p, p]), np.array([5, 6]), {p: 5}, {p: 7}, set())
         spool.cut()
+        spool.tick()  # the heartbeat, as the writer's poll gives it
     assert sorted(s.partition for s in segments(folder)) == [0, 1]
     assert cached_rows(folder, 0, {0: 5, 1: 5})[1] == {0: 7, 1: 7}
     TailSpool(config, [0], get_logger("test"))  # writer 0 again, after a restart
