@@ -120,6 +120,10 @@ def decode(schema_name: str, batch: list[bytes | None]) -> tuple[list[int], list
     from streamberg.ingest.decode.json_decode import JsonDecoder
     from tests.ingest.json_oracle import normalise_table
 
+    if schema_name == "hang":  # a child that never answers, to show the harness stops waiting
+        import time
+
+        time.sleep(3600)
     if schema_name == "raw-pyarrow":  # the bare parser, to show the harness catches its crash
         import pyarrow as pa
         import pyarrow.json as pj

@@ -15,11 +15,14 @@ disagreement is reported with the offending records themselves. Over 100,000 rec
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import select
+import struct
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,17 +31,23 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.ingest.decode_worker import MAX_RECORD_BYTES, SCHEMAS, UNITS, receive, send
+from tests.ingest.decode_worker import MAX_RECORD_BYTES, SCHEMAS, UNITS
 from tests.ingest.json_oracle import reference_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH = 1000
+# A hang fails this module's test within five minutes (a run takes ~25 s), not the suite's 15.
+pytestmark = pytest.mark.timeout(300)
 FUZZ = dict(derandomize=True, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
                 suppress_health_check=list(HealthCheck))
 
 
 # -- the child process ---------------------------------------------------------------------
 class DecoderChild:
+    """The decoder in a child process. Every exchange has a deadline and a child left mid-message
+    (an exchange cut short by a failure or by pytest's timeout) is killed, so the next batch
+    starts a fresh one: a wedged child fails one test, never the ones after it."""
+
     def __init__(self, crash_dir: Path):
         self.crash_dir = crash_dir
         self.proc: subprocess.Popen | None = None
@@ -46,36 +55,75 @@ class DecoderChild:
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.ingest.decode_worker"], cwd=ROOT,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            os.set_blocking(self.proc.stdin.fileno(), False)
         return self.proc
 
-    def submit(self, schema_name: str, batch: list[bytes | None]) -> None:
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def submit(self, schema_name: str, batch: list[bytes | None], timeout: float = 120) -> None:
         self.pending = (schema_name, batch)
+        data = pickle.dumps(self.pending, protocol=pickle.HIGHEST_PROTOCOL)
+        message = memoryview(struct.pack("<Q", len(data)) + data)
+        proc = self._start()
+        deadline = time.monotonic() + timeout
         try:
-            send(self._start().stdin, self.pending)
-        except BrokenPipeError:
-            pass  # reported by result()
+            while message:
+                if not select.select([], [proc.stdin], [], max(0.0, deadline - time.monotonic()))[1]:
+                    raise TimeoutError(f"the child read nothing for {timeout} s")
+                message = message[os.write(proc.stdin.fileno(), message):]
+        except (BrokenPipeError, TimeoutError):
+            self._kill()  # reported by result()
+        except BaseException:
+            self._kill()
+            raise
+
+    def _read(self, proc: subprocess.Popen, size: int, deadline: float) -> bytes:
+        chunks, left = [], size
+        while left:
+            if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError("no answer in time")
+            chunk = os.read(proc.stdout.fileno(), min(left, 1 << 20))
+            if not chunk:
+                raise EOFError("pipe closed")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def result(self, timeout: float = 120) -> Any:
         schema_name, batch = self.pending
         proc = self._start() if self.proc is None else self.proc
+        deadline = time.monotonic() + timeout
         try:
-            if not select.select([proc.stdout], [], [], timeout)[0]:
-                proc.kill()
-                raise TimeoutError(f"no answer in {timeout} s")
-            return receive(proc.stdout)
-        except (EOFError, BrokenPipeError, TimeoutError) as exc:
-            code = proc.wait(timeout=30)
+            (size,) = struct.unpack("<Q", self._read(proc, 8, deadline))
+            return pickle.loads(self._read(proc, size, deadline))
+        except (EOFError, TimeoutError) as exc:
+            if isinstance(exc, TimeoutError):
+                self._kill()
+            try:
+                code = proc.wait(timeout=30)  # a crash's own exit code
+            except subprocess.TimeoutExpired:
+                self._kill()
+                code = proc.returncode
             path = self.crash_dir / f"batch-{len(list(self.crash_dir.iterdir()))}.pkl"
             path.write_bytes(pickle.dumps((schema_name, batch)))
             pytest.fail(f"decoder child died or hung ({exc}; exit code {code}) on a batch of {len(batch)} "
                         f"records, saved to {path}; replay: {sys.executable} -m tests.ingest.decode_worker "
                         f"--replay {path}", pytrace=False)
+        except BaseException:
+            self._kill()
+            raise
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._kill()
 
 
 @pytest.fixture(scope="module")
@@ -511,3 +559,10 @@ def test_a_native_crash_in_the_child_fails_the_test_with_the_batch_saved(child: 
     saved = Path(failure.value.msg.split("saved to ")[1].split(";")[0])
     assert pickle.loads(saved.read_bytes()) == ("raw-pyarrow", [b"null", b'{"id": 1}'])
     check_batch(child, "events", [b"null", b'{"id": 1, "ts": 5}'])  # a fresh child takes over
+
+
+def test_a_hung_child_fails_the_test_and_the_next_batch_gets_a_fresh_one(child: DecoderChild) -> None:
+    child.submit("hang", [b'{"id": 1}'])
+    with pytest.raises(pytest.fail.Exception, match=r"died or hung \(no answer in time; exit code -9\)"):
+        child.result(timeout=1)
+    check_batch(child, "events", [b'{"id": 1, "ts": 5}'])
