@@ -72,20 +72,38 @@ def topic_partitions_of(consumer: Consumer, topic: str, timeout_seconds: float, 
     return sorted(found.partitions)
 
 
+# ListOffsets' special timestamps: the partition's first offset, and its end (the last stable
+# offset for a read_committed consumer), as get_watermark_offsets asks them.
+_EARLIEST, _LATEST = -2, -1
+
+
 def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[int], timeout_seconds: float,
                          bootstrap: str) -> dict[int, tuple[int, int]]:
-    """(low, high) watermark of each of `partitions`, all within `timeout_seconds`."""
+    """(low, high) watermark of each of `partitions`, all within `timeout_seconds`: two
+    ListOffsets requests for all of them (offsets_for_times with the special timestamps),
+    not two per partition as get_watermark_offsets would ask (a fresh read pins its tail's end
+    in one round trip of each, and an ingest of many tables checks its positions the same way)."""
+    wanted = sorted(partitions)
+    if not wanted:
+        return {}
     deadline = time.monotonic() + timeout_seconds
-    marks = {}
-    for partition in sorted(partitions):
-        left = max(0.5, deadline - time.monotonic())
+    answers: dict[int, dict[int, int]] = {}
+    for timestamp in (_EARLIEST, _LATEST):
         try:
-            marks[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=left,
-                                                              cached=False)
+            listed = consumer.offsets_for_times([TopicPartition(topic, p, timestamp) for p in wanted],
+                                                timeout=max(0.5, deadline - time.monotonic()))
         except KafkaException as exc:
-            raise BrokerUnreachable(
-                f"broker {bootstrap}: end offset of {topic}[{partition}]: {kafka_error_text(exc)}") from exc
-    return marks
+            raise BrokerUnreachable(f"broker {bootstrap}: offsets of {topic}: {kafka_error_text(exc)}") from exc
+        failed = [tp for tp in listed if tp.error is not None or tp.offset < 0]
+        if failed:
+            raise BrokerUnreachable(f"broker {bootstrap}: offsets of " + ", ".join(
+                f"{topic}[{tp.partition}]: {tp.error.str() if tp.error is not None else 'none listed'}"
+                for tp in failed))
+        answers[timestamp] = {tp.partition: tp.offset for tp in listed}
+    missing = [p for p in wanted if p not in answers[_EARLIEST] or p not in answers[_LATEST]]
+    if missing:
+        raise BrokerUnreachable(f"broker {bootstrap}: no offsets listed for {topic} partitions {missing}")
+    return {p: (answers[_EARLIEST][p], answers[_LATEST][p]) for p in wanted}
 
 
 def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]],
