@@ -46,6 +46,11 @@ def _sizes(config) -> tuple[int, int, int, int]:
             sum(sizes.values()), sum(n.endswith(".metadata.json") for n in sizes))
 
 
+def _median(values: list[int]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def test_snapshots_and_metadata_stop_growing_once_expiry_starts(spark, tmp_path: Path) -> None:
     config, _ = setup_maintained(tmp_path, {
         "interval_seconds": 3600,
@@ -79,8 +84,12 @@ def test_snapshots_and_metadata_stop_growing_once_expiry_starts(spark, tmp_path:
     assert max(counts[len(counts) // 2:]) <= COMMITS // 3, str(counts)
     third = len(after) // 3
     middle, last = after[third:2 * third], after[2 * third:]
+    # Compared by their medians: a sample falls anywhere in an expiry cycle's sawtooth (one taken
+    # just before an expiry lands holds a cycle's commits and a lost race's files more: a CI run
+    # saw the folder's largest sample 1.152x the middle's), while growth that never stops moves
+    # the median of the last third to ~1.6x the middle's (5/6 against 3/6 of a straight line).
     for what, index in (("snapshots", 0), ("metadata JSON", 1), ("metadata folder", 2)):
-        assert max(s[index] for s in last) <= 1.15 * max(s[index] for s in middle), \
+        assert _median([s[index] for s in last]) <= 1.15 * _median([s[index] for s in middle]), \
             (what, [s[index] for s in samples])
     # Old metadata files go after each commit: write.metadata.previous-versions-max (10) and the
     # current one. Between those, Spark's expiry adds its commit in flight and the files of
