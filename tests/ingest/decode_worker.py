@@ -99,17 +99,24 @@ UNITS = {"events": {"ts": "ms", "at": "s", "t_us": "us", "t_ns": "ns"}, "loose":
 MAX_RECORD_BYTES = 4 << 20
 
 
-def send(stream: BinaryIO, obj: object) -> None:
+HEADER = struct.Struct("<Q")  # a message's length, before its pickle
+
+
+def frame(obj: object) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack("<Q", len(data)) + data)
+    return HEADER.pack(len(data)) + data
+
+
+def send(stream: BinaryIO, obj: object) -> None:
+    stream.write(frame(obj))
     stream.flush()
 
 
 def receive(stream: BinaryIO) -> object:
-    header = stream.read(8)
-    if len(header) < 8:
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
         raise EOFError("pipe closed")
-    (size,) = struct.unpack("<Q", header)
+    (size,) = HEADER.unpack(header)
     data = stream.read(size)
     if len(data) < size:
         raise EOFError("pipe closed")

@@ -19,7 +19,6 @@ import os
 import pickle
 import random
 import select
-import struct
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.ingest.decode_worker import MAX_RECORD_BYTES, SCHEMAS, UNITS
+from tests.ingest.decode_worker import HEADER, MAX_RECORD_BYTES, SCHEMAS, UNITS, frame
 from tests.ingest.json_oracle import reference_decode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +65,7 @@ class DecoderChild:
 
     def submit(self, schema_name: str, batch: list[bytes | None], timeout: float = 120) -> None:
         self.pending = (schema_name, batch)
-        data = pickle.dumps(self.pending, protocol=pickle.HIGHEST_PROTOCOL)
-        message = memoryview(struct.pack("<Q", len(data)) + data)
+        message = memoryview(frame(self.pending))
         proc = self._start()
         deadline = time.monotonic() + timeout
         try:
@@ -98,7 +96,7 @@ class DecoderChild:
         proc = self._start() if self.proc is None else self.proc
         deadline = time.monotonic() + timeout
         try:
-            (size,) = struct.unpack("<Q", self._read(proc, 8, deadline))
+            (size,) = HEADER.unpack(self._read(proc, HEADER.size, deadline))
             return pickle.loads(self._read(proc, size, deadline))
         except (EOFError, TimeoutError) as exc:
             if isinstance(exc, TimeoutError):
