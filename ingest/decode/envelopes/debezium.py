@@ -8,8 +8,9 @@ position (ingest/decode/envelopes/source_position.py, computed from the event's 
 
 - JSON (`JsonEnvelopes`): each event parsed once (orjson; bare or inside the JsonConverter's
   `{"schema", "payload"}` wrapper), cut to what the change log keeps (an update's before image
-  to its key columns: only the key is read from it) and decoded in one batch by the JSON
-  decoder (ingest/decode/json_decode.py) against the envelope;
+  to its key columns: only the key is read from it); the images decoded in one batch by the
+  JSON decoder (ingest/decode/json_decode.py), the op and the source's time and position
+  joining its table as Arrow columns (they are read from the parsed event, not from JSON);
 - Avro (`AvroEnvelopes`): Confluent-framed events decoded by the Avro ingest's decoder
   (ingest/decode/avro_decode.py) against the envelope as a table.
 
@@ -36,6 +37,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import LongType, NestedField, StringType, StructType
 
@@ -112,10 +114,16 @@ class JsonEnvelopes:
                  epoch_units: Mapping[str, str] | None, unknown: Literal["ignore", "report"]) -> None:
         self.schema, self.keys, self.max_record_bytes = schema, list(keys), max_record_bytes
         units = {f"{image}.{path}": unit for path, unit in (epoch_units or {}).items() for image in IMAGES}
+        # Only the images go through the JSON decoder (its rules are for data); the op and the
+        # source's time and position are read here, where the cut holds them as Python values
+        # the decoder could only accept, and join its table as Arrow columns.
         # The cut event is never longer than the record, but for numbers orjson writes longer.
-        self.json = JsonDecoder(schema, 2 * max_record_bytes, units, unknown)
+        self.json = JsonDecoder(schema.select(*IMAGES), 2 * max_record_bytes, units, unknown)
+        arrow = schema_to_pyarrow(schema)
+        self._op_field, self._source_field = arrow.field("op"), arrow.field("source")
 
-    def _cut(self, value: bytes) -> bytes:
+    def _cut(self, value: bytes) -> tuple[bytes, str | None, int | None, Any]:
+        """The images as JSON for the decoder; the op, the source time and the source block."""
         if len(value) > self.max_record_bytes:
             raise ValueError(f"oversized: {len(value)} bytes > max_record_bytes {self.max_record_bytes} (record)")
         try:
@@ -140,10 +148,8 @@ class JsonEnvelopes:
         source = event.get("source")
         ts = source.get("ts_ms") if isinstance(source, dict) else None
         ts = ts if type(ts) is int and _INT64[0] <= ts < _INT64[1] else None
-        cut = {"before": before, "after": after, "op": op,
-               "source": {"ts_ms": ts, POSITION: source_sequence(source), IDENTITY: source_identity(source)}}
         try:
-            return orjson.dumps(cut)
+            return orjson.dumps({"before": before, "after": after}), op, ts, source
         except TypeError as exc:  # an integer past 64 bits: the row's column cannot hold it either
             raise ValueError("the row image holds a value JSON for the table cannot carry "
                              f"({str(exc)[:120]})") from None
@@ -151,18 +157,35 @@ class JsonEnvelopes:
     def decode(self, values: list[bytes | None]) -> DecodeResult:
         at: list[int] = []
         cut: list[bytes | None] = []
+        ops: list[str | None] = []
+        times: list[int | None] = []
+        positions: list[str | None] = []
+        identities: list[str | None] = []
         rejected: list[tuple[int, Any]] = []
         for i, value in enumerate(values):
             try:
-                cut.append(self._cut(value or b""))
-                at.append(i)
+                images, op, ts, source = self._cut(value or b"")
             except ValueError as exc:
                 rejected.append((i, str(exc)))
+                continue
+            cut.append(images)
+            ops.append(op)
+            times.append(ts)
+            positions.append(source_sequence(source))
+            identities.append(source_identity(source))
+            at.append(i)
         result = self.json.decode(cut)
         index = np.asarray(at, dtype=np.int64)
         for u in result.unknown:
             u.rows = index[u.rows]
-        return DecodeResult(table=result.table, kept=index[result.kept],
+        kept = pa.array(result.kept, pa.int64())
+        source_type = self._source_field.type
+        source = pa.StructArray.from_arrays(
+            [pa.array(column, field.type).take(kept) for column, field in
+             zip((times, positions, identities), source_type)], fields=list(source_type))
+        table = result.table.append_column(self._op_field, pa.array(ops, self._op_field.type).take(kept)) \
+            .append_column(self._source_field, source)
+        return DecodeResult(table=table, kept=index[result.kept],
                             rejected=sorted(rejected + [(int(index[j]), r) for j, r in result.rejected],
                                             key=lambda r: r[0]), unknown=result.unknown)
 
