@@ -11,7 +11,7 @@ help:
 	@echo "make demo           the whole loop: broker, a minute of events, ingest + compactor + maintenance, status, layout PNG"
 	@echo "make demo-fleet     28 tables from one ingest job (examples/fleet.yaml), each exactly once"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
-	@echo "make test-fast      the suite without PyFlink jobs and kill -9 drills (under 10 minutes)"
+	@echo "make test-fast      the suite without PyFlink jobs, kill -9 drills and the slowest tests (under 10 minutes)"
 	@echo "make lint           ruff over the tree, mypy over common/ and fresh/ (CI runs it before the tests)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
@@ -48,7 +48,7 @@ lint: setup
 # The tiers are set at collection (tests/conftest.py): flink (a PyFlink job), chaos (kill -9,
 # drills, local clusters), spark, broker. The fast tier keeps Spark and the broker.
 test-fast: setup
-	$(PY) -m pytest tests -m "not flink and not chaos"
+	$(PY) -m pytest tests -m "not flink and not chaos and not slow"
 
 bench-ingest: setup
 	$(PY) bench/ingest_throughput.py

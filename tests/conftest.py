@@ -33,7 +33,8 @@ EXPECTED_SKIPS: frozenset[str] = frozenset()
 #   spark  a Spark session (the `spark` fixture)        broker  a Kafka-protocol broker
 #   flink  a PyFlink job (`streamberg ingest`/`run`, run_ingest, a Flink cluster)
 #   chaos  kill -9 and drills, local clusters: the slowest, least parallel tests
-# `make test-fast` runs `-m "not flink and not chaos"`; `make test` runs everything.
+#   slow   (by hand, `@pytest.mark.slow`) a test measured past ~10 s alone on 2 cores
+# `make test-fast` runs `-m "not flink and not chaos and not slow"`; `make test` runs everything.
 _FLINK_WORDS = ('"ingest", "--config"', "run_ingest(", "run_fleet_ingest(", '"run", "--config"', "flink_submit")
 _CHAOS_WORDS = ("SIGKILL", "kill -9", "killpg", "local-cluster.sh", "test_drills")
 

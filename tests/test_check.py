@@ -8,6 +8,7 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from streamberg.common.broker import ensure_topic
@@ -57,6 +58,7 @@ def test_every_problem_one_a_line_exit_2_no_secret(tmp_path: Path) -> None:
     assert [p.split(":")[0] for p in report["problems"]] == ["tables.0 (a.one)", "tables.2 (a.three)"], report
 
 
+@pytest.mark.slow
 def test_connect_reports_what_each_component_answered(tmp_path: Path, broker: str, registry, rest_catalog) -> None:
     topic = f"chk-{uuid.uuid4().hex[:8]}"
     ensure_topic(broker, topic, 3)

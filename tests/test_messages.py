@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from streamberg.common.broker import free_port
@@ -60,6 +61,7 @@ def test_a_rest_catalog_without_its_warehouse_is_refused(tmp_path: Path) -> None
     assert proc.returncode == 2 and "catalog.warehouse: a REST catalog serves named warehouses" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_dead_broker_a_bad_value_and_nothing_reachable_are_one_line_each(tmp_path: Path) -> None:
     closed = f"127.0.0.1:{free_port()}"
     path = _write(tmp_path / "c.yaml", {"kafka": {"bootstrap_servers": closed, "topic": "t"},

@@ -18,6 +18,7 @@ from streamberg.common.config import CatalogConfig
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["day", "flat"])
 def test_tiny_stream_measures_against_a_full_optimize(spark, tmp_path, scenario) -> None:
     spec = RunSpec(scenario=scenario, commits=6, rows_per_commit=3000, commits_per_pass=2, days=2,

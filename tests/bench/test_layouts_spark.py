@@ -37,6 +37,7 @@ def _point(result, layout: str, column: str) -> float:
     return value
 
 
+@pytest.mark.slow
 def test_every_layout_keeps_rows_and_file_count(bench) -> None:
     done, _ = bench
     result = done.result

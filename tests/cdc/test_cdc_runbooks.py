@@ -30,6 +30,7 @@ def _event(op: str, key: int, name: str | None = None) -> bytes:
     return json.dumps({"before": before, "after": after, "op": op, "source": {"ts_ms": int(time.time() * 1000)}}).encode()
 
 
+@pytest.mark.slow
 def test_upsert_table_behind(tmp_path: Path, broker: str, spark, drills) -> None:
     config = cdc_config(tmp_path, broker, "debezium")
     produce_values(config, [_event("c", k) for k in range(50)], 0, 1)
@@ -53,6 +54,7 @@ def test_upsert_table_behind(tmp_path: Path, broker: str, spark, drills) -> None
     assert sorted(rows) == list(range(40)) and all(rows[k]["name"] == "again" for k in range(30))
 
 
+@pytest.mark.slow
 def test_source_table_resynced(tmp_path: Path, broker: str, spark, drills) -> None:
     config = cdc_config(tmp_path, broker, "debezium")
     produce_values(config, [_event("c", k) for k in range(100)], 0, 1)
@@ -85,6 +87,7 @@ def test_source_table_resynced(tmp_path: Path, broker: str, spark, drills) -> No
     assert sorted(rows_by_pyiceberg(config)) == list(range(20, 101))
 
 
+@pytest.mark.slow
 def test_cdc_source_regressed(tmp_path: Path, broker: str, spark, drills) -> None:
     """MySQL RESET MASTER: the same server and binlog name, files from 000001 again."""
     config = cdc_config(tmp_path, broker, "debezium")

@@ -21,6 +21,7 @@ import random
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
@@ -279,6 +280,7 @@ def test_a_resync_refuses_while_its_records_are_dead_letters(tmp_path: Path, bro
     assert_table_holds(spark, config, {k: v for k, v in expected.items() if k < 10}, columns=["id", "name"])
 
 
+@pytest.mark.slow
 def test_the_governor_merges_a_primary_key_table(tmp_path: Path, broker: str, spark) -> None:
     """`streamberg govern --once` (the real command, one Spark session of its own) finds the
     change log's unapplied changes due before the table exists (its first merge makes it),

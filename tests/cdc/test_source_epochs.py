@@ -95,6 +95,7 @@ def _critical(config) -> list[str]:
     return [r for r in status.health.reasons if "went backwards" in r] if status.health.verdict == "critical" else []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_source_that_starts_over_loses_no_later_change(case: str, tmp_path: Path, broker: str, spark) -> None:
     old, new, automatic = CASES[case]

@@ -42,6 +42,7 @@ def _expire_all_but_current(spark, config) -> int:
     return before - 1
 
 
+@pytest.mark.slow
 def test_once_and_continuous_passes_survive_expiry_of_every_old_snapshot(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"trigger_interval_seconds": 1})
     ingest = FakeIngest(config, seed=21)

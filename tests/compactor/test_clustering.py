@@ -22,6 +22,7 @@ def _planned(table, column: str, values: list[str]) -> float:
     return statistics.mean(len(list(table.scan(row_filter=EqualTo(column, v)).plan_files())) for v in values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["zorder", "hilbert"])
 def test_point_predicates_plan_fewer_files_after_clustering(spark, tmp_path, strategy) -> None:
     # Iceberg rolls files on an estimate that counts the open page uncompressed; small pages

@@ -87,6 +87,7 @@ def test_removed_input_files_make_the_commit_give_up_cleanly(spark, spark_catalo
     assert any(e["event"].startswith("commit conflicts with a concurrent change") for e in logs)
 
 
+@pytest.mark.slow
 def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, compactor={"strategy": "hilbert", "trigger_interval_seconds": 1,
                                                  "max_commits": 3})
@@ -143,6 +144,7 @@ def test_live_ingest_while_compacting_loses_and_duplicates_nothing(spark, tmp_pa
     assert settle["groups_failed"] == 0 and outcome["groups_failed"] == 0, [(e["event"], e.get("error")) for e in failures]
 
 
+@pytest.mark.slow
 def test_a_schema_evolution_between_plan_and_commit_is_kept_and_the_next_pass_reads_both_schemas(
         spark, spark_catalog, tmp_path) -> None:
     """The ingest's committer adds a field (records that carry it, held by a writer) while a

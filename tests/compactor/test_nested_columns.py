@@ -49,6 +49,7 @@ def _rows(spark, name: str) -> list[tuple]:
         f"SELECT id, customer.id, customer.geo.country, customer.geo.lat, tags FROM {name}").collect())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["zorder", "hilbert"])
 def test_a_pass_lays_out_nested_columns_and_keeps_every_row(spark, tmp_path, strategy) -> None:
     config = _config(tmp_path, strategy, ["customer.id", "customer.geo.lat"])

@@ -90,6 +90,7 @@ def test_runs_merge_by_size_tier_and_keep_every_row(spark, tmp_path) -> None:
     assert len(_runs(reload(config))) == 2  # the merged run and the fourth pass's run
 
 
+@pytest.mark.slow
 def test_a_finished_partition_is_sealed_and_never_rewritten(spark, tmp_path) -> None:
     config, _ = setup_table(tmp_path, partition_spec=DAY, table_properties=SMALL_FILES,
                             compactor={"strategy": "hilbert", "merge_factor": 3, "seal_after_commits": 2,
@@ -122,6 +123,7 @@ def test_a_finished_partition_is_sealed_and_never_rewritten(spark, tmp_path) -> 
     assert sealed_sequence_numbers(after)[next(iter(sealed))] > sealed[next(iter(sealed))]
 
 
+@pytest.mark.slow
 def test_a_partition_without_new_data_for_seal_after_seconds_is_sealed_and_never_rewritten(spark, tmp_path) -> None:
     """Sealing by time alone (seal_after_commits off): while day 2 keeps getting appends, day 1
     is not finished before seal_after_seconds without new data, and is finished (its runs

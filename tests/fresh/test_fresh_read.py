@@ -112,6 +112,7 @@ def test_fresh_read_is_the_snapshot_plus_the_tail(table) -> None:
     assert out == {"n": 230, "d": 230, "lo": 0, "hi": 1079}
 
 
+@pytest.mark.slow
 def test_every_read_is_exact_while_the_ingest_commits(table) -> None:
     """Producers and commits race the reads: each read has, per partition, every record below
     its watermark once, whichever commit it pinned."""

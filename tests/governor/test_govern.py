@@ -47,6 +47,7 @@ def _duckdb_counts(table) -> tuple[int, int]:
     return con.execute(f"SELECT count(*), count(DISTINCT id) FROM iceberg_scan('{location}')").fetchone()
 
 
+@pytest.mark.slow
 def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) -> None:
     from streamberg.cli.govern import executors
     from streamberg.governor.keeper import SharedCatalogs, TableKeeper
@@ -132,6 +133,7 @@ def test_one_session_keeps_a_catalog_by_its_properties(tmp_path: Path, spark) ->
     assert compactor_snapshots(reload(configs["lake.t01"]))
 
 
+@pytest.mark.slow
 def test_an_idle_table_is_finished_by_time_alone(tmp_path: Path, spark) -> None:
     """A partition idle for seal_after_seconds is finished (sealed) by the governor with no new
     commit: its plan is made again after replan_seconds, not kept while the metadata is unchanged."""

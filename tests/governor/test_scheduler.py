@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from streamberg.common.policy import POLICY_KEYS, policy_for, policy_of
 from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
 
@@ -94,6 +96,7 @@ def test_every_policy_key_is_documented() -> None:
     assert [k.name for k in POLICY_KEYS if f"`{k.name}`" not in text] == []
 
 
+@pytest.mark.slow
 def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     """`streamberg table --set/--unset` (the CLI entry beside Spark SQL): a refused value writes
     nothing; accepted ones land in the table's properties, where `govern` reads them."""

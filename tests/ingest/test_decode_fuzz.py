@@ -479,14 +479,17 @@ def run_fuzz(child: DecoderChild, schema_name: str, examples: int, mutation_rate
     return totals
 
 
+@pytest.mark.slow
 def test_fuzz_schema_shaped_records(child: DecoderChild) -> None:
     assert run_fuzz(child, "events", examples=50, mutation_rate=0.05)["records"] >= 50_000
 
 
+@pytest.mark.slow
 def test_fuzz_byte_mutations(child: DecoderChild) -> None:
     assert run_fuzz(child, "events", examples=20, mutation_rate=0.5)["records"] >= 20_000
 
 
+@pytest.mark.slow
 def test_fuzz_nested_records(child: DecoderChild) -> None:
     """Structs in structs, lists of strings, of structs and of required booleans, maps at the
     top, inside a struct (with struct values) and inside lists (a list of structs holding a
@@ -521,6 +524,7 @@ def check_report_mode(child: DecoderChild, schema_name: str, batch: list[bytes |
     return {"records": len(batch), "unknown": len(unknown_rows)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schema_name", ["events", "orders"])
 def test_fuzz_report_mode_against_the_plain_decoder(child: DecoderChild, schema_name: str) -> None:
     totals = {"records": 0, "unknown": 0}
@@ -536,6 +540,7 @@ def test_fuzz_report_mode_against_the_plain_decoder(child: DecoderChild, schema_
     assert totals["records"] >= 15 * BATCH and totals["unknown"] > 0  # fields the schema lacks were there
 
 
+@pytest.mark.slow
 def test_fuzz_schema_without_required_fields(child: DecoderChild) -> None:
     # With no required field, a stray `null` row or `{}` would pass as an all-null row.
     assert run_fuzz(child, "loose", examples=30, mutation_rate=0.2)["records"] >= 30_000

@@ -16,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from confluent_kafka import Producer
 
@@ -78,6 +79,7 @@ def _rows(catalog, identifier: str) -> list[int]:
     return catalog.load_table(identifier).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
 
 
+@pytest.mark.slow
 def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker: str) -> None:
     prefix = f"f{int(time.time() * 1000) % 100000}-"
     fleet = load_fleet(_fleet(tmp_path, broker, prefix))
@@ -179,6 +181,7 @@ def test_one_ingest_writes_many_tables_each_exactly_once(tmp_path: Path, broker:
     assert json.loads(one.stdout)["table"] == "shop.orders", one.stdout
 
 
+@pytest.mark.slow
 def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, broker: str) -> None:
     """`route_field`: one topic, a table per value of a record field. Hostile values (missing,
     null, nested, too long, a path, a side table's name, not JSON) are dead letters of the

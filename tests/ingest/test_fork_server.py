@@ -239,6 +239,7 @@ def test_nothing_is_imported_from_the_operators_working_directory(tmp_path: Path
     assert not marker.exists(), marker.read_text()
 
 
+@pytest.mark.slow
 def test_a_launcher_that_connects_and_stalls_delays_no_other(server: ForkServer) -> None:
     stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stalled.connect(str(server.folder / SOCKET_NAME))  # and sends nothing

@@ -60,6 +60,7 @@ def _growth_per_commit(values: list[float]) -> float:
     return covariance / sum((x - mean_x) ** 2 for x in xs) / SAMPLE_EVERY
 
 
+@pytest.mark.slow
 def test_snapshots_and_metadata_stop_growing_once_expiry_starts(spark, tmp_path: Path) -> None:
     config, _ = setup_maintained(tmp_path, {
         "interval_seconds": 3600,

@@ -23,6 +23,7 @@ CONTRACT_KEYS = {"table", "dry_run", "expire_snapshots", "orphan_files", "rewrit
                  "bytes_freed", "duration_seconds"}
 
 
+@pytest.mark.slow
 def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> None:
     config, _ = setup_maintained(tmp_path, {
         "interval_seconds": 1,

@@ -253,6 +253,7 @@ def test_dry_run_reports_and_removes_nothing(spark, tmp_path) -> None:
     assert last_maintenance_run(config, include_dry_runs=True)["run_id"] == result["run_id"]
 
 
+@pytest.mark.slow
 def test_maintenance_during_live_ingest_loses_nothing(spark, tmp_path) -> None:
     # No lease: expiry and the manifest rewrite commit while ingest keeps appending.
     config, _ = setup_maintained(tmp_path, {"manifests": {"min_count": 2}, "expire": {

@@ -94,6 +94,7 @@ def test_fleet_table_paused_and_topic_refused(tmp_path: Path, broker: str, drill
     assert sorted(_rows(catalog, f"raw.{n}ev_a")) == list(range(20))
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_governor_action_failing(tmp_path: Path, spark, drills) -> None:
     from streamberg.cli.govern import executors

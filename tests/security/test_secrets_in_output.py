@@ -83,6 +83,7 @@ def _table(tmp_path: Path, uri: str, monkeypatch: pytest.MonkeyPatch) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = postgres.create_database("sec")
     assert PASSWORD in uri  # the URI really carries the password the grep looks for
@@ -106,6 +107,7 @@ def test_secret_reaches_no_output_on_the_read_paths(postgres, tmp_path: Path, mo
     assert _assert_no_secret_in_files(work) > 0
 
 
+@pytest.mark.slow
 def test_secret_reaches_no_output_when_the_catalog_refuses_or_is_gone(postgres, tmp_path: Path) -> None:
     database = postgres.create_database("secbad").rsplit("/", 1)[1]
     closed = free_port()
@@ -133,6 +135,7 @@ def test_secret_reaches_no_output_when_the_catalog_refuses_or_is_gone(postgres, 
     _assert_no_secret_in_files(work)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_secret_reaches_no_output_of_spark_commands(postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     uri = postgres.create_database("secspark")
