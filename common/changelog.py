@@ -96,8 +96,14 @@ def encode_sequence(*parts: int) -> str | None:
         digits = str(part)
         if len(digits) > SEQUENCE_DIGITS_MAX:
             return None
-        out.append(f"{len(digits):02d}{digits}")
-    return "".join(out) if out else None
+        out.append(digits)
+    return encode_digits(*out) if out else None
+
+
+def encode_digits(*digits: str) -> str:
+    """The ordered text of numbers already written in decimal without leading zeros, each at
+    most SEQUENCE_DIGITS_MAX digits (encode_sequence checks that; a fast path may know it)."""
+    return "".join(f"{len(d):02d}{d}" for d in digits)
 
 
 def ingest_config(config: StreambergConfig) -> StreambergConfig:

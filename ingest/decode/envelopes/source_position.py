@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from streamberg.common.changelog import encode_sequence
+from streamberg.common.changelog import encode_digits, encode_sequence
 
 _FILE_NUMBER = re.compile(r"\.(\d{1,18})$")
 _HEX_LSN = re.compile(r"[0-9A-Fa-f]{1,32}(?::[0-9A-Fa-f]{1,32}){0,3}")
@@ -174,14 +174,13 @@ def source_sequence(source: Any) -> str | None:
     if read is None:  # no position known: the commit time, one number
         ts = source.get("ts_ms")
         if type(ts) is int and 0 <= ts < _MAX_PART:
-            digits = str(ts)
-            return f"{len(digits):02d}{digits}"
+            return encode_digits(str(ts))
     elif connector == "postgresql":
         raw = source.get("sequence")
         match = _PG_SEQUENCE.fullmatch(raw) if type(raw) is str and len(raw) <= 200 else None
         if match is not None:
             last, lsn = match.group(1) or "0", match.group(2)
-            return f"{len(last):02d}{last}{len(lsn):02d}{lsn}"
+            return encode_digits(last, lsn)
     parts = read(source) if read is not None else (_number(source.get("ts_ms")),)
     if None in parts:
         return None
