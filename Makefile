@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -13,6 +13,7 @@ help:
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make test-fast      the suite without PyFlink jobs, kill -9 drills and the slowest tests (under 10 minutes)"
 	@echo "make lint           ruff over the tree, mypy over common/ and fresh/ (CI runs it before the tests)"
+	@echo "make bench          = make bench-ingest (the bench/ folder made a plain 'make bench' a silent no-op)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
@@ -49,6 +50,8 @@ lint: setup
 # drills, local clusters), spark, broker. The fast tier keeps Spark and the broker.
 test-fast: setup
 	$(PY) -m pytest tests -m "not flink and not chaos and not slow"
+
+bench: bench-ingest
 
 bench-ingest: setup
 	$(PY) bench/ingest_throughput.py

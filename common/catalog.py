@@ -304,6 +304,30 @@ def shared_catalog(config: CatalogConfig) -> Catalog:
         return found
 
 
+def close_shared_catalogs() -> None:
+    """Close the pooled connections of every catalog and state engine this process keeps, and
+    forget them (the next use opens anew). For a process that outlives its catalogs: a test
+    session opens hundreds, each a SQLite file whose connections held descriptors to the end."""
+    with _shared_lock:
+        catalogs = list(_shared_catalogs.values())
+        _shared_catalogs.clear()
+    with _state_lock:
+        engines = list(_state_engines.values())
+        _state_engines.clear()
+    for catalog in catalogs:
+        close_catalog(catalog)
+    for engine in engines:
+        engine.dispose()
+
+
+def close_catalog(catalog: Catalog | None) -> None:
+    """Close a catalog's pooled connections (a SQL catalog's; other kinds hold none here). It
+    stays usable: its next call connects anew."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 def open_sql_catalog(config: CatalogConfig) -> Catalog:
     """pyiceberg's SqlCatalog, made where it is missing (the SQLite file, its folder, the
     warehouse folder, the catalog's tables): what a first run needs."""

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.catalog import state_engine
+from streamberg.common.catalog import close_catalog, state_engine
 from streamberg.common.catalog_wait import open_existing_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
@@ -106,4 +106,5 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
             return summary
     finally:
         lease.release()
+        close_catalog(catalog)  # a stopped query's callback can outlive the run, holding it
 

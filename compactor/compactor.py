@@ -18,7 +18,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table as PyTable
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import CompactorConfig, TableTarget
 from streamberg.common.errors import GroupRewriteError
 from streamberg.common.jvm import iterate, java_message, load_table
@@ -93,7 +93,7 @@ class Compactor:
         self.settings = settings
         self.target = target
         self.spark = spark
-        self.catalog = catalog if catalog is not None else load_catalog(target.catalog)
+        self.catalog = catalog if catalog is not None else shared_catalog(target.catalog)
         self.identifier = target.identifier
         self.spark_table = target.spark_name
         self.layout = layout if layout is not None else resolve_layout(settings, strategy, columns, self.load(),

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
@@ -97,7 +97,8 @@ class TailKeeper:
         (self.folder / HEARTBEAT).unlink(missing_ok=True)
 
     def _table(self) -> tuple[Any, dict[int, int]]:
-        table = load_catalog(self.config.catalog).load_table(self.config.table.identifier)
+        # One catalog a process: a new one a look held its SQLite connections until a full collection.
+        table = shared_catalog(self.config.catalog).load_table(self.config.table.identifier)
         return table, dict(committed_position(table, self.config.kafka.topic).offsets)
 
     def _follow(self) -> None:

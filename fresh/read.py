@@ -30,7 +30,7 @@ import pyarrow as pa
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import ROUTE_VALUE_PROPERTY
@@ -97,16 +97,9 @@ def table_config(config: str | Path | StreambergConfig, identifier: str | None =
     raise FreshReadRefused(f"{identifier}: not a table of {config}" + (f" ({why})" if why else ""))
 
 
-_catalogs: dict[str, Any] = {}
-
-
 def _catalog(config: StreambergConfig) -> Any:
     """The catalog of a config, opened once a process (opening one costs more than a small read)."""
-    key = config.catalog.model_dump_json()
-    found = _catalogs.get(key)
-    if found is None:
-        found = _catalogs[key] = load_catalog(config.catalog)
-    return found
+    return shared_catalog(config.catalog)
 
 
 def _filter(row_filter: str | BooleanExpression | None) -> BooleanExpression:

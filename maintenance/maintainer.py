@@ -25,7 +25,7 @@ from typing import Any
 
 from pyiceberg.exceptions import NoSuchTableError
 
-from streamberg.common.catalog import load_catalog, state_engine
+from streamberg.common.catalog import shared_catalog, state_engine
 from streamberg.common.config import MaintenanceConfig, TableTarget
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
@@ -59,7 +59,7 @@ class Maintainer:
         self.settings = settings
         self.target = target
         self.identifier = target.identifier
-        self.catalog = load_catalog(target.catalog)
+        self.catalog = shared_catalog(target.catalog)
         self.context = StepContext(settings, target, topic, self.catalog, SparkTable(spark, target), clock, changelog,
                                    dead_letter_table, key_state)
         self.steps = [step(self.context) for step in STEPS]

@@ -11,6 +11,7 @@ step, not an optional feature. `EXPECTED_SKIPS` lists the test ids allowed to sk
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -81,7 +82,43 @@ def _under_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+# Descriptors the pytest process holds, and which test module's tests left them open: a leak
+# here once pushed a pipe past select()'s 1024 limit late in a full run (stop 48).
+_fd_growth: dict[str, int] = {}
+_fd_last = [0]
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+FD_COLLECT_ABOVE = 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_catalogs_after_module():
+    """Each module's catalogs closed when it ends (set up first, so torn down after the module's
+    own fixtures): the process-wide catalog caches hold every test's SQLite files, and a
+    SQLAlchemy engine let go sits in reference cycles, its connections open until a full
+    collection, which a large heap seldom runs."""
+    yield
+    from streamberg.common.catalog import close_shared_catalogs
+
+    close_shared_catalogs()
+    if _open_fds() > FD_COLLECT_ABOVE:  # a full collection of this heap costs ~0.3 s: only when it pays
+        gc.collect()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        now = _open_fds()
+        if _fd_last[0]:
+            module = report.nodeid.split("::")[0]
+            _fd_growth[module] = _fd_growth.get(module, 0) + now - _fd_last[0]
+        _fd_last[0] = now
     if report.skipped and report.nodeid not in EXPECTED_SKIPS and not hasattr(report, "wasxfail"):
         _unexpected_skips.append(report.nodeid)
 
@@ -92,6 +129,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
+    leaks = sorted(((n, m) for m, n in _fd_growth.items() if n > 0), reverse=True)[:10]
+    if leaks:
+        terminalreporter.section(f"descriptors left open in the pytest process ({_open_fds()} open now)")
+        for grown, module in leaks:
+            terminalreporter.line(f"{grown:6d}  {module}")
     if _under_ci() and _unexpected_skips:
         terminalreporter.section("unexpected skips under CI (they fail the run)", red=True)
         for nodeid in _unexpected_skips:

@@ -42,6 +42,14 @@ FUZZ = dict(derandomize=True, database=None, deadline=None, phases=[Phase.explic
 
 
 # -- the child process ---------------------------------------------------------------------
+def ready(pipe: Any, event: int, deadline: float) -> bool:
+    """Whether the pipe is ready for the event before the deadline. poll, not select: select
+    refuses a descriptor numbered past 1024, which a long pytest session's pipes can be."""
+    poller = select.poll()
+    poller.register(pipe.fileno(), event | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+
+
 class DecoderChild:
     """The decoder in a child process. Every exchange has a deadline and a child left mid-message
     (an exchange cut short by a failure or by pytest's timeout) is killed, so the next batch
@@ -70,7 +78,7 @@ class DecoderChild:
         deadline = time.monotonic() + timeout
         try:
             while message:
-                if not select.select([], [proc.stdin], [], max(0.0, deadline - time.monotonic()))[1]:
+                if not ready(proc.stdin, select.POLLOUT, deadline):
                     raise TimeoutError(f"the child read nothing for {timeout} s")
                 message = message[os.write(proc.stdin.fileno(), message):]
         except (BrokenPipeError, TimeoutError):
@@ -82,7 +90,7 @@ class DecoderChild:
     def _read(self, proc: subprocess.Popen, size: int, deadline: float) -> bytes:
         chunks, left = [], size
         while left:
-            if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            if not ready(proc.stdout, select.POLLIN, deadline):
                 raise TimeoutError("no answer in time")
             chunk = os.read(proc.stdout.fileno(), min(left, 1 << 20))
             if not chunk:
