@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamberg.common.catalog import first_line, load_catalog
+from streamberg.common.catalog import first_line, shared_catalog
 from streamberg.common.config import StreambergConfig, config_from_dump
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config
@@ -32,7 +32,7 @@ def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
     if not namespaces:
         return []
     refused = {} if refused is None else refused
-    catalog = load_catalog(base.catalog)
+    catalog = shared_catalog(base.catalog)  # every replan: a new one held its connections until a full collection
     found = []
     for namespace in namespaces:
         try:

@@ -19,7 +19,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import state_engine
+from streamberg.common.catalog import close_catalog, state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
@@ -160,6 +160,15 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
         run.log.warning("catalog unreachable", error=str(exc))
         return Status(**empty, catalog=Reachability(False, str(exc)), table_exists=None,
                       ingest=run.ingest(None, None), maintenance=last_maintenance(config, None))
+    try:
+        return _collect_from(run, config, catalog, checked_at, empty, now_ms)
+    finally:
+        close_catalog(catalog)  # opened a call (a metrics scrape, a table of a fleet): closed with it
+
+
+def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, checked_at: str, empty: dict[str, Any],
+                  now_ms: int) -> Status:
+    identifier = config.table.identifier
     try:
         table = catalog.load_table(identifier)
     except NoSuchTableError:
