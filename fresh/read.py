@@ -97,11 +97,6 @@ def table_config(config: str | Path | StreambergConfig, identifier: str | None =
     raise FreshReadRefused(f"{identifier}: not a table of {config}" + (f" ({why})" if why else ""))
 
 
-def _catalog(config: StreambergConfig) -> Any:
-    """The catalog of a config, opened once a process (opening one costs more than a small read)."""
-    return shared_catalog(config.catalog)
-
-
 def _filter(row_filter: str | BooleanExpression | None) -> BooleanExpression:
     if row_filter is None:
         return AlwaysTrue()
@@ -197,7 +192,7 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
     """Check what is asked against the table and pin the snapshot (and, fresh, the tail's start)."""
     config = table_config(config, identifier)
     try:
-        table = _catalog(config).load_table(config.table.identifier)
+        table = shared_catalog(config.catalog).load_table(config.table.identifier)  # opened once a process
     except NoSuchTableError:
         made_by = "the merge, when it starts" if has_changelog(config) else "the ingest, when it starts"
         raise FreshReadRefused(f"{config.table.identifier} does not exist yet (made by {made_by})") from None
@@ -215,7 +210,7 @@ def plan_read(config: str | Path | StreambergConfig, identifier: str | None = No
     # To the kept tail's end only where a live one serves this (append) table; else to Kafka's.
     kept = fresh and until == "kept" and not has_changelog(config) and kept_tail_alive(config)
     if fresh and has_changelog(config):
-        keyed = open_keyed(_catalog(config), config, table)  # after the table: it holds what the table applied
+        keyed = open_keyed(shared_catalog(config.catalog), config, table)  # after the table: it holds what the table applied
         snapshot = table.current_snapshot()
         bounds = replace(pin(keyed.changelog, keyed.config, timeout_seconds), table=config.table.identifier,
                          snapshot_id=snapshot.snapshot_id if snapshot is not None else None,

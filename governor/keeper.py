@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamberg.common.catalog import first_line, load_catalog, state_engine
+from streamberg.common.catalog import first_line, shared_catalog, state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due, Executor
@@ -61,7 +61,7 @@ class SharedCatalogs:
             import streamberg.common.table_slots  # noqa: F401
             from streamberg.common.private_tables import ensure_private_tables
 
-            catalog = load_catalog(config.catalog)
+            catalog = shared_catalog(config.catalog)  # the replan's listing uses the same one
             engine = state_engine(config.catalog, catalog)
             ensure_private_tables(engine)
             self._open[key] = (catalog, engine)
