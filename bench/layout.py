@@ -140,6 +140,7 @@ def main() -> int:
 
     query_stats.HALF_LIFE_DAYS = args.half_life_seconds / 86400
     from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
+    from streamberg.common.column_usage import ColumnFacts
     from streamberg.common.spark import build_spark_session
     from streamberg.compactor.executor import CompactExecutor
     from streamberg.ingest.dead_letters import open_tables
@@ -161,6 +162,7 @@ def main() -> int:
                             "scan_reports_dir": "reports"},
                 "table": {"identifier": "bench.events", "schema": SCHEMA,
                           "properties": {"streamberg.cluster.columns": "auto", "streamberg.columns.drop_unused": "true",
+                                         "streamberg.columns.reporting_engines": "spark,streamberg",
                                          # unused after a few steps of queries (days: 0.0002 = 17 s)
                                          "streamberg.columns.unused_after_days": "0.0002"}},
                 "ingest": {"parallelism": 1, "state_dir": "state", "schema_evolution": "add"},
@@ -217,7 +219,7 @@ def main() -> int:
                                                                 if table.current_snapshot() else {}).items()
                                               if k in (SummaryKeys.COMPACTOR_COLUMNS, SummaryKeys.COMPACTOR_MODE)},
                               "unused": (query_stats.usage(str(config.catalog.scan_reports_dir), config.table.identifier,
-                                                           [f.name for f in table.schema().fields],
+                                                           ColumnFacts.of_table(table),
                                                            0.0002) or {}).get("unused_columns"),
                               "seconds": round(time.monotonic() - started, 1)})
                 print(json.dumps(steps[-1]), file=sys.stderr)

@@ -1,9 +1,12 @@
 """Columns nobody reads, dropped knowingly (docs/governor.md, Column lifecycle).
 
-A column no reported scan filtered or projected for `streamberg.columns.unused_after_days`
-is *unused* (common/query_stats.usage). With `streamberg.columns.drop_unused=true` the
-governor drops it (maintenance/columns.py) and records its name in the table's property
-`streamberg.ingest.ignored-fields`, in the same commit. The ingest then ignores that field
+A column no reported scan read (by field id, a leaf's read counting for its ancestors) in a
+whole `streamberg.columns.unused_after_days` window *with the column present* is *unused*
+(common/query_stats.unused_columns). With `streamberg.columns.drop_unused=true` and the
+acknowledgement `streamberg.columns.reporting_engines` (every engine reading the table
+reports its scans: the one assumption) the governor drops it (maintenance/columns.py) and
+records its name in the table's property `streamberg.ingest.ignored-fields`, and what was
+dropped, when and why in `streamberg.columns.dropped`, in the same commit. The ingest then ignores that field
 of the records knowingly: counted per path in every commit's field sightings (as a field
 the schema lacks is counted with `schema_evolution: off`), never added back by schema
 evolution, never a dead letter. The next rewrite of a file (compaction) leaves the dropped
@@ -11,8 +14,9 @@ column's bytes behind. Undo: remove the name from the property; with `schema_evo
 add` the ingest adds the column again for new records (older rows read it as null).
 
 Never dropped, whatever the statistics say: a primary-key or identifier column, a partition
-source, a clustering column (configured or chosen by `auto`), the sequence, retention,
-key, route or record-time column, and the change log's own columns.
+source, a clustering column (configured, or chosen by `auto`: the config passed here is the
+table's effective one, common/policy.table_settings), the sequence, retention (the rows'
+record time), key or route column, and the change log's own columns.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ from typing import Any
 from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
 
 IGNORED_FIELDS_PROPERTY = "streamberg.ingest.ignored-fields"
+# What the governor dropped, when and why: a JSON list, the newest last (the table's history).
+DROPPED_PROPERTY = "streamberg.columns.dropped"
 # At most this many names recorded (a property is read at every writer's open).
 MAX_IGNORED = 500
+MAX_DROP_LOG = 100
 
 
 def ignored_fields(properties: Mapping[str, str]) -> set[str]:
@@ -59,10 +66,11 @@ def protected_columns(config: StreambergConfig, table: Any) -> dict[str, str]:
         out[str(name).split(".")[0]] = "a clustering column"
     named = {"the sequence column": config.table.sequence_field,
              "the retention column": config.maintenance.retention.column,
-             "the key column": config.kafka.key_field}
+             "the key column": config.kafka.key_field,
+             "the route column": config.route_field}
     for why, name in named.items():
         if name:
-            out[str(name)] = why
+            out[str(name).split(".")[0]] = why
     for name in CHANGELOG_COLUMNS:
         out[name] = "a change-log column"
     return out

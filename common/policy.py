@@ -38,6 +38,13 @@ def _columns(text: str) -> list[str]:
     return columns
 
 
+def _engines(text: str) -> list[str]:
+    engines = [e.strip() for e in text.split(",") if e.strip()]
+    if not engines or len(engines) > 16 or any(len(e) > 60 for e in engines):
+        raise ValueError("1 to 16 engine names, comma-separated")
+    return engines
+
+
 def _strategy(text: str) -> str:
     value = text.strip().lower()
     if value not in LAYOUT_STRATEGIES:
@@ -143,8 +150,14 @@ POLICY_KEYS: tuple[PolicyKey, ...] = (
               "a column no reported scan filtered or projected for this long is listed as unused by "
               "`status` (default 30; needs catalog.scan_reports_dir)"),
     PolicyKey("streamberg.columns.drop_unused", "drop_unused", _bool,
-              "the governor drops the unused columns (never a key, partition, clustering, sequence, retention "
-              "or key column) and the ingest then ignores those fields, counted (false unless set true)"),
+              "the governor drops the unused columns (never a key, partition, clustering, sequence, retention, "
+              "route or key column) and the ingest then ignores those fields, counted (false unless set true). "
+              "Safe only if every engine reading the table reports its scans: nothing is dropped until "
+              "streamberg.columns.reporting_engines says which engines read it"),
+    PolicyKey("streamberg.columns.reporting_engines", "reporting_engines", _engines,
+              "the engines that read this table, comma-separated (e.g. `spark,streamberg`), every one of which "
+              "sends its scan reports to catalog.scan_reports_dir: the acknowledgement drop_unused needs (a "
+              "reader that reports nothing makes every column it reads look unused)"),
 )
 _FAMILIES = ("compact", "cluster", "merge", "maintain", "govern", "snapshots", "retention", "columns")
 
@@ -157,6 +170,7 @@ class TablePolicy:
     min_interval_seconds: float = 60.0
     unused_after_days: float = 30.0
     drop_unused: bool = False
+    reporting_engines: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # config setting (dotted) -> this table's value
     problems: list[str] = field(default_factory=list)  # "key: why", one per bad value or unknown key
     governed: bool = False  # any policy key set (what an opt-in namespace's tables need)
@@ -197,7 +211,15 @@ def policy_of(properties: Mapping[str, str]) -> TablePolicy:
             policy.settings[key.target] = value
         else:
             setattr(policy, key.target, value)
+    if policy.drop_unused and not policy.reporting_engines:
+        policy.problems.append(DROP_NEEDS_ENGINES)
     return policy
+
+
+DROP_NEEDS_ENGINES = (
+    "streamberg.columns.drop_unused: true, but no column is dropped until streamberg.columns.reporting_engines "
+    "lists the engines that read this table, each of which reports its scans (catalog.scan_reports_dir): a "
+    "reader that reports nothing makes the columns it reads look unused")
 
 
 def undeclared(config: StreambergConfig) -> StreambergConfig:
@@ -258,6 +280,14 @@ def effective(config: StreambergConfig, table: Any) -> tuple[StreambergConfig, l
     governor): the config's, with the table's own `streamberg.*` keys over them, and what is
     wrong with them: values refused (common/policy.policy_for) and clustering columns the
     table does not have. The one function; its problems are the table's, never raised."""
+    _, configured, problems = table_settings(config, table)
+    return configured, problems
+
+
+def table_settings(config: StreambergConfig, table: Any) -> tuple[TablePolicy, StreambergConfig, list[str]]:
+    """`effective`, with the policy's own switches (enabled actions, intervals, the column
+    lifecycle's): what the governor keeps a table by. `auto` clustering is resolved to its
+    choice (or the config's columns until one is made) before anything reads the columns."""
     names = {name for name in _column_paths(table.schema())}
     properties, problems = _auto_columns(config, dict(table.properties), names)
     policy, configured = policy_for(config, properties)
@@ -267,7 +297,7 @@ def effective(config: StreambergConfig, table: Any) -> tuple[StreambergConfig, l
         source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
         problems.append(f"{source}: {', '.join(missing)} not a column of the table (columns: "
                         f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
-    return configured, problems
+    return policy, configured, problems
 
 
 AUTO = "auto"

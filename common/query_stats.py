@@ -27,15 +27,25 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from streamberg.common.column_usage import ColumnFacts
+from streamberg.common.log import get_logger
+from streamberg.common.scan_reports import append_report, take
+
 STATS_FILE = "query-stats.json"
 LOCK_FILE = ".fold.lock"
 HALF_LIFE_DAYS = 7.0
-MAX_COLUMNS_PER_TABLE = 500
+# Names (and field ids) kept per table: past it, the least recently used go, and no column can
+# be called unused until the window has passed since the newest use that went (usage).
+MAX_COLUMNS_PER_TABLE = 2000
+MAX_NAMES_PER_REPORT = 4096  # names one report may record; past it, the same as an eviction
+MAX_STATS_BYTES = 256 * 1024 * 1024
+LOCK_WAIT_SECONDS = 2.0
 MAX_TABLES = 10_000
 AUTO_MAX_COLUMNS = 4
 AUTO_MIN_SCANS = 20
@@ -87,13 +97,38 @@ def _decayed(entry: dict[str, Any], now: float) -> None:
 
 def _metric(metrics: dict[str, Any], name: str) -> float:
     value = metrics.get(name)
-    return float(value.get("value", 0)) if isinstance(value, dict) else 0.0
+    try:
+        return float(value.get("value", 0)) if isinstance(value, dict) else 0.0
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
 
 
 def table_of(report_table: str, catalog_name: str) -> str:
     """A report's `table-name` (the engine's catalog name, then the identifier) as streamberg's identifier."""
     head, _, rest = report_table.partition(".")
     return rest if rest and head.lower() == catalog_name.lower() else report_table
+
+
+def _lose(entry: dict[str, Any], last_used: float) -> None:
+    """Evidence of a use is gone (evicted, or past a report's cap): no column can be proven
+    unused until the window has passed since then (usage)."""
+    entry["evicted_last_used"] = max(float(entry.get("evicted_last_used", 0.0)), last_used)
+
+
+def _bounded(entry: dict[str, Any], key: str, limit: int) -> dict[str, Any]:
+    """entry[key], with room for one more: when full, the least recently used tenth goes (by
+    recency, never first come: nothing read lately can be pushed out by old junk)."""
+    found = entry.setdefault(key, {})
+    if len(found) >= limit:
+        def last(item: tuple[str, Any]) -> float:
+            value = item[1]
+            return float(value.get("last_used", 0.0) if isinstance(value, dict) else value)
+
+        oldest = sorted(found.items(), key=last)[: max(1, limit // 10)]
+        for name, _ in oldest:
+            del found[name]
+        _lose(entry, max(last(o) for o in oldest))
+    return found
 
 
 def _add(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: float) -> None:
@@ -113,85 +148,134 @@ def _add(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: 
     entry["scans_total"] = int(entry.get("scans_total", 0)) + 1
     entry["files_scanned"] += _metric(metrics, "result-data-files")
     entry["files_skipped"] += _metric(metrics, "skipped-data-files")
-    columns = entry["columns"]
 
-    def column(name: str) -> dict[str, Any] | None:
-        if name not in columns and len(columns) >= MAX_COLUMNS_PER_TABLE:
-            return None
-        return columns.setdefault(name, {})
+    def column(name: str) -> dict[str, Any]:
+        columns = entry["columns"]
+        if name not in columns:
+            columns = _bounded(entry, "columns", MAX_COLUMNS_PER_TABLE)
+        found: dict[str, Any] = columns.setdefault(name, {})
+        return found
 
-    for term, kind in filter_terms(report.get("filter")):
+    terms = filter_terms(report.get("filter"))
+    projected = report.get("projected-field-names")
+    names = [p[:200] for p in projected if isinstance(p, str) and p] if isinstance(projected, list) else []
+    ids = report.get("projected-field-ids")
+    field_ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**31] \
+        if isinstance(ids, list) else []
+    if len(terms) + len(names) > MAX_NAMES_PER_REPORT or len(field_ids) > MAX_NAMES_PER_REPORT:
+        _lose(entry, now)  # a report past the cap: what it read beyond it is not recorded
+    for term, kind in terms[:MAX_NAMES_PER_REPORT]:
         found = column(term)
-        if found is not None:
-            found["filter"] = found.get("filter", 0.0) + 1
-            found[kind] = found.get(kind, 0.0) + 1
-            found["last_used"] = now
-    for projected in report.get("projected-field-names") or []:
-        if isinstance(projected, str) and (found := column(projected[:200])) is not None:
-            found["projected"] = found.get("projected", 0.0) + 1
-            found["last_used"] = now
+        found["filter"] = found.get("filter", 0.0) + 1
+        found[kind] = found.get(kind, 0.0) + 1
+        found["last_used"] = now
+    for projected_name in names[: max(0, MAX_NAMES_PER_REPORT - len(terms))]:
+        found = column(projected_name)
+        found["projected"] = found.get("projected", 0.0) + 1
+        found["last_used"] = now
+    for field_id in field_ids[:MAX_NAMES_PER_REPORT]:
+        key = str(field_id)
+        used = entry.get("ids", {})
+        if key not in used:
+            used = _bounded(entry, "ids", MAX_COLUMNS_PER_TABLE)
+        used[key] = now
+
+
+class FoldBusy(Exception):
+    """Another process holds the fold lock past the wait: the saved statistics serve meanwhile."""
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(folder: Path, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[None]:
+    """The fold lock, waited for at most `wait_seconds` (FoldBusy after): a fold stuck in
+    another process never stops `status` or the governor's other work."""
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / LOCK_FILE).open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise FoldBusy(f"{folder}: another process is folding the scan reports") from None
+                time.sleep(0.02)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _empty() -> dict[str, Any]:
+    return {"version": 1, "tables": {}}
 
 
 def load(folder: str | Path) -> dict[str, Any]:
+    """The saved statistics (empty when there are none or they do not read)."""
+    path = Path(folder) / STATS_FILE
     try:
-        found = json.loads((Path(folder) / STATS_FILE).read_text())
-    except (OSError, ValueError):
-        return {"version": 1, "tables": {}}
-    return found if isinstance(found, dict) and isinstance(found.get("tables"), dict) else {"version": 1, "tables": {}}
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return _empty()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return _empty()
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            found = json.loads(handle.read(MAX_STATS_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return _empty()
+    finally:
+        os.close(fd)
+    return found if isinstance(found, dict) and isinstance(found.get("tables"), dict) else _empty()
 
 
 def _save(folder: Path, stats: dict[str, Any]) -> None:
-    temporary = folder / f"{STATS_FILE}.tmp"
-    temporary.write_text(json.dumps(stats, separators=(",", ":")))
+    temporary = folder / f".{STATS_FILE}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(stats, separators=(",", ":")))
     os.replace(temporary, folder / STATS_FILE)
 
 
 def fold(folder: str | Path, catalog_name: str, now: float | None = None) -> dict[str, Any]:
-    """Consume the report files into the statistics; return them."""
+    """Consume the report files into the statistics; return them (the saved ones, unchanged,
+    while another process holds the fold lock)."""
     folder = Path(folder)
     now = time.time() if now is None else now
-    with _locked(folder):
-        return _fold_locked(folder, catalog_name, now)
+    try:
+        with _locked(folder):
+            return _fold_locked(folder, catalog_name, now)
+    except FoldBusy:
+        return load(folder)
 
 
 def _fold_locked(folder: Path, catalog_name: str, now: float) -> dict[str, Any]:
-    """`fold` under the lock the caller holds; the file is written only when a report came."""
+    """`fold` under the lock the caller holds: every line on its own (a line that fails is
+    dropped and counted), the statistics saved before any report file is removed."""
     stats = load(folder)
-    folded = False
-    for path in sorted(folder.glob("reports-*.jsonl")):
-        taken = path.with_suffix(".folding")
+    taken = take(folder)
+    if not taken.files:
+        return stats
+    for kind, report in taken.reports:
         try:
-            os.replace(path, taken)  # the writer's next report starts a new file of the same name
-            lines = taken.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # cut by a concurrent write
-            kind = record.get("report-type") if isinstance(record, dict) else None
-            # Ours wraps the report; a REST catalog's ReportMetricsRequest is flat.
-            report = record.get("report", record) if kind in ("scan-report", "commit-report") else None
-            if isinstance(report, dict) and kind == "scan-report":
+            if kind == "scan-report":
                 _add(stats, report, catalog_name, now)
-            elif isinstance(report, dict):
+            else:
                 _add_commit(stats, report, catalog_name, now)
-        taken.unlink(missing_ok=True)
-        folded = True
-    if folded:
-        _save(folder, stats)
+        except Exception:  # noqa: BLE001 - a report of the wrong shape: dropped, counted
+            taken.drop("a report of the wrong shape")
+    if taken.dropped:
+        dropped = stats.setdefault("dropped", {})
+        for why, count in taken.dropped.items():
+            dropped[why] = int(dropped.get(why, 0)) + count
+        get_logger("common.query_stats", folder=str(folder)).warning(
+            "scan reports dropped while folding", dropped=taken.dropped, files=len(taken.files))
+    _save(folder, stats)
+    taken.done()
     return stats
 
 
@@ -213,19 +297,11 @@ def _add_commit(stats: dict[str, Any], report: dict[str, Any], catalog_name: str
         entry["snapshot_id"] = snapshot
 
 
-def _append_report(folder: str | Path, kind: str, report: dict[str, Any]) -> None:
-    """One report line of this process, in the Java writer's form, into the folder it folds."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / f"reports-python-{os.getpid()}.jsonl").open("a") as out:
-        out.write(json.dumps({"report-type": kind, "report": report}) + "\n")
-
-
 def record_commit(folder: str | Path, identifier: str, snapshot_id: int | None, operation: str) -> None:
     """A commit of the product's own (pyiceberg writes: the ingest's, maintenance's), as a
     commit report in Iceberg's JSON form: the governor wakes on it (governor/keeper.py)."""
-    _append_report(folder, "commit-report", {"table-name": identifier, "snapshot-id": snapshot_id,
-                                             "operation": operation, "metrics": {}})
+    append_report(folder, "commit-report", {"table-name": identifier, "snapshot-id": snapshot_id,
+                                            "operation": operation, "metrics": {}})
 
 
 def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> dict[str, dict[str, Any]]:
@@ -236,8 +312,8 @@ def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> 
 
 def record_read(folder: str | Path, identifier: str, filter_json: Any, projected: list[str]) -> None:
     """A read of the product's own (a fresh read), as a scan report in Iceberg's JSON form."""
-    _append_report(folder, "scan-report", {"table-name": identifier, "filter": filter_json,
-                                           "projected-field-names": projected, "metrics": {}})
+    append_report(folder, "scan-report", {"table-name": identifier, "filter": filter_json,
+                                          "projected-field-names": projected, "metrics": {}})
 
 
 def _score(columns: dict[str, Any], name: str) -> float:
@@ -265,51 +341,143 @@ def _with_hysteresis(scored: list[tuple[float, str]], current: list[str], column
 def auto_columns(folder: str | Path, catalog_name: str, identifier: str, names: set[str],
                  now: float | None = None) -> tuple[list[str], str]:
     """The clustering columns `auto` gives the table now and why (empty when no query filtered
-    any of its columns yet). Folds the pending reports first; keeps the choice (hysteresis)."""
+    any of its columns yet). Folds the pending reports first; keeps the choice (hysteresis).
+    While another process holds the fold lock: the choice saved last, unchanged."""
     folder = Path(folder)
     now = time.time() if now is None else now
-    with _locked(folder):
-        stats = _fold_locked(folder, catalog_name, now)
-        entry = stats["tables"].get(identifier)
-        if entry is None:
-            return [], "no scan report of this table yet"
-        columns = entry.get("columns", {})
-        scored = sorted(((round(_score(columns, c), 3), c) for c in columns if c in names and _score(columns, c) > 0),
-                        reverse=True)
-        if not scored:
-            return [], f"no filter on its columns in {int(entry.get('scans_total', 0))} scans"
-        chosen = entry.get("auto") or {}
-        current = [c for c in chosen.get("columns", []) if c in names]
-        scans_since = int(entry.get("scans_total", 0)) - int(chosen.get("scans_total", 0))
-        evidence = ", ".join(f"{c} {s:g}" for s, c in scored[:6])
-        candidate = _with_hysteresis(scored, current, columns)
-        if current and candidate == current:
-            return current, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}"
-        if current and scans_since < AUTO_MIN_SCANS:
-            return current, (f"kept {', '.join(current)} (filter scores {evidence}; a change needs "
-                             f"{AUTO_MIN_SCANS} scans since the choice)")
-        if candidate != current:
-            entry["auto"] = {"columns": candidate, "since": now, "scans_total": int(entry.get("scans_total", 0)),
-                             "evidence": evidence, "was": current}
-            _save(folder, stats)
-        return candidate, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}"
+    try:
+        with _locked(folder):
+            stats = _fold_locked(folder, catalog_name, now)
+            chosen, why, changed = _choose(stats, identifier, names, now)
+            if changed:
+                _save(folder, stats)
+            return chosen, why
+    except FoldBusy:
+        entry = load(folder)["tables"].get(identifier) or {}
+        found = entry.get("auto")
+        saved: dict[str, Any] = found if isinstance(found, dict) else {}
+        kept = [c for c in saved.get("columns", []) if isinstance(c, str) and c in names]
+        return kept, "the choice saved last (another process is folding the scan reports)"
 
 
-def usage(folder: str | Path, identifier: str, columns_of_table: list[str] | None = None,
+def _choose(stats: dict[str, Any], identifier: str, names: set[str], now: float) -> tuple[list[str], str, bool]:
+    """(columns, why, whether the entry's choice changed) by the table's filter statistics."""
+    entry = stats["tables"].get(identifier)
+    if entry is None:
+        return [], "no scan report of this table yet", False
+    columns = entry.get("columns", {})
+    scored = sorted(((round(_score(columns, c), 3), c) for c in columns if c in names and _score(columns, c) > 0),
+                    reverse=True)
+    if not scored:
+        return [], f"no filter on its columns in {int(entry.get('scans_total', 0))} scans", False
+    chosen = entry.get("auto") or {}
+    current = [c for c in chosen.get("columns", []) if c in names]
+    scans_since = int(entry.get("scans_total", 0)) - int(chosen.get("scans_total", 0))
+    evidence = ", ".join(f"{c} {s:g}" for s, c in scored[:6])
+    candidate = _with_hysteresis(scored, current, columns)
+    if current and candidate == current:
+        return current, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}", False
+    if current and scans_since < AUTO_MIN_SCANS:
+        return current, (f"kept {', '.join(current)} (filter scores {evidence}; a change needs "
+                         f"{AUTO_MIN_SCANS} scans since the choice)"), False
+    changed = candidate != current
+    if changed:
+        entry["auto"] = {"columns": candidate, "since": now, "scans_total": int(entry.get("scans_total", 0)),
+                         "evidence": evidence, "was": current}
+    return candidate, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}", changed
+
+
+def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float | None = None) -> dict[str, Any] | None:
+    """Record what the statistics must know of the table itself, and return its entry (None:
+    no report of it yet): its UUID (a table dropped and made again under the same name starts
+    its statistics anew), when each of its field ids was first seen (proof the field existed
+    then), and no names that were never a column of it (junk, read before these facts were)."""
+    folder = Path(folder)
+    now = time.time() if now is None else now
+    try:
+        with _locked(folder, wait_seconds=0.5):
+            stats = load(folder)
+            entry = stats["tables"].get(identifier)
+            if not isinstance(entry, dict):
+                return None
+            changed = False
+            if entry.get("uuid") not in (None, facts.uuid):
+                for key in ("columns", "ids", "fields", "auto", "evicted_last_used"):
+                    entry.pop(key, None)
+                entry["since"] = now  # the new table's collection starts now
+                changed = True
+            if entry.get("uuid") != facts.uuid:
+                entry["uuid"] = facts.uuid
+                changed = True
+            fields = entry.setdefault("fields", {})
+            for field_id in facts.current_ids:
+                if str(field_id) not in fields:
+                    fields[str(field_id)] = now
+                    changed = True
+            columns = entry.get("columns", {})
+            junk = [n for n, c in columns.items() if n not in facts.ids_of_name
+                    and float(c.get("last_used", 0)) < facts.loaded_at]
+            for name in junk:
+                del columns[name]
+            if junk or changed:
+                _save(folder, stats)
+            return entry
+    except FoldBusy:
+        found = load(folder)["tables"].get(identifier)
+        return found if isinstance(found, dict) else None
+
+
+def _appeared(entry: dict[str, Any], facts: ColumnFacts, field_id: int, now: float) -> float:
+    """The earliest proof that the field exists: a snapshot written with a schema holding it,
+    or the statistics' first sight of it; now when there is none (too new to judge)."""
+    seen = entry.get("fields", {}).get(str(field_id))
+    proofs = [facts.appeared.get(field_id, now)] + ([float(seen)] if isinstance(seen, (int, float)) else [])
+    return min(proofs)
+
+
+def unused_columns(entry: dict[str, Any], facts: ColumnFacts, unused_after_days: float,
+                   now: float) -> tuple[list[str] | None, str]:
+    """The table's top-level columns no reported scan read (by field id, a leaf's use counting
+    for its ancestors) in the whole window with the column present, and a word on why there
+    are none. None: the statistics do not cover the window (collected too briefly, or of
+    another table of the same name)."""
+    window = unused_after_days * 86400
+    cutoff = now - window
+    since = float(entry.get("since", entry.get("updated", now)))
+    if entry.get("uuid") not in (None, facts.uuid):
+        return None, "the statistics are of a table of the same name made earlier"
+    if now - since < window:
+        return None, f"scan reports collected for {max(0.0, now - since) / 86400:.1f} of {unused_after_days:g} days"
+    if float(entry.get("evicted_last_used", 0.0)) >= cutoff:
+        return [], ("some scan reports within the window were not kept whole (too many names): no column can be "
+                    "proven unused until the window has passed since")
+    last: dict[int, float] = {}
+    for name, column in entry.get("columns", {}).items():
+        used = float(column.get("last_used", 0.0)) if isinstance(column, dict) else 0.0
+        for top in facts.tops_of_name(name):
+            last[top] = max(last.get(top, 0.0), used)
+    for key, used_at in entry.get("ids", {}).items():
+        top = facts.top_of(int(key)) if str(key).isdigit() else None
+        if top is not None:
+            last[top] = max(last.get(top, 0.0), float(used_at))
+    unused = [name for field_id, name in facts.top.items()
+              if last.get(field_id, 0.0) < cutoff and max(since, _appeared(entry, facts, field_id, now)) <= cutoff]
+    return unused, ""
+
+
+def usage(folder: str | Path, identifier: str, facts: ColumnFacts | None = None,
           unused_after_days: float = 30.0, now: float | None = None) -> dict[str, Any] | None:
     """The table's statistics as `status` shows them (None without any report). With the
-    table's top-level columns: those no reported scan filtered or projected within
-    `unused_after_days`, once reports have been collected that long."""
-    entry = load(folder)["tables"].get(identifier)
-    if entry is None:
-        return None
+    table's column facts: the top-level columns no reported scan read within
+    `unused_after_days` (`unused_columns`, common/query_stats.unused_columns)."""
     now = time.time() if now is None else now
-    unused: list[str] | None = None
+    entry: Any = observe(folder, identifier, facts, now) if facts is not None else \
+        load(folder)["tables"].get(identifier)
+    if not isinstance(entry, dict):
+        return None
+    entry = dict(entry)
+    unused, why = unused_columns(entry, facts, unused_after_days, now) if facts is not None else (None, "")
     since = float(entry.get("since", entry.get("updated", now)))
-    if columns_of_table is not None and now - since >= unused_after_days * 86400:
-        cutoff = now - unused_after_days * 86400
-        seen = entry.get("columns", {})
-        unused = [c for c in columns_of_table if float(seen.get(c, {}).get("last_used", 0)) < cutoff]
     columns = entry.get("columns", {})
     scanned, skipped = float(entry.get("files_scanned", 0)), float(entry.get("files_skipped", 0))
     return {"scans": round(float(entry.get("scans", 0)), 1), "scans_total": int(entry.get("scans_total", 0)),
@@ -317,4 +485,4 @@ def usage(folder: str | Path, identifier: str, columns_of_table: list[str] | Non
             "filtered": {c: round(_score(columns, c), 2) for c in sorted(columns, key=lambda c: -_score(columns, c))
                          if _score(columns, c) > 0},
             "auto": entry.get("auto"), "reported_since": since, "unused_columns": unused,
-            "unused_after_days": unused_after_days}
+            "unused_why_none": why, "unused_after_days": unused_after_days}

@@ -2,8 +2,8 @@
 its runner, over the components' executors (common/keeping.py) on the one shared session.
 
 A keeper lives across rounds. Each probe loads the table once, reads its `streamberg.*`
-policy (common/policy.policy_for: the table's settings over the config's, each checked by its
-section's own model) and asks every enabled executor what is due by that effective config;
+policy (common/policy.table_settings: the table's settings over the config's, each checked by
+its section's own model, `auto` clustering resolved) and asks every enabled executor what is due by that effective config;
 an executor's failure to answer is that table's problem, named, never the round's.
 """
 
@@ -18,7 +18,7 @@ from streamberg.common.catalog import first_line, shared_catalog, state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due, Executor
-from streamberg.common.policy import policy_for
+from streamberg.common.policy import policy_for, table_settings
 
 # How often the service folds the reported commits (one fold serves every table's probe).
 COMMITS_EVERY_SECONDS = 1.0
@@ -108,9 +108,15 @@ class TableKeeper:
             table = None  # a primary-key table its first merge makes: only the merge can be due
         else:
             table = self._table_now(catalog)
-        policy, config = policy_for(self.config, table.properties if table is not None else {})
+        # The one path (common/policy.table_settings): `auto` clustering resolved to its choice
+        # before any executor reads the columns (a column drop protects what is chosen).
+        if table is not None:
+            policy, config, problems = table_settings(self.config, table)
+        else:
+            policy, config = policy_for(self.config, {})
+            problems = list(policy.problems)
         self.effective = config
-        problems, due = list(policy.problems), []
+        due: list[Due] = []
         for executor in self.executors:
             if not executor.enabled(policy):
                 continue

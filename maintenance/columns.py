@@ -1,44 +1,72 @@
 """The governor's column lifecycle (common/column_lifecycle.py): drop the columns no query
-reads, on a table whose policy says `streamberg.columns.drop_unused=true`, and nowhere else.
+reads, on a table whose policy says `streamberg.columns.drop_unused=true` and acknowledges
+which engines read it (`streamberg.columns.reporting_engines`), and nowhere else.
 
-Due when the table's scan statistics (catalog.scan_reports_dir) list unused columns that are
-not protected; the run drops them and records them as ignored fields in one commit of the
-table's metadata (no data file is touched: the next rewrite of each file leaves their bytes
-behind). A dry run of the governor shows what would go, with the statistics' evidence.
+Due when the table's scan statistics (catalog.scan_reports_dir) prove columns unused over a
+whole window with each column present (common/query_stats.unused_columns) that are not
+protected; the run reads the table and the statistics again, drops them and records them as
+ignored fields, and what was dropped, when and why, in one commit of the table's metadata (no
+data file is touched: the next rewrite of each file leaves their bytes behind). Undo: remove
+the name from `streamberg.ingest.ignored-fields`; with `schema_evolution: add` the ingest adds
+the column again for new records (docs/governor.md).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY, MAX_IGNORED, droppable, ignored_fields
+from streamberg.common.column_lifecycle import (
+    DROPPED_PROPERTY,
+    IGNORED_FIELDS_PROPERTY,
+    MAX_DROP_LOG,
+    MAX_IGNORED,
+    droppable,
+    ignored_fields,
+)
+from streamberg.common.column_usage import ColumnFacts
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
 from streamberg.common.log import get_logger
-from streamberg.common.policy import policy_of
+from streamberg.common.policy import TablePolicy, policy_of
+from streamberg.common.query_stats import usage
 
 
 def unused_columns(config: StreambergConfig, table: Any) -> tuple[list[str], dict[str, str], float]:
-    """(droppable, kept with why, the days) by the table's statistics and policy."""
-    from streamberg.common.query_stats import usage
-
-    days = policy_of(table.properties).unused_after_days
+    """(droppable, kept with why, the days) by the table's statistics and policy. `config` is
+    the table's effective config (common/policy.table_settings): its clustering columns are
+    `auto`'s choice where the table says `auto`."""
+    policy = policy_of(table.properties)
+    days = policy.unused_after_days
     folder = config.catalog.scan_reports_dir
-    if not folder:
+    if not folder or not _acknowledged(policy):
         return [], {}, days
-    found = usage(str(folder), config.table.identifier, [f.name for f in table.schema().fields], days)
+    found = usage(str(folder), config.table.identifier, ColumnFacts.of_table(table), days)
     unused = (found or {}).get("unused_columns") or []
     drop, kept = droppable(config, table, unused)
     return drop, kept, days
+
+
+def _acknowledged(policy: TablePolicy) -> bool:
+    return policy.drop_unused and bool(policy.reporting_engines)
+
+
+def _drop_log(properties: dict[str, str], entries: list[dict[str, Any]]) -> str:
+    try:
+        earlier = json.loads(properties.get(DROPPED_PROPERTY) or "[]")
+    except (ValueError, RecursionError):
+        earlier = []
+    earlier = [e for e in earlier if isinstance(e, dict)] if isinstance(earlier, list) else []
+    return json.dumps((earlier + entries)[-MAX_DROP_LOG:], separators=(",", ":"))
 
 
 class DropColumnsExecutor:
     action = "drop-columns"
 
     def enabled(self, switches: Any) -> bool:
-        return bool(getattr(switches, "drop_unused", False))
+        return bool(getattr(switches, "drop_unused", False)) and bool(getattr(switches, "reporting_engines", None))
 
     def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
         if table is None:
@@ -53,20 +81,29 @@ class DropColumnsExecutor:
 
     def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
         """Drop what is still unused and unprotected now (read again: the statistics may have
-        moved since the probe), recording the names the ingest ignores, in one commit."""
+        moved since the probe), recording the names the ingest ignores and the drop itself,
+        in one commit."""
         log = get_logger("maintenance.columns", table=config.table.identifier)
         table = load_catalog(config.catalog).load_table(config.table.identifier)
         drop, kept, days = unused_columns(config, table)
         if not drop:
             return {"dropped": [], "kept": kept}
         names = sorted(ignored_fields(table.properties) | set(drop))[:MAX_IGNORED]
+        schema = table.schema()
+        engines = policy_of(table.properties).reporting_engines
+        why = f"no scan reported by {', '.join(engines)} read it in {days:g} days"
+        entries = [{"column": name, "field_id": schema.find_field(name).field_id,
+                    "type": str(schema.find_field(name).field_type), "at": round(time.time(), 3), "why": why}
+                   for name in drop]
         with table.transaction() as transaction:
             with transaction.update_schema() as update:
                 for name in drop:
                     update.delete_column(name)
-            transaction.set_properties({IGNORED_FIELDS_PROPERTY: json.dumps(names)})
+            transaction.set_properties({IGNORED_FIELDS_PROPERTY: json.dumps(names),
+                                        DROPPED_PROPERTY: _drop_log(dict(table.properties), entries)})
         snapshot = table.refresh().current_snapshot()
-        log.warning("unused columns dropped; the ingest ignores these fields from now on", dropped=drop,
-                    unused_after_days=days, kept=kept, ignored_fields=names,
-                    snapshot=snapshot.snapshot_id if snapshot is not None else None)
+        log.warning("unused columns dropped; the ingest ignores these fields from now on (undo: remove them from "
+                    f"{IGNORED_FIELDS_PROPERTY}, docs/governor.md)", dropped=drop, why=why,
+                    field_ids=[e["field_id"] for e in entries], unused_after_days=days, kept=kept,
+                    ignored_fields=names, snapshot=snapshot.snapshot_id if snapshot is not None else None)
         return {"dropped": drop, "kept": kept, "ignored_fields": names}

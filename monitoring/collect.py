@@ -243,11 +243,11 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
 def _queries(config: StreambergConfig, table: Any) -> dict[str, Any]:
     """The table's scan statistics, its unused columns and the clustering columns it is kept
     with (after `auto`)."""
+    from streamberg.common.column_usage import ColumnFacts
     from streamberg.common.policy import policy_of
     from streamberg.common.query_stats import usage
 
-    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier,
-                  [f.name for f in table.schema().fields],
+    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier, ColumnFacts.of_table(table),
                   policy_of(table.properties).unused_after_days) or {"scans_total": 0}
     return {**found, "cluster_columns": list(config.compactor.columns)}
 

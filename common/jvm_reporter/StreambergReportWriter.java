@@ -1,14 +1,15 @@
 package org.streamberg.reports;
 
-import java.io.FileOutputStream;
 import java.io.IOException;
-import java.io.OutputStreamWriter;
-import java.io.Writer;
+import java.io.OutputStream;
 import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.BasicFileAttributes;
 import java.util.Map;
 import org.apache.iceberg.metrics.CommitReport;
 import org.apache.iceberg.metrics.CommitReportParser;
@@ -78,11 +79,16 @@ public class StreambergReportWriter implements MetricsReporter {
   private synchronized void write(String line) {
     try {
       Files.createDirectories(file.getParent());
-      if (Files.exists(file) && Files.size(file) > MAX_FILE_BYTES) {
-        return;  // bounded: the folder is folded and emptied by streamberg
+      if (Files.exists(file, LinkOption.NOFOLLOW_LINKS)) {
+        BasicFileAttributes found = Files.readAttributes(file, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
+        if (!found.isRegularFile() || found.size() > MAX_FILE_BYTES) {
+          return;  // a link or FIFO planted at our name is never followed; bounded: streamberg folds and empties it
+        }
       }
-      try (Writer out = new OutputStreamWriter(new FileOutputStream(file.toFile(), true), StandardCharsets.UTF_8)) {
-        out.write(line);
+      // NOFOLLOW_LINKS: O_NOFOLLOW, so a link put there between the check and the open fails the open.
+      try (OutputStream out = Files.newOutputStream(file, StandardOpenOption.CREATE, StandardOpenOption.APPEND,
+          StandardOpenOption.WRITE, LinkOption.NOFOLLOW_LINKS)) {
+        out.write(line.getBytes(StandardCharsets.UTF_8));
       }
     } catch (IOException | RuntimeException e) {
       // never fail a query for its report

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.column_usage import ColumnFacts
 from streamberg.common.config import load_config
 from streamberg.common.policy import effective
 from streamberg.common.query_stats import AUTO_MIN_SCANS, filter_terms, fold, usage
@@ -112,10 +113,11 @@ def test_the_products_own_reads_report_their_filters(tmp_path: Path) -> None:
     assert seen is not None and seen["scans_total"] == 3
     assert seen["filtered"] == {"city": 3.0, "amount": 2.4}
     assert seen["unused_columns"] is None  # not watched long enough to call a column unused
-    names = [f.name for f in reload(config).schema().fields]
-    later = usage(config.catalog.scan_reports_dir, config.table.identifier, names, 30, now=time.time() + 31 * 86400)
+    facts = ColumnFacts.of_table(reload(config))
+    names = list(facts.top.values())
+    later = usage(config.catalog.scan_reports_dir, config.table.identifier, facts, 30, now=time.time() + 31 * 86400)
     assert later["unused_columns"] == names  # nothing read in the 30 days before then
-    now = usage(config.catalog.scan_reports_dir, config.table.identifier, names, 30,
+    now = usage(config.catalog.scan_reports_dir, config.table.identifier, facts, 30,
                 now=seen["reported_since"] + 30 * 86400)
     assert now["unused_columns"] == [c for c in names if c not in ("id", "city", "amount")]
 

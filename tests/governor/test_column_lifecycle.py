@@ -26,13 +26,19 @@ from tests.runbooks.inprocess import event, ingest_until, produce_values
 DAY = 86400.0
 
 
-def _age(folder: Path, identifier: str, last_used: dict[str, float], since: float) -> None:
-    """The statistics as if reports had been collected since `since`, each column last read then."""
+def _age(folder: Path, identifier: str, last_used: dict[str, float], since: float, table=None) -> None:
+    """The statistics as if reports had been collected since `since`, each column last read then
+    (and, given the table, its fields first seen then too: present for the whole window)."""
     stats = json.loads((folder / STATS_FILE).read_text())
     entry = stats["tables"][identifier]
     entry["since"] = since
     for column, at in last_used.items():
         entry.setdefault("columns", {}).setdefault(column, {})["last_used"] = at
+    if table is not None:
+        from pyiceberg.schema import index_by_id
+
+        entry["uuid"] = str(table.metadata.table_uuid)
+        entry["fields"] = {str(i): since for i in index_by_id(table.schema())}
     (folder / STATS_FILE).write_text(json.dumps(stats))
 
 
@@ -55,12 +61,20 @@ def test_unused_columns_dropped_where_declared_and_ignored_by_the_ingest(tmp_pat
     folder = Path(config.catalog.scan_reports_dir)
     assert fold(folder, config.catalog.name)
     now = time.time()
-    _age(folder, config.table.identifier, {"id": now, "city": now, "ts": now - 40 * DAY}, since=now - 40 * DAY)
+    _age(folder, config.table.identifier, {"id": now, "city": now, "ts": now - 40 * DAY}, since=now - 40 * DAY,
+         table=table)
 
     # Not declared on the table: nothing is dropped, whatever the statistics say.
     assert not executor.enabled(policy_of(table.properties))
     with table.transaction() as tx:
         tx.set_properties({"streamberg.columns.drop_unused": "true"})
+    table = catalog.load_table(config.table.identifier)
+    # Declared but not acknowledged (which engines read it, each reporting): still nothing, and said.
+    policy = policy_of(table.properties)
+    assert not executor.enabled(policy) and any("reporting_engines" in p for p in policy.problems), policy
+    assert DropColumnsExecutor().due(effective(config, table)[0], table, catalog, None) is None
+    with table.transaction() as tx:
+        tx.set_properties({"streamberg.columns.reporting_engines": "streamberg"})
     table = catalog.load_table(config.table.identifier)
     policy = policy_of(table.properties)
     assert policy.problems == [] and executor.enabled(policy)
