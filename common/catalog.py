@@ -460,10 +460,11 @@ def ensure_table(catalog: Catalog, table: TableConfig, derive: Callable[[], Sche
 def _declared_kept(table: TableConfig, existing: Table) -> Schema:
     """The config's schema less the columns the governor dropped as unused: the ingest ignores
     those fields knowingly (common/column_lifecycle.py), so a config still declaring them fits."""
-    from streamberg.common.column_lifecycle import ignored_fields
+    from streamberg.common.column_lifecycle import checked_ignored_fields
 
     declared = schema_from_config(table)
-    ignored = ignored_fields(existing.properties)
+    ignored = checked_ignored_fields(table.identifier, existing.properties,
+                                     [f.name for f in existing.schema().fields])
     if not ignored:
         return declared
     return Schema(*[f for f in declared.fields if f.name not in ignored], schema_id=declared.schema_id,

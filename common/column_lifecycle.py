@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
+from streamberg.common.errors import IgnoredFieldsRefused
 
 IGNORED_FIELDS_PROPERTY = "streamberg.ingest.ignored-fields"
 # What the governor dropped, when and why: a JSON list, the newest last (the table's history).
@@ -47,6 +48,22 @@ def ignored_fields(properties: Mapping[str, str]) -> set[str]:
     if not isinstance(names, list):
         return set()
     return {n for n in names[:MAX_IGNORED] if isinstance(n, str) and n}
+
+
+def checked_ignored_fields(identifier: str, properties: Mapping[str, str], columns: list[str]) -> set[str]:
+    """`ignored_fields`, refused (IgnoredFieldsRefused) when one names a column the table still
+    has: the governor records a name only in the commit that drops its column, so such an
+    entry was edited or forged, and following it would leave that column's values unwritten."""
+    ignored = ignored_fields(properties)
+    present = sorted(ignored & set(columns))
+    if present:
+        raise IgnoredFieldsRefused(
+            f"table {identifier}: its property {IGNORED_FIELDS_PROPERTY} names {', '.join(present)}, "
+            f"{'a column' if len(present) == 1 else 'columns'} the table still has; the governor names a field "
+            f"there only when it drops the column, so the value was edited by hand: remove "
+            f"{'that name' if len(present) == 1 else 'those names'} from the property (the ingest of this table "
+            f"waits until then; the others go on)")
+    return ignored
 
 
 def protected_columns(config: StreambergConfig, table: Any) -> dict[str, str]:

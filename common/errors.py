@@ -60,6 +60,12 @@ class SchemaMismatchError(StreambergError):
     """Raised when the existing table cannot take the records the config describes."""
 
 
+class IgnoredFieldsRefused(SchemaMismatchError):
+    """A table's streamberg.ingest.ignored-fields names a column the table still has: a bad
+    property value of that table (never written by the governor, which drops the column in
+    the same commit); its ingest is refused, the others go on."""
+
+
 class UnsupportedSchemaError(StreambergError, ValueError):
     """Raised when the table has a column type the JSON ingest cannot fill."""
 

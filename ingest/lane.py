@@ -132,7 +132,9 @@ class TableLane:
             self.spool.decoding_with(self.schema_id)
         # Fields of columns the governor dropped as unused (common/column_lifecycle.py):
         # counted, never added back, never dead letters.
-        self.ignored = ignored_fields(table.properties)
+        # A name of a column the table still has is never ignored (its values would go unwritten):
+        # the table's start refuses such a property value (common/catalog._declared_kept).
+        self.ignored = ignored_fields(table.properties) - {f.name for f in table.schema().fields}
         self.files = PartitionedFileWriter(
             io=table.io, location=table.location(), schema=table.schema(), spec=table.spec(),
             properties=table.properties,

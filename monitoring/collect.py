@@ -21,6 +21,7 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import close_catalog, state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
+from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
@@ -102,8 +103,10 @@ def _schema_facts(table: Table, position: CommittedPosition | None) -> dict[str,
     if position is not None and position.snapshot_id is not None:
         snapshot = table.snapshot_by_id(position.snapshot_id)
         if snapshot is not None:
+            ignored = ignored_fields(table.properties)
             unknown = [UnknownFieldFact(path, seen.records, {str(p): o for p, o in sorted(seen.first.items())},
-                                        {str(p): o for p, o in sorted(seen.last.items())})
+                                        {str(p): o for p, o in sorted(seen.last.items())},
+                                        ignored=path.split(".")[0] in ignored)
                        for path, seen in sorted(sightings_of(summary_properties(snapshot)).items(),
                                                 key=lambda item: -item[1].records)]
     additions: list[SchemaAdditionFact] = []

@@ -64,11 +64,12 @@ def _ingest(status: Status, config: StreambergConfig, out: _Findings) -> None:
         out.add("lost_offsets", "warn", f"Kafka lost positions before the ingest read them: {ingest.lost_offsets:,} "
                 f"offsets skipped, {len(ingest.offset_skips)} jump(s) on partition(s) {', '.join(parts)} "
                 f"(ingest.on_lost_offsets: skip-and-record; docs/runbooks/lost-offsets.md)")
-    if ingest.unknown_fields:
-        records = sum(u.records for u in ingest.unknown_fields)
-        out.add("unknown_fields", "warn", f"records carry {len(ingest.unknown_fields)} field(s) the table lacks, not "
+    off = [u for u in ingest.unknown_fields if not u.ignored]
+    if off:  # fields ignored on purpose (the table's streamberg.ingest.ignored-fields) are no finding
+        records = sum(u.records for u in off)
+        out.add("unknown_fields", "warn", f"records carry {len(off)} field(s) the table lacks, not "
                 f"written (ingest.schema_evolution: off): {records:,} records, e.g. "
-                f"{', '.join(u.path for u in ingest.unknown_fields[:3])}; add them (streamberg table --evolve, or "
+                f"{', '.join(u.path for u in off[:3])}; add them (streamberg table --evolve, or "
                 f"schema_evolution: add) and replay the ranges (docs/runbooks/poison-or-schema-change.md)")
     lag = ingest.lag
     if lag is None:

@@ -190,9 +190,10 @@ def _schema_metrics(status: Status) -> Iterator[Metric]:
                         t, status.ingest.fields_added)
     unknown = GaugeMetricFamily("streamberg_ingest_unknown_field_records",
                                 "records that carried a field the table lacks, not written (ingest.schema_evolution: "
-                                "off), per field path; cumulative", labels=["table", "path"])
+                                "off, or reason=ignored: the table's streamberg.ingest.ignored-fields), per field "
+                                "path; cumulative", labels=["table", "path", "reason"])
     for field in status.ingest.unknown_fields:
-        unknown.add_metric([t, field.path], float(field.records))
+        unknown.add_metric([t, field.path, "ignored" if field.ignored else "schema_evolution_off"], float(field.records))
     yield unknown
 
 

@@ -74,12 +74,15 @@ class OffsetSkipFact:
 
 @dataclass(frozen=True)
 class UnknownFieldFact:
-    """A field the records carry and the table lacks, not written (ingest.schema_evolution: off)."""
+    """A field the records carry and the table lacks, not written: because of
+    ingest.schema_evolution: off, or because the table ignores it (a column the governor
+    dropped as unused, named in its streamberg.ingest.ignored-fields)."""
 
     path: str
     records: int
     first: dict[str, int]  # partition -> first offset seen
     last: dict[str, int]  # partition -> last offset seen
+    ignored: bool = False  # named (its top-level field) in streamberg.ingest.ignored-fields
 
 
 @dataclass(frozen=True)

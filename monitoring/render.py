@@ -43,10 +43,16 @@ def _ingest_lines(status: Status) -> list[str]:
             what = (f"[{skip.from_offset:,}, {skip.to_offset:,}) lost" if skip.kind == "lost"
                     else f"went back from {skip.from_offset:,} to {skip.to_offset:,}")
             lines.append(f"{'':<{_WIDTH}}partition {skip.partition}: {what} at {skip.at or '?'}")
-    if ingest.unknown_fields:
-        lines.append(_line("not written", f"{len(ingest.unknown_fields)} field(s) the records carry and the table "
-                                          "lacks (ingest.schema_evolution: off)"))
-        for unknown in ingest.unknown_fields[:_LISTED]:
+    ignored = [u for u in ingest.unknown_fields if u.ignored]
+    off = [u for u in ingest.unknown_fields if not u.ignored]
+    for group, label, why in ((ignored, "ignored", "the table ignores (columns dropped as unused: its property "
+                                                   "streamberg.ingest.ignored-fields; docs/governor.md for undo)"),
+                              (off, "not written", "the records carry and the table lacks "
+                                                   "(ingest.schema_evolution: off)")):
+        if not group:
+            continue
+        lines.append(_line(label, f"{len(group)} field(s) {why}"))
+        for unknown in group[:_LISTED]:
             where = ", ".join(f"p{p} {unknown.first[p]:,}..{unknown.last.get(p, unknown.first[p]):,}" for p in unknown.first)
             lines.append(f"{'':<{_WIDTH}}{unknown.path}: {unknown.records:,} records ({where})")
     if ingest.schema_additions:
