@@ -6,14 +6,16 @@ the records as a fresh read would (fresh/tail.py: the ingest's decoder for the t
 schema) and writes them as Arrow files, one per partition and range of offsets, in
 `<ingest.state_dir>/tail-cache/<table>/`:
 
-    seg-s<schema id>-p<partition>-<first offset>-<next offset>.arrow
+    seg-<identity>-s<schema id>-p<partition>-<first offset>-<next offset>.arrow
 
 A segment holds the decoded rows of every record in [first, next) of its partition, with
 each row's offset (`__streamberg_offset`); records the ingest dead-letters are not in it.
 Segments of a partition are contiguous: each starts where the one before ended. When a
 commit covers a segment it is deleted; when the table's schema changes, every segment of
-the older schema is dropped and the tail decoded again. A heartbeat file says the keeper is
-alive; a reader uses segments only under a fresh heartbeat, starting at the snapshot's own
+the older schema is dropped and the tail decoded again; segments of another identity (another
+table under the same name, another topic) are removed and never read. A heartbeat file says
+the keeper is alive (and which process it is); a reader uses segments only under a fresh
+heartbeat of a live keeper, starting at the snapshot's own
 offset, chaining segments while they are contiguous, and reading the rest from Kafka: exact
 whether the cache is ahead, behind, absent or mid-write (segments appear by rename, whole).
 """
@@ -34,16 +36,22 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
 from streamberg.common.tail_segments import (
-    HEARTBEAT,
     OFFSET_COLUMN,
+    SegmentRefused,
+    TailIdentity,
     alive,
+    beat,
     cache_folder,
     chains,
     drop,
+    end_beat,
+    make_folder,
     merge,
     mergeable,
     read_segment,
+    remove_foreign,
     segments,
+    topic_id,
     write_segment,
 )
 from streamberg.ingest.decode.envelopes import record_decoder
@@ -52,20 +60,28 @@ from streamberg.ingest.source import consumer_settings, topic_partitions
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record
 LOOK_SECONDS = 2.0  # how often the keeper reads the table's committed offsets and schema
+BEAT_SECONDS = 1.0  # how often the keeper writes its heartbeat
 
 
-def cached_rows(folder: Path, schema_id: int, starts: dict[int, int]) -> tuple[list[pa.Table], dict[int, int], int]:
-    """The cached rows from each partition's start, as far as its segments chain; the
-    offsets where Kafka must take over, and the records the segments covered."""
+def cached_rows(folder: Path, identity: TailIdentity, schema_id: int,
+                starts: dict[int, int]) -> tuple[list[pa.Table], dict[int, int], int]:
+    """The cached rows (of `identity` alone) from each partition's start, as far as its
+    segments chain; the offsets where Kafka must take over, and the records the segments
+    covered. A segment whose content disagrees with its name ends its chain there."""
     if not alive(folder):
         return [], dict(starts), 0
     parts: list[pa.Table] = []
     resume = dict(starts)
     covered = 0
-    for partition, chain in chains(folder, starts, schema_id).items():
+    for partition, chain in chains(folder, starts, schema_id, identity).items():
         position = starts[partition]
         for segment in chain:
-            rows = read_segment(segment)
+            try:
+                rows = read_segment(segment, identity)
+            except SegmentRefused as exc:
+                get_logger("fresh.cache", topic=identity.topic).warning(
+                    "kept tail segment refused; Kafka from its start", segment=segment.path.name, why=str(exc)[:200])
+                break
             if rows is None:
                 break  # deleted under us (a commit covered it): Kafka from here
             if position > segment.first:
@@ -87,14 +103,17 @@ class TailKeeper:
         self.segments_written = 0
 
     def run(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        while not self.stop.is_set():
-            try:
-                self._follow()
-            except Exception as exc:  # noqa: BLE001 - this table's keeper starts over; readers fall back to Kafka
-                self.log.warning("tail keeper restarts", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
-                self.stop.wait(2.0)
-        (self.folder / HEARTBEAT).unlink(missing_ok=True)
+        make_folder(self.folder)
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._follow()
+                except Exception as exc:  # noqa: BLE001 - this table's keeper starts over; readers fall back to Kafka
+                    end_beat(self.folder)
+                    self.log.warning("tail keeper restarts", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    self.stop.wait(2.0)
+        finally:
+            end_beat(self.folder)  # on every exit: readers stop trusting the kept tail at once
 
     def _table(self) -> tuple[Any, dict[int, int]]:
         # One catalog a process: a new one a look held its SQLite connections until a full collection.
@@ -105,8 +124,11 @@ class TailKeeper:
         table, committed = self._table()
         schema = table.schema()
         decoder = record_decoder(self.config, schema)
-        self._drop(lambda s: s.schema_id != schema.schema_id)
         topic = self.config.kafka.topic
+        self.identity = TailIdentity(str(table.metadata.table_uuid), topic,
+                                     topic_id(consumer_settings(self.config), topic))
+        remove_foreign(self.folder, self.identity)  # another table's or topic's: never a reader's
+        self._drop(lambda s: s.schema_id != schema.schema_id)
         consumer = Consumer({**consumer_settings(self.config), "group.id": f"streamberg-tail-{self.config.table.identifier}",
                              "isolation.level": "read_committed", "fetch.wait.max.ms": 50})
         try:
@@ -116,8 +138,11 @@ class TailKeeper:
             pending: dict[int, list] = {}
             started: dict[int, float] = {}
             next_look = time.monotonic() + LOOK_SECONDS
+            next_beat = 0.0
             while not self.stop.is_set():
-                (self.folder / HEARTBEAT).touch()
+                if time.monotonic() >= next_beat:
+                    beat(self.folder)
+                    next_beat = time.monotonic() + BEAT_SECONDS
                 for message in consumer.consume(10_000, 0.1):
                     error = message.error()
                     if error is not None:
@@ -137,6 +162,9 @@ class TailKeeper:
                 if now >= next_look:
                     next_look = now + LOOK_SECONDS
                     table, committed = self._table()
+                    if str(table.metadata.table_uuid) != self.identity.table_uuid:
+                        self.log.info("the table was made again: its tail is kept anew")
+                        return
                     if table.schema().schema_id != schema.schema_id:
                         self.log.info("schema changed: the tail is decoded again", schema=table.schema().schema_id)
                         return
@@ -151,7 +179,7 @@ class TailKeeper:
     def _chain_end(self, partition: int, start: int, schema_id: int) -> int:
         """Where the partition's segments, chained from `start`, end; those off the chain are
         dropped (a reader could never reach them)."""
-        chain = chains(self.folder, {partition: start}, schema_id)[partition]
+        chain = chains(self.folder, {partition: start}, schema_id, self.identity)[partition]
         chained = {segment.path for segment in chain}
         self._drop(lambda s: s.partition == partition and s.path not in chained)
         return chain[-1].next if chain else start
@@ -165,14 +193,15 @@ class TailKeeper:
             pa.array([], type=pa.int64())
         rows = result.table.append_column(OFFSET_COLUMN, kept)
         end = offsets[-1] + 1
-        write_segment(self.folder, schema_id, partition, first, end, rows)
+        write_segment(self.folder, self.identity, schema_id, partition, first, end, rows)
         self.segments_written += 1
         return end
 
     def _merge(self, partition: int, schema_id: int) -> bool:
         """One merge of a size tier of the partition's segments (common/tail_segments.py)."""
-        run = mergeable([s for s in segments(self.folder) if s.partition == partition and s.schema_id == schema_id])
-        return run is not None and merge(self.folder, run) is not None
+        run = mergeable([s for s in segments(self.folder, self.identity)
+                         if s.partition == partition and s.schema_id == schema_id])
+        return run is not None and merge(self.folder, self.identity, run) is not None
 
     def _drop(self, covered: Any) -> None:
         drop(self.folder, covered)

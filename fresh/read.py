@@ -45,7 +45,7 @@ from streamberg.fresh.keyed import (
     pending_changes,
     table_columns,
 )
-from streamberg.fresh.tail import Tail, kept_tail_alive, read_kept, read_tail
+from streamberg.fresh.tail import Tail, kept_tail_alive, read_kept, read_tail, tail_identity
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # Where a fresh read's tail ends: "now", each partition's end at the read (Kafka asked), or
@@ -135,12 +135,15 @@ class ReadPlan:
         """The tail after the pinned snapshot; the bounds then hold the ends it was read to.
         A keyed table's tail is its change log's: change rows, decoded as the ingest writes them."""
         if self.keyed is not None:
-            tail = read_tail(self.keyed.config, self.keyed.changelog.schema(), self.bounds, timeout_seconds)
+            tail = read_tail(self.keyed.config, self.keyed.changelog.schema(), self.bounds, timeout_seconds,
+                             identity=tail_identity(self.keyed.config, self.keyed.changelog))
         elif self.until == "kept":
-            tail = read_kept(self.config, self.table.schema(), self.bounds)
+            tail = read_kept(self.config, self.table.schema(), self.bounds, tail_identity(self.config, self.table))
         else:
             tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds,
-                             self.table.properties.get(ROUTE_VALUE_PROPERTY))
+                             self.table.properties.get(ROUTE_VALUE_PROPERTY),
+                             identity=None if self.config.route_field is not None else
+                             tail_identity(self.config, self.table))
         self.bounds = replace(self.bounds, watermarks=tail.ends)
         return tail
 

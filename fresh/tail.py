@@ -28,11 +28,12 @@ from pyiceberg.schema import Schema
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
-from streamberg.common.tail_segments import alive
+from streamberg.common.tail_segments import TailIdentity, alive, topic_id
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.fresh.consumers import borrowed
 from streamberg.ingest.decode.envelopes import record_decoder
+from streamberg.ingest.source import consumer_settings
 
 # Records decoded together (the ingest's poll batch is of the same order).
 DECODE_BATCH = 20_000
@@ -75,24 +76,42 @@ def routed_here(value: bytes | None, field: str, wanted: str) -> bool:
         return False
 
 
+# (bootstrap, topic) -> (when asked, the topic's id): a fact, not a resource; asked again after
+# TOPIC_ID_SECONDS, so a read to the kept tail's end makes no broker round trip of its own.
+_TOPIC_IDS: dict[tuple[str, str], tuple[float, str]] = {}
+TOPIC_ID_SECONDS = 10.0
+
+
+def tail_identity(config: StreambergConfig, table: object) -> TailIdentity:
+    """What the table's kept tail must be of to serve this read: the table's UUID and its
+    topic (name and id); segments of anything else are never taken (common/tail_segments.py)."""
+    topic = config.kafka.topic
+    key = (config.kafka.bootstrap_servers, topic)
+    asked_at, found = _TOPIC_IDS.get(key, (0.0, ""))
+    if time.monotonic() - asked_at >= TOPIC_ID_SECONDS:
+        found = topic_id(consumer_settings(config), topic)
+        _TOPIC_IDS[key] = (time.monotonic(), found)
+    return TailIdentity(str(table.metadata.table_uuid), topic, found)  # type: ignore[attr-defined]
+
+
 def kept_tail_alive(config: StreambergConfig) -> bool:
     """Whether a live keeper (the ingest under ingest.keep_tail, or `streamberg tail`) keeps
     this table's tail where this process can read it. A field-routed table's is never kept."""
     return config.route_field is None and alive(cache_folder(config))
 
 
-def read_kept(config: StreambergConfig, schema: Schema, bounds: FreshBounds) -> Tail:
+def read_kept(config: StreambergConfig, schema: Schema, bounds: FreshBounds, identity: TailIdentity) -> Tail:
     """The tail as far as the kept tail chains from the snapshot's offsets, no further: each
     partition's watermark is where its chain ends (every record below it is in the snapshot
     or in the segments, so the read is exact to it). No broker round trip."""
     started = time.monotonic()
-    parts, ends, cached = cached_rows(cache_folder(config), schema.schema_id, dict(bounds.committed))
+    parts, ends, cached = cached_rows(cache_folder(config), identity, schema.schema_id, dict(bounds.committed))
     rows = pa.concat_tables(parts) if parts else record_decoder(config, schema).file_schema.empty_table()
     return Tail(rows, cached, 0, 0, time.monotonic() - started, ends, cached)
 
 
 def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, timeout_seconds: float,
-              route_value_of_table: str | None = None) -> Tail:
+              route_value_of_table: str | None = None, identity: TailIdentity | None = None) -> Tail:
     """Read and decode every record after the snapshot's offsets up to each partition's end;
     raise FreshReadRefused when Kafka does not hand them over within `timeout_seconds`.
     A field-routed topic's table (config.route_field) decodes its route value's records
@@ -106,8 +125,8 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
         return Tail(decoder.file_schema.empty_table(), 0, 0, 0, time.monotonic() - started, {})
     routed = config.route_field is not None
     cached = 0
-    if not routed:  # the kept tail first (`streamberg tail`, fresh/cache.py): Kafka then only past it
-        parts, starts, cached = cached_rows(cache_folder(config), schema.schema_id, starts)
+    if not routed and identity is not None:  # the kept tail first (fresh/cache.py): Kafka then only past it
+        parts, starts, cached = cached_rows(cache_folder(config), identity, schema.schema_id, starts)
     counts["records"] = cached
     pending: list = []
 

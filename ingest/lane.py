@@ -37,6 +37,7 @@ from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position
 from streamberg.common.table_files import target_file_size
+from streamberg.common.tail_segments import TailIdentity, topic_id
 from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode.envelopes import record_decoder
@@ -45,7 +46,7 @@ from streamberg.ingest.decode.unknown_fields import display
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
-from streamberg.ingest.source import KafkaSource, owned_partitions
+from streamberg.ingest.source import KafkaSource, consumer_settings, owned_partitions
 from streamberg.ingest.tail_spool import TailSpool
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
@@ -119,7 +120,9 @@ class TableLane:
             self._position_lost(problem)
         self.expect_first = dict(self.position)
         if self.config.ingest.keep_tail and self.config.route_field is None:
-            self.spool = TailSpool(self.config, mine, self.log)
+            identity = TailIdentity(str(table.metadata.table_uuid), self.topic,
+                                    topic_id(consumer_settings(self.config), self.topic))
+            self.spool = TailSpool(self.config, mine, self.log, identity)
         self._decode_with(table)
         self.log.info("lane opened", partitions=mine, start_offsets=self.position,
                       committed_snapshot=committed.snapshot_id)
@@ -387,6 +390,11 @@ class TableLane:
         return unit
 
     def close(self) -> None:
+        if getattr(self, "spool", None) is not None:
+            try:
+                self.spool.close()  # its heartbeat goes: readers stop trusting the kept tail at once
+            except OSError as exc:
+                self.log.warning("kept tail not closed", error=str(exc)[:200])
         if getattr(self, "files", None) is not None and not self.finished:
             self.files.abort()  # uncommitted files become orphans; the data is re-read
         self.consumer = None  # the writer's: it closes it

@@ -27,14 +27,18 @@ import pyarrow as pa
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.tail_segments import (
-    HEARTBEAT,
     MERGE_FANOUT,
     OFFSET_COLUMN,
     Segment,
+    TailIdentity,
+    beat,
     cache_folder,
     drop,
+    end_beat,
+    make_folder,
     merge,
     mergeable,
+    remove_foreign,
     write_segment,
 )
 
@@ -46,8 +50,9 @@ HEARTBEAT_SECONDS = 1.0  # the folder's heartbeat is touched at most this often
 class TailSpool:
     """The kept tail of one lane's partitions (see the module's notes)."""
 
-    def __init__(self, config: StreambergConfig, partitions: list[int], log: Any) -> None:
+    def __init__(self, config: StreambergConfig, partitions: list[int], log: Any, identity: TailIdentity) -> None:
         self.folder = cache_folder(config)
+        self.identity = identity
         self.log = log
         self.schema_id = -1
         self.pending: dict[int, list[pa.Table]] = {}  # partition -> rows not written yet
@@ -56,7 +61,10 @@ class TailSpool:
         self.since: dict[int, float] = {}  # partition -> when its pending rows began
         self.written: dict[int, list[Segment]] = {}  # partition -> its segments, for merging
         self._beat = 0.0
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_folder(self.folder)
+        # Another table's or topic's segments (a table dropped and made again, a route moved
+        # to another topic) are never a reader's: gone before anything is kept.
+        remove_foreign(self.folder, identity)
         # An earlier run's segments of these partitions: the lane reads them again from the
         # table's offsets and keeps them anew (a configuration may have changed meanwhile).
         drop(self.folder, lambda s: s.partition in partitions)
@@ -108,7 +116,14 @@ class TailSpool:
                 self._write(partition)
         if now - self._beat >= HEARTBEAT_SECONDS:
             self._beat = now
-            (self.folder / HEARTBEAT).touch()
+            beat(self.folder)
+
+    def close(self) -> None:
+        """The lane stops: what is pending written, the heartbeat gone (readers read Kafka)."""
+        try:
+            self.cut()
+        finally:
+            end_beat(self.folder)
 
     def cut(self) -> None:
         """Everything pending written: at a unit's end (its offsets are where a commit may leave
@@ -123,7 +138,8 @@ class TailSpool:
             return
         first, end = self.first[partition], self.end[partition]
         try:
-            segment = write_segment(self.folder, self.schema_id, partition, first, end, pa.concat_tables(parts))
+            segment = write_segment(self.folder, self.identity, self.schema_id, partition, first, end,
+                                    pa.concat_tables(parts))
         except OSError as exc:  # a full disk: fresh reads read Kafka past the chain's end; the ingest goes on
             self.log.warning("kept tail not written", partition=partition, first=first, next=end,
                              error=str(exc)[:200])
@@ -141,7 +157,7 @@ class TailSpool:
     def _merge(self, chain: list[Segment]) -> None:
         """Merge a full tier while there is one (a few files a partition, whatever the interval)."""
         while (run := mergeable(chain)) is not None:
-            merged = merge(self.folder, run)
+            merged = merge(self.folder, self.identity, run)
             if merged is None:  # a commit covered some of them: forget what is gone
                 chain[:] = [s for s in chain if os.path.exists(s.path)]
                 continue

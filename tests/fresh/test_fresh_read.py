@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from streamberg.common.broker import ensure_topic
 from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh import read
+from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
 from tests.helpers import config_at, write_config
 from tests.runbooks.inprocess import cli, event, ingest_until, ingest_while
@@ -291,7 +292,8 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
         deadline = time.monotonic() + 30
         while True:
             table_now = read(path, fresh=False).bounds
-            _, resume, _ = cached_rows(folder, 0, dict(table_now.committed))
+            _, resume, _ = cached_rows(folder, tail_identity(config, load_table(config)), 0,
+                                       dict(table_now.committed))
             if all(resume.get(p, 0) >= end for p, end in ends.items()):
                 return
             assert time.monotonic() < deadline and thread.is_alive(), f"kept up to {resume}, not {ends}"
@@ -374,7 +376,9 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
         deadline = time.monotonic() + 30
         while True:
             committed = dict(read(path, fresh=False).bounds.committed)
-            _, resume, _ = cached_rows(folder, load_table(config).schema().schema_id, committed)
+            table_now = load_table(config)
+            _, resume, _ = cached_rows(folder, tail_identity(config, table_now), table_now.schema().schema_id,
+                                       committed)
             if all(resume.get(p, 0) >= end for p, end in ends.items()):
                 return committed
             assert time.monotonic() < deadline and not failed, f"kept up to {resume}, not {ends}: {failed}"
@@ -443,23 +447,23 @@ def test_kept_segments_merge_by_size_tier(tmp_path: Path) -> None:
     before and after (and while both exist)."""
     import pyarrow as pa
 
-    from streamberg.fresh.cache import HEARTBEAT, OFFSET_COLUMN, TailKeeper, cache_folder, cached_rows, segments
+    from streamberg.common.tail_segments import TailIdentity, beat, write_segment
+    from streamberg.fresh.cache import OFFSET_COLUMN, TailKeeper, cache_folder, cached_rows, segments
 
     config = config_at(write_config(tmp_path, "127.0.0.1:9"))
     keeper = TailKeeper(config, threading.Event())
+    identity = keeper.identity = TailIdentity("00000000-0000-0000-0000-000000000002", "events", "")
     folder = cache_folder(config)
     folder.mkdir(parents=True)
-    (folder / HEARTBEAT).touch()
+    beat(folder)
     for n in range(9):  # offsets 100..189, ten a segment
         first = 100 + 10 * n
         rows = pa.table({"id": list(range(first, first + 10)), OFFSET_COLUMN: pa.array(range(first, first + 10),
                                                                                             type=pa.int64())})
-        with pa.OSFile(str(folder / f"seg-s0-p3-{first}-{first + 10}.arrow"), "wb") as sink, \
-                pa.ipc.new_file(sink, rows.schema) as writer:
-            writer.write_table(rows)
+        write_segment(folder, identity, 0, 3, first, first + 10, rows)
 
     def chained(start: int) -> list[int]:
-        parts, resume, covered = cached_rows(folder, 0, {3: start})
+        parts, resume, covered = cached_rows(folder, identity, 0, {3: start})
         assert resume == {3: 190} and covered == 190 - start
         return sorted(i for part in parts for i in part.column("id").to_pylist())
 

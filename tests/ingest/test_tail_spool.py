@@ -19,10 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamberg.common.log import get_logger
-from streamberg.common.tail_segments import cache_folder, drop_committed, segments
+from streamberg.common.tail_segments import TailIdentity, cache_folder, drop_committed, segments
 from streamberg.fresh.cache import cached_rows
 from streamberg.ingest.tail_spool import TailSpool
 from tests.helpers import config_at, write_config
+
+IDENTITY = TailIdentity("00000000-0000-0000-0000-000000000001", "events", "")
 
 ROW, REJECTED, HELD, UNREAD = "row", "rejected", "held", "unread"
 
@@ -45,7 +47,7 @@ def test_a_reader_gets_exactly_the_rows_below_where_its_chain_ends(steps, data) 
         config = config_at(write_config(Path(directory), "127.0.0.1:9"))
         config = config.model_copy(update={"ingest": config.ingest.model_copy(update={
             "state_dir": str(Path(directory) / "state")})})
-        spool = TailSpool(config, [0, 1], get_logger("test"))
+        spool = TailSpool(config, [0, 1], get_logger("test"), IDENTITY)
         schema = 0
         spool.decoding_with(schema)
         kind: dict[tuple[int, int], str] = {}  # (partition, offset) -> what the record is
@@ -92,7 +94,7 @@ def test_a_reader_gets_exactly_the_rows_below_where_its_chain_ends(steps, data) 
                 spool.decoding_with(schema)
         spool.tick()  # the heartbeat
         for start in [*unit_ends, committed]:
-            parts_read, resume, _ = cached_rows(spool.folder, schema, dict(start))
+            parts_read, resume, _ = cached_rows(spool.folder, IDENTITY, schema, dict(start))
             got = sorted(i for t in parts_read for i in t.column("id").to_pylist())
             expected = []
             for p in (0, 1):
@@ -109,16 +111,16 @@ def test_the_spool_keeps_its_partitions_alone(tmp_path: Path) -> None:
     writers'; a reader needs the heartbeat."""
     config = config_at(write_config(tmp_path, "127.0.0.1:9"))
     folder = cache_folder(config)
-    first = TailSpool(config, [0], get_logger("test"))
-    other = TailSpool(config, [1], get_logger("test"))
+    first = TailSpool(config, [0], get_logger("test"), IDENTITY)
+    other = TailSpool(config, [1], get_logger("test"), IDENTITY)
     for spool, p in ((first, 0), (other, 1)):
         spool.decoding_with(0)
         spool.take(pa.table({"id": [1, 2]}), np.array([p, p]), np.array([5, 6]), {p: 5}, {p: 7}, set())
         spool.cut()
         spool.tick()  # the heartbeat, as the writer's poll gives it
     assert sorted(s.partition for s in segments(folder)) == [0, 1]
-    assert cached_rows(folder, 0, {0: 5, 1: 5})[1] == {0: 7, 1: 7}
-    TailSpool(config, [0], get_logger("test"))  # writer 0 again, after a restart
+    assert cached_rows(folder, IDENTITY, 0, {0: 5, 1: 5})[1] == {0: 7, 1: 7}
+    TailSpool(config, [0], get_logger("test"), IDENTITY)  # writer 0 again, after a restart
     assert [s.partition for s in segments(folder)] == [1]
     (folder / "heartbeat").unlink()
-    assert cached_rows(folder, 0, {1: 5})[1] == {1: 5}  # no heartbeat: nothing taken from the files
+    assert cached_rows(folder, IDENTITY, 0, {1: 5})[1] == {1: 5}  # no heartbeat: nothing taken from the files
