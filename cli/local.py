@@ -160,7 +160,18 @@ def _set_policy(args: argparse.Namespace) -> int:
             transaction.set_properties(settings)
         if args.unset:
             transaction.remove_properties(*args.unset)
-    print(json.dumps({"table": config.table.identifier, "set": settings, "unset": list(args.unset)}))
+    notes = []
+    if policy.drop_unused and ("streamberg.columns.drop_unused" in settings
+                               or "streamberg.columns.reporting_engines" in settings):
+        notes.append("streamberg.columns.drop_unused drops columns no reported scan read for "
+                     f"{policy.unused_after_days:g} days: safe only if every engine reading the table reports its "
+                     "scans to catalog.scan_reports_dir (docs/governor.md, Column lifecycle). "
+                     + (f"Reporting engines acknowledged: {', '.join(policy.reporting_engines)}."
+                        if policy.reporting_engines else
+                        "Nothing is dropped until streamberg.columns.reporting_engines lists the engines that "
+                        "read this table."))
+    print(json.dumps({"table": config.table.identifier, "set": settings, "unset": list(args.unset),
+                      **({"notes": notes} if notes else {})}))
     return 0
 
 

@@ -479,7 +479,8 @@ def evolve_table(catalog: Catalog, table: TableConfig, dry_run: bool = False) ->
     existing = catalog.load_table(table.identifier)
     if table.schema_ is None:
         return SchemaEvolution(table.identifier)  # no declared schema: nothing to evolve towards
-    plan = plan_schema_evolution(table.identifier, schema_from_config(table), existing.schema())
+    # Columns dropped as unused stay dropped (their names are the table's ignored fields).
+    plan = plan_schema_evolution(table.identifier, _declared_kept(table, existing), existing.schema())
     if plan.refused:
         raise SchemaMismatchError(
             f"table {table.identifier}: --evolve changes nothing, because the config differs in ways it does not "

@@ -30,6 +30,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
 from streamberg.common.catalog import shared_catalog
+from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY, ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
@@ -327,8 +328,16 @@ class Committer:
                               held_records=len(held), written=evolved.records, dead_letters=len(evolved.dead_letters))
         fresh = sorted(set(sightings) - set(self.sightings))
         if fresh:
-            self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
-                             paths=fresh, snapshot=snapshot_id)
+            # Rare (a path's first sighting in this run): which are ignored on purpose is the table's.
+            ignored = ignored_fields(self.catalog.load_table(self.config.table.identifier).properties)
+            off = [p for p in fresh if p.split(".")[0] not in ignored]
+            if off:
+                self.log.warning("records carry fields the table lacks; not written (ingest.schema_evolution: off)",
+                                 paths=off, snapshot=snapshot_id)
+            if len(off) < len(fresh):
+                self.log.info(f"records carry fields the table ignores; not written ({IGNORED_FIELDS_PROPERTY}: "
+                              "columns dropped as unused)", paths=[p for p in fresh if p not in off],
+                              snapshot=snapshot_id)
         dead_file = properties.get(SummaryKeys.DEAD_LETTER_FILE)
         self.expected, self.consumed_total, self.skipped_total = new_offsets, consumed_total, skipped_total
         self.skips, self.lost_total, self.sightings = skips, lost_total, sightings
