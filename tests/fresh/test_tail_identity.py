@@ -37,8 +37,8 @@ from streamberg.common.tail_segments import (
 from streamberg.fresh import read
 from streamberg.fresh.cache import cached_rows
 from streamberg.fresh.tail import tail_identity
-from streamberg.ingest.decode.envelopes import record_decoder
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.ingest.decode.envelopes import record_decoder
 from tests.helpers import config_at, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 
