@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from streamberg.cli.errors import CommandError
+from streamberg.cli.errors import CommandError, UsageError
 from streamberg.cli.k8s_manifests import (
     CONFIG_DIR,
     CONFIG_KEY,
@@ -61,6 +61,7 @@ from streamberg.common.redact import redact
 from streamberg.common.tables import run_settings
 
 PLACEHOLDER = "REPLACE-ME.invalid"  # no registry answers for it: the manifests fail loudly if applied as printed
+AWS_BUNDLE_IN_IMAGE = "/opt/streamberg/iceberg-aws-bundle.jar"  # deploy/k8s/Dockerfile.spark puts it there
 OBJECT_STORES = ("s3://", "s3a://", "gs://", "abfs://", "abfss://", "wasbs://", "oss://", "hdfs://")
 
 
@@ -151,6 +152,26 @@ def _flink_state_dir(args: argparse.Namespace, config: StreambergConfig) -> str:
                        "--flink-state-dir s3://bucket/path, or --state-claim (the warehouse is not an object store URL)")
 
 
+def _spark_s3_jars(args: argparse.Namespace, config: StreambergConfig) -> list[str]:
+    """Spark opens an s3:// warehouse's files with Iceberg's S3FileIO, which needs the AWS SDK
+    (Iceberg's `iceberg-aws-bundle` jar): not in the Spark image unless it was built with it
+    (deploy/k8s/Dockerfile.spark, build argument AWS_BUNDLE_JAR). Refused without it: every
+    keeper would fail at its first read instead."""
+    jars = [j.strip() for j in (args.spark_s3_jars or "").split(",") if j.strip()]
+    warehouse = str(config.catalog.warehouse or "")
+    if warehouse.startswith(("s3://", "s3a://")) and not jars:
+        raise UsageError(
+            f"catalog.warehouse {warehouse} is on S3: Spark needs Iceberg's AWS bundle (iceberg-aws-bundle, the "
+            f"version of the Iceberg runtime) to open its files. Build the Spark image with it (docker build "
+            f"--build-arg AWS_BUNDLE_JAR=<jar in the build context> -f deploy/k8s/Dockerfile.spark .) and give "
+            f"--spark-s3-jars local://{AWS_BUNDLE_IN_IMAGE}")
+    for jar in jars:
+        if not jar.startswith(("local://", "s3://", "s3a://", "https://")):
+            raise UsageError(f"--spark-s3-jars {jar}: give local:///path/in/the/image.jar (or an s3a:// or https:// "
+                             f"URL Spark can fetch)")
+    return jars
+
+
 def _images(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     flink = args.flink_image or f"{PLACEHOLDER}/streamberg-flink:0.1.0"
     spark = args.spark_image or f"{PLACEHOLDER}/streamberg-spark:0.1.0"
@@ -175,6 +196,7 @@ def manifests(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]
     else:
         config = load_config(args.config)
     plan = _plan(args, config_document(args.config), fleet, config)
+    plan.spark_extra_jars = _spark_s3_jars(args, config)
     flink_image, spark_image, missing = _images(args)
     warnings = [f"no {', '.join(missing)}: the manifests name the placeholder {PLACEHOLDER}, which no registry "
                 "serves; build deploy/k8s/Dockerfile.flink and Dockerfile.spark, push them, and give both"] \
@@ -238,6 +260,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k8s.add_argument("--flink-state-dir", default=None,
                      help="checkpoints and HA metadata of the ingest (default: <warehouse>/_streamberg/flink for an "
                           "object-store warehouse, else the state claim)")
+    k8s.add_argument("--spark-s3-jars", default=None, metavar="JARS",
+                     help="jars the Spark pods add for an s3:// warehouse, comma-separated: Iceberg's AWS bundle in "
+                          f"the image (local://{AWS_BUNDLE_IN_IMAGE} when Dockerfile.spark was built with "
+                          "AWS_BUNDLE_JAR); required for an s3:// warehouse")
     k8s.add_argument("--flink-service-account", default="flink")
     k8s.add_argument("--spark-service-account", default="spark")
     k8s.add_argument("--taskmanager-memory", default="4096m")

@@ -47,6 +47,9 @@ class PodPlan:
     state_claim: str | None = None
     flink_account: str = "flink"
     spark_account: str = "spark"
+    # Jars the Spark pods add for an object-store warehouse (local:// paths in the image, e.g.
+    # Iceberg's AWS bundle for s3://): `deploy k8s --spark-s3-jars`.
+    spark_extra_jars: list[str] = field(default_factory=list)
 
     def labels(self, component: str) -> dict[str, str]:
         return {"app.kubernetes.io/name": "streamberg", "app.kubernetes.io/instance": self.name,
@@ -168,7 +171,7 @@ def spark_application(plan: PodPlan, image: str, component: str, arguments: list
             "type": "Python", "pythonVersion": "3", "mode": "cluster", "image": image,
             "sparkVersion": SPARK_VERSION, "mainApplicationFile": SPARK_ENTRY,
             "arguments": [component, "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", *arguments],
-            "deps": {"jars": SPARK_JARS},
+            "deps": {"jars": SPARK_JARS + plan.spark_extra_jars},
             "sparkConf": {"spark.pyspark.python": VENV_PYTHON, "spark.pyspark.driver.python": VENV_PYTHON,
                           "spark.local.dir": "/tmp"},
             # A keeper that stops is restarted; the lease (compactor) and the catalog's

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "streamberg.cli.check",
     "streamberg.cli.deploy",
     "streamberg.cli.govern",
+    "streamberg.cli.completion",
 )
 # Subcommands whose code needs an optional extra: module, command, extra.
 OPTIONAL_COMMAND_MODULES = (
@@ -60,10 +61,21 @@ overridden by an environment variable STREAMBERG_<SECTION>__<KEY>.
 __all__ = ["CommandError", "build_parser", "main"]  # CommandError: cli/errors.py, kept importable here
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streamberg")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="streamberg", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"streamberg {_version()}",
+                        help="print the installed version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -113,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("streamberg: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`streamberg ... | head`): nothing to say to it
+        sys.stderr.close()
+        return ExitCode.OK
     except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen failure: no raw traceback
         # The traceback (redacted) goes to the debug log; the operator gets one line.
         get_logger("cli").debug("unexpected error", command=args.command, traceback=traceback.format_exc())

@@ -140,8 +140,9 @@ def _config(tmp_path: Path, **kafka: Any) -> Path:
     return path
 
 
+S3_JARS = ("--spark-s3-jars", "local:///opt/streamberg/iceberg-aws-bundle.jar")
 IMAGES = ("--flink-image", "registry.example.com/streamberg-flink:0.1.0",
-          "--spark-image", "registry.example.com/streamberg-spark:0.1.0")
+          "--spark-image", "registry.example.com/streamberg-spark:0.1.0", *S3_JARS)
 
 
 def _deploy(path: Path, *flags: str) -> list[dict[str, Any]]:
@@ -231,14 +232,6 @@ def test_a_secret_in_the_config_is_refused_and_not_printed(tmp_path: Path) -> No
     assert _deploy(local, "--flink-state-dir", "s3://ckpt/flink")
 
 
-def test_the_example_manifests_in_deploy_k8s_validate_too() -> None:
-    folder = Path(__file__).parents[2] / "deploy" / "k8s"
-    documents = [d for path in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
-    assert {d["kind"] for d in documents} >= {"FlinkDeployment", "ConfigMap"}
-    for document in documents:
-        validate(document)
-
-
 def test_a_config_of_many_is_deployed_whole(tmp_path: Path) -> None:
     """Issue 38, item 10: examples/fleet.yaml (a SQLite catalog and a local warehouse, so a
     shared claim) gets the ingest, the governor keeping every table, the exporter; every pod
@@ -282,7 +275,7 @@ def test_a_config_of_many_is_deployed_whole(tmp_path: Path) -> None:
 
 def test_images_state_paths_and_secret_files_are_said_or_refused(tmp_path: Path) -> None:
     path = _config(tmp_path)
-    proc = streamberg("deploy", "k8s", "--config", str(path))
+    proc = streamberg("deploy", "k8s", "--config", str(path), *S3_JARS)
     assert "REPLACE-ME.invalid" in proc.stdout and "--flink-image" in proc.stderr  # loudly a placeholder
     assert proc.stdout.count("# WARNING") >= 1
     # A REST catalog's state database as a SQLite file: one pod's alone, refused with the fix.
@@ -311,3 +304,16 @@ def test_images_state_paths_and_secret_files_are_said_or_refused(tmp_path: Path)
     assert env["STREAMBERG_CATALOG__CREDENTIAL_FILE"] == "/etc/streamberg-secrets/credential"
     mounts = {m["mountPath"]: m for m in governor["driver"]["volumeMounts"]}
     assert mounts["/etc/streamberg-secrets"]["readOnly"] is True
+
+
+def test_an_s3_warehouse_needs_the_aws_bundle_in_the_spark_image(tmp_path: Path) -> None:
+    """Spark opens s3:// files through Iceberg's S3FileIO (the AWS SDK): refused without the jar,
+    saying how to build it in; with it, every SparkApplication adds it."""
+    path = _config(tmp_path)
+    refused = streamberg("deploy", "k8s", "--config", str(path), *IMAGES[:4], check=False)
+    assert refused.returncode == 2 and "AWS_BUNDLE_JAR" in refused.stderr and "--spark-s3-jars" in refused.stderr
+    assert "Traceback" not in refused.stderr and not refused.stdout
+    documents = _deploy(path)
+    for document in documents:
+        if document["kind"] == "SparkApplication":
+            assert S3_JARS[1] in document["spec"]["deps"]["jars"], document["spec"]["deps"]

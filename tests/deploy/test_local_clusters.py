@@ -278,13 +278,30 @@ def test_merge_and_maintenance_on_a_spark_standalone_cluster(spark_cluster, brok
 # -- Kubernetes manifests (no Kubernetes here: check what can be checked) ------------------
 
 K8S = REPO / "deploy" / "k8s"
+PROD = {"kafka": {"bootstrap_servers": "kafka:9092", "topic": "events"},
+        "catalog": {"name": "lake", "type": "rest", "uri": "https://catalog.example/api/catalog",
+                    "warehouse": "s3://lake/warehouse", "state_uri": "postgresql://streamberg@db:5432/state"},
+        "table": {"identifier": "web.events", "schema": [{"name": "id", "type": "long", "required": True}]},
+        "ingest": {"parallelism": 2}}
 
 
-def k8s_documents() -> dict[tuple[str, str], dict]:
-    """(kind, name) -> document, over every YAML file in deploy/k8s."""
+def k8s_documents(tmp_path: Path) -> dict[tuple[str, str], dict]:
+    """(kind, name) -> document, as `streamberg deploy k8s` prints them for a production-like
+    config (the one Kubernetes story: no hand-written manifests to drift from it)."""
+    import argparse
+
     import yaml
 
-    documents = [d for path in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(path.read_text()) if d]
+    from streamberg.cli.deploy import manifests
+
+    path = tmp_path / "prod.yaml"
+    path.write_text(yaml.safe_dump(PROD))
+    args = argparse.Namespace(config=str(path), name="streamberg", namespace="data", secret="streamberg-secrets",
+                              keepers="governor", flink_image="r.example/f:1", spark_image="r.example/s:1",
+                              state_claim=None, flink_state_dir=None, flink_service_account="flink",
+                              spark_service_account="spark", taskmanager_memory="4096m", executors=2,
+                              executor_memory="2g", spark_s3_jars="local:///opt/streamberg/iceberg-aws-bundle.jar")
+    documents, _ = manifests(args)
     assert all({"apiVersion", "kind", "metadata"} <= set(d) for d in documents)
     return {(d["kind"], d["metadata"]["name"]): d for d in documents}
 
@@ -295,7 +312,7 @@ def test_flink_deployment_runs_the_entry_point_the_local_cluster_test_runs(tmp_p
 
     import pyflink
 
-    docs = k8s_documents()
+    docs = k8s_documents(tmp_path)
     spec = docs[("FlinkDeployment", "streamberg-ingest")]["spec"]
     job = spec["job"]
     # The driver jar: the one the wheel's distribution ships, and it has the entry class.
@@ -314,7 +331,7 @@ def test_flink_deployment_runs_the_entry_point_the_local_cluster_test_runs(tmp_p
     volume = next(v for v in spec["podTemplate"]["spec"]["volumes"] if v["name"] == mount["name"])
     config_map = docs[("ConfigMap", volume["configMap"]["name"])]
     assert config_arg.name in config_map["data"]
-    assert ("Secret", container["envFrom"][0]["secretRef"]["name"]) in docs
+    assert container["envFrom"][0]["secretRef"]["name"] == "streamberg-secrets"
     # The interpreter it names is the image's venv.
     assert spec["flinkConfiguration"]["python.executable"] == "/opt/venv/bin/python"
     assert "uv venv --python 3.11 /opt/venv" in (K8S / "Dockerfile.flink").read_text()
@@ -330,33 +347,32 @@ def pyflink_version() -> str:
 def test_the_cluster_config_is_valid_and_the_secret_overrides_it(tmp_path: Path, monkeypatch) -> None:
     from streamberg.common.config import load_config
 
-    docs = k8s_documents()
+    docs = k8s_documents(tmp_path)
     path = tmp_path / "streamberg.yaml"
     path.write_text(docs[("ConfigMap", "streamberg-config")]["data"]["streamberg.yaml"])
-    secret = docs[("Secret", "streamberg-secrets")]["stringData"]
-    for key, value in secret.items():
-        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("STREAMBERG_CATALOG__URI", "https://other.example/api/catalog")  # as the Secret gives it
     config = load_config(path)
-    assert config.catalog.uri == secret["STREAMBERG_CATALOG__URI"]
+    assert config.catalog.uri == "https://other.example/api/catalog"
     assert config.ingest.parallelism == docs[("FlinkDeployment", "streamberg-ingest")]["spec"]["job"]["parallelism"]
 
 
-def test_spark_submit_example_names_what_the_image_provides() -> None:
+def test_the_spark_applications_name_what_the_image_provides(tmp_path: Path) -> None:
     from importlib.metadata import version
 
     from streamberg.common.jars import ICEBERG_RUNTIME_JAR
 
-    script = (K8S / "spark-submit-compactor.sh").read_text()
     dockerfile = (K8S / "Dockerfile.spark").read_text()
-    # Every local:// path the submission names is one the Dockerfile creates.
-    for path in ("/opt/streamberg/compactor_submit.py", "/opt/streamberg/iceberg-spark-runtime.jar",
-                 "/opt/streamberg/postgresql.jar"):
-        assert f"local://{path}" in script and path in dockerfile
+    docs = k8s_documents(tmp_path)
+    governor = docs[("SparkApplication", "streamberg-govern")]["spec"]
+    # Every local:// path the SparkApplication names is one the Dockerfile creates.
+    named = [governor["mainApplicationFile"], *governor["deps"]["jars"]]
+    for uri in named:
+        assert uri.startswith("local:///opt/streamberg/"), uri
+        assert uri.removeprefix("local://") in dockerfile, uri
     assert "streamberg.cli.spark_submit" in dockerfile and "iceberg_spark_runtime_jar" in dockerfile
     assert "3.5_2.12" in ICEBERG_RUNTIME_JAR and f"FROM apache/spark:{version('pyspark')}-scala2.12-" in dockerfile
-    docs = k8s_documents()
-    assert ("ServiceAccount", "spark") in docs and "serviceAccountName=spark" in script
-    assert ("ConfigMap", "streamberg-spark-pod-template") in docs
+    assert governor["driver"]["serviceAccount"] == "spark"
+    assert not list(K8S.glob("*.yaml")), "hand-written manifests: `streamberg deploy k8s` prints them"
 
 
 def test_cluster_entry_points_refuse_an_invalid_config_naming_the_key(tmp_path: Path) -> None:
