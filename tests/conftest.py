@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.fixtures.mock_kafka",
     "tests.fixtures.registry",
     "tests.fixtures.rest_catalog",
+    "tests.fixtures.seaweed",
     "tests.runbooks.drill",  # the `drills` fixture of the runbook drills (tests/runbooks, tests/cdc)
 ]
 
