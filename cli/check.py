@@ -24,6 +24,7 @@ from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.kafka_settings import connection_settings
+from streamberg.common.policy import declared_problems
 from streamberg.common.redact import redact
 from streamberg.common.tables import run_settings
 from streamberg.common.watermarks import kafka_error_text
@@ -134,6 +135,11 @@ def check(path: Path, connect: bool) -> Report:
             report.tables = [sample.table.identifier]
     except ConfigError as exc:
         return Report(config=str(path), valid=False, problems=exc.problems)
+    # What the components would refuse from the config alone, every table at once.
+    problems = [f"{c.table.identifier}: {p}" if fleet is not None else p
+                for c in _declared_tables(fleet, sample) for p in declared_problems(c)]
+    if problems:
+        return Report(config=str(path), valid=False, problems=problems, tables=report.tables)
     if not connect:
         return report
     timeout = sample.monitoring.broker_timeout_seconds
@@ -151,6 +157,23 @@ def check(path: Path, connect: bool) -> Report:
     if (registry := _registry(sample, timeout)) is not None:
         report.probes.append(registry)
     return report
+
+
+def _declared_tables(fleet: FleetConfig | None, sample: StreambergConfig) -> list[StreambergConfig]:
+    """The configs of the tables the file names: itself, or each named topic's of a config of
+    many (a pattern's tables are known only once the broker lists its topics)."""
+    if fleet is None:
+        return [sample]
+    from streamberg.common.config import config_from_dump
+
+    out = []
+    for route in fleet.tables:
+        for topic in route.topics or ():
+            try:
+                out.append(config_from_dump(fleet.document(route, topic)))
+            except ConfigError:
+                continue  # reported by the loader already
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -300,6 +300,36 @@ def table_settings(config: StreambergConfig, table: Any) -> tuple[TablePolicy, S
     return policy, configured, problems
 
 
+def declared_problems(config: StreambergConfig) -> list[str]:
+    """What the components would refuse of a table from its config alone, before any table
+    exists (`streamberg check`): its `table.properties` policy values, and the clustering and
+    retention columns against the declared schema. The same rules `table_settings` and the
+    compactor apply to the table later; [] when no schema is declared (the table's own then)."""
+    from streamberg.common.schema import schema_from_config
+
+    properties = dict(config.table.properties)
+    problems: list[str] = []
+    if str(properties.get("streamberg.cluster.columns", "")).strip().lower() == AUTO:
+        del properties["streamberg.cluster.columns"]
+        if not config.catalog.scan_reports_dir:
+            problems.append("streamberg.cluster.columns=auto needs catalog.scan_reports_dir (where scan reports are "
+                            "collected)")
+    policy, configured = policy_for(config, properties)
+    problems += [f"table.properties: {p}" for p in policy.problems]
+    if config.table.schema_ is None:
+        return problems
+    names = set(_column_paths(schema_from_config(config.table)))
+    missing = [c for c in configured.compactor.columns if c not in names]
+    if missing:
+        source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
+        problems.append(f"{source}: {', '.join(missing)} not a column of table.schema (columns: "
+                        f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
+    retention = configured.maintenance.retention.column
+    if retention and retention not in names:
+        problems.append(f"maintenance.retention.column: {retention} not a column of table.schema")
+    return problems
+
+
 AUTO = "auto"
 
 
