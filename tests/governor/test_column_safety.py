@@ -142,14 +142,20 @@ def _table(tmp_path: Path, extra: list[NestedField] | None = None):
     return catalog, "db.t", folder
 
 
-# 2. Lists, maps and structs count as read through their leaves -----------------------------
-
-def test_leaves_and_ids_count_for_their_top_level_column(tmp_path: Path) -> None:
+def _collected_for_40_days(tmp_path: Path):
+    """The test table, its reports collected and its fields seen since 40 days ago (id read then)."""
     catalog, identifier, folder = _table(tmp_path)
     facts = ColumnFacts.of_table(catalog.load_table(identifier))
     now = time.time()
     _scan(folder, identifier, now - 40 * DAY, projected=["id"])
     usage(folder, identifier, facts, 30, now=now - 40 * DAY)
+    return identifier, folder, facts, now
+
+
+# 2. Lists, maps and structs count as read through their leaves -----------------------------
+
+def test_leaves_and_ids_count_for_their_top_level_column(tmp_path: Path) -> None:
+    identifier, folder, facts, now = _collected_for_40_days(tmp_path)
     _scan(folder, identifier, now, projected=["id", "tags.element", "attrs.key"])
     _scan(folder, identifier, now, ids=[9], filter_json={"type": "eq", "term": "attrs.value", "value": "x"})
     found = usage(folder, identifier, facts, 30, now=now)
@@ -159,11 +165,7 @@ def test_leaves_and_ids_count_for_their_top_level_column(tmp_path: Path) -> None
 # 3. Statistics that no input can push real usage out of -----------------------------------
 
 def test_a_forged_report_of_many_names_pushes_no_real_read_out(tmp_path: Path) -> None:
-    catalog, identifier, folder = _table(tmp_path)
-    facts = ColumnFacts.of_table(catalog.load_table(identifier))
-    now = time.time()
-    _scan(folder, identifier, now - 40 * DAY, projected=["id"])
-    usage(folder, identifier, facts, 30, now=now - 40 * DAY)
+    identifier, folder, facts, now = _collected_for_40_days(tmp_path)
     _scan(folder, identifier, now - 39 * DAY, projected=[f"junk{i}" for i in range(MAX_COLUMNS_PER_TABLE)])
     for _ in range(50):
         _report(folder, identifier, projected=["id", "note"])
