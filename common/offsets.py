@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -177,3 +178,49 @@ def consumed_by_run(table: Table, topic: str, run_id: str, since_snapshot_id: in
     if newer is not None and newer[0] == run_id:  # the run's commit is the first on the table
         total += newer[1]
     return total
+
+
+# Where the ingest began reading each partition of a topic the table holds no offsets of yet
+# (a table made, or a partition added, before its first commit): `<prefix><topic>` = JSON
+# {"<partition>": <first offset>}. A fresh read of the table is exact from its first record
+# (the table is empty of those partitions until then), and a restart before the first commit
+# begins where the first run began, not at a later "latest". Superseded by the committed
+# offsets (committed_position) once a commit records the partition.
+START_OFFSETS_PREFIX = "streamberg.ingest.start-offsets."
+
+
+def recorded_starts(table: Table, topic: str) -> PartitionOffsets:
+    """The recorded start offsets of `topic` ({} when none or unreadable)."""
+    text = table.properties.get(START_OFFSETS_PREFIX + topic)
+    if not text:
+        return {}
+    try:
+        found = decode_offsets(text)
+    except (ValueError, TypeError, RecursionError):
+        return {}
+    return {p: o for p, o in found.items() if p >= 0 and o >= 0}
+
+
+def record_starts(catalog: Any, identifier: str, topic: str, starts: PartitionOffsets, log: Any = None) -> None:
+    """Add `starts` to the table's recorded start offsets of `topic` (writers of other
+    partitions record theirs at the same time: a lost race reads the table again and merges)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    from streamberg.common.retry import commit_retrying, is_instance
+
+    for attempt in commit_retrying(8, is_instance(CommitFailedException), log=log,
+                                   event="start offsets: commit lost a race; retrying"):
+        with attempt:
+            table = catalog.load_table(identifier)
+            merged = {**recorded_starts(table, topic), **starts}
+            if merged == recorded_starts(table, topic):
+                return
+            with table.transaction() as transaction:
+                transaction.set_properties({START_OFFSETS_PREFIX + topic: encode_offsets(merged)})
+
+
+def fresh_start_offsets(table: Table, topic: str) -> PartitionOffsets:
+    """Where a fresh read's tail starts per partition: the committed offsets, and for the
+    partitions no commit recorded yet, where the ingest recorded it began."""
+    committed = committed_position(table, topic).offsets
+    return {**{p: o for p, o in recorded_starts(table, topic).items() if p not in committed}, **committed}

@@ -12,9 +12,13 @@ Refused, loudly (FreshReadRefused, naming the partition):
   the table never got: the ingest will report lost offsets; a fresh read cannot be exact);
 - a recorded offset above the partition's end (the topic was recreated or truncated: the
   table's offsets are of another log);
-- a partition with records the table has recorded no offset for (new partitions, or a
-  table that has committed nothing yet): where the ingest starts it is its own rule
-  (kafka.start_offset), known once it commits; read again after its next commit.
+- a partition with records the table has recorded no offset for and no start either (the
+  ingest records where it begins each partition before its first commit,
+  common/offsets.record_starts, so this is only a table whose ingest has not opened it yet):
+  where the ingest starts is its own rule (kafka.start_offset); read again once it runs.
+
+Before a partition's first commit the read starts where the ingest recorded it began: the
+table holds no row of that partition yet, so the tail from there is exactly its rows to come.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pyiceberg.table import Table
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, FreshReadRefused
-from streamberg.common.offsets import committed_position
+from streamberg.common.offsets import committed_position, fresh_start_offsets
 from streamberg.common.watermarks import partition_watermarks, read_true_ends, topic_partitions_of
 
 
@@ -67,7 +71,9 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
 
     topic = config.kafka.topic
     snapshot = table.current_snapshot()
-    position = committed_position(table, topic)  # on the lineage of the same loaded metadata
+    # On the lineage of the same loaded metadata; before a partition's first commit, where the
+    # ingest recorded it began (common/offsets.fresh_start_offsets): exact from the first record.
+    offsets = fresh_start_offsets(table, topic)
     bootstrap = config.kafka.bootstrap_servers
     try:
         with borrowed(config) as consumer:
@@ -79,14 +85,14 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
             # The listed end may lag the last record (tansu answers its last batch's start):
             # where the table's offset is past it, the true end is read before calling the
             # topic recreated.
-            past = {p: listed[p] for p, offset in position.offsets.items() if p in listed and offset > listed[p][1]}
+            past = {p: listed[p] for p, offset in offsets.items() if p in listed and offset > listed[p][1]}
             ends = read_true_ends(consumer, topic, past, time.monotonic() + timeout_seconds) if past else {}
     except BrokerUnreachable as exc:
         raise FreshReadRefused(f"{config.table.identifier}: the broker did not give the tail's end: {exc}") from None
     marks = {p: (low, max(high, ends.get(p, high))) for p, (low, high) in listed.items()}
     bounds = FreshBounds(table=config.table.identifier, topic=topic,
                          snapshot_id=snapshot.snapshot_id if snapshot is not None else None,
-                         committed=dict(position.offsets), watermarks={p: high for p, (_, high) in marks.items()})
+                         committed=dict(offsets), watermarks={p: high for p, (_, high) in marks.items()})
     check(bounds, marks)
     return bounds
 
@@ -106,7 +112,7 @@ def pin_kept(table: Table, config: StreambergConfig) -> FreshBounds:
     offsets, watermarks there until the kept tail is read. (The checks against the broker's
     offsets are the live ingest's, which keeps that tail: it reads from the same offsets and
     stops on a lost one.)"""
-    bounds = pin_snapshot(table, config)
+    bounds = replace(pin_snapshot(table, config), committed=fresh_start_offsets(table, config.kafka.topic))
     return replace(bounds, watermarks=dict(bounds.committed))
 
 
@@ -118,8 +124,8 @@ def check(bounds: FreshBounds, marks: dict[int, tuple[int, int]]) -> None:
         if recorded is None:
             if high > low:
                 problems.append(f"partition {partition} holds offsets {low}..{high - 1} and the table has recorded "
-                                f"no position for it yet (a new partition, or nothing committed): read again "
-                                f"after the ingest's next commit")
+                                f"no position for it yet (its ingest has not opened it): read again once the "
+                                f"ingest runs")
         elif recorded < low:
             problems.append(f"partition {partition}: the table stops at offset {recorded} and Kafka's retention "
                             f"deleted everything before {low}: records the table never got are gone")

@@ -35,7 +35,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import OffsetSkip, committed_position
+from streamberg.common.offsets import OffsetSkip, committed_position, record_starts, recorded_starts
 from streamberg.common.table_files import target_file_size
 from streamberg.common.tail_segments import TailIdentity, topic_id
 from streamberg.common.watermarks import WatermarkReader, Watermarks
@@ -91,6 +91,7 @@ class TableLane:
         self.schema_checked = 0.0
         self.epoch = self.epoch_now()
         self.finished = False
+        self.began: dict[int, int] = {}  # the table's recorded start offsets when the lane opened
 
     def epoch_now(self) -> int:
         """The commit interval now (wall clock // interval): a unit closes when it changes."""
@@ -107,9 +108,16 @@ class TableLane:
         mine = owned_partitions(present, self.index, self.parallelism)
         recorded = {p: committed.offsets[p] for p in mine if p in committed.offsets}
         marks = broker_positions(self.config, mine, recorded, reader=self.marks, present=present)
+        began = recorded_starts(table, self.topic)  # an earlier run's start, before any commit
         for p in mine:
-            self.position[p] = (recorded[p] if p in recorded
-                                else self._start_of_new_partition(p, marks, topic_started=bool(committed.offsets)))
+            if p in recorded:
+                self.position[p] = recorded[p]
+            elif p in began and marks.partitions.get(p, (0, -1))[0] <= began[p] <= marks.partitions.get(p, (0, -1))[1]:
+                self.unrecorded.add(p)
+                self.position[p] = began[p]  # begin where the first run began (a fresh read reads from it)
+            else:
+                self.position[p] = self._start_of_new_partition(p, marks, topic_started=bool(committed.offsets))
+        self.began = began
         self.unit_start = dict(self.position)
         problems = position_problems(self.topic, recorded, marks)
         if problems and self.config.ingest.on_lost_offsets == "fail":
@@ -164,6 +172,22 @@ class TableLane:
                       held=len(self.held))
 
     # -- positions -----------------------------------------------------------------------
+    def record_starts(self) -> None:
+        """Record in the table where this lane's partitions without committed offsets begin
+        (common/offsets.record_starts): a fresh read is then exact from the table's first
+        record, before its first commit. Called once the lane's positions are final."""
+        starts = {p: self.position[p] for p in self.unrecorded if self.began.get(p) != self.position[p]}
+        if not starts:
+            return
+        try:
+            record_starts(shared_catalog(self.config.catalog), self.config.table.identifier, self.topic, starts,
+                          log=self.log)
+        except Exception as exc:  # noqa: BLE001 - fresh reads wait for the first commit instead; the ingest goes on
+            self.log.warning("start offsets not recorded; fresh reads of these partitions wait for the first commit",
+                             partitions=sorted(starts), error=str(exc)[:300])
+            return
+        self.log.info("start offsets recorded", offsets=starts)
+
     def _start_of_new_partition(self, partition: int, marks: Watermarks, topic_started: bool) -> int:
         """Where a partition the table never recorded starts; the next unit records it even if
         nothing is read, so a restart starts there too, not at a later "latest".

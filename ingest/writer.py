@@ -273,6 +273,7 @@ class Writer:
                     lane.position[p] = start[p]
             lane.unit_start = dict(lane.position)
             lane.expect_first = {}
+        lane.record_starts()
         self.lanes[config.table.identifier] = lane
         self.by_topic.setdefault(topic, []).append(config.table.identifier)
         return lane
