@@ -133,7 +133,7 @@ def _table(args: argparse.Namespace) -> int:
 def _set_policy(args: argparse.Namespace) -> int:
     """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
     checked against the registry first; nothing is written when one is refused."""
-    from streamberg.common.catalog import load_catalog
+    from streamberg.common.catalog import open_catalog_readonly
     from streamberg.common.policy import POLICY_KEYS, policy_for, refusal
 
     config = config_of(args)
@@ -148,7 +148,8 @@ def _set_policy(args: argparse.Namespace) -> int:
     for name in args.unset:
         if name not in {k.name for k in POLICY_KEYS}:
             raise UsageError(f"--unset {name}: not a policy key; the keys are {', '.join(k.name for k in POLICY_KEYS)}")
-    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    # The catalog as it is: a mistyped catalog.uri is an error, never a new empty catalog.
+    table = open_catalog_readonly(config.catalog).load_table(config.table.identifier)
     # A setting's bounds and the rules between keys (retention.days needs a column) are its
     # config section's: checked with the table's other keys as they will be.
     after = {k: v for k, v in {**table.properties, **settings}.items() if k not in args.unset}

@@ -78,6 +78,10 @@ def _query(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    try:  # a query that does not parse is refused before any table is read (exit 2)
+        duckdb.extract_statements(args.sql)
+    except duckdb.ParserException as exc:
+        raise UsageError(f"DuckDB: {str(exc).splitlines()[0]}") from None
     tables = config_tables(args.config)
     named = tables_named(args.sql, sorted(tables.configs))
     if not named:
@@ -102,6 +106,8 @@ def _query(args: argparse.Namespace) -> int:
     connection.execute("SET lock_configuration=true")
     try:
         cursor = connection.execute(args.sql)
+    except (duckdb.ParserException, duckdb.BinderException) as exc:  # invalid input: exit 2
+        raise UsageError(f"DuckDB: {str(exc).splitlines()[0]}") from None
     except duckdb.Error as exc:
         raise CommandError(f"DuckDB: {str(exc).splitlines()[0]}") from None
     names = [d[0] for d in cursor.description or []]

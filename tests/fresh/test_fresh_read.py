@@ -186,6 +186,10 @@ def test_what_cannot_be_exact_is_refused(table, broker: str) -> None:
         read(path, row_filter="id >>> 3")
     refused = cli("query", "--config", str(path), "--fresh", "SELECT * FROM db.nothing", check=False)
     assert refused.returncode == 2 and "names none of the config's tables" in refused.stderr
+    for sql in ("SELEC count(*) FROM db.events", "SELECT nope FROM db.events"):  # invalid input: exit 2
+        refused = cli("query", "--config", str(path), sql, check=False)
+        assert refused.returncode == 2 and "DuckDB:" in refused.stderr and "Traceback" not in refused.stderr, \
+            refused.stderr
     # The query reads the tables and nothing else: no files, and no setting turns that back.
     for sql in ("SELECT count(*) FROM db.events, read_csv('/etc/hostname')",
                 "SET enable_external_access=true; SELECT count(*) FROM db.events"):
