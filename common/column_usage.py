@@ -84,12 +84,15 @@ class ColumnFacts:
         records the schema it was written with: proof the field existed then)."""
         metadata = table.metadata
         schemas = {s.schema_id: s for s in metadata.schemas}
-        appeared: dict[int, float] = {}
+        first_use: dict[int, float] = {}  # schema id -> its earliest snapshot (one pass over them)
         for snapshot in metadata.snapshots:
-            schema = schemas.get(snapshot.schema_id) if snapshot.schema_id is not None else None
-            if schema is None:
+            if snapshot.schema_id is not None:
+                at = snapshot.timestamp_ms / 1000
+                first_use[snapshot.schema_id] = min(at, first_use.get(snapshot.schema_id, at))
+        appeared: dict[int, float] = {}
+        for schema_id, at in first_use.items():
+            if (schema := schemas.get(schema_id)) is None:
                 continue
-            at = snapshot.timestamp_ms / 1000
             for field_id in index_by_id(schema):
                 if at < appeared.get(field_id, float("inf")):
                     appeared[field_id] = at
