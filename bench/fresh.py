@@ -163,17 +163,19 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
         return other, load_config(other)
 
     log = (work / f"ingest-{topic}.log").open("w")
-    ingest = subprocess.Popen([str(Path(sys.executable).parent / "streamberg"), "ingest", "--config", str(path),
-                               "--quiet"], stdout=subprocess.DEVNULL, stderr=log)
+    command = [str(Path(sys.executable).parent / "streamberg"), "ingest", "--config", str(path), "--quiet"]
+    ingest = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    running = {"ingest": ingest}
     stream = Stream(bootstrap, topic, args.rate)
     stream.start()  # records wait in Kafka while the job starts
     probes = Probes(bootstrap, topic)
     phases: dict[str, Any] = {}
     keeper = None
     try:
-        # The table exists once the ingest prepared it; wait for its first commit.
+        # The table exists once the ingest prepared it; wait for its first commit (with
+        # --from-start: measure from the start, reads before the first commit included).
         deadline = time.monotonic() + 180
-        while True:
+        while not args.from_start:
             try:
                 if load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot() is not None:
                     break
@@ -182,7 +184,8 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no commit within 180 s: see {work}/ingest-{topic}.log")
             time.sleep(0.5)
-        time.sleep(args.warmup)
+        if not args.from_start:
+            time.sleep(args.warmup)
         for phase in args.phases.split(","):
             reader = config  # "ingest": the ingest's own state folder, where its writers keep the tail
             if phase == "kafka":
@@ -194,8 +197,11 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                 time.sleep(args.warmup)
             print(f"  interval {interval:g} s, tail {phase}: measuring for {args.seconds} s at {args.rate}/s",
                   flush=True)
+            crash = _Crash(running, command, log, args.crash_at) if args.crash_at else None
             phases[phase] = _measure(reader, probes, args, keeper if phase == "kept" else None,
                                      "kept" if phase == "kept-end" else "now")
+            if crash is not None:
+                phases[phase]["crash"] = crash.done()
     finally:
         if keeper is not None:
             keeper.send_signal(2)
@@ -205,6 +211,7 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
                 keeper.kill()
         stream.stop.set()
         stream.join(120)
+        ingest = running["ingest"]
         ingest.send_signal(2)
         try:
             ingest.wait(120)
@@ -220,12 +227,41 @@ def run_interval(work: Path, bootstrap: str, interval: float, args: argparse.Nam
             "reader_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
+class _Crash(threading.Thread):
+    """SIGKILL of the whole ingest (its process group: driver, JVM, Python workers) `at`
+    seconds into a phase, and its restart at once with the same command: what an operator's
+    supervisor does after a crash. The reads go on meanwhile."""
+
+    def __init__(self, running: dict[str, Any], command: list[str], log: Any, at: float) -> None:
+        super().__init__(daemon=True)
+        self.running, self.command, self.log, self.at = running, command, log, at
+        self.killed_at: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        import os
+        import signal
+
+        time.sleep(self.at)
+        os.killpg(self.running["ingest"].pid, signal.SIGKILL)
+        self.running["ingest"].wait(30)
+        self.killed_at = time.time()
+        self.running["ingest"] = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=self.log,
+                                                  start_new_session=True)
+
+    def done(self) -> dict[str, Any]:
+        self.join(5)
+        return {"at_s": self.at, "killed_at": self.killed_at}
+
+
 def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any, until: str = "now") -> dict[str, Any]:
     """One phase: probes (freshness), exactness of every unfiltered read, read times."""
     fresh_seen: list[float] = []
     read_fresh: list[float] = []
     read_snapshot: list[float] = []
     exact = {"reads": 0, "inexact": 0, "tail_records_max": 0, "tail_cached_share": []}
+    refused: list[dict[str, Any]] = []  # reads refused (FreshReadRefused): when and why; the first success
+    started_wall = time.time()
     sent_before = len(probes.sent)
     keeper_rss = 0.0
     kept_bytes = 0  # the kept tail's files at most (what it costs on disk / in the page cache)
@@ -235,10 +271,16 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any,
     while time.monotonic() - started < args.seconds:
         probe = probes.send()
         while True:  # produce -> visible in a fresh read
-            if read(config, columns=["id"], row_filter=f"id = {probe['id']}", until=until).rows.num_rows:
+            found = _attempt(refused, lambda p=probe: read(config, columns=["id"], row_filter=f"id = {p['id']}",
+                                                           until=until))
+            if found is not None and found.rows.num_rows:
                 fresh_seen.append(time.time() - probe["produced"])
                 break
-        whole = read(config, columns=["id"], until=until)  # exactness: every record below the watermarks, once
+            if time.monotonic() - started > args.seconds + 120:
+                break  # never visible: counted by the probes that were not
+        whole = _attempt(refused, lambda: read(config, columns=["id"], until=until))  # exactness, once
+        if whole is None or not fresh_seen:
+            continue
         ids = whole.rows.column("id")
         expected = sum(whole.bounds.watermarks.values())
         exact["reads"] += 1
@@ -254,8 +296,8 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any,
         next_probe = time.monotonic() + args.probe_every
         while time.monotonic() < next_probe:
             t = time.monotonic()
-            read(config, columns=["id"], row_filter="city = 'ber'", until=until)
-            read_fresh.append(time.monotonic() - t)
+            if _attempt(refused, lambda: read(config, columns=["id"], row_filter="city = 'ber'", until=until)):
+                read_fresh.append(time.monotonic() - t)
             t = time.monotonic()
             read(config, columns=["id"], row_filter="city = 'ber'", fresh=False)
             read_snapshot.append(time.monotonic() - t)
@@ -270,9 +312,28 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any,
         "fresh_over_snapshot_p95": (round(_pct(read_fresh, 95) / _pct(read_snapshot, 95), 2)  # type: ignore[operator]
                                     if read_fresh and read_snapshot else None),
         "exactness": exact,
+        "refused": {"reads": len([r for r in refused if "why" in r]), "first": [r for r in refused if "why" in r][:5],
+                    "first_ok_after_s": next((round(r["ok_at"] - started_wall, 2) for r in refused if "ok_at" in r),
+                                             None)},
+        "read_fresh_max_s": round(max(read_fresh), 3) if read_fresh else None,
         "keeper_peak_rss_mib": round(keeper_rss, 1) if keeper is not None else None,
         "kept_tail_peak_mib": round(kept_bytes / 2**20, 1),
     }
+
+
+def _attempt(refused: list[dict[str, Any]], reading: Any) -> Any:
+    """A read, or None when it was refused (recorded: a refusal is a result, not a crash)."""
+    from streamberg.common.errors import FreshReadRefused
+
+    try:
+        found = reading()
+    except FreshReadRefused as exc:
+        refused.append({"at": round(time.time(), 3), "why": str(exc)[:300]})
+        time.sleep(0.1)
+        return None
+    if not any("ok_at" in r for r in refused[-1:]) and not any("ok_at" in r for r in refused):
+        refused.append({"ok_at": time.time()})  # the phase's first read that succeeded
+    return found
 
 
 def _size(path: Path) -> int:
@@ -382,6 +443,10 @@ def main() -> int:
     parser.add_argument("--engine", choices=("flink", "processes"), default="flink", help="the ingest's engine")
     parser.add_argument("--quiet-tail", type=int, default=300_000, metavar="RECORDS",
                         help="then the kept tail alone: fresh reads of this many kept records (0: skip)")
+    parser.add_argument("--crash-at", type=float, default=0.0, metavar="S",
+                        help="SIGKILL the whole ingest S seconds into each phase and restart it at once (0: never)")
+    parser.add_argument("--from-start", action="store_true",
+                        help="measure from the ingest's start, not after its first commit (reads before it count)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
     args = parser.parse_args()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -413,6 +478,8 @@ def main() -> int:
                   f"/{p['exactness']['reads']} | tail up to {p['exactness']['tail_records_max']:,} records, cached "
                   f"share p50 {p['exactness']['tail_cached_share_p50']} | kept tail at most {p['kept_tail_peak_mib']} MiB"
                   f" | keeper RSS {p['keeper_peak_rss_mib']} MiB")
+            print(f"    refused {p['refused']['reads']} read(s); one read's time max {p['read_fresh_max_s']} s"
+                  + (f"; ingest killed at {p['crash']['at_s']:g} s and restarted" if p.get("crash") else ""))
     if quiet:
         print(f"kept tail alone, {quiet['records']:,} records: fresh read median {quiet['kept_median_s']} s "
               f"(max {quiet['kept_max_s']} s), {quiet['kept_over_snapshot']}x the snapshot-only "
