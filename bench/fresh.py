@@ -465,6 +465,15 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"stamp": stamp, "engine": args.engine, "phases": args.phases, "results": results,
                                "quiet_tail": quiet}, indent=2))
+    # A small summary, kept in the repository (bench/summaries/): the evidence of the figures
+    # docs/performance.md cites (the full result with its series stays in bench/results/).
+    summary = ROOT / "bench" / "summaries" / f"fresh-{stamp}.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps({"stamp": stamp, "command": " ".join(sys.argv), "engine": args.engine,
+                                   "results": [{**{k: v for k, v in r.items() if k != "phases"},
+                                                "phases": {n: {k: v for k, v in ph.items() if not k.endswith("_series")}
+                                                           for n, ph in r["phases"].items()}} for r in results],
+                                   "quiet_tail": quiet}, indent=1))
     if results:
         plot(results, out.with_suffix(".png"))
     for r in results:
