@@ -163,3 +163,41 @@ def test_a_killed_ingest_restarts_on_the_rest_catalog_and_loses_nothing(tmp_path
     assert dead_letters(config).num_rows == producer.produced + later.produced - len(ids)
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     assert sorted(_duckdb_rows(table, seaweed)) == sorted(ids)
+
+
+@pytest.mark.slow
+def test_the_readmes_local_lake_works_as_written(tmp_path: Path, broker: str) -> None:
+    """The README's local-lake lines, run as written (`scripts/local-lake.sh start`, then
+    produce, check --connect, ingest, a fresh query on examples/lake.yaml), the broker being
+    the test's (STREAMBERG_KAFKA__BOOTSTRAP_SERVERS, as any key can be overridden)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    lake = tmp_path / "lake"
+    env = {**os.environ, "WEED": str(Path(sys.executable).parent / "weed"),
+           "STREAMBERG_KAFKA__BOOTSTRAP_SERVERS": broker}
+    config = tmp_path / "examples" / "lake.yaml"  # its relative state paths under tmp_path, not the checkout
+    config.parent.mkdir()
+    shutil.copy(root / "examples" / "lake.yaml", config)
+    exe = str(Path(sys.executable).parent / "streamberg")
+    started = subprocess.run(["bash", str(root / "scripts" / "local-lake.sh"), "start", str(lake)], env=env,
+                             capture_output=True, text=True, timeout=180, cwd=root)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert yaml.safe_load(started.stdout)["catalog"]["uri"] == yaml.safe_load(config.read_text())["catalog"]["uri"]
+        for argv in (["produce", "--config", str(config), "--count", "2000"],
+                     ["check", "--config", str(config), "--connect"],
+                     ["ingest", "--config", str(config), "--max-records", "2000", "--engine", "processes"]):
+            done = subprocess.run([exe, *argv], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            assert done.returncode == 0, (argv, done.stdout[-1000:], done.stderr[-2000:])
+        queried = subprocess.run([exe, "query", "--config", str(config), "--fresh", "--json",
+                                  "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM lake.events"], env=env,
+                                 capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert queried.returncode == 0, queried.stderr[-2000:]
+        row = json.loads(queried.stdout.strip().splitlines()[-1])
+        assert row["n"] == row["ids"] > 0, row
+    finally:
+        subprocess.run(["bash", str(root / "scripts" / "local-lake.sh"), "stop", str(lake)], env=env, timeout=60)
