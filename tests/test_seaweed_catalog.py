@@ -201,3 +201,85 @@ def test_the_readmes_local_lake_works_as_written(tmp_path: Path, broker: str) ->
         assert row["n"] == row["ids"] > 0, row
     finally:
         subprocess.run(["bash", str(root / "scripts" / "local-lake.sh"), "stop", str(lake)], env=env, timeout=60)
+
+
+def test_two_committers_race_on_the_rest_catalog_and_one_is_fenced(tmp_path: Path, broker: str, seaweed) -> None:
+    """Two ingest committers of one table, both opened on the same (empty) table: the REST
+    server takes the first commit; the second is fenced, nothing duplicated; a restarted one
+    continues the chain."""
+    from streamberg.common.errors import FencedError
+    from streamberg.ingest.committer import Committer
+    from tests.helpers import duplicates, table_ids
+    from tests.ingest.test_committer import make_unit
+
+    path = _config(tmp_path, broker, seaweed, topic=f"fence-{tmp_path.name[-6:]}")
+    config = load_config(path)
+    open_tables(config)
+    first = Committer(config, parallelism=1, run_id="first")
+    second = Committer(config, parallelism=1, run_id="second")
+    first.open()
+    second.open()
+    try:
+        first.offer(make_unit(config, 0, partition=0, start=0, end=100))
+        with pytest.raises(FencedError, match="another ingest instance"):
+            second.offer(make_unit(config, 0, partition=0, start=0, end=100))
+        assert table_ids(config) == list(range(100)) and not duplicates(table_ids(config))
+        restarted = Committer(config, parallelism=1, run_id="restarted")
+        restarted.open()
+        restarted.offer(make_unit(config, 0, partition=0, start=100, end=150))
+        restarted.close()
+        assert table_ids(config) == list(range(150))
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_fleet_makes_its_tables_on_the_rest_catalog(tmp_path: Path, broker: str, seaweed) -> None:
+    """A config of many: a topic pattern's tables made on their first records through the REST
+    server (their topic recorded), each exactly once, by the real ingest command."""
+    import subprocess
+    import sys
+
+    bucket = seaweed.bucket()
+    suffix = tmp_path.name[-6:].replace("_", "")
+    topics = [f"fl{n}-{suffix}" for n in range(3)]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": broker},
+        "catalog": {"name": "lake", **seaweed.catalog_settings(bucket), "state_uri": "sqlite:///state.db"},
+        "defaults": {"ingest": {"parallelism": 1, "state_dir": "state", "commit_interval_seconds": 1}},
+        "tables": [{"topic_pattern": f"fl[0-9]-{suffix}", "identifier": "web.{topic}", "schema": EVENT_SCHEMA}]}))
+    from tests.helpers import config_at
+
+    counts = {topic: 10 * (n + 1) for n, topic in enumerate(topics)}
+    for topic, count in counts.items():
+        ensure_topic(broker, topic, 1)
+        produce_values(config_at(_one_table(tmp_path, broker, topic)), [event(i) for i in range(count)], 0, 1)
+    checked = cli("check", "--config", str(path), "--connect", check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    exe = str(Path(sys.executable).parent / "streamberg")
+    done = subprocess.run([exe, "ingest", "--config", str(path), "--quiet", "--engine", "processes",
+                           "--max-records", str(sum(counts.values()))], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    catalog = load_catalog(load_config_of(path, topics[0]).catalog)
+    for topic, count in counts.items():
+        table = catalog.load_table(f"web.{topic.replace('-', '_')}")
+        ids = sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+        assert ids == list(range(count)), (topic, ids)
+        assert table.properties.get("streamberg.route.topic") == topic
+
+
+def _one_table(tmp_path: Path, broker: str, topic: str) -> Path:
+    """A one-table config of `topic`, to produce to it with the tests' helper."""
+    path = tmp_path / f"produce-{topic}.yaml"
+    path.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": broker, "topic": topic},
+                                    "table": {"identifier": "x.y", "schema": EVENT_SCHEMA}}))
+    return path
+
+
+def load_config_of(path: Path, topic: str):
+    from streamberg.common.config import load_fleet
+    from streamberg.common.tables import run_settings
+
+    return run_settings(load_fleet(path))
