@@ -190,7 +190,7 @@ def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
     assert status["dead_letters"]["records"] == 13
     # The new field is not written, and status says so (records 52..56 carried it).
     assert status["ingest"]["unknown_fields"] == [
-        {"path": "device", "records": 5, "first": {"0": 52}, "last": {"0": 56}}]
+        {"path": "device", "records": 5, "first": {"0": 52}, "last": {"0": 56}, "ignored": False}]
     assert any(f["check"] == "unknown_fields" for f in status["health"]["findings"])
     reasons = drill.run("reasons").expect(0).json()
     assert reasons["candidates_by_reason"]["missing required field 'user_id'"] == 12
