@@ -212,8 +212,9 @@ def record_starts(catalog: Any, identifier: str, topic: str, starts: PartitionOf
                                    event="start offsets: commit lost a race; retrying"):
         with attempt:
             table = catalog.load_table(identifier)
-            merged = {**recorded_starts(table, topic), **starts}
-            if merged == recorded_starts(table, topic):
+            before = recorded_starts(table, topic)
+            merged = {**before, **starts}
+            if merged == before:
                 return
             with table.transaction() as transaction:
                 transaction.set_properties({START_OFFSETS_PREFIX + topic: encode_offsets(merged)})

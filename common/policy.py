@@ -292,12 +292,18 @@ def table_settings(config: StreambergConfig, table: Any) -> tuple[TablePolicy, S
     properties, problems = _auto_columns(config, dict(table.properties), names)
     policy, configured = policy_for(config, properties)
     problems += list(policy.problems)
-    missing = [c for c in configured.compactor.columns if c not in names]
-    if missing:
-        source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
-        problems.append(f"{source}: {', '.join(missing)} not a column of the table (columns: "
-                        f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
+    problems += _missing_clustering(configured, policy, names, "the table")
     return policy, configured, problems
+
+
+def _missing_clustering(configured: StreambergConfig, policy: TablePolicy, names: set[str], where: str) -> list[str]:
+    """The clustering columns (the table's key or the config's) that are not among `names`."""
+    missing = [c for c in configured.compactor.columns if c not in names]
+    if not missing:
+        return []
+    source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
+    return [f"{source}: {', '.join(missing)} not a column of {where} (columns: "
+            f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})"]
 
 
 def declared_problems(config: StreambergConfig) -> list[str]:
@@ -319,11 +325,7 @@ def declared_problems(config: StreambergConfig) -> list[str]:
     if config.table.schema_ is None:
         return problems
     names = set(_column_paths(schema_from_config(config.table)))
-    missing = [c for c in configured.compactor.columns if c not in names]
-    if missing:
-        source = "streamberg.cluster.columns" if "compactor.columns" in policy.settings else "compactor.columns"
-        problems.append(f"{source}: {', '.join(missing)} not a column of table.schema (columns: "
-                        f"{', '.join(sorted(n for n in names if '.' not in n)[:20])})")
+    problems += _missing_clustering(configured, policy, names, "table.schema")
     retention = configured.maintenance.retention.column
     if retention and retention not in names:
         problems.append(f"maintenance.retention.column: {retention} not a column of table.schema")

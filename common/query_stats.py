@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 from streamberg.common.column_usage import ColumnFacts
 from streamberg.common.log import get_logger
-from streamberg.common.scan_reports import append_report, take
+from streamberg.common.scan_reports import append_report, read_regular, take
 
 STATS_FILE = "query-stats.json"
 LOCK_FILE = ".fold.lock"
@@ -115,11 +114,11 @@ def _lose(entry: dict[str, Any], last_used: float) -> None:
     entry["evicted_last_used"] = max(float(entry.get("evicted_last_used", 0.0)), last_used)
 
 
-def _bounded(entry: dict[str, Any], key: str, limit: int) -> dict[str, Any]:
-    """entry[key], with room for one more: when full, the least recently used tenth goes (by
+def _bounded(entry: dict[str, Any], key: str, name: str, limit: int = MAX_COLUMNS_PER_TABLE) -> dict[str, Any]:
+    """entry[key], with room for `name`: when full, the least recently used tenth goes (by
     recency, never first come: nothing read lately can be pushed out by old junk)."""
-    found = entry.setdefault(key, {})
-    if len(found) >= limit:
+    found: dict[str, Any] = entry.setdefault(key, {})
+    if name not in found and len(found) >= limit:
         def last(item: tuple[str, Any]) -> float:
             value = item[1]
             return float(value.get("last_used", 0.0) if isinstance(value, dict) else value)
@@ -150,10 +149,7 @@ def _add(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: 
     entry["files_skipped"] += _metric(metrics, "skipped-data-files")
 
     def column(name: str) -> dict[str, Any]:
-        columns = entry["columns"]
-        if name not in columns:
-            columns = _bounded(entry, "columns", MAX_COLUMNS_PER_TABLE)
-        found: dict[str, Any] = columns.setdefault(name, {})
+        found: dict[str, Any] = _bounded(entry, "columns", name).setdefault(name, {})
         return found
 
     terms = filter_terms(report.get("filter"))
@@ -174,11 +170,7 @@ def _add(stats: dict[str, Any], report: dict[str, Any], catalog_name: str, now: 
         found["projected"] = found.get("projected", 0.0) + 1
         found["last_used"] = now
     for field_id in field_ids[:MAX_NAMES_PER_REPORT]:
-        key = str(field_id)
-        used = entry.get("ids", {})
-        if key not in used:
-            used = _bounded(entry, "ids", MAX_COLUMNS_PER_TABLE)
-        used[key] = now
+        _bounded(entry, "ids", str(field_id))[str(field_id)] = now
 
 
 class FoldBusy(Exception):
@@ -216,20 +208,11 @@ def _empty() -> dict[str, Any]:
 
 def load(folder: str | Path) -> dict[str, Any]:
     """The saved statistics (empty when there are none or they do not read)."""
-    path = Path(folder) / STATS_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return _empty()
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return _empty()
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            found = json.loads(handle.read(MAX_STATS_BYTES))
+        read = read_regular(Path(folder) / STATS_FILE, MAX_STATS_BYTES)
+        found = json.loads(read[0]) if read is not None else None
     except (OSError, ValueError, RecursionError):
         return _empty()
-    finally:
-        os.close(fd)
     return found if isinstance(found, dict) and isinstance(found.get("tables"), dict) else _empty()
 
 
@@ -400,15 +383,13 @@ def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float 
             entry = stats["tables"].get(identifier)
             if not isinstance(entry, dict):
                 return None
-            changed = False
-            if entry.get("uuid") not in (None, facts.uuid):
-                for key in ("columns", "ids", "fields", "auto", "evicted_last_used"):
-                    entry.pop(key, None)
-                entry["since"] = now  # the new table's collection starts now
-                changed = True
-            if entry.get("uuid") != facts.uuid:
+            changed = entry.get("uuid") != facts.uuid
+            if changed:
+                if entry.get("uuid") is not None:  # the table was made again: its statistics start anew
+                    for key in ("columns", "ids", "fields", "auto", "evicted_last_used"):
+                        entry.pop(key, None)
+                    entry["since"] = now
                 entry["uuid"] = facts.uuid
-                changed = True
             fields = entry.setdefault("fields", {})
             for field_id in facts.current_ids:
                 if str(field_id) not in fields:
@@ -471,11 +452,10 @@ def usage(folder: str | Path, identifier: str, facts: ColumnFacts | None = None,
     table's column facts: the top-level columns no reported scan read within
     `unused_after_days` (`unused_columns`, common/query_stats.unused_columns)."""
     now = time.time() if now is None else now
-    entry: Any = observe(folder, identifier, facts, now) if facts is not None else \
-        load(folder)["tables"].get(identifier)
-    if not isinstance(entry, dict):
+    found = observe(folder, identifier, facts, now) if facts is not None else load(folder)["tables"].get(identifier)
+    if not isinstance(found, dict):
         return None
-    entry = dict(entry)
+    entry: dict[str, Any] = found
     unused, why = unused_columns(entry, facts, unused_after_days, now) if facts is not None else (None, "")
     since = float(entry.get("since", entry.get("updated", now)))
     columns = entry.get("columns", {})

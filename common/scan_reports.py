@@ -70,17 +70,16 @@ def _remove(path: Path) -> None:
         pass
 
 
-def _read_regular(path: Path, limit: int) -> tuple[bytes, bool] | None:
-    """Up to `limit` bytes of a regular file, not through a link and never blocking; None when
-    the name is not a regular file (then removed). The flag: the file held more."""
+def read_regular(path: Path, limit: int) -> tuple[bytes, bool] | None:
+    """Up to `limit` bytes of a regular file, opened without following a link and never
+    blocking (a FIFO or a device is never read); None when the name is not a regular file (or
+    cannot be opened). The flag: the file held more. OSError from the read itself is raised."""
     try:
         fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
-        _remove(path)  # a link (ELOOP), or gone
-        return None
+        return None  # a link (ELOOP), or gone
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            _remove(path)
             return None
         chunks, left = [], limit + 1
         while left > 0:
@@ -91,8 +90,6 @@ def _read_regular(path: Path, limit: int) -> tuple[bytes, bool] | None:
             left -= len(chunk)
         data = b"".join(chunks)
         return data[:limit], len(data) > limit
-    except OSError:
-        return None
     finally:
         os.close(fd)
 
@@ -149,9 +146,13 @@ def take(folder: Path) -> Taken:
             except OSError:
                 continue
             path = target
-        found = _read_regular(path, min(MAX_FILE_BYTES, MAX_FOLD_BYTES - taken.bytes_read))
+        try:
+            found = read_regular(path, min(MAX_FILE_BYTES, MAX_FOLD_BYTES - taken.bytes_read))
+        except OSError:
+            continue  # unreadable now: left for the next fold
         if found is None:
             taken.drop("not a regular file (removed)")
+            _remove(path)  # the product owns the folder: a link or FIFO named like a report goes
             continue
         data, more = found
         if more:

@@ -35,6 +35,7 @@ from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import ROUTE_VALUE_PROPERTY
 from streamberg.common.errors import FreshReadRefused
+from streamberg.common.tail_segments import TailIdentity
 from streamberg.fresh.bounds import FreshBounds, pin, pin_kept, pin_snapshot
 from streamberg.fresh.keyed import (
     KeyedDelta,
@@ -136,14 +137,13 @@ class ReadPlan:
         A keyed table's tail is its change log's: change rows, decoded as the ingest writes them."""
         if self.keyed is not None:
             tail = read_tail(self.keyed.config, self.keyed.changelog.schema(), self.bounds, timeout_seconds,
-                             identity=tail_identity(self.keyed.config, self.keyed.changelog))
+                             identity=_kept_identity(self.keyed.config, self.keyed.changelog))
         elif self.until == "kept":
             tail = read_kept(self.config, self.table.schema(), self.bounds, tail_identity(self.config, self.table))
         else:
             tail = read_tail(self.config, self.table.schema(), self.bounds, timeout_seconds,
                              self.table.properties.get(ROUTE_VALUE_PROPERTY),
-                             identity=None if self.config.route_field is not None else
-                             tail_identity(self.config, self.table))
+                             identity=_kept_identity(self.config, self.table))
         self.bounds = replace(self.bounds, watermarks=tail.ends)
         return tail
 
@@ -186,6 +186,12 @@ class ReadPlan:
                                 if n in wanted or any(r == n or r.startswith(n + ".") for r in referenced)])
             rows = rows.filter(expression_to_pyarrow(bound))
         return rows.select(wanted).cast(target)
+
+
+def _kept_identity(config: StreambergConfig, table: Any) -> TailIdentity | None:
+    """The identity a kept tail must have to serve this read; None where no live keeper keeps
+    one (nothing to take: the topic's id is not asked for)."""
+    return tail_identity(config, table) if kept_tail_alive(config) else None
 
 
 def plan_read(config: str | Path | StreambergConfig, identifier: str | None = None, *,

@@ -110,9 +110,10 @@ class TableLane:
         marks = broker_positions(self.config, mine, recorded, reader=self.marks, present=present)
         began = recorded_starts(table, self.topic)  # an earlier run's start, before any commit
         for p in mine:
+            low, high = marks.partitions.get(p, (0, -1))
             if p in recorded:
                 self.position[p] = recorded[p]
-            elif p in began and marks.partitions.get(p, (0, -1))[0] <= began[p] <= marks.partitions.get(p, (0, -1))[1]:
+            elif p in began and low <= began[p] <= high:
                 self.unrecorded.add(p)
                 self.position[p] = began[p]  # begin where the first run began (a fresh read reads from it)
             else:

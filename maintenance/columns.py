@@ -7,8 +7,8 @@ whole window with each column present (common/query_stats.unused_columns) that a
 protected; the run reads the table and the statistics again, drops them and records them as
 ignored fields, and what was dropped, when and why, in one commit of the table's metadata (no
 data file is touched: the next rewrite of each file leaves their bytes behind). Undo: remove
-the name from `streamberg.ingest.ignored-fields`; with `schema_evolution: add` the ingest adds
-the column again for new records (docs/governor.md).
+the name from `streamberg.ingest.ignored-fields`, then `streamberg table --evolve` (a declared
+column) or schema evolution (`add`) brings the column back for new records (docs/governor.md).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class DropColumnsExecutor:
     action = "drop-columns"
 
     def enabled(self, switches: Any) -> bool:
-        return bool(getattr(switches, "drop_unused", False)) and bool(getattr(switches, "reporting_engines", None))
+        return _acknowledged(switches)
 
     def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
         if table is None:
@@ -92,9 +92,9 @@ class DropColumnsExecutor:
         schema = table.schema()
         engines = policy_of(table.properties).reporting_engines
         why = f"no scan reported by {', '.join(engines)} read it in {days:g} days"
-        entries = [{"column": name, "field_id": schema.find_field(name).field_id,
-                    "type": str(schema.find_field(name).field_type), "at": round(time.time(), 3), "why": why}
-                   for name in drop]
+        fields = [schema.find_field(name) for name in drop]
+        entries = [{"column": f.name, "field_id": f.field_id, "type": str(f.field_type), "at": round(time.time(), 3),
+                    "why": why} for f in fields]
         with table.transaction() as transaction:
             with transaction.update_schema() as update:
                 for name in drop:
