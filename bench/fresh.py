@@ -312,13 +312,20 @@ def _measure(config: Any, probes: Probes, args: argparse.Namespace, keeper: Any,
         "fresh_over_snapshot_p95": (round(_pct(read_fresh, 95) / _pct(read_snapshot, 95), 2)  # type: ignore[operator]
                                     if read_fresh and read_snapshot else None),
         "exactness": exact,
-        "refused": {"reads": len([r for r in refused if "why" in r]), "first": [r for r in refused if "why" in r][:5],
+        # Refusals while the ingest had not made the table yet are apart: no table, nothing to read.
+        "refused": {"reads": len([r for r in refused if "why" in r and not _unmade(r)]),
+                    "before_the_table_existed": len([r for r in refused if "why" in r and _unmade(r)]),
+                    "first": [r for r in refused if "why" in r and not _unmade(r)][:5],
                     "first_ok_after_s": next((round(r["ok_at"] - started_wall, 2) for r in refused if "ok_at" in r),
                                              None)},
         "read_fresh_max_s": round(max(read_fresh), 3) if read_fresh else None,
         "keeper_peak_rss_mib": round(keeper_rss, 1) if keeper is not None else None,
         "kept_tail_peak_mib": round(kept_bytes / 2**20, 1),
     }
+
+
+def _unmade(refusal: dict[str, Any]) -> bool:
+    return "does not exist yet" in refusal["why"]
 
 
 def _attempt(refused: list[dict[str, Any]], reading: Any) -> Any:
@@ -403,8 +410,13 @@ def quiet_tail(work: Path, bootstrap: str, records: int) -> dict[str, Any]:
     stop = threading.Event()
     keeper = threading.Thread(target=TailKeeper(config, stop).run)
     keeper.start()
+    from streamberg.fresh.tail import tail_identity
+
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    identity, schema_id = tail_identity(config, table), table.schema().schema_id
     deadline = time.monotonic() + 300
-    while sum(cached_rows(cache_folder(config), 0, {p: 1000 for p in range(PARTITIONS)})[1].values()) < 4000 + records:
+    while sum(cached_rows(cache_folder(config), identity, schema_id,
+                          {p: 1000 for p in range(PARTITIONS)})[1].values()) < 4000 + records:
         assert time.monotonic() < deadline, "the keeper did not catch up"
         time.sleep(0.5)
     kept, snapshot, kafka = [], [], []
@@ -487,7 +499,8 @@ def main() -> int:
                   f"/{p['exactness']['reads']} | tail up to {p['exactness']['tail_records_max']:,} records, cached "
                   f"share p50 {p['exactness']['tail_cached_share_p50']} | kept tail at most {p['kept_tail_peak_mib']} MiB"
                   f" | keeper RSS {p['keeper_peak_rss_mib']} MiB")
-            print(f"    refused {p['refused']['reads']} read(s); one read's time max {p['read_fresh_max_s']} s"
+            print(f"    refused {p['refused']['reads']} read(s) (and {p['refused'].get('before_the_table_existed', 0)} "
+                  f"before the ingest made the table); one read's time max {p['read_fresh_max_s']} s"
                   + (f"; ingest killed at {p['crash']['at_s']:g} s and restarted" if p.get("crash") else ""))
     if quiet:
         print(f"kept tail alone, {quiet['records']:,} records: fresh read median {quiet['kept_median_s']} s "

@@ -162,10 +162,12 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
         while len(ends) < len(starts):
             left = deadline - time.monotonic()
             if left <= 0:
+                unfinished = ", ".join(f"{p} at {next_offset[p]} of {bounds.watermarks[p]}"
+                                       for p in sorted(set(starts) - set(ends)))
                 raise FreshReadRefused(
-                    f"{bounds.table}: Kafka did not hand over the tail within {timeout_seconds:g} s (partitions "
-                    f"{sorted(set(starts) - set(ends))} unfinished); raise the read's timeout or read without "
-                    f"--fresh")
+                    f"{bounds.table}: Kafka did not hand over the tail within {timeout_seconds:g} s (partition "
+                    f"{unfinished}, from {', '.join(f'{p}: {o}' for p, o in sorted(starts.items()))}); raise the "
+                    f"read's timeout or read without --fresh")
             # Ask for about what is left (records below the broker's watermarks, one end event a
             # partition): consume() returns once that many arrived instead of waiting out its timeout.
             # Past the listed end: what the queue holds (a partition ends when it holds no more).

@@ -8,10 +8,12 @@ second consumer, no second decode: what `streamberg tail` costs again, the inges
 already paid. The committer deletes the segments a commit covers.
 
 A segment covers exactly what the lane read of its partition in [first, next): the rows it
-wrote, the records it dead-lettered (no row) and the tombstones it skipped. Segments are cut
-at every unit's end (a commit's offsets are always a segment's start: a reader's chain
-starts on one) and after SEGMENT_SECONDS, so a record is in a segment a fraction of a second
-after the lane decoded it. Where the lane's rows are not the table's final rows (records
+wrote, the records it dead-lettered (no row) and the tombstones it skipped. Every decoded
+batch is written at once, one segment a partition (no size or age threshold holds it back),
+so under load the kept tail trails Kafka by one poll; the small segments are merged by tiers
+(common/tail_segments.mergeable), a few files a partition whatever the interval. Units end
+on a segment's end too (a commit's offsets are always a segment's start: a reader's chain
+starts on one). Where the lane's rows are not the table's final rows (records
 held for a schema change), or its position jumped, nothing is kept for those records: the
 partition's chain breaks there and a reader reads Kafka from that point, exact either way.
 """
@@ -42,8 +44,6 @@ from streamberg.common.tail_segments import (
     write_segment,
 )
 
-SEGMENT_RECORDS = 50_000  # a partition's rows are written as a segment at this many ...
-SEGMENT_SECONDS = 0.25  # ... or this long after its first row
 HEARTBEAT_SECONDS = 1.0  # the folder's heartbeat is touched at most this often
 
 
@@ -58,7 +58,6 @@ class TailSpool:
         self.pending: dict[int, list[pa.Table]] = {}  # partition -> rows not written yet
         self.first: dict[int, int] = {}  # partition -> the offset its pending rows start at
         self.end: dict[int, int] = {}  # partition -> where its kept rows end (pending or written)
-        self.since: dict[int, float] = {}  # partition -> when its pending rows began
         self.written: dict[int, list[Segment]] = {}  # partition -> its segments, for merging
         self._beat = 0.0
         make_folder(self.folder)
@@ -81,8 +80,7 @@ class TailSpool:
              before: dict[int, int], after: dict[int, int], held: set[int]) -> None:
         """A decoded batch: `rows` (offsets and partitions of their records alongside), the
         partitions' positions before and after it (every record between them read), and the
-        partitions with records held for a schema change (`gap`)."""
-        now = time.monotonic()
+        partitions with records held for a schema change (`gap`). Written at once."""
         self.gap(held)
         with_offsets = rows.append_column(OFFSET_COLUMN, pa.array(kept_offsets, type=pa.int64()))
         single = len(after) == 1
@@ -96,8 +94,8 @@ class TailSpool:
                 self.first[partition] = start
             mine = with_offsets if single else with_offsets.filter(pa.array(kept_partitions == partition))
             self.pending.setdefault(partition, []).append(mine)
-            self.since.setdefault(partition, now)
             self.end[partition] = next_offset
+        self.cut()
 
     def gap(self, partitions: set[int]) -> None:
         """Records of `partitions` the lane read but whose rows are not the table's yet (held
@@ -107,13 +105,8 @@ class TailSpool:
             self.end.pop(partition, None)
 
     def tick(self, now: float | None = None) -> None:
-        """Write the partitions' rows that waited long enough or are many; the heartbeat. (The
-        writer calls it after every poll, for every lane.)"""
+        """The heartbeat (the writer calls it after every poll, for every lane, records or not)."""
         now = time.monotonic() if now is None else now
-        for partition in list(self.pending):
-            if now - self.since[partition] >= SEGMENT_SECONDS or \
-                    sum(t.num_rows for t in self.pending[partition]) >= SEGMENT_RECORDS:
-                self._write(partition)
         if now - self._beat >= HEARTBEAT_SECONDS:
             self._beat = now
             beat(self.folder)
@@ -133,7 +126,6 @@ class TailSpool:
 
     def _write(self, partition: int) -> None:
         parts = self.pending.pop(partition, None)
-        self.since.pop(partition, None)
         if not parts:
             return
         first, end = self.first[partition], self.end[partition]

@@ -231,16 +231,23 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
     chained = chains(folder, committed)
     kept = {p: (chain[-1].next - committed[p]) if chain else 0 for p, chain in chained.items()}
     files = segments(folder)
-    size = 0
+    size, newest = 0, None
     for segment in files:
         try:
-            size += segment.path.stat().st_size
+            found = segment.path.stat()
         except OSError:
             continue
+        size += found.st_size
+        newest = found.st_mtime if newest is None else max(newest, found.st_mtime)
     lag = ingest.lag.total if ingest is not None and ingest.lag is not None else None
+    past = max(0, lag - sum(kept.values())) if lag is not None else None
+    # How far behind Kafka the kept tail is in time: none while it holds every record; else
+    # since it last moved (its newest segment: the writers write one every poll that read any).
+    behind = None if past is None else 0.0 if past == 0 else \
+        round(max(0.0, time.time() - newest), 2) if newest is not None else None
     return {"alive": alive(folder), "kept_by": "ingest" if config.ingest.keep_tail else "streamberg tail",
             "segments": len(files), "bytes": size, "kept_records": sum(kept.values()),
-            "past_kept_records": max(0, lag - sum(kept.values())) if lag is not None else None}
+            "past_kept_records": past, "behind_seconds": behind}
 
 
 def _queries(config: StreambergConfig, table: Any) -> dict[str, Any]:

@@ -81,6 +81,9 @@ def _tail_metrics(status: Status) -> Iterator[Metric]:
     if kept.get("past_kept_records") is not None:
         yield from _gauge("streamberg_tail_past_kept_records", "records past the kept tail: a fresh read reads "
                           "them from Kafka", t, kept["past_kept_records"])
+    if kept.get("behind_seconds") is not None:
+        yield from _gauge("streamberg_tail_behind_seconds", "how long the kept tail has not held Kafka's last "
+                          "records (0 while it holds them all)", t, kept["behind_seconds"])
 
 
 def _query_metrics(status: Status) -> Iterator[Metric]:

@@ -160,7 +160,8 @@ def _governor_lines(status: Status) -> list[str]:
         lines.append(_line("tail kept", f"{keeper} {'alive' if kept['alive'] else 'NOT running'}: "
                            f"{kept['kept_records']:,} records in {kept['segments']} segments "
                            f"({kept['bytes'] / 1e6:.1f} MB)"
-                           + (f", {past:,} past them" if past is not None else "")))
+                           + (f", {past:,} past them" if past is not None else "")
+                           + (f" ({kept['behind_seconds']:g} s behind)" if kept.get("behind_seconds") else "")))
     queries = status.queries
     if queries is not None:
         filtered = ", ".join(f"{c} {s:g}" for c, s in list((queries.get("filtered") or {}).items())[:5]) or "none"
