@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.policy import effective  # noqa: E402
 from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.common.table_runtime import TableRuntime  # noqa: E402
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},
@@ -191,18 +191,21 @@ def main() -> int:
                     for where in shapes(column, rng):
                         spark.sql(f"SELECT id, ts, user_id, city, amount FROM {name} WHERE {where}").collect()
                 table = catalog.load_table(config.table.identifier)
-                chosen, _ = effective(config, table)
-                if drop.due(chosen, table, catalog, None) is not None:
+                kept = TableRuntime.of(config, table)
+                chosen = kept.settings
+                if drop.due(kept, catalog, None) is not None:
                     dropped_bytes = column_bytes(table, ["note_a", "note_b"])
-                    drop.run(chosen, spark)
+                    drop.run(kept, spark)
                     table = catalog.load_table(config.table.identifier)
-                    chosen, _ = effective(config, table)
+                    kept = TableRuntime.of(config, table)
+                chosen = kept.settings
                 for _ in range(3):  # the governor's passes this step (its budget: relayout_max_bytes each)
-                    if compact.due(chosen, table, catalog, None) is None:
+                    if compact.due(kept, catalog, None) is None:
                         break
-                    compact.run(chosen, spark)
+                    compact.run(kept, spark)
                     table = catalog.load_table(config.table.identifier)
-                    chosen, _ = effective(config, table)
+                    kept = TableRuntime.of(config, table)
+                chosen = kept.settings
                 share = layout_share(table, list(chosen.compactor.columns))
                 if step < shift_at:
                     first_choice = list(chosen.compactor.columns)

@@ -134,7 +134,8 @@ def _set_policy(args: argparse.Namespace) -> int:
     """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
     checked against the registry first; nothing is written when one is refused."""
     from streamberg.common.catalog import open_catalog_readonly
-    from streamberg.common.policy import POLICY_KEYS, policy_for, refusal
+    from streamberg.common.policy import POLICY_KEYS, refusal
+    from streamberg.common.table_runtime import TableRuntime
 
     config = config_of(args)
     settings: dict[str, str] = {}
@@ -153,7 +154,7 @@ def _set_policy(args: argparse.Namespace) -> int:
     # A setting's bounds and the rules between keys (retention.days needs a column) are its
     # config section's: checked with the table's other keys as they will be.
     after = {k: v for k, v in {**table.properties, **settings}.items() if k not in args.unset}
-    policy, _ = policy_for(config, after)
+    policy = TableRuntime.proposed(config, after).policy
     if refused := [p for p in policy.problems if p.split(":", 1)[0] in settings]:
         raise UsageError(refused[0])
     with table.transaction() as transaction:

@@ -19,6 +19,7 @@ from streamberg.common.errors import ConfigError, StreambergError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
+from streamberg.common.runtime import current as current_runtime
 
 # Modules that contribute subcommands, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamberg {args.command}: unexpected error: {type(exc).__name__}: {first} "
               f"(STREAMBERG_LOG_LEVEL=debug shows the traceback)", file=sys.stderr)
         return ExitCode.FAILED
+    finally:
+        if argv is None:  # the process's command ends: its runtime's catalogs, engines and clients close once
+            current_runtime().close()
 
 
 if __name__ == "__main__":

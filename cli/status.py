@@ -7,7 +7,6 @@ import json
 import sys
 import threading
 import time
-from typing import Any
 
 from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
@@ -21,6 +20,7 @@ from streamberg.monitoring.model import Status
 from streamberg.monitoring.render import render_screen
 
 DEFAULT_WATCH_SECONDS = 5.0
+DEFAULT_REFRESH_SECONDS = 15.0  # the exporter's collection of every table (a typical scrape interval)
 # Exit codes of `status`: alerting and cron act on 1.
 EXIT = {"ok": 0, "warn": 0, "critical": 1}
 
@@ -87,78 +87,53 @@ def _status(args: argparse.Namespace) -> int:
         return EXIT[status.health.verdict]
 
 
-def _serve(registry: Any, address: str, port: int) -> tuple[Any, threading.Thread]:
-    """Prometheus' exposition at /metrics (any path but /healthz), and /healthz answering 200 at
-    once: a probe must not pay for collecting every table's status."""
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-    from prometheus_client import make_wsgi_app
-
-    exposition = make_wsgi_app(registry)
-
-    def app(environ: dict, start_response: Any) -> list[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n"]
-        return exposition(environ, start_response)
-
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = make_server(address, port, app, Server, handler_class=Quiet)
-    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-    thread.start()
-    return server, thread
-
-
 def _metrics(args: argparse.Namespace) -> int:
-    from prometheus_client import generate_latest
-
     from streamberg.common.config import is_fleet, load_fleet
     from streamberg.common.tables import run_settings
-    from streamberg.monitoring.metrics import fleet_registry, registry_for
+    from streamberg.monitoring.fleet import collect_fleet
+    from streamberg.monitoring.metrics import fleet_families, table_families, table_status
+    from streamberg.monitoring.watch import Watch, serve
 
+    if args.refresh <= 0:
+        raise CommandError("--refresh needs a positive number of seconds")
+    cache = ManifestCache()
     if is_fleet(args.config) and not args.table:  # every table of the config, one `table` label each
         fleet = load_fleet(args.config)
-        registry = fleet_registry(fleet)
         config = run_settings(fleet)
         scope = f"{len(fleet.tables)} routes of {args.config}"
+        watch = Watch(lambda: collect_fleet(fleet, cache), fleet_families, args.refresh, scope)
     else:
         config = config_of(args)
-        registry = registry_for(config)
         scope = config.table.identifier
+        watch = Watch(lambda: table_status(config, cache), table_families, args.refresh, scope)
     if args.once:
-        families = list(registry.collect())  # collected once: printed, and read for the exit code
-
-        class Collected:
-            def collect(self) -> list[Any]:
-                return families
-
-        print(redact(generate_latest(Collected()).decode()), end="")  # type: ignore[arg-type]
-        ups = [s.value for f in families if f.name == "streamberg_up" for s in f.samples]
+        facts = watch.refresh()
+        print(redact(facts.text.decode()), end="")
+        statuses = [s for _, s in facts.fleet.tables]
         # Exit 1 when nothing it reads answered (catalog and broker down): a cron or a check
         # must not take a scrape of absences for a healthy one.
-        return 1 if ups and all(v == 0 for v in ups) else 0
+        down = bool(statuses) and all(not s.catalog.reachable and not s.ingest.broker.reachable for s in statuses)
+        return 1 if down else 0
     port = args.port or config.monitoring.metrics_port
     address = args.address or config.monitoring.metrics_address
+    stop = threading.Event()
+    refresher = watch.start(stop)  # the first collection starts now; scrapes wait for it (503 until then)
     try:
-        server, thread = _serve(registry, address, port)
+        server, thread = serve(watch, address, port)
     except OSError as exc:
+        stop.set()
         raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc
     log = get_logger("monitoring.metrics", table=scope)
-    log.info("serving metrics", url=f"http://{address}:{port}/metrics")
+    log.info("serving metrics", url=f"http://{address}:{port}/metrics", refresh_seconds=args.refresh)
     try:
         while thread.is_alive():
             thread.join(1.0)
     except KeyboardInterrupt:
         log.info("stopping")
     finally:
+        stop.set()
         server.shutdown()
+        refresher.join(5)
     return 0
 
 
@@ -185,9 +160,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     metrics = subparsers.add_parser(
         "metrics", help="Prometheus exporter: ingest, lag, compactor backlog and table metrics",
-        description="Serves /metrics in the Prometheus text format. Every scrape computes the metrics from the "
-                    "same facts as `streamberg status` (table snapshot summaries, the broker's end offsets), so "
-                    "the exporter holds no state and can restart at any time. --once prints one scrape to stdout "
+        description="Serves /metrics in the Prometheus text format: the same facts as `streamberg status` (table "
+                    "snapshot summaries, the broker's end offsets), collected for every table in the background "
+                    "every --refresh seconds, so a scrape answers at once and never calls the catalog; "
+                    "/healthz says whether that collection loop lives, /readyz whether its last collection "
+                    "reached the catalog and the broker. The facts are the tables' own, so the exporter can "
+                    "restart at any time. --once collects once and prints the scrape to stdout "
                     "(for tests and node_exporter's textfile collector). With a config of many tables and no --table: every "
                     "table's series in one scrape, each with its `table` label, and which tables the ingest paused. "
                     "Metrics and sources: docs/monitoring.md.",
@@ -198,4 +176,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     metrics.add_argument("--address", default=None,
                          help="address to bind (default monitoring.metrics_address, 127.0.0.1; 0.0.0.0 for every interface)")
     metrics.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
+    metrics.add_argument("--refresh", type=float, default=DEFAULT_REFRESH_SECONDS, metavar="SECONDS",
+                         help=f"collect every table's facts this often (default {DEFAULT_REFRESH_SECONDS:g}); a "
+                              f"scrape serves the last collection")
     metrics.set_defaults(func=_metrics)

@@ -6,8 +6,6 @@ same database is read by Spark's Iceberg JdbcCatalog, so both engines see one ta
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import PruningSqlCatalog
 from streamberg.common.redact import redact, register_secret
 from streamberg.common.retry import commit_retrying
+from streamberg.common.runtime import current as current_runtime
 from streamberg.common.schema import (
     SchemaEvolution,
     describe_schema_differences,
@@ -249,34 +248,16 @@ def state_engine(config: CatalogConfig, catalog: Catalog | None = None) -> sqlal
         sql = catalog if catalog is not None else load_catalog(config)
         assert isinstance(sql, SqlCatalog)
         return sql.engine
-    with _state_lock:
-        engine = _state_engines.get(uri)
-        if engine is None:
-            if uri.startswith("sqlite:"):
-                _prepare_sqlite(uri)
-            engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
-            if uri.startswith("sqlite:"):
-                sqlalchemy.event.listen(engine, "connect", _bounded_wal)
-            _state_engines[uri] = engine
-    return engine
 
+    def make() -> sqlalchemy.engine.Engine:
+        if uri.startswith("sqlite:"):
+            _prepare_sqlite(uri)
+        engine = sqlalchemy.create_engine(_sqlalchemy_uri(uri))
+        if uri.startswith("sqlite:"):
+            sqlalchemy.event.listen(engine, "connect", _bounded_wal)
+        return engine
 
-_state_engines: dict[str, sqlalchemy.engine.Engine] = {}
-_state_lock = threading.Lock()
-
-
-def _forget_inherited_engines() -> None:
-    """In a forked child: never use (or close) the parent's pooled connections, SQLAlchemy's
-    rule for a fork; the child opens its own on first use (the local engine forks its tasks
-    from a driver that opened the catalog)."""
-    global _state_lock, _shared_lock
-    _state_lock, _shared_lock = threading.Lock(), threading.Lock()  # a thread of the parent may have held them
-    for engine in _state_engines.values():
-        engine.dispose(close=False)
-    _state_engines.clear()
-
-
-os.register_at_fork(after_in_child=_forget_inherited_engines)
+    return current_runtime().engine(uri, make)  # one engine a URI, owned by the runtime (common/runtime.py)
 
 
 def load_catalog(config: CatalogConfig) -> Catalog:
@@ -286,38 +267,16 @@ def load_catalog(config: CatalogConfig) -> Catalog:
     return kind_of(config).open(config)
 
 
-_shared_catalogs: dict[tuple[int, str], Catalog] = {}
-_shared_lock = threading.Lock()
-
-
 def shared_catalog(config: CatalogConfig) -> Catalog:
-    """The catalog of `config` opened once in this process and kept: a job writing a hundred
-    tables opens each of them several times (its lane, its committer, the dead-letter table),
-    and each opening made a new engine (a SQL catalog: a pool, its own tables checked, every
-    statement compiled again: ~4 ms, 0.4 s a writer for 100 tables). Keyed by the process
-    too: a connection is never used across a fork."""
-    key = (os.getpid(), config.model_dump_json())
-    with _shared_lock:
-        found = _shared_catalogs.get(key)
-        if found is None:
-            found = _shared_catalogs[key] = load_catalog(config)
-        return found
+    """The catalog of `config` as the process's runtime holds it (common/runtime.py): opened
+    once, closed with the runtime."""
+    return current_runtime().catalog(config)
 
 
 def close_shared_catalogs() -> None:
-    """Close the pooled connections of every catalog and state engine this process keeps, and
-    forget them (the next use opens anew). For a process that outlives its catalogs: a test
-    session opens hundreds, each a SQLite file whose connections held descriptors to the end."""
-    with _shared_lock:
-        catalogs = list(_shared_catalogs.values())
-        _shared_catalogs.clear()
-    with _state_lock:
-        engines = list(_state_engines.values())
-        _state_engines.clear()
-    for catalog in catalogs:
-        close_catalog(catalog)
-    for engine in engines:
-        engine.dispose()
+    """Close every catalog, state engine and Kafka client the current runtime holds (the next
+    use opens anew): for a process that outlives its catalogs (a test session)."""
+    current_runtime().close()
 
 
 def close_catalog(catalog: Catalog | None) -> None:

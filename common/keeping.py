@@ -4,8 +4,10 @@ is due on a table now and how urgent it is; its own loop and the governor ask th
 
 - `Due`: one action due on one table, its urgency in comparable units (how many times its
   trigger is passed: >= 1 is due) and why, in words an operator reads.
-- `Executor`: a component's action on one table: whether the table's policy enables it, what
-  is due (no Spark: metadata reads only), and the run itself on a given Spark session.
+- `Executor`: a component's action on one table, one shape for all (compact, merge,
+  maintain, drop columns): `enabled(table)` by the table's policy, `due(table, ...)` (no
+  Spark: metadata reads only) and `run(table, spark)`, each given the table's runtime
+  (common/table_runtime.py: its effective settings, parsed once).
 - `backoff`: the one rule for waiting after failures (the governor's actions, a paused
   table's retries, the supervisor's restarts).
 """
@@ -13,9 +15,10 @@ is due on a table now and how urgent it is; its own loop and the governor ask th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from streamberg.common.config import StreambergConfig
+if TYPE_CHECKING:
+    from streamberg.common.table_runtime import TableRuntime
 
 
 @dataclass(frozen=True)
@@ -34,15 +37,15 @@ class Executor(Protocol):
 
     action: str
 
-    def enabled(self, switches: Any) -> bool:
-        """Whether the table's policy (common/policy.TablePolicy) lets it run."""
+    def enabled(self, table: TableRuntime) -> bool:
+        """Whether the table's policy (table.policy) lets it run."""
 
-    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
-        """What is due now on `table` (loaded once a probe; None when the table does not exist
-        yet), by the effective `config` (the table's properties applied)."""
+    def due(self, table: TableRuntime, catalog: Any, engine: Any) -> Due | None:
+        """What is due now on the table (table.table: loaded once a probe, None when it does
+        not exist yet), by its effective settings (table.settings)."""
 
-    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
-        """Run the action once on the given session; a failure raises."""
+    def run(self, table: TableRuntime, spark: Any) -> dict[str, Any]:
+        """Run the action once on the given session, with table.settings; a failure raises."""
 
 
 def backoff(failures: int, base_seconds: float, max_seconds: float) -> float:

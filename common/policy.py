@@ -189,6 +189,13 @@ def refusal(name: str, text: str) -> str | None:
     return None
 
 
+def carries_policy(properties: Mapping[str, str]) -> bool:
+    """Whether the properties set any policy key (what a table of an opt-in namespace needs to
+    be kept); their values are the table's runtime's to parse (common/table_runtime.py)."""
+    names = {k.name for k in POLICY_KEYS}
+    return any(name in names for name in properties)
+
+
 def policy_of(properties: Mapping[str, str]) -> TablePolicy:
     """The policy the table's properties state; bad values named in `problems`, never raised."""
     policy = TablePolicy()

@@ -65,22 +65,6 @@ class TailIdentity:
         return hashlib.sha256(text).hexdigest()[:20]
 
 
-def topic_id(settings: dict[str, str], topic: str, timeout: float = 5.0) -> str:
-    """The topic's id as the broker gives it ("" where it gives none or cannot be asked: then
-    the topic's name alone stands for it; a reader asking the same broker agrees)."""
-    from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        admin = AdminClient({k: v for k, v in settings.items() if not k.startswith(("group.", "enable.", "auto.",
-                                                                                       "isolation.", "fetch.",
-                                                                                       "session.", "max.poll"))})
-        found = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout)[topic].result(timeout)
-        return str(found.topic_id) if found.topic_id is not None else ""
-    except Exception:  # noqa: BLE001 - no id: the name stands alone (never a reason to fail a read)
-        return ""
-
-
 def cache_folder(config: StreambergConfig) -> Path:
     """Where the table's tail is kept: the tail of the table the ingest writes (a primary-key
     table's is its change log's: change rows, as a fresh read of it takes them)."""

@@ -12,8 +12,8 @@ from streamberg.common.catalog_wait import open_existing_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
-from streamberg.common.policy import effective
 from streamberg.common.spark import session_for
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.layouts import resolve_layout
 from streamberg.compactor.lease import TableLease
@@ -35,7 +35,7 @@ def dry_run(config: StreambergConfig, options: CompactOptions, table: Any = None
     the caller has it loaded already)."""
     if table is None:
         _, table = open_existing_table(config, "compactor", CompactError)
-    config = effective(config, table)[0]  # the table's own streamberg.* settings over the config's
+    config = TableRuntime.of(config, table).settings  # the table's own streamberg.* settings over the config's
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     plan = PassPlanner(config.compactor, config.target, layout.columns).plan(table, "full" if options.full else "incremental")
     return {
@@ -66,9 +66,9 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}
-    # The table's own streamberg.* settings over the config's (common/policy.effective): a table
+    # The table's own streamberg.* settings over the config's (common/table_runtime.TableRuntime): a table
     # is compacted alike whoever keeps it (this command, `run`, the governor).
-    config = effective(config, table)[0]
+    config = TableRuntime.of(config, table).settings
     # Bad columns fail before Spark starts.
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
     log = get_logger("compactor", table=config.table.identifier)

@@ -10,6 +10,7 @@ from typing import Any
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
+from streamberg.common.table_runtime import TableRuntime
 
 
 class CompactExecutor:
@@ -22,10 +23,11 @@ class CompactExecutor:
         self.replan_seconds = replan_seconds
         self._plan: tuple[tuple[Any, ...], float, dict[str, Any]] | None = None  # (key, made at, plan)
 
-    def enabled(self, switches: Any) -> bool:
-        return bool(switches.compact_enabled)
+    def enabled(self, table: TableRuntime) -> bool:
+        return bool(table.policy.compact_enabled)
 
-    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
+    def due(self, kept: TableRuntime, catalog: Any, engine: Any) -> Due | None:
+        config, table = kept.settings, kept.table
         if table is None:
             return None
         plan = self.plan(config, table)
@@ -50,8 +52,8 @@ class CompactExecutor:
         self._plan = (key, now, plan)
         return plan
 
-    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
+    def run(self, table: TableRuntime, spark: Any) -> dict[str, Any]:
         from streamberg.compactor.app import CompactOptions, run_compact
 
         self._plan = None  # whatever ran, the next probe plans afresh
-        return run_compact(config, CompactOptions(once=True), spark=spark)
+        return run_compact(table.settings, CompactOptions(once=True), spark=spark)

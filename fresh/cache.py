@@ -35,6 +35,7 @@ from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
+from streamberg.common.runtime import current as current_runtime
 from streamberg.common.tail_segments import (
     OFFSET_COLUMN,
     SegmentRefused,
@@ -51,7 +52,6 @@ from streamberg.common.tail_segments import (
     read_segment,
     remove_foreign,
     segments,
-    topic_id,
     write_segment,
 )
 from streamberg.ingest.decode.envelopes import record_decoder
@@ -126,7 +126,7 @@ class TailKeeper:
         decoder = record_decoder(self.config, schema)
         topic = self.config.kafka.topic
         self.identity = TailIdentity(str(table.metadata.table_uuid), topic,
-                                     topic_id(consumer_settings(self.config), topic))
+                                     current_runtime().topic_id(consumer_settings(self.config), topic))
         remove_foreign(self.folder, self.identity)  # another table's or topic's: never a reader's
         self._drop(lambda s: s.schema_id != schema.schema_id)
         consumer = Consumer({**consumer_settings(self.config), "group.id": f"streamberg-tail-{self.config.table.identifier}",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -28,7 +29,9 @@ from pyiceberg.schema import Schema
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
-from streamberg.common.tail_segments import TailIdentity, alive, topic_id
+from streamberg.common.log import get_logger
+from streamberg.common.runtime import current
+from streamberg.common.tail_segments import TailIdentity, alive
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.fresh.consumers import borrowed
@@ -43,6 +46,14 @@ DECODE_BATCH = 20_000
 # more of it: a record batch is delivered whole, so the rest of the batch holding the listed
 # end is already there.
 END_GRACE_SECONDS = 0.1
+# A read whose consumer hands over nothing at all (no record, no end event) this long while
+# partitions are unfinished goes on with a new consumer: with enable.partition.eof a live
+# connection answers every fetch, with records or an end.
+STALL_SECONDS = 5.0
+
+
+class _Stalled(Exception):
+    """The consumer handed over nothing for STALL_SECONDS."""
 
 
 @dataclass
@@ -76,22 +87,14 @@ def routed_here(value: bytes | None, field: str, wanted: str) -> bool:
         return False
 
 
-# (bootstrap, topic) -> (when asked, the topic's id): a fact, not a resource; asked again after
-# TOPIC_ID_SECONDS, so a read to the kept tail's end makes no broker round trip of its own.
-_TOPIC_IDS: dict[tuple[str, str], tuple[float, str]] = {}
-TOPIC_ID_SECONDS = 10.0
-
-
 def tail_identity(config: StreambergConfig, table: object) -> TailIdentity:
     """What the table's kept tail must be of to serve this read: the table's UUID and its
-    topic (name and id); segments of anything else are never taken (common/tail_segments.py)."""
+    topic (name and id, a fact the runtime keeps for a few seconds: a read to the kept tail's
+    end makes no broker round trip of its own); segments of anything else are never taken
+    (common/tail_segments.py)."""
     topic = config.kafka.topic
-    key = (config.kafka.bootstrap_servers, topic)
-    asked_at, found = _TOPIC_IDS.get(key, (0.0, ""))
-    if time.monotonic() - asked_at >= TOPIC_ID_SECONDS:
-        found = topic_id(consumer_settings(config), topic)
-        _TOPIC_IDS[key] = (time.monotonic(), found)
-    return TailIdentity(str(table.metadata.table_uuid), topic, found)  # type: ignore[attr-defined]
+    return TailIdentity(str(table.metadata.table_uuid), topic,  # type: ignore[attr-defined]
+                        current().topic_id(consumer_settings(config), topic))
 
 
 def kept_tail_alive(config: StreambergConfig) -> bool:
@@ -155,10 +158,12 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     # fetch's end, or END_GRACE_SECONDS later where it stands (records may never stop coming).
     passed: dict[int, float] = {p: time.monotonic() for p, start in starts.items() if start >= bounds.watermarks[p]}
     received: set[int] = set()  # partitions that got records in this read (their fetch came)
-    with borrowed(config) as consumer:
-        consumer.assign([TopicPartition(bounds.topic, p, start) for p, start in sorted(starts.items())])
-        next_offset = dict(starts)
-        deadline = time.monotonic() + timeout_seconds
+    next_offset = dict(starts)
+
+    def _follow(consumer: Any) -> None:
+        """Read every unfinished partition to its end; _Stalled when nothing at all (no record,
+        no end event) came for STALL_SECONDS."""
+        heard = time.monotonic()
         while len(ends) < len(starts):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -177,6 +182,11 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                                              for p in starts if p not in ends)))
             waiting = (0.002 if any(p in received for p in past) else 0.01) if past else 0.5
             batch = consumer.consume(wanted, min(left, waiting))
+            now = time.monotonic()
+            if batch:
+                heard = now
+            elif now - heard >= STALL_SECONDS:
+                raise _Stalled()
             got: set[int] = set()
             for message in batch:
                 partition, offset, error = message.partition(), message.offset(), message.error()
@@ -203,7 +213,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                 got.add(partition)
                 if partition not in passed and offset + 1 >= bounds.watermarks[partition]:
                     passed[partition] = time.monotonic()
-            received |= got
+            received.update(got)
             now = time.monotonic()
             drained = len(batch) < wanted  # the queue gave all it held
             for partition, since in passed.items():
@@ -214,7 +224,22 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                     consumer.pause([TopicPartition(bounds.topic, partition)])
             if len(pending) >= DECODE_BATCH:
                 decode()
-        decode()
+    deadline = time.monotonic() + timeout_seconds
+    stalls = 0
+    while len(ends) < len(starts):
+        try:
+            # After a stall, a new consumer: the kept one's connection may be dead (a fetch on it
+            # would wait out socket.timeout.ms while the broker has the records).
+            with borrowed(config, fresh=stalls > 0) as consumer:
+                consumer.assign([TopicPartition(bounds.topic, p, next_offset[p])
+                                 for p in sorted(starts) if p not in ends])
+                _follow(consumer)
+        except _Stalled:
+            stalls += 1
+            get_logger("fresh.tail", table=bounds.table, topic=bounds.topic).warning(
+                "Kafka handed over nothing for a while; reading on with a new consumer", stalls=stalls,
+                positions={p: next_offset[p] for p in sorted(starts) if p not in ends})
+    decode()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
     return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends,
                 cached, counts["elsewhere"])

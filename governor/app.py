@@ -18,6 +18,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +52,16 @@ class Jobs(Protocol):
 
 
 HEARTBEAT_SECONDS = 5.0
+ACTION_LOG_ENTRIES = 500  # the governor's last actions kept in govern.json
+
+
+def _outcome(result: Any) -> dict[str, Any]:
+    """An action's result as the log keeps it: its numbers and short words (bytes rewritten,
+    files in and out, rows deleted), nothing long."""
+    if not isinstance(result, dict):
+        return {}
+    return {k: v for k, v in list(result.items())[:12]
+            if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 120)}
 # `govern --health`: alive when the heartbeat is younger than this.
 HEALTHY_WITHIN_SECONDS = 120.0
 
@@ -108,6 +119,8 @@ class Governor:
         self.clock = clock
         self.log = get_logger("governor")
         self.actions: list[float] = []  # when each action finished (actions a minute)
+        # The last actions, newest last: what ran, when, how long, its outcome (status and the dashboard).
+        self.log_entries: deque[dict[str, Any]] = deque(maxlen=ACTION_LOG_ENTRIES)
 
     def round(self, dry_run: bool = False) -> RoundReport:
         report = RoundReport()
@@ -138,6 +151,7 @@ class Governor:
     def _run(self, keeper: Keeper, choice: Choice) -> dict[str, Any]:
         log = self.log.bind(table=keeper.identifier, action=choice.due.action)
         started = self.clock()
+        started_at = time.time()
         log.info("action started", why=choice.reason, waited_seconds=round(choice.waited_seconds, 1))
         try:
             result = self._bounded(keeper, choice.due.action)
@@ -145,6 +159,9 @@ class Governor:
             error = first_line(exc)[:300]
             with self._lock:
                 backoff = self.scheduler.failed(choice, self.clock(), error)
+                self.log_entries.append({"table": keeper.identifier, "action": choice.due.action,
+                                         "started_at": round(started_at, 1), "seconds": round(self.clock() - started, 2),
+                                         "ok": False, "why": choice.due.why[:200], "error": error})
             log.warning("action failed; the table backs off, the others go on", error=error,
                         backoff_seconds=backoff)
             return {"table": keeper.identifier, "action": choice.due.action, "ok": False, "error": error}
@@ -152,6 +169,9 @@ class Governor:
         with self._lock:
             self.scheduler.ran(choice, finished, result)
             self.actions.append(finished)
+            self.log_entries.append({"table": keeper.identifier, "action": choice.due.action,
+                                     "started_at": round(started_at, 1), "seconds": round(finished - started, 2),
+                                     "ok": True, "why": choice.due.why[:200], "outcome": _outcome(result)})
         log.info("action finished", seconds=round(finished - started, 2))
         return {"table": keeper.identifier, "action": choice.due.action, "ok": True,
                 "seconds": round(finished - started, 2)}
@@ -228,7 +248,11 @@ class Governor:
         document = {"written_at": time.time(), "fleet": self.fleet_line(),
                     "actions": self.scheduler.state(self.clock()), "problems": report.problems,
                     "due": [{"table": d.table, "action": d.action, "urgency": round(d.urgency, 2), "why": d.why}
-                            for d in report.due]}
+                            for d in report.due],
+                    "planned": [{"table": c.due.table, "action": c.due.action, "reason": c.reason}
+                                for c in report.planned],
+                    "concurrency": self.concurrent, "budget": self.budget,
+                    "log": list(self.log_entries)}
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.state_path.with_suffix(".tmp")
         temporary.write_text(json.dumps(document, indent=1))

@@ -1,10 +1,11 @@
 """One table as the governor keeps it: its probe (what is due, by the table's own policy) and
 its runner, over the components' executors (common/keeping.py) on the one shared session.
 
-A keeper lives across rounds. Each probe loads the table once, reads its `streamberg.*`
-policy (common/policy.table_settings: the table's settings over the config's, each checked by
-its section's own model, `auto` clustering resolved) and asks every enabled executor what is due by that effective config;
-an executor's failure to answer is that table's problem, named, never the round's.
+A keeper lives across rounds and holds the table's runtime (common/table_runtime.py: its
+effective settings, parsed once per version of its metadata: the table's settings over the
+config's, each checked by its section's own model, `auto` clustering resolved). Each probe
+loads the table once and asks every enabled executor what is due on that runtime; an
+executor's failure to answer is that table's problem, named, never the round's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from streamberg.common.catalog import first_line, shared_catalog, state_engine
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due, Executor
-from streamberg.common.policy import policy_for, table_settings
+from streamberg.common.table_runtime import TableRuntime
 
 # How often the service folds the reported commits (one fold serves every table's probe).
 COMMITS_EVERY_SECONDS = 1.0
@@ -79,7 +80,7 @@ class TableKeeper:
     def __init__(self, config: StreambergConfig, executors: list[Executor], session: Any,
                  catalogs: SharedCatalogs) -> None:
         self.config, self.executors, self.session, self.catalogs = config, executors, session, catalogs
-        self.effective = config
+        self.runtime = TableRuntime.of(config, None)  # replaced at each probe (parsed again only when the table changed)
         self.by_action: dict[str, Executor] = {e.action: e for e in executors}
         self._table: Any = None
         self._read_at = 0.0
@@ -108,20 +109,16 @@ class TableKeeper:
             table = None  # a primary-key table its first merge makes: only the merge can be due
         else:
             table = self._table_now(catalog)
-        # The one path (common/policy.table_settings): `auto` clustering resolved to its choice
-        # before any executor reads the columns (a column drop protects what is chosen).
-        if table is not None:
-            policy, config, problems = table_settings(self.config, table)
-        else:
-            policy, config = policy_for(self.config, {})
-            problems = list(policy.problems)
-        self.effective = config
+        # The one path (the table's runtime): `auto` clustering resolved to its choice before
+        # any executor reads the columns (a column drop protects what is chosen).
+        self.runtime = runtime = self.runtime.refreshed(table)
+        policy, problems = runtime.policy, list(runtime.problems)
         due: list[Due] = []
         for executor in self.executors:
-            if not executor.enabled(policy):
+            if not executor.enabled(runtime):
                 continue
             try:
-                found = executor.due(config, table, catalog, engine)
+                found = executor.due(runtime, catalog, engine)
             except Exception as exc:  # noqa: BLE001 - e.g. a clustering column the table lacks: this table's problem
                 problems.append(f"{executor.action}: {first_line(exc)[:300]}")
                 continue
@@ -129,9 +126,14 @@ class TableKeeper:
                 due.append(Due(found.table, found.action, found.urgency, found.why, policy.min_interval_seconds))
         return due, problems
 
+    @property
+    def effective(self) -> StreambergConfig:
+        """The settings the table is kept with now."""
+        return self.runtime.settings
+
     def run(self, action: str) -> dict[str, Any]:
         self._table = None  # the action may have committed: read the table again at the next probe
-        return self.by_action[action].run(self.effective, self.session)
+        return self.by_action[action].run(self.runtime, self.session)
 
 
 def refused_keeper(why: str) -> tuple[Callable[[], tuple[list[Due], list[str]]], Callable[[str], dict[str, Any]]]:

@@ -20,7 +20,7 @@ from streamberg.common.config import StreambergConfig, config_from_dump
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config
 from streamberg.common.errors import ConfigError
-from streamberg.common.policy import policy_of, undeclared
+from streamberg.common.policy import carries_policy, undeclared
 from streamberg.common.tables import config_tables
 
 
@@ -50,7 +50,7 @@ def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
                 if catalog.table_exists(identifier):
                     refused[name] = f"cannot be read: {first_line(exc)[:200]}"
                 continue
-            if not policy_of(properties).governed:
+            if not carries_policy(properties):
                 continue
             document = dump_config(base)
             document["table"] = {"identifier": name}

@@ -36,8 +36,9 @@ from streamberg.common.errors import LostOffsetsError
 from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position, record_starts, recorded_starts
+from streamberg.common.runtime import current as current_runtime
 from streamberg.common.table_files import target_file_size
-from streamberg.common.tail_segments import TailIdentity, topic_id
+from streamberg.common.tail_segments import TailIdentity
 from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.ingest.dead_letters import dead_letter_from_message
 from streamberg.ingest.decode.envelopes import record_decoder
@@ -130,7 +131,7 @@ class TableLane:
         self.expect_first = dict(self.position)
         if self.config.ingest.keep_tail and self.config.route_field is None:
             identity = TailIdentity(str(table.metadata.table_uuid), self.topic,
-                                    topic_id(consumer_settings(self.config), self.topic))
+                                    current_runtime().topic_id(consumer_settings(self.config), self.topic))
             self.spool = TailSpool(self.config, mine, self.log, identity)
         self._decode_with(table)
         self.log.info("lane opened", partitions=mine, start_offsets=self.position,

@@ -103,9 +103,12 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
                 create_inferred(config, [json.dumps({anchor_field: ""}).encode()], partitioned=False)
             else:
                 create_inferred(config, sample if sample else sample_values(config, topic), value=value)
-    # A table made here records its topic (and route value) in the commit that makes it.
-    catalog, table, _ = open_tables(config, {ROUTE_TOPIC_PROPERTY: topic,
-                                             **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})})
+    # A table made here records its topic (and route value) in the commit that makes it, and
+    # where it begins reading (fresh reads are exact from its first second: common/offsets).
+    made = {ROUTE_TOPIC_PROPERTY: topic, **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})}
+    if value is None and anchor_field is None:
+        made.update(_starts_at_creation(config, topic))
+    catalog, table, _ = open_tables(config, made)
     _check_table(config, table)
     owner, owner_value = table.properties.get(ROUTE_TOPIC_PROPERTY), table.properties.get(ROUTE_VALUE_PROPERTY)
     if owner is None:  # the topic (and route value) this table is fed from, recorded once
@@ -115,6 +118,31 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
     elif owner_value != value:
         raise TableOwnedElsewhere(f"table {config.table.identifier} holds topic {topic!r}'s records of route value "
                                   f"{owner_value!r}, not {value!r}")
+
+
+def _starts_at_creation(config: StreambergConfig, topic: str) -> dict[str, str]:
+    """For a table about to be made that reads its whole topic from `earliest`: where each
+    partition begins (its low watermark), recorded in the commit that makes the table, so a
+    fresh read is exact from the table's first second, before any lane opened (the lanes then
+    begin there: common/offsets.fresh_start_offsets). Nothing where the table exists, the
+    start is "latest" or a time (the lanes record theirs when they open), or the broker does
+    not answer now."""
+    from streamberg.common.offsets import START_OFFSETS_PREFIX, encode_offsets
+    from streamberg.common.watermarks import WatermarkReader
+    from streamberg.ingest.positions import positions_settings
+
+    if config.kafka.start_offset != "earliest" or shared_catalog(config.catalog).table_exists(config.table.identifier):
+        return {}
+    try:
+        with WatermarkReader(positions_settings(config), 10.0) as reader:
+            marks = reader.read(topic)
+    except Exception as exc:  # noqa: BLE001 - the lanes record their starts when they open
+        get_logger("ingest.routes", table=config.table.identifier, topic=topic).info(
+            "start offsets not recorded at creation; the lanes record them", error=str(exc)[:200])
+        return {}
+    if not marks.exists or not marks.partitions:
+        return {}
+    return {START_OFFSETS_PREFIX + topic: encode_offsets({p: low for p, (low, _) in marks.partitions.items()})}
 
 
 def _record_route(catalog: Any, config: StreambergConfig, topic: str,

@@ -35,8 +35,8 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
-from streamberg.common.policy import effective
 from streamberg.common.spark import session_for
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.maintenance.retention import column_kind
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
@@ -126,7 +126,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                                    0.0 if single else config.maintenance.wait_for_table_seconds, stop)
     if table is None:  # stopped while waiting
         return MaintainSummary()
-    config = effective(config, table)[0]  # the table's own streamberg.* settings over the config's
+    config = TableRuntime.of(config, table).settings  # the table's own streamberg.* settings over the config's
     check_config(config, table)  # bad settings fail before Spark starts
     summary = MaintainSummary()
     # Maintenance shares the compactor's Spark settings (docs/maintenance.md).

@@ -27,18 +27,17 @@ from streamberg.common.column_lifecycle import (
     ignored_fields,
 )
 from streamberg.common.column_usage import ColumnFacts
-from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
 from streamberg.common.log import get_logger
-from streamberg.common.policy import TablePolicy, policy_of
+from streamberg.common.policy import TablePolicy
 from streamberg.common.query_stats import usage
+from streamberg.common.table_runtime import TableRuntime
 
 
-def unused_columns(config: StreambergConfig, table: Any) -> tuple[list[str], dict[str, str], float]:
-    """(droppable, kept with why, the days) by the table's statistics and policy. `config` is
-    the table's effective config (common/policy.table_settings): its clustering columns are
-    `auto`'s choice where the table says `auto`."""
-    policy = policy_of(table.properties)
+def unused_columns(kept: TableRuntime) -> tuple[list[str], dict[str, str], float]:
+    """(droppable, kept with why, the days) by the table's statistics and policy, with its
+    effective settings (its clustering columns are `auto`'s choice where the table says `auto`)."""
+    config, table, policy = kept.settings, kept.table, kept.policy
     days = policy.unused_after_days
     folder = config.catalog.scan_reports_dir
     if not folder or not _acknowledged(policy):
@@ -65,13 +64,14 @@ def _drop_log(properties: dict[str, str], entries: list[dict[str, Any]]) -> str:
 class DropColumnsExecutor:
     action = "drop-columns"
 
-    def enabled(self, switches: Any) -> bool:
-        return _acknowledged(switches)
+    def enabled(self, table: TableRuntime) -> bool:
+        return _acknowledged(table.policy)
 
-    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
-        if table is None:
+    def due(self, table: TableRuntime, catalog: Any, engine: Any) -> Due | None:
+        if table.table is None:
             return None
-        drop, kept, days = unused_columns(config, table)
+        config = table.settings
+        drop, kept, days = unused_columns(table)
         if not drop:
             return None
         why = f"no scan read {', '.join(drop)} in {days:g} days: dropped and ignored by the ingest"
@@ -79,18 +79,22 @@ class DropColumnsExecutor:
             why += f" (kept: {', '.join(f'{c} ({w})' for c, w in sorted(kept.items()))})"
         return Due(config.table.identifier, self.action, 1.0, why)
 
-    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
-        """Drop what is still unused and unprotected now (read again: the statistics may have
-        moved since the probe), recording the names the ingest ignores and the drop itself,
-        in one commit."""
+    def run(self, kept_table: TableRuntime, spark: Any) -> dict[str, Any]:
+        """Drop what is still unused and unprotected now (the table and its policy read again:
+        the statistics may have moved since the probe, its properties been changed), recording
+        the names the ingest ignores and the drop itself, in one commit."""
+        config = kept_table.config
         log = get_logger("maintenance.columns", table=config.table.identifier)
-        table = load_catalog(config.catalog).load_table(config.table.identifier)
-        drop, kept, days = unused_columns(config, table)
+        now = kept_table.refreshed(load_catalog(config.catalog).load_table(config.table.identifier))
+        table = now.table
+        if not _acknowledged(now.policy):
+            return {"dropped": [], "kept": {}, "why": "the table's policy no longer drops columns"}
+        drop, kept, days = unused_columns(now)
         if not drop:
             return {"dropped": [], "kept": kept}
         names = sorted(ignored_fields(table.properties) | set(drop))[:MAX_IGNORED]
         schema = table.schema()
-        engines = policy_of(table.properties).reporting_engines
+        engines = now.policy.reporting_engines
         why = f"no scan reported by {', '.join(engines)} read it in {days:g} days"
         fields = [schema.find_field(name) for name in drop]
         entries = [{"column": f.name, "field_id": f.field_id, "type": str(f.field_type), "at": round(time.time(), 3),

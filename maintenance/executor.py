@@ -11,6 +11,7 @@ from typing import Any
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
+from streamberg.common.table_runtime import TableRuntime
 
 READ_EVERY_SECONDS = 60.0
 
@@ -31,11 +32,12 @@ class MaintainExecutor:
     def __init__(self) -> None:
         self._read: tuple[float, float | None] | None = None  # (read at, age then)
 
-    def enabled(self, switches: Any) -> bool:
-        return bool(switches.maintain_enabled)
+    def enabled(self, table: TableRuntime) -> bool:
+        return bool(table.policy.maintain_enabled)
 
-    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
-        if table is None:
+    def due(self, kept: TableRuntime, catalog: Any, engine: Any) -> Due | None:
+        config = kept.settings
+        if kept.table is None:
             return None
         age = self.age(config, engine)
         urgency = maintenance_due(age, config.maintenance.interval_seconds)
@@ -54,11 +56,11 @@ class MaintainExecutor:
         read_at, age = self._read
         return None if age is None else age + (now - read_at)
 
-    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
+    def run(self, table: TableRuntime, spark: Any) -> dict[str, Any]:
         from streamberg.maintenance.app import MaintainOptions, run_maintain
 
         self._read = None
-        summary = run_maintain(config, MaintainOptions(once=True), spark=spark)
+        summary = run_maintain(table.settings, MaintainOptions(once=True), spark=spark)
         if summary.failed_runs:
             raise RuntimeError(f"maintenance failed: {json.dumps(summary.last)[:300]}")
         return {"runs": summary.runs}

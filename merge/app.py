@@ -20,9 +20,9 @@ from streamberg.common.errors import CatalogUnreachable, MergeError, ResyncRefus
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import bound_metadata
-from streamberg.common.policy import effective
 from streamberg.common.redact import redact
 from streamberg.common.spark import session_for
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.merge.merger import Merger
 from streamberg.merge.tables import ensure_target
 
@@ -79,7 +79,7 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
         raise MergeError(f"change log {changelog} not found in {redact(config.catalog.uri)} ({exc}); it is created by "
                          "`streamberg ingest`") from None
     target = bound_metadata(ensure_target(catalog, config.table))
-    config = effective(config, target)[0]  # the table's own streamberg.* settings over the config's
+    config = TableRuntime.of(config, target).settings  # the table's own streamberg.* settings over the config's
     summary: dict[str, Any] = {"table": config.table.identifier, "changelog": changelog, "merges": 0, "changes": 0}
     started = time.monotonic()
     with session_for(config.catalog, config.merge.spark_master, config.merge.spark_conf, given=spark,

@@ -8,17 +8,18 @@ import time
 from typing import Any
 
 from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position
-from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
+from streamberg.common.table_runtime import TableRuntime
 
 
 class MergeExecutor:
     action = "merge"
 
-    def enabled(self, switches: Any) -> bool:
-        return bool(switches.merge_enabled)
+    def enabled(self, table: TableRuntime) -> bool:
+        return bool(table.policy.merge_enabled)
 
-    def due(self, config: StreambergConfig, table: Any, catalog: Any, engine: Any) -> Due | None:
+    def due(self, kept: TableRuntime, catalog: Any, engine: Any) -> Due | None:
+        config, table = kept.settings, kept.table
         if not has_changelog(config):
             return None
         changelog = changelog_identifier(config)
@@ -31,7 +32,7 @@ class MergeExecutor:
         return Due(config.table.identifier, self.action, max(1.0, age / max(1.0, config.merge.interval_seconds)),
                    f"{position.pending_records} changes in {position.pending_snapshots} snapshots")
 
-    def run(self, config: StreambergConfig, spark: Any) -> dict[str, Any]:
+    def run(self, table: TableRuntime, spark: Any) -> dict[str, Any]:
         from streamberg.merge.app import MergeOptions, run_merge
 
-        return run_merge(config, MergeOptions(once=True), spark=spark)
+        return run_merge(table.settings, MergeOptions(once=True), spark=spark)

@@ -28,9 +28,10 @@ from streamberg.common.field_sightings import added_fields_of, sightings_of, wid
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
-from streamberg.common.policy import GOVERN_STATE_FILE, effective
+from streamberg.common.policy import GOVERN_STATE_FILE
 from streamberg.common.table_facts import dead_letter_records
 from streamberg.common.table_files import ManifestCache, live_data_files
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
@@ -191,8 +192,9 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
                       maintenance=last_maintenance(config, catalog), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     # The table's own streamberg.* settings over the config's: the backlog and clustering are
-    # judged as the table is kept (common/policy.effective), and what is wrong with them named.
-    config, policy_problems = effective(config, table)
+    # judged as the table is kept (its runtime: common/table_runtime.py), and what is wrong with them named.
+    kept = TableRuntime.of(config, table)
+    config, policy_problems = kept.settings, list(kept.problems)
     run.config = config
     # A primary-key table's ingest writes its change log: the ingest's facts are read there.
     ingest_table, merge = table, None
@@ -214,7 +216,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
         policy_problems=policy_problems, governor=governor_state(config),
-        queries=run.part("query statistics", _queries, config, table) if config.catalog.scan_reports_dir else None,
+        queries=run.part("query statistics", _queries, kept) if config.catalog.scan_reports_dir else None,
         tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)
         if position is not None and cache_folder(config).is_dir() else None,
     )
@@ -250,15 +252,15 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
             "past_kept_records": past, "behind_seconds": behind}
 
 
-def _queries(config: StreambergConfig, table: Any) -> dict[str, Any]:
+def _queries(kept: TableRuntime) -> dict[str, Any]:
     """The table's scan statistics, its unused columns and the clustering columns it is kept
     with (after `auto`)."""
     from streamberg.common.column_usage import ColumnFacts
-    from streamberg.common.policy import policy_of
     from streamberg.common.query_stats import usage
 
-    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier, ColumnFacts.of_table(table),
-                  policy_of(table.properties).unused_after_days) or {"scans_total": 0}
+    config = kept.settings
+    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier, ColumnFacts.of_table(kept.table),
+                  kept.policy.unused_after_days) or {"scans_total": 0}
     return {**found, "cluster_columns": list(config.compactor.columns)}
 
 

@@ -1,7 +1,8 @@
-"""Prometheus metrics computed from the same facts as `streamberg status`, at every scrape.
+"""Prometheus metrics computed from the same facts as `streamberg status`.
 
-A custom prometheus-client Collector runs `collect_status` when scraped, so the exporter
-keeps no state that can drift from the table: totals (records consumed, dead letters)
+The exporter collects every table's status in the background and renders these families once
+a refresh (monitoring/watch.py): a scrape serves that, never calling the catalog itself. The
+facts are the table's own, so nothing can drift from the table: totals (records consumed, dead letters)
 are the running totals Iceberg and the ingest committer record in snapshot summaries, and
 they survive restarts of every process involved. Every metric carries `table`; the table
 of metrics, their sources and meaning is in docs/monitoring.md.
@@ -12,7 +13,6 @@ reported as 0; `streamberg_up` and `streamberg_health` say why.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,9 +20,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from streamberg.common.config import FleetConfig, StreambergConfig
+from streamberg.common.config import StreambergConfig
 from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.fleet import FleetStatus
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import SEVERITY, Status
 
@@ -303,71 +304,49 @@ def _snapshot_metrics(status: Status) -> Iterator[Metric]:
                           last_run.get("bytes_freed"))
 
 
-class StatusCollector(Collector):
-    """Collects the status on every scrape (one at a time; the manifest cache is reused)."""
-
-    def __init__(self, config: StreambergConfig) -> None:
-        self.config = config
-        self.cache = ManifestCache()
-        self._lock = threading.Lock()
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            started = time.monotonic()
-            status = with_health(collect_status(self.config, cache=self.cache), self.config)
-            families = list(status_metrics(status, round(time.monotonic() - started, 3)))
-        yield from families
+def table_families(fleet: FleetStatus, seconds: float) -> Iterator[Metric]:
+    """A config of one table: its status's families."""
+    for _topic, status in fleet.tables:
+        yield from status_metrics(status, seconds)
 
 
-def registry_for(config: StreambergConfig) -> CollectorRegistry:
-    """A registry holding only the status collector (no process metrics of the exporter)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(config))
-    return registry
+def fleet_families(fleet: FleetStatus, seconds: float) -> Iterator[Metric]:
+    """A config of many tables: every table's metrics, each family once with a sample per
+    table (`table` label), plus which tables the ingest paused and which topics it refused
+    (monitoring/fleet.py)."""
+    merged: dict[str, Metric] = {}
+    for _topic, status in fleet.tables:
+        for family in status_metrics(status, seconds):
+            if family.name in merged:
+                merged[family.name].samples.extend(family.samples)
+            else:
+                merged[family.name] = family
+    paused = GaugeMetricFamily("streamberg_table_paused", "1 when the ingest paused the table after repeated "
+                               "commit failures (it resumes at the next start)", labels=["table"])
+    for _topic, status in fleet.tables:
+        paused.add_metric([status.table], float(status.table in fleet.paused))
+    tables = GaugeMetricFamily("streamberg_fleet_tables", "tables of the config the status found")
+    tables.add_metric([], float(len(fleet.tables)))
+    refused = GaugeMetricFamily("streamberg_fleet_refused_topics", "topics a route takes that no table can "
+                                "(their names collide with another topic's table)")
+    refused.add_metric([], float(len(fleet.refused)))
+    yield from [*merged.values(), paused, tables, refused]
+
+
+def table_status(config: StreambergConfig, cache: ManifestCache) -> FleetStatus:
+    """A config of one table collected as a fleet of one (what the exporter's model keeps)."""
+    return FleetStatus(tables=[(config.kafka.topic, with_health(collect_status(config, cache=cache), config))])
 
 
 def exposition(config: StreambergConfig) -> str:
-    """One scrape's output in the Prometheus text format (`streamberg metrics --once`)."""
-    return generate_latest(registry_for(config)).decode()
+    """One scrape's output in the Prometheus text format, collected now (`metrics --once`)."""
 
-
-class FleetStatusCollector(Collector):
-    """A config of many tables: every table's metrics in one scrape, each family once with a
-    sample per table (`table` label), plus which tables the ingest paused and which topics it
-    refused (monitoring/fleet.py)."""
-
-    def __init__(self, fleet: FleetConfig) -> None:
-        self.fleet = fleet
-        self.cache = ManifestCache()
-        self._lock = threading.Lock()
-
-    def collect(self) -> Iterator[Metric]:
-        from streamberg.monitoring.fleet import collect_fleet
-
-        with self._lock:
+    class Once(Collector):
+        def collect(self) -> Iterator[Metric]:
             started = time.monotonic()
-            fleet = collect_fleet(self.fleet, self.cache)
-            elapsed = round(time.monotonic() - started, 3)
-            merged: dict[str, Metric] = {}
-            for _topic, status in fleet.tables:
-                for family in status_metrics(status, elapsed):
-                    if family.name in merged:
-                        merged[family.name].samples.extend(family.samples)
-                    else:
-                        merged[family.name] = family
-            paused = GaugeMetricFamily("streamberg_table_paused", "1 when the ingest paused the table after repeated "
-                                       "commit failures (it resumes at the next start)", labels=["table"])
-            for _topic, status in fleet.tables:
-                paused.add_metric([status.table], float(status.table in fleet.paused))
-            tables = GaugeMetricFamily("streamberg_fleet_tables", "tables of the config the status found")
-            tables.add_metric([], float(len(fleet.tables)))
-            refused = GaugeMetricFamily("streamberg_fleet_refused_topics", "topics a route takes that no table can "
-                                        "(their names collide with another topic's table)")
-            refused.add_metric([], float(len(fleet.refused)))
-        yield from [*merged.values(), paused, tables, refused]
+            fleet = table_status(config, ManifestCache())
+            yield from table_families(fleet, round(time.monotonic() - started, 3))
 
-
-def fleet_registry(fleet: FleetConfig) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetStatusCollector(fleet))
-    return registry
+    registry.register(Once())
+    return generate_latest(registry).decode()

@@ -263,3 +263,96 @@ def test_no_module_past_500_lines() -> None:
                                                         "monitoring", "governor", "supervisor", "cli", "fresh")
             for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+# -- one owner of resources (common/runtime.py) -------------------------------------------------------
+
+PRODUCT = ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor", "supervisor", "cli",
+           "fresh")
+# Module-level containers filled while the process runs, each with why it is no resource:
+# everything that holds a connection, a client or a session lives in the Runtime.
+KEPT_AT_MODULE_LEVEL = {
+    "common/runtime.py": "the one owner",
+    "common/redact.py:_literals": "the secrets to mask, registered by load_config: strings",
+    "ingest/decode/envelopes/source_position.py:_FILE_NUMBERS": "binlog file names parsed: a bounded memo of strings",
+    "ingest/decode/envelopes/source_position.py:_IDENTITIES": "server identities parsed: a bounded memo of strings",
+    "ingest/local/gateway_auth.py:gateway_token (memoized)": "the driver's gateway token: one string, the JVM inherits it",
+}
+_EMPTY_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary", "deque"}
+
+
+def _module_level_caches(path: Path) -> list[str]:
+    """Names bound at module level to an empty container (a cache filled at run time), and
+    functions memoized by functools (a value kept for the process's life)."""
+    found = []
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                name = ast.unparse(decorator)
+                if any(k in name for k in ("functools.cache", "lru_cache", "cached_property")) or name == "cache":
+                    found.append(f"{node.name} (memoized)")
+            continue
+        empty = (isinstance(value, (ast.Dict, ast.List, ast.Set)) and not getattr(value, "keys", None)
+                 and not getattr(value, "elts", None)) or \
+            (isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in _EMPTY_CALLS and not value.args)
+        if empty:
+            found.extend(ast.unparse(t) for t in targets)
+    return found
+
+
+def test_no_module_level_resource_caches() -> None:
+    """Catalogs, engines, consumers, admin clients and the facts asked of them are the
+    Runtime's (common/runtime.py); no module keeps its own (a governor or exporter that lives
+    for weeks leaked through exactly those)."""
+    wrong = []
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative in KEPT_AT_MODULE_LEVEL:
+                continue
+            wrong += [f"{relative}:{n}" for n in _module_level_caches(path)
+                      if f"{relative}:{n}" not in KEPT_AT_MODULE_LEVEL]
+    assert not wrong, f"module-level caches outside the Runtime: {wrong}"
+
+
+def test_the_cache_check_sees_caches(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
+                      "@functools.cache\ndef f():\n    return 1\n")
+    assert _module_level_caches(sample) == ["_a", "_b", "_d", "f (memoized)"]
+
+
+# -- one object per table holds its settings (common/table_runtime.py) -------------------------------
+
+PARSERS = {"policy_of", "policy_for", "table_settings", "effective"}
+PARSED_IN = {"common/policy.py", "common/table_runtime.py"}
+
+
+def _policy_parsers_imported(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == "streamberg.common.policy":
+            found |= {alias.name for alias in node.names} & PARSERS
+        elif isinstance(node, ast.Attribute) and node.attr in PARSERS and ast.unparse(node.value).endswith("policy"):
+            found.add(node.attr)
+    return found
+
+
+def test_policy_is_parsed_only_by_the_table_runtime() -> None:
+    """A table's `streamberg.*` settings are parsed in one place (TableRuntime.of) and read from
+    there by every component, the governor and status: two parses once disagreed (`auto`
+    clustering protected a column literally named "auto")."""
+    wrong = {}
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative not in PARSED_IN and (found := _policy_parsers_imported(path)):
+                wrong[relative] = sorted(found)
+    assert not wrong, f"policy parsed outside common/table_runtime.py: {wrong}"
+    sample = ROOT / "tests" / "governor" / "test_scheduler.py"  # the check sees an import when there is one
+    assert _policy_parsers_imported(sample) >= {"policy_of", "policy_for"}

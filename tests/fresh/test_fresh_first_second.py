@@ -71,3 +71,24 @@ def test_a_fresh_read_is_exact_before_the_first_commit_and_a_restart_begins_ther
     produce_values(config, [event(i) for i in range(80, 90)], 0, 2)
     ingest_until(config, {0: 90, 1: 30})  # a restart: from where the first run began, not "latest" now
     assert table_ids(config) == sorted(set(seen) | set(range(80, 90)))
+
+
+def test_a_table_the_ingest_makes_is_read_fresh_before_any_lane_opens(tmp_path: Path, broker: str) -> None:
+    """kafka.start_offset earliest: the commit that makes the table records where each partition
+    begins (ingest/routes._starts_at_creation), so a fresh read is exact from the table's first
+    second, before a writer has opened; the writers then begin there."""
+    from streamberg.ingest.routes import ensure_route_table
+
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1, "commit_interval_seconds": 3600})
+    config = config_at(path)
+    ensure_topic(broker, config.kafka.topic, 2)
+    produce_values(config, [event(i) for i in range(0, 40)], 0, 2)
+    produce_values(config, [event(i) for i in range(40, 55)], 1, 2)
+    ensure_route_table(config, config.kafka.topic, infer=False)  # what the ingest does first
+    table = load_catalog(config.catalog).load_table(config.table.identifier)
+    assert START_OFFSETS_PREFIX + config.kafka.topic in table.properties and table.current_snapshot() is None
+    result = read(path)
+    ids = result.rows.column("id").to_pylist()
+    assert sorted(ids) == list(range(55)) and result.bounds.watermarks == {0: 40, 1: 15}
+    ingest_until(config, {0: 40, 1: 15})  # the writers begin where the table says
+    assert table_ids(config) == list(range(55))

@@ -15,8 +15,8 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
 from streamberg.common.field_sightings import sightings_of
 from streamberg.common.offsets import summary_properties
-from streamberg.common.policy import effective, policy_of
 from streamberg.common.query_stats import STATS_FILE, fold
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.fresh import read
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.maintenance.columns import DropColumnsExecutor
@@ -65,30 +65,29 @@ def test_unused_columns_dropped_where_declared_and_ignored_by_the_ingest(tmp_pat
          table=table)
 
     # Not declared on the table: nothing is dropped, whatever the statistics say.
-    assert not executor.enabled(policy_of(table.properties))
+    assert not executor.enabled(TableRuntime.of(config, table))
     with table.transaction() as tx:
         tx.set_properties({"streamberg.columns.drop_unused": "true"})
     table = catalog.load_table(config.table.identifier)
     # Declared but not acknowledged (which engines read it, each reporting): still nothing, and said.
-    policy = policy_of(table.properties)
-    assert not executor.enabled(policy) and any("reporting_engines" in p for p in policy.problems), policy
-    assert DropColumnsExecutor().due(effective(config, table)[0], table, catalog, None) is None
+    kept = TableRuntime.of(config, table)
+    assert not executor.enabled(kept) and any("reporting_engines" in p for p in kept.problems), kept.problems
+    assert DropColumnsExecutor().due(kept, catalog, None) is None
     with table.transaction() as tx:
         tx.set_properties({"streamberg.columns.reporting_engines": "streamberg"})
     table = catalog.load_table(config.table.identifier)
-    policy = policy_of(table.properties)
-    assert policy.problems == [] and executor.enabled(policy)
-    effective_config, _ = effective(config, table)
-    due = executor.due(effective_config, table, catalog, None)
+    kept = TableRuntime.of(config, table)
+    assert kept.policy.problems == [] and executor.enabled(kept)
+    due = executor.due(kept, catalog, None)
     assert due is not None and due.action == "drop-columns", due
     assert "user_id, amount" in due.why and "ts (the retention column)" in due.why, due.why
 
-    outcome = executor.run(effective_config, None)
+    outcome = executor.run(kept, None)
     assert outcome["dropped"] == ["user_id", "amount"]
     table = catalog.load_table(config.table.identifier)
     assert [f.name for f in table.schema().fields] == ["id", "ts", "city"]  # ts, id, city kept
     assert json.loads(table.properties[IGNORED_FIELDS_PROPERTY]) == ["amount", "user_id"]
-    assert executor.due(effective_config, table, catalog, None) is None  # nothing left to drop
+    assert executor.due(kept.refreshed(table), catalog, None) is None  # nothing left to drop
 
     # The ingest goes on: the fields are ignored knowingly, not added back, not dead letters.
     produce_values(config, [event(i, amount=float(i)) for i in range(50, 80)], 0, 1)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -94,6 +96,53 @@ def test_exporter_serves_scrapes_until_ctrl_c(scenario: Scenario) -> None:
         lag = got[("streamberg_ingest_lag_records", (("partition", "0"), ("table", scenario.config.table.identifier),
                                                      ("topic", scenario.config.kafka.topic)))]
         assert lag == scenario.lag[0]
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in stderr
+
+
+def test_scrapes_serve_the_last_collection_and_the_probes_tell_the_truth(scenario: Scenario) -> None:
+    """A scrape is the model's last collection (no catalog or broker call of its own: two scrapes
+    without a refresh between them are the same text, collected once); /healthz says the loop
+    lives; /readyz says the broker is not reached, and why."""
+    port = free_port()
+    closed = f"127.0.0.1:{free_port()}"
+    exe = Path(sys.executable).parent / "streamberg"
+    env = {**os.environ, "STREAMBERG_KAFKA__BOOTSTRAP_SERVERS": closed}
+    proc = subprocess.Popen([str(exe), "metrics", "--config", str(scenario.path), "--port", str(port),
+                             "--refresh", "3600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                status, first = get("/metrics")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "exporter did not come up"
+            time.sleep(0.2)
+        status, second = get("/metrics")
+        assert status == 200 and second == first  # the same collection: nothing asked again
+        got = samples(first)
+        t = ("table", scenario.config.table.identifier)
+        assert got[("streamberg_up", (("source", "broker"), t))] == 0
+        assert got[("streamberg_table_records", (t,))] > 0  # the table was read all the same
+        assert ("streamberg_status_refreshed_timestamp_seconds", ()) in got
+        assert get("/healthz") == (200, "ok\n")
+        ready, why = get("/readyz")
+        assert ready == 503 and "broker not reached" in why and scenario.config.table.identifier in why
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
     finally:
