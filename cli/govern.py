@@ -81,6 +81,10 @@ def _govern(args: argparse.Namespace) -> int:
         return _health(raw)
     base = _settings(args, raw)
     settings = base.govern
+    if not (args.dry_run or args.once):
+        from streamberg.cli import dashboard
+
+        dashboard.check(args)
     tables = GovernedTables(args.config, list(settings.namespaces), settings.replan_seconds)
     if not tables.current():
         print("streamberg govern: no table yet (no topic of the config's routes on the broker)")
@@ -105,11 +109,25 @@ def _govern(args: argparse.Namespace) -> int:
             return 1 if any(not r["ok"] for r in report.ran) else 0
         stop = threading.Event()
         install_stop_handlers(stop)
-        service.run(stop, settings.interval_seconds)
+        from streamberg.cli import dashboard
+
+        # The dashboard reads the kept tables' statuses (collected apart from the rounds) and
+        # each table's runtime for its settings: the same objects the governor keeps.
+        collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
+                                               service.tables.refusals, base.ingest.state_dir)
+        server = dashboard.start(args, base, collect, service.settings_of, stop)
+        try:
+            service.run(stop, settings.interval_seconds)
+        finally:
+            stop.set()
+            if server is not None:
+                server.shutdown()
         return 0
     finally:
         if session is not None:
             session.stop()
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("govern", help="one service keeps every table of a config: clustering, merges, "
                                    "maintenance, by need", description=__doc__,
@@ -134,4 +152,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--health", action="store_true",
                         help="exit 0 if the governor of this config is alive (its heartbeat under ingest.state_dir is "
                         "younger than 120 s), else 1; a pod's liveness probe")
+    from streamberg.cli import dashboard
+
+    dashboard.add_arguments(parser)
     parser.set_defaults(func=_govern)

@@ -139,18 +139,51 @@ def _run(args: argparse.Namespace) -> int:
         supervisor = Supervisor(base, str(fleet.config_path or args.config), duration=args.duration,
                                 components=components, status=not args.no_status,
                                 status_collector=fleet_status_collector(fleet))
-        return _supervise(supervisor)
+        return _supervise(supervisor, args, base, _fleet_collector(fleet))
     config = load_config(args.config)  # an invalid file fails here (exit 2), before any child starts
     if args.duration is not None and args.duration <= 0:
         raise CommandError("--duration must be positive")
     supervisor = Supervisor(config, str(config.config_path or args.config), duration=args.duration,
                             components=args.components, status=not args.no_status,
                             status_collector=status_collector(config))
-    return _supervise(supervisor)
+    return _supervise(supervisor, args, config, _table_collector(config))
 
 
-def _supervise(supervisor: Any) -> int:
-    code = supervisor.run()
+def _fleet_collector(fleet: FleetConfig) -> Callable[[], Any]:
+    from streamberg.common.table_files import ManifestCache
+    from streamberg.monitoring.fleet import collect_fleet
+
+    cache = ManifestCache()
+    return lambda: collect_fleet(fleet, cache)
+
+
+def _table_collector(config: StreambergConfig) -> Callable[[], Any]:
+    from streamberg.common.table_files import ManifestCache
+    from streamberg.monitoring.metrics import table_status
+
+    cache = ManifestCache()
+    return lambda: table_status(config, cache)
+
+
+def _supervise(supervisor: Any, args: argparse.Namespace, base: StreambergConfig, collect: Callable[[], Any]) -> int:
+    """Run the supervisor with the dashboard of its tables served beside it (cli/dashboard.py)."""
+    import threading
+
+    from streamberg.cli import dashboard
+
+    dashboard.check(args)
+    stop = threading.Event()
+    server = dashboard.start(args, base, collect, lambda _table: None, stop)
+    try:
+        code = supervisor.run()
+    finally:
+        stop.set()
+        if server is not None:
+            server.shutdown()
+    return _finish(supervisor, code)
+
+
+def _finish(supervisor: Any, code: int) -> int:
     print(json.dumps(supervisor.summary()), flush=True)
     if code == ExitCode.FENCED:
         raise IngestFenced("the ingest was fenced: another ingest instance is writing this table "
@@ -172,4 +205,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--components", type=_components, default=None, metavar="A,B",
                         help=f"which components to run (default: run.components: {','.join(COMPONENTS)})")
     parser.add_argument("--no-status", action="store_true", help="no status line / periodic status log")
+    from streamberg.cli import dashboard
+
+    dashboard.add_arguments(parser)
     parser.set_defaults(func=_run)

@@ -175,7 +175,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     metrics.add_argument("--port", type=int, default=None, help="port to listen on (default monitoring.metrics_port, 9464)")
     metrics.add_argument("--address", default=None,
                          help="address to bind (default monitoring.metrics_address, 127.0.0.1; 0.0.0.0 for every interface)")
-    metrics.add_argument("--once", action="store_true", help="print one scrape to stdout and exit")
+    metrics.add_argument("--once", action="store_true", help="collect once, print the scrape to stdout and exit.")
     metrics.add_argument("--refresh", type=float, default=DEFAULT_REFRESH_SECONDS, metavar="SECONDS",
                          help=f"collect every table's facts this often (default {DEFAULT_REFRESH_SECONDS:g}); a "
                               f"scrape serves the last collection")

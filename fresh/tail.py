@@ -47,8 +47,9 @@ DECODE_BATCH = 20_000
 # end is already there.
 END_GRACE_SECONDS = 0.1
 # A read whose consumer hands over nothing at all (no record, no end event) this long while
-# partitions are unfinished goes on with a new consumer: with enable.partition.eof a live
-# connection answers every fetch, with records or an end.
+# partitions are unfinished goes on with a new consumer, once: with enable.partition.eof a
+# live connection answers every fetch, with records or an end (a kept consumer's connection
+# may have died while it was idle). A broker that is only slow is then waited for.
 STALL_SECONDS = 5.0
 
 
@@ -160,9 +161,9 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
     received: set[int] = set()  # partitions that got records in this read (their fetch came)
     next_offset = dict(starts)
 
-    def _follow(consumer: Any) -> None:
-        """Read every unfinished partition to its end; _Stalled when nothing at all (no record,
-        no end event) came for STALL_SECONDS."""
+    def _follow(consumer: Any, may_stall: bool) -> None:
+        """Read every unfinished partition to its end; _Stalled (if `may_stall`) when nothing at
+        all (no record, no end event) came for STALL_SECONDS."""
         heard = time.monotonic()
         while len(ends) < len(starts):
             left = deadline - time.monotonic()
@@ -185,7 +186,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             now = time.monotonic()
             if batch:
                 heard = now
-            elif now - heard >= STALL_SECONDS:
+            elif may_stall and now - heard >= STALL_SECONDS:
                 raise _Stalled()
             got: set[int] = set()
             for message in batch:
@@ -233,7 +234,7 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             with borrowed(config, fresh=stalls > 0) as consumer:
                 consumer.assign([TopicPartition(bounds.topic, p, next_offset[p])
                                  for p in sorted(starts) if p not in ends])
-                _follow(consumer)
+                _follow(consumer, may_stall=stalls == 0)  # once: a broker slow to answer is waited for
         except _Stalled:
             stalls += 1
             get_logger("fresh.tail", table=bounds.table, topic=bounds.topic).warning(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,13 @@ from streamberg.governor.tables import GovernedTables
 class Service:
     governor: Governor
     tables: GovernedTables
+    kept: dict[str, TableKeeper] = field(default_factory=dict)  # table -> its keeper (and its runtime)
+
+    def settings_of(self, table: str) -> list[dict[str, Any]] | None:
+        """The table's effective settings and where each came from (its runtime), as the
+        governor keeps it now; None for a table it does not keep."""
+        keeper = self.kept.get(table)
+        return keeper.runtime.origins() if keeper is not None else None
 
     def round(self, dry_run: bool = False) -> RoundReport:
         return self.governor.round(dry_run=dry_run)
@@ -59,4 +66,4 @@ def build_service(config_path: str | Path, settings: GovernConfig, base: Streamb
     governor = Governor(keepers, Scheduler(max_wait_seconds=settings.max_wait_seconds), budget=settings.max_concurrent,
                         concurrent=settings.max_concurrent, state_dir=base.ingest.state_dir,
                         timeout_seconds=settings.action_timeout_seconds, jobs=jobs)
-    return Service(governor, tables)
+    return Service(governor, tables, kept)

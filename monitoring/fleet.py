@@ -61,9 +61,15 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
         out.governor = {**governor["fleet"], "written_age_seconds": governor["written_age_seconds"]}
     for identifier, config in tables.configs.items():
         out.tables.append((tables.topics[identifier], with_health(collect_status(config, cache=cache), config)))
-    out.tables.sort(key=lambda ts: (_RANK[ts[1].health.verdict] if ts[1].table not in out.paused else -1,
-                                    -(ts[1].ingest.lag.total if ts[1].ingest.lag is not None else 0)))
+    sort_worst_first(out)
     return out
+
+
+def sort_worst_first(status: FleetStatus) -> None:
+    """Paused first, then critical, warn, ok; the most lag first within each."""
+    status.tables.sort(key=lambda ts: (
+        _RANK[ts[1].health.verdict] if ts[1].health is not None and ts[1].table not in status.paused else -1,
+        -(ts[1].ingest.lag.total if ts[1].ingest.lag is not None else 0)))
 
 
 def render_fleet(status: FleetStatus) -> str:

@@ -33,6 +33,8 @@ optional_pkgs=()
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || optional_pkgs+=(postgresql)
 # strace: tests/test_listen_loopback.py reads every bind() of a local run with it.
 command -v strace >/dev/null || optional_pkgs+=(strace)
+# A real browser for the dashboard's tests (tests/monitoring/test_dashboard_browser.py).
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || optional_pkgs+=(chromium chromium-driver)
 if [ ${#optional_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then OPT_SUDO=""; elif command -v sudo >/dev/null; then OPT_SUDO="sudo"; else OPT_SUDO="none"; fi
   if [ "$OPT_SUDO" = none ]; then

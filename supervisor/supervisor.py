@@ -57,7 +57,8 @@ COMMANDS = {
     "compact": ["compact"],
     "maintain": ["maintain"],
     "merge": ["merge"],
-    "govern": ["govern"],
+    # `streamberg run` serves the dashboard itself (cli/run.py): its governor serves none.
+    "govern": ["govern", "--dashboard", "off"],
 }
 # Stop order: ingest first (records in flight, the longest drain), then the compactor
 # (finishes its pass), then maintenance. They stop concurrently; only the signals are ordered.

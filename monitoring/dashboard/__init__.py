@@ -1,0 +1,1 @@
+"""The dashboard served by the long-running services (monitoring/dashboard/app.py)."""

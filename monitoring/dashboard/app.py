@@ -1,0 +1,162 @@
+"""The dashboard: a read-only web view of the fleet, served beside the metrics from one model
+(monitoring/watch.py). Flask (routing, Jinja2 templates with autoescaping) on Werkzeug's
+threaded server; assets ship inside the package (no CDN: it works offline).
+
+    /                   the fleet: every table, its verdict and reasons, lag, files, actions
+    /table/<name>       one table: its settings and their origins, charts, actions, queries
+    /governor           the governor's queue, what runs, failures and backoff, its heartbeat
+    /api/fleet.json     the fleet page's data (the page refreshes from it)
+    /metrics            the Prometheus exposition of the same model
+    /healthz, /readyz   the collection loop alive; catalog and broker reached
+
+Bound to loopback by default. Bound elsewhere it needs a token (`STREAMBERG_DASHBOARD_TOKEN`
+or a file): every request then carries `Authorization: Bearer <token>` or the cookie a visit
+to `/?token=<token>` sets (HttpOnly, SameSite=Strict); anything else is answered 401. It
+changes nothing: GET and HEAD only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, abort, jsonify, redirect, render_template, request
+
+from streamberg.monitoring.dashboard.views import fleet_page, governor_document, governor_page, table_page
+from streamberg.monitoring.watch import Watch
+
+COOKIE = "streamberg_dashboard"
+REFRESH_MS = 5000  # how often the fleet page asks for fresh rows
+
+
+def is_loopback(address: str) -> bool:
+    if address in ("localhost", ""):
+        return address == "localhost"
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+class DashboardRefused(Exception):
+    """The dashboard cannot be served as asked (a non-loopback address without a token)."""
+
+
+def make_app(watch: Watch, state_dir: str, token: str | None = None,
+             settings_of: Callable[[str], list[dict[str, Any]] | None] | None = None,
+             heartbeat: Callable[[], tuple[bool, str]] | None = None) -> Flask:
+    """The dashboard over `watch` (its tables' statuses and history) and the governor's state
+    under `state_dir`. `settings_of(table)`: the table's effective settings with their origins
+    (common/table_runtime.TableRuntime.origins), where the service keeps them."""
+    here = str(Path(__file__).parent)  # given: Flask cannot find a namespace package's folder itself
+    app = Flask("streamberg.monitoring.dashboard", root_path=here, instance_path=here)
+    # The page asks for fresh rows as often as the model has new ones (at most every 5 s).
+    refresh_ms = int(min(REFRESH_MS, max(250.0, watch.refresh_seconds * 1000)))
+    app.config.update(JSON_SORT_KEYS=False)
+
+    @app.before_request
+    def _guard() -> Any:
+        if request.method not in ("GET", "HEAD"):
+            abort(405)
+        if token is None or request.path in ("/healthz", "/readyz"):
+            return None
+        given = request.headers.get("Authorization", "")
+        offered = given[7:] if given.startswith("Bearer ") else request.cookies.get(COOKIE, "")
+        if offered and hmac.compare_digest(offered.encode(), token.encode()):
+            return None
+        asked = request.args.get("token")
+        if asked and hmac.compare_digest(asked.encode(), token.encode()):
+            response = redirect(request.path)  # the token leaves the address bar at once
+            response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
+            return response
+        return Response("a token is needed: Authorization: Bearer <token>, or open /?token=<token> once\n", 401,
+                        {"WWW-Authenticate": "Bearer", "Content-Type": "text/plain; charset=utf-8"})
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        response.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self' data:")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        return response
+
+    def _facts() -> tuple[Any, float | None]:
+        facts = watch.facts
+        return (facts.fleet, facts.at) if facts is not None else (None, None)
+
+    @app.get("/")
+    def fleet() -> str:
+        found, at = _facts()
+        return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at),
+                               refresh_ms=refresh_ms)
+
+    @app.get("/api/fleet.json")
+    def fleet_json() -> Response:
+        found, at = _facts()
+        return jsonify(fleet_page(found, governor_document(state_dir), at))
+
+    @app.get("/table/<path:name>")
+    def table(name: str) -> str:
+        found, at = _facts()
+        status = next((s for _, s in found.tables if s.table == name), None) if found is not None else None
+        if status is None:
+            abort(404)
+        history = list(watch.history.get(name, []))
+        page = table_page(status, found, governor_document(state_dir), history,
+                          settings_of(name) if settings_of is not None else None)
+        return render_template("table.html", page=page, refreshed_at=at)
+
+    @app.get("/governor")
+    def governor() -> str:
+        return render_template("governor.html",
+                               page=governor_page(governor_document(state_dir), heartbeat() if heartbeat else None))
+
+    @app.get("/runbooks/<name>")
+    def runbook(name: str) -> Response:
+        from streamberg.monitoring.dashboard.runbooks import runbook_text
+
+        text = runbook_text(name)
+        if text is None:
+            abort(404)
+        return Response(text, 200, {"Content-Type": "text/plain; charset=utf-8"})
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:  # asked by a browser on pages without a head (the runbooks' text)
+        return app.send_static_file("favicon.svg")
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        if watch.facts is None:
+            return Response("no collection finished yet\n", 503, {"Content-Type": "text/plain; charset=utf-8"})
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+        return Response(watch.scrape(), 200, {"Content-Type": CONTENT_TYPE_LATEST})
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        ok, why = watch.alive()
+        return Response("ok\n" if ok else f"{why}\n", 200 if ok else 503, {"Content-Type": "text/plain; charset=utf-8"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ok, why = watch.ready()
+        return Response(f"{why}\n", 200 if ok else 503, {"Content-Type": "text/plain; charset=utf-8"})
+
+    return app
+
+
+def serve_dashboard(app: Flask, address: str, port: int, token: str | None) -> tuple[Any, threading.Thread]:
+    """Serve on a thread (Werkzeug's threaded server); refused on a non-loopback address
+    without a token."""
+    from werkzeug.serving import make_server
+
+    if token is None and not is_loopback(address):
+        raise DashboardRefused(f"the dashboard on {address} needs a token (STREAMBERG_DASHBOARD_TOKEN or "
+                               f"--dashboard-token-file): it shows every table to whoever reaches it")
+    server = make_server(address, port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread.start()
+    return server, thread
