@@ -209,4 +209,10 @@ def metrics_exporter(plan: PodPlan, image: str, port: int) -> list[dict[str, Any
     }
     service = {"apiVersion": "v1", "kind": "Service", "metadata": plan.metadata("metrics"),
                "spec": {"selector": labels, "ports": [{"name": "metrics", "port": port, "targetPort": "metrics"}]}}
-    return [deployment, service]
+    # The Prometheus Operator's scrape of that Service (its port by name): applied where the
+    # operator's CRDs are installed (kube-prometheus-stack), refused harmlessly elsewhere.
+    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": plan.metadata("metrics"),
+               "spec": {"selector": {"matchLabels": service["metadata"]["labels"]},
+                        "namespaceSelector": {"matchNames": [plan.namespace]},
+                        "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]}}
+    return [deployment, service, monitor]

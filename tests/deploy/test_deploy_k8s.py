@@ -73,8 +73,32 @@ def _as_pod(template: dict[str, Any]) -> None:
                                  K8S_VERSION, strict=True)
 
 
+# The Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1): the fields streamberg
+# writes, as the operator's CRD (v0.87) defines them, copied by hand (the full CRD, 74 KB, is not
+# kept here); unknown fields refused, as a structural schema's strict validation would.
+_SERVICE_MONITOR = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object", "required": ["selector", "endpoints"], "additionalProperties": False, "properties": {
+            "selector": {"type": "object", "additionalProperties": False, "properties": {
+                "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+                "matchNames": {"type": "array", "items": {"type": "string"}}, "any": {"type": "boolean"}}},
+            "endpoints": {"type": "array", "items": {"type": "object", "additionalProperties": False, "properties": {
+                "port": {"type": "string"}, "path": {"type": "string"},
+                "interval": {"type": "string", "pattern": "^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}}}}}}}}
+
+
 def validate(document: dict[str, Any]) -> None:
     kind = document["kind"]
+    if kind == "ServiceMonitor":
+        jsonschema.validate(document, _SERVICE_MONITOR, cls=jsonschema.Draft7Validator)
+        # Its metadata as Kubernetes takes any object's (checked on a ConfigMap carrying it).
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": document["metadata"]},
+                                     K8S_VERSION, strict=True)
+        return
     if kind in SCHEMAS:
         jsonschema.validate(document, SCHEMAS[kind](), cls=jsonschema.Draft7Validator)
         if kind == "FlinkDeployment":  # its pod templates are core Pods the CRD leaves open
@@ -159,8 +183,14 @@ def test_every_manifest_validates_and_says_what_the_config_says(tmp_path: Path) 
     by_kind: dict[str, list[dict]] = {}
     for d in documents:
         by_kind.setdefault(d["kind"], []).append(d)
-    assert sorted(by_kind) == ["ConfigMap", "Deployment", "FlinkDeployment", "Service", "SparkApplication"]
+    assert sorted(by_kind) == ["ConfigMap", "Deployment", "FlinkDeployment", "Service", "ServiceMonitor",
+                               "SparkApplication"]
     assert all(d["metadata"]["namespace"] == "data" for d in documents)
+    # Prometheus Operator scrapes the exporter's Service: its labels, its port by name, /metrics.
+    service, monitor = by_kind["Service"][0], by_kind["ServiceMonitor"][0]["spec"]
+    assert monitor["selector"]["matchLabels"] == service["metadata"]["labels"]
+    assert [e["port"] for e in monitor["endpoints"]] == [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+    assert monitor["endpoints"][0]["path"] == "/metrics" and monitor["namespaceSelector"]["matchNames"] == ["data"]
 
     flink = by_kind["FlinkDeployment"][0]["spec"]
     assert flink["job"]["upgradeMode"] == "last-state" and flink["job"]["parallelism"] == 3
@@ -246,7 +276,7 @@ def test_a_config_of_many_is_deployed_whole(tmp_path: Path) -> None:
         validate(document)
     assert_hardened(documents)
     kinds = sorted(d["kind"] for d in documents)
-    assert kinds == ["ConfigMap", "Deployment", "FlinkDeployment", "Service", "SparkApplication"], kinds
+    assert kinds == ["ConfigMap", "Deployment", "FlinkDeployment", "Service", "ServiceMonitor", "SparkApplication"], kinds
     governor = next(d for d in documents if d["kind"] == "SparkApplication")["spec"]
     assert governor["arguments"][0] == "govern"
     assert {v["name"]: v for v in governor["volumes"]}["streamberg-state"]["persistentVolumeClaim"] == \
