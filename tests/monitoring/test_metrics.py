@@ -96,12 +96,8 @@ def test_exporter_serves_scrapes_until_ctrl_c(scenario: Scenario) -> None:
         lag = got[("streamberg_ingest_lag_records", (("partition", "0"), ("table", scenario.config.table.identifier),
                                                      ("topic", scenario.config.kafka.topic)))]
         assert lag == scenario.lag[0]
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0 and "Traceback" not in stderr
+        _interrupted_cleanly(proc)
 
 
 def test_scrapes_serve_the_last_collection_and_the_probes_tell_the_truth(scenario: Scenario) -> None:
@@ -143,7 +139,15 @@ def test_scrapes_serve_the_last_collection_and_the_probes_tell_the_truth(scenari
         assert get("/healthz") == (200, "ok\n")
         ready, why = get("/readyz")
         assert ready == 503 and "broker not reached" in why and scenario.config.table.identifier in why
+    finally:
+        _interrupted_cleanly(proc)
+
+
+def _interrupted_cleanly(proc: subprocess.Popen) -> None:
+    """Ctrl-C ends the exporter with exit 0 and no traceback (killed if it does not stop)."""
+    if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
+    try:
         _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
