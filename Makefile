@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout bench-dashboard clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -17,7 +17,8 @@ help:
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
-	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits, ~14 min)"
+	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits), then under load through a kill -9 (5,000/s, 60 s commits, ~22 min)"
+	@echo "make bench-dashboard  1,000 tables: a metrics scrape from the model, the fleet page's load and refresh in Chromium, memory (~5 min)"
 	@echo "make bench-peers    streamberg beside Quix Streams, dlt+dlt-iceberg and a bare loop: same events, one run (peers in .bench-peers/)"
 	@echo "make bench-govern-events  the governor's catalog calls for 1,000 mostly idle tables: polling vs commit reports (~3 min)"
 	@echo "make bench-layout   the layout follows a shifting query mix: files per query vs full optimizes, adaptation, dropped columns (~10 min)"
@@ -79,6 +80,10 @@ bench-soak: setup
 
 bench-fresh: setup
 	$(PY) bench/fresh.py
+	$(PY) bench/fresh.py --rate 5000 --seconds 180 --intervals 60 --phases ingest,kept-end --crash-at 90 --from-start --quiet-tail 0
+
+bench-dashboard: setup
+	$(PY) bench/dashboard.py
 
 bench-fleet: setup
 	$(PY) bench/fleet.py

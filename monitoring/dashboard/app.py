@@ -151,12 +151,16 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
 def serve_dashboard(app: Flask, address: str, port: int, token: str | None) -> tuple[Any, threading.Thread]:
     """Serve on a thread (Werkzeug's threaded server); refused on a non-loopback address
     without a token."""
-    from werkzeug.serving import make_server
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):  # no access log on stderr (the service's logs are structured)
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
 
     if token is None and not is_loopback(address):
         raise DashboardRefused(f"the dashboard on {address} needs a token (STREAMBERG_DASHBOARD_TOKEN or "
                                f"--dashboard-token-file): it shows every table to whoever reaches it")
-    server = make_server(address, port, app, threaded=True)
+    server = make_server(address, port, app, threaded=True, request_handler=Quiet)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
     thread.start()
     return server, thread

@@ -115,6 +115,7 @@
   }
 
   async function refresh() {
+    const started = performance.now();
     try {
       const response = await fetch("api/fleet.json", { credentials: "same-origin", cache: "no-store" });
       if (!response.ok) return;
@@ -123,6 +124,8 @@
       summary(page);
       apply();
       document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+      // What one refresh took (fetch, parse, rows built): read by bench/dashboard.py.
+      document.body.dataset.lastRefreshMs = (performance.now() - started).toFixed(1);
     } catch (e) {
       document.getElementById("refreshed").textContent = "not refreshed: the service did not answer";
     }

@@ -1,0 +1,203 @@
+"""The dashboard and the metrics over many tables, from the one model (monitoring/watch.py).
+
+    .venv/bin/python bench/dashboard.py [--tables 1000] [--scrapes 200] [--refreshes 20]
+
+Makes N real tables in a SQLite catalog (each with one committed snapshot written by
+pyiceberg), all fed from one topic of the embedded broker; collects every table's status once
+(the model's refresh, timed: what one scrape cost when each scrape collected, the baseline);
+then, from the real server (the dashboard's Flask app on Werkzeug, as `govern` serves it):
+
+- `--scrapes` scrapes of /metrics over HTTP, each timed, with the SQL catalog's calls counted
+  during them (a scrape must make none);
+- in headless Chromium (Debian's, through Selenium), the fleet page's first load (navigation
+  start to the load event, and to the first refresh rendered) and `--refreshes` refreshes of
+  its rows (the page's own measure: fetch, parse, rows built);
+- the process's resident memory before the model and the server were made and after.
+
+Prints the figures against the issue's goals; writes bench/results/dashboard-<time>.json and a
+summary in bench/summaries/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pyarrow as pa  # noqa: E402
+
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
+from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
+from streamberg.common.catalog import ensure_table, shared_catalog  # noqa: E402
+from streamberg.common.config import StreambergConfig  # noqa: E402
+from streamberg.common.table_files import ManifestCache  # noqa: E402
+from streamberg.monitoring.collect import collect_status  # noqa: E402
+from streamberg.monitoring.dashboard.app import make_app, serve_dashboard  # noqa: E402
+from streamberg.monitoring.fleet import FleetStatus  # noqa: E402
+from streamberg.monitoring.health import with_health  # noqa: E402
+from streamberg.monitoring.metrics import fleet_families  # noqa: E402
+from streamberg.monitoring.watch import Watch  # noqa: E402
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))], 4)
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _make_tables(folder: Path, bootstrap: str, tables: int) -> list[StreambergConfig]:
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    base = {"kafka": {"bootstrap_servers": bootstrap, "topic": "events"},
+            "catalog": {"name": "bench", "uri": f"sqlite:///{folder / 'catalog.db'}", "warehouse": str(folder / "w")},
+            "ingest": {"state_dir": str(folder / "state")}}
+    configs = [StreambergConfig.model_validate({**base, "table": {"identifier": f"ns{i % 10}.t{i:04d}",
+                                                                  "schema": SAMPLE_EVENT_SCHEMA}})
+               for i in range(tables)]
+    for config in configs:
+        table = ensure_table(shared_catalog(config.catalog), config.table)
+        arrow = schema_to_pyarrow(table.schema(), include_field_ids=False)
+        table.append(pa.Table.from_pylist([{f.name: None for f in arrow} | {"id": 1}], schema=arrow))
+    return configs
+
+
+def _browser_figures(url: str, refreshes: int) -> dict[str, Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1500,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"), options=options)
+    try:
+        started = time.monotonic()
+        driver.get(url)
+        load_ms = driver.execute_script("const t = performance.timing; return t.loadEventEnd - t.navigationStart;")
+        while not driver.execute_script("return document.body.dataset.refreshes"):
+            time.sleep(0.01)
+        first_refreshed_s = time.monotonic() - started
+        rows = driver.execute_script("return document.querySelectorAll('#fleet tbody tr').length")
+        times, seen = [], 1
+        deadline = time.monotonic() + 60 + refreshes * 10
+        while len(times) < refreshes and time.monotonic() < deadline:
+            count = int(driver.execute_script("return document.body.dataset.refreshes"))
+            if count > seen:
+                seen = count
+                times.append(float(driver.execute_script("return document.body.dataset.lastRefreshMs")) / 1000)
+            time.sleep(0.05)
+        severe = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    finally:
+        driver.quit()
+    return {"rows": rows, "first_load_s": round(load_ms / 1000, 3), "first_rows_refreshed_s": round(first_refreshed_s, 3),
+            "refresh_p50_s": _pct(times, 50) if times else None, "refresh_p95_s": _pct(times, 95) if times else None,
+            "refreshes": len(times), "console_errors": severe[:5]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", type=int, default=1000)
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--refreshes", type=int, default=20)
+    args = parser.parse_args()
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as work:
+        folder = Path(work)
+        broker = EmbeddedBroker(folder / "broker")
+        info = broker.start(port=free_port())
+        try:
+            ensure_topic(info.bootstrap, "events", 1)
+            made = time.monotonic()
+            configs = _make_tables(folder, info.bootstrap, args.tables)
+            print(f"{args.tables} tables made in {time.monotonic() - made:.1f} s", flush=True)
+            rss_before = _rss_mib()
+            cache = ManifestCache()
+
+            def collect() -> FleetStatus:
+                return FleetStatus(tables=[(c.kafka.topic, with_health(collect_status(c, cache=cache), c))
+                                           for c in configs])
+
+            # Refreshed every 2 s for the page's refreshes (the collection runs back to back).
+            watch = Watch(collect, fleet_families, refresh_seconds=2.0, scope="bench")
+            facts = watch.refresh()
+            print(f"one collection of every table: {facts.seconds:.2f} s, exposition {len(facts.text):,} bytes",
+                  flush=True)
+            server, _ = serve_dashboard(make_app(watch, str(folder / "state")), "127.0.0.1", free_port(), None)
+            url = f"http://127.0.0.1:{server.server_port}/"
+            try:
+                from pyiceberg.catalog.sql import SqlCatalog
+
+                calls = {"n": 0}
+                originals = {}
+                for name in ("load_table", "list_tables", "table_exists", "list_namespaces"):
+                    originals[name] = real = getattr(SqlCatalog, name)
+
+                    def counted(*a: Any, _real: Any = real, **k: Any) -> Any:
+                        calls["n"] += 1
+                        return _real(*a, **k)
+
+                    setattr(SqlCatalog, name, counted)
+                scrapes = []
+                for _ in range(args.scrapes):
+                    started = time.monotonic()
+                    with urllib.request.urlopen(url + "metrics", timeout=30) as response:
+                        body = response.read()
+                    scrapes.append(time.monotonic() - started)
+                    assert body == facts.text
+                catalog_calls = calls["n"]
+                for name, real in originals.items():
+                    setattr(SqlCatalog, name, real)
+                stop = threading.Event()
+                watch.start(stop)  # the page now refreshes from a model refreshed in the background
+                page = _browser_figures(url, args.refreshes) if shutil.which("chromium") else {"skipped": "no chromium"}
+                stop.set()
+                rss_after = _rss_mib()
+            finally:
+                server.shutdown()
+            result = {"stamp": stamp, "command": " ".join(sys.argv), "tables": args.tables,
+                      "scrape_p50_s": _pct(scrapes, 50), "scrape_p95_s": _pct(scrapes, 95),
+                      "scrape_max_s": round(max(scrapes), 4), "catalog_calls_during_scrapes": catalog_calls,
+                      "collection_s": facts.seconds, "exposition_bytes": len(facts.text),
+                      "collected_at_each_scrape_over_served_p95": round(facts.seconds / max(_pct(scrapes, 95), 1e-6), 1),
+                      "page": page, "rss_before_model_mib": rss_before, "rss_after_mib": rss_after,
+                      "added_mib": round(rss_after - rss_before, 1)}
+        finally:
+            broker.stop()
+    for where in ("results", "summaries"):
+        out = ROOT / "bench" / where / f"dashboard-{stamp}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+    print(f"metrics scrape over {args.tables} tables from the model: p50 {result['scrape_p50_s']} s, p95 "
+          f"{result['scrape_p95_s']} s (goal <= 0.1 s), catalog calls during {args.scrapes} scrapes: "
+          f"{catalog_calls}; collecting at each scrape instead cost {result['collection_s']} s "
+          f"({result['collected_at_each_scrape_over_served_p95']}x)")
+    if "first_load_s" in page:
+        print(f"fleet page, {page['rows']} rows: first load {page['first_load_s']} s, rows refreshed by "
+              f"{page['first_rows_refreshed_s']} s (goal <= 1 s); a refresh p50 {page['refresh_p50_s']} s, p95 "
+              f"{page['refresh_p95_s']} s (goal <= 0.3 s); console errors {len(page['console_errors'])}")
+    print(f"memory: {rss_before} MiB before the model and the server, {rss_after} MiB after: "
+          f"+{result['added_mib']} MiB (goal <= 100)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
