@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, abort, jsonify, redirect, render_template, request
+from flask import Flask, Response, abort, redirect, render_template, request
 
+from streamberg.common.policy import GOVERN_STATE_FILE
 from streamberg.monitoring.dashboard.views import fleet_page, governor_document, governor_page, table_page
 from streamberg.monitoring.watch import Watch
 
@@ -87,16 +90,39 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
         facts = watch.facts
         return (facts.fleet, facts.at) if facts is not None else (None, None)
 
+    # The fleet page and its data are made once a model refresh (and governor state written),
+    # not once a request: a thousand rows cost their rendering once, every reader after is served.
+    made: dict[str, tuple[Any, Any]] = {}
+    made_lock = threading.Lock()
+
+    def _once(kind: str, make: Callable[[], Any]) -> Any:
+        facts = watch.facts
+        key = (id(facts), facts.at if facts is not None else None, _state_stamp(state_dir))
+        with made_lock:
+            found = made.get(kind)
+            if found is not None and found[0] == key:
+                return found[1]
+        value = make()
+        with made_lock:
+            made[kind] = (key, value)
+        return value
+
     @app.get("/")
     def fleet() -> str:
-        found, at = _facts()
-        return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at),
-                               refresh_ms=refresh_ms)
+        def make() -> str:
+            found, at = _facts()
+            return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at),
+                                   refresh_ms=refresh_ms)
+
+        return str(_once("page", make))
 
     @app.get("/api/fleet.json")
     def fleet_json() -> Response:
-        found, at = _facts()
-        return jsonify(fleet_page(found, governor_document(state_dir), at))
+        def make() -> bytes:
+            found, at = _facts()
+            return json.dumps(fleet_page(found, governor_document(state_dir), at)).encode()
+
+        return Response(_once("json", make), 200, {"Content-Type": "application/json"})
 
     @app.get("/table/<path:name>")
     def table(name: str) -> str:
@@ -146,6 +172,14 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
         return Response(f"{why}\n", 200 if ok else 503, {"Content-Type": "text/plain; charset=utf-8"})
 
     return app
+
+
+def _state_stamp(state_dir: str) -> float | None:
+    """When the governor last wrote its state (None: no state)."""
+    try:
+        return os.stat(Path(state_dir) / GOVERN_STATE_FILE).st_mtime
+    except OSError:
+        return None
 
 
 def serve_dashboard(app: Flask, address: str, port: int, token: str | None) -> tuple[Any, threading.Thread]:

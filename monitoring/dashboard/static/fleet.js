@@ -146,7 +146,6 @@
     document.getElementById(id).addEventListener("input", apply);
     document.getElementById(id).addEventListener("change", apply);
   }
-  apply();
-  refresh();
+  apply();  // the rows the server rendered are the model's latest: the first refresh waits its turn
   setInterval(refresh, Number(table.dataset.refreshMs) || 5000);
 })();
