@@ -125,6 +125,7 @@ def start(args: argparse.Namespace, base: StreambergConfig, collect: Callable[[]
         return None
     watch.start(stop)
     url = f"http://{address if ':' not in address else f'[{address}]'}:{server.server_port}/"
-    log.info("dashboard", url=url, refresh_seconds=args.dashboard_refresh, token_required=token is not None)
+    log.info("dashboard", url=url, refresh_seconds=args.dashboard_refresh,
+             access="bearer or cookie" if token is not None else "loopback, open")
     print(f"streamberg dashboard: {url}", file=sys.stderr, flush=True)  # stdout stays the command's own
     return server
