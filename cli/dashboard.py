@@ -105,15 +105,14 @@ def start(args: argparse.Namespace, base: StreambergConfig, collect: Callable[[]
     from streamberg.monitoring.metrics import fleet_families
     from streamberg.monitoring.watch import Watch
 
+    check(args)  # the same refusals as before the service started
     where = parse_address(args.dashboard)
     if where is None:
         return None
-    if args.dashboard_refresh <= 0:
-        raise UsageError("--dashboard-refresh needs a positive number of seconds")
     token = read_token(args)
     address, port = where
     log = get_logger("dashboard")
-    watch = Watch(collect, fleet_families, args.dashboard_refresh, scope="govern")
+    watch = Watch(collect, fleet_families, args.dashboard_refresh, scope="dashboard")
     app = make_app(watch, base.ingest.state_dir, token, settings_of, lambda: health(base.ingest.state_dir))
     try:
         server, _thread = serve_dashboard(app, address, port, token)

@@ -171,7 +171,6 @@ def _supervise(supervisor: Any, args: argparse.Namespace, base: StreambergConfig
 
     from streamberg.cli import dashboard
 
-    dashboard.check(args)
     stop = threading.Event()
     server = dashboard.start(args, base, collect, lambda _table: None, stop)
     try:
