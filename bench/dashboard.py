@@ -10,7 +10,8 @@ then, from the real server (the dashboard's Flask app on Werkzeug, as `govern` s
 - `--scrapes` scrapes of /metrics over HTTP, each timed, with the SQL catalog's calls counted
   during them (a scrape must make none);
 - in headless Chromium (Debian's, through Selenium), the fleet page's first load (navigation
-  start to the load event: every row is rendered by the server) and `--refreshes` refreshes
+  start to every row on the page: the server renders the worst 60, the page builds the rest
+  from /api/fleet.json at once; the load event's time is reported beside it) and `--refreshes` refreshes
   of its rows (the page's own measure: fetch, parse, rows built);
 - the process's resident memory before the model and the server were made and after.
 
@@ -98,9 +99,10 @@ def _browser_figures(url: str, refreshes: int) -> dict[str, Any]:
             "const t = performance.timing; return {server_ms: t.responseStart - t.requestStart, "
             "transfer_ms: t.responseEnd - t.responseStart, parsed_ms: t.domInteractive - t.responseEnd, "
             "scripts_and_layout_ms: t.loadEventEnd - t.domInteractive};")
-        loaded_s = time.monotonic() - started  # every row is on the page at its load (rendered by the server)
-        while not driver.execute_script("return document.body.dataset.refreshes"):
+        loaded_s = time.monotonic() - started
+        while not driver.execute_script("return document.body.dataset.completeMs"):
             time.sleep(0.01)
+        complete_ms = float(driver.execute_script("return document.body.dataset.completeMs"))
         rows = driver.execute_script("return document.querySelectorAll('#fleet tbody tr').length")
         times, seen = [], 1
         deadline = time.monotonic() + 60 + refreshes * 10
@@ -113,7 +115,8 @@ def _browser_figures(url: str, refreshes: int) -> dict[str, Any]:
         severe = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
     finally:
         driver.quit()
-    return {"rows": rows, "first_load_s": round(load_ms / 1000, 3), "get_returned_s": round(loaded_s, 3), "first_load_phases_ms": phases,
+    return {"rows": rows, "first_load_s": round(complete_ms / 1000, 3), "load_event_s": round(load_ms / 1000, 3),
+            "get_returned_s": round(loaded_s, 3), "first_load_phases_ms": phases,
             "refresh_p50_s": _pct(times, 50) if times else None, "refresh_p95_s": _pct(times, 95) if times else None,
             "refreshes": len(times), "console_errors": severe[:5]}
 
@@ -196,8 +199,8 @@ def main() -> int:
           f"{catalog_calls}; collecting at each scrape instead cost {result['collection_s']} s "
           f"({result['collected_at_each_scrape_over_served_p95']}x)")
     if "first_load_s" in page:
-        print(f"fleet page, {page['rows']} rows: first load {page['first_load_s']} s to its load event, "
-              f"{page['get_returned_s']} s to the browser's return (goal <= 1 s; {page['first_load_phases_ms']}); a refresh p50 {page['refresh_p50_s']} s, p95 "
+        print(f"fleet page, {page['rows']} rows: first load {page['first_load_s']} s to every row on the page "
+              f"(its load event {page['load_event_s']} s, {page['get_returned_s']} s to the browser's return) (goal <= 1 s; {page['first_load_phases_ms']}); a refresh p50 {page['refresh_p50_s']} s, p95 "
               f"{page['refresh_p95_s']} s (goal <= 0.3 s); console errors {len(page['console_errors'])}")
     print(f"memory: {rss_before} MiB before the model and the server, {rss_after} MiB after: "
           f"+{result['added_mib']} MiB (goal <= 100)")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import open_catalog_readonly
@@ -17,9 +19,11 @@ from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.common.table_files import snapshot_entries
 
 
-def _total(table: Table, key: str) -> int:
+def summary_total(table: Table, key: str) -> int:
+    """A running total of the table's current snapshot summary (0 before its first commit)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return 0
@@ -29,9 +33,34 @@ def _total(table: Table, key: str) -> int:
 def dead_letter_records(catalog: Catalog, identifier: str) -> int | None:
     """Records in the dead-letter table (its summary's running total); None when it does not exist."""
     try:
-        return _total(catalog.load_table(identifier), "total-records")
+        return summary_total(catalog.load_table(identifier), "total-records")
     except NoSuchTableError:
         return None
+
+
+# The dead letters a table's page lists (the newest first) and how far back it looks for them.
+RECENT_DEAD_LETTERS = 5
+RECENT_SNAPSHOTS_READ = 3
+_DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "reason", "dead_lettered_at")
+
+
+def recent_dead_letters(table: Table, limit: int = RECENT_DEAD_LETTERS) -> list[dict[str, Any]]:
+    """The newest dead letters of a dead-letter table, with their reasons: read from the files its
+    last few commits added (never the whole table: it grows for as long as the ingest runs)."""
+    rows: list[dict[str, Any]] = []
+    snapshot = table.current_snapshot()
+    for _ in range(RECENT_SNAPSHOTS_READ):
+        if snapshot is None or len(rows) >= limit:
+            break
+        for _, data_file in snapshot_entries(table.io, snapshot, ManifestEntryStatus.ADDED):
+            with table.io.new_input(data_file.file_path).open() as stream:
+                read = pq.read_table(stream, columns=list(_DEAD_LETTER_COLUMNS))
+            rows.extend(read.to_pylist())
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    rows.sort(key=lambda r: (r["dead_lettered_at"], r["partition"], r["offset"]), reverse=True)
+    return [{"topic": r["topic"], "partition": r["partition"], "offset": r["offset"], "reason": r["reason"],
+             "at": r["dead_lettered_at"].isoformat(timespec="seconds") if r["dead_lettered_at"] else None}
+            for r in rows[:limit]]
 
 
 def table_facts(config: StreambergConfig) -> dict[str, Any]:
@@ -49,7 +78,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
     position = committed_position(table, config.kafka.topic)
     dlq_records = dead_letter_records(catalog, config.ingest_target.dead_letter_table) or 0
     current = table.current_snapshot()
-    records = _total(table, "total-records")
+    records = summary_total(table, "total-records")
     consumed = position.consumed_total  # counted by the writers, recorded by each commit
     # A primary-key table's change log (common/changelog.py): tombstones the ingest skipped,
     # and rows maintenance trimmed once merged, are neither rows nor dead letters.
@@ -63,9 +92,9 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
         "location": table.location(),
         "current_snapshot_id": current.snapshot_id if current else None,
         "snapshots": len(table.metadata.snapshots),
-        "data_files": _total(table, "total-data-files"),
+        "data_files": summary_total(table, "total-data-files"),
         "records": records,
-        "total_size_bytes": _total(table, "total-files-size"),
+        "total_size_bytes": summary_total(table, "total-files-size"),
         "committed_offsets": {
             "topic": config.kafka.topic,
             "partitions": {str(p): o for p, o in sorted(position.offsets.items())},

@@ -14,7 +14,7 @@ a pending file; monitoring counts them as the compactor's backlog.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +84,19 @@ class ManifestCache:
     def __init__(self, max_manifests: int = 4096) -> None:
         self._entries: dict[str, list[tuple[Any, ...]]] = {}
         self._deletes: dict[str, list[DeleteFileInfo]] = {}
+        self._derived: dict[tuple[Any, ...], Any] = {}
         self._max = max_manifests
+
+    def derived(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """A fact read only from immutable files, named by `key` (a table and a snapshot id, say):
+        made once, served after (the oldest forgotten past the cache's size)."""
+        if key in self._derived:
+            return self._derived[key]
+        value = make()
+        if len(self._derived) >= self._max:
+            self._derived.pop(next(iter(self._derived)))
+        self._derived[key] = value
+        return value
 
     def delete_entries(self, table: Table, manifest: ManifestFile) -> list[DeleteFileInfo]:
         cached = self._deletes.get(manifest.manifest_path)

@@ -29,7 +29,7 @@ from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
 from streamberg.common.policy import GOVERN_STATE_FILE
-from streamberg.common.table_facts import dead_letter_records
+from streamberg.common.table_facts import recent_dead_letters, summary_total
 from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.tail_segments import cache_folder
@@ -90,8 +90,17 @@ class _Collector:
                            topic_exists=marks.exists, lag=lag, **recorded)
 
     def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
-        records = dead_letter_records(catalog, self.config.ingest_target.dead_letter_table)
-        return DeadLetterFacts(table=self.config.ingest_target.dead_letter_table, exists=records is not None, records=records or 0)
+        identifier = self.config.ingest_target.dead_letter_table
+        try:
+            table = catalog.load_table(identifier)
+        except NoSuchTableError:
+            return DeadLetterFacts(table=identifier, exists=False, records=0)
+        records = summary_total(table, "total-records")
+        snapshot = table.current_snapshot()
+        # The newest reasons, read once a dead-letter commit (its files never change).
+        recent = self.part("recent dead letters", self.cache.derived, ("dead letters", identifier, snapshot.snapshot_id),
+                           lambda: recent_dead_letters(table)) if records and snapshot is not None else []
+        return DeadLetterFacts(table=identifier, exists=True, records=records, recent=tuple(recent or ()))
 
 
 # The newest schema additions status lists (all are counted).

@@ -184,6 +184,7 @@ class DeadLetterFacts:
     table: str
     exists: bool
     records: int
+    recent: tuple[dict[str, Any], ...] = ()  # the newest, with their reasons (common/table_facts.py)
 
 
 @dataclass(frozen=True)

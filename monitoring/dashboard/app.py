@@ -29,7 +29,7 @@ from typing import Any
 from flask import Flask, Response, abort, redirect, render_template, request
 
 from streamberg.common.policy import GOVERN_STATE_FILE
-from streamberg.monitoring.dashboard.views import fleet_page, governor_document, governor_page, table_page
+from streamberg.monitoring.dashboard.views import FIRST_ROWS, fleet_page, governor_document, governor_page, table_page
 from streamberg.monitoring.watch import Watch
 
 COOKIE = "streamberg_dashboard"
@@ -112,7 +112,7 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
         def make() -> str:
             found, at = _facts()
             return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at),
-                                   refresh_ms=refresh_ms)
+                                   refresh_ms=refresh_ms, first_rows=FIRST_ROWS)
 
         return str(_once("page", make))
 

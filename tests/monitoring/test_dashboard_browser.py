@@ -81,6 +81,8 @@ def kept(tmp_path: Path, broker: str, spark):
     for batch in range(3):  # three commits: files for the compactor
         produce_values(config, [event(i) for i in range(batch * 40, batch * 40 + 40)], batch % 2, 2)
         ingest_until(config, {0: 80 if batch >= 2 else 40, 1: 40 if batch >= 1 else 0})
+    produce_values(config, [b"{not json", b"\xff\xfe"], 1, 2)  # two dead letters, with their reasons
+    ingest_until(config, {0: 80, 1: 42})
     produce_values(config, [event(i) for i in range(1000, 1025)], 0, 2)  # a lag: 25 records not ingested
     catalog = load_catalog(config.catalog)
     for n, identifier in enumerate(LAKE):
@@ -217,6 +219,16 @@ def test_the_fleet_as_a_person_sees_it(kept) -> None:
         assert "merge_factor" in driver.find_element(By.ID, "reasons").text
         assert driver.find_elements(By.CSS_SELECTOR, "#chart-data_files polyline")
         driver.save_screenshot(str(ARTIFACTS / "dashboard-table.png"))
+        # The newest dead letters with their reasons, as the dead-letter table holds them.
+        driver.get(kept["url"] + "table/db.events")
+        shown = driver.execute_script("return Array.from(document.querySelectorAll('#dead-letters tbody tr'))"
+                                      ".map(r => [Number(r.cells[2].innerText), Number(r.cells[3].innerText), "
+                                      "r.cells[4].innerText]);")
+        held = kept["catalog"].load_table(config.ingest_target.dead_letter_table).scan(
+            selected_fields=("partition", "offset", "reason")).to_arrow().to_pylist()
+        assert len(held) == 2 and all(r["reason"] for r in held)
+        assert sorted(map(tuple, shown)) == sorted((r["partition"], r["offset"], r["reason"]) for r in held)
+        assert "2" in driver.find_element(By.ID, "fact-dead").text
         ran = kept["service"].governor.log_entries[-1]  # the round's action, on the table it chose
         driver.get(kept["url"] + "table/" + ran["table"])
         assert ran["action"] in driver.find_element(By.ID, "actions").text and "ok" in \

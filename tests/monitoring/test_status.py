@@ -54,7 +54,8 @@ def test_fresh_table(tmp_path: Path, broker: str) -> None:
     assert status["files"]["data_files"] == status["files"]["small_files"] == 0
     assert status["compactor"]["pending_files"] == 0 and status["compactor"]["last_optimize"] is None
     assert status["snapshots"]["count"] == 0 and status["snapshots"]["metadata_bytes"] > 0
-    assert status["dead_letters"] == {"table": config.ingest_target.dead_letter_table, "exists": True, "records": 0}
+    assert status["dead_letters"] == {"table": config.ingest_target.dead_letter_table, "exists": True, "records": 0,
+                                      "recent": []}
 
 
 def test_topic_not_created_yet_is_a_warning(tmp_path: Path, broker: str) -> None:
@@ -96,6 +97,11 @@ def test_after_ingest_commits(scenario: Scenario) -> None:
     assert status.compactor.pending_files == len(files)  # all added by ingest appends
     assert status.compactor.pending_snapshots == len(scenario.results)
     assert status.dead_letters.records == dlq.scan().to_arrow().num_rows == sum(r.dead_letters for r in scenario.results)
+    # The newest dead letters with their reasons (the table's page lists them), as the table holds them.
+    held = sorted(dlq.scan().to_arrow().to_pylist(), key=lambda r: (r["dead_lettered_at"], r["partition"], r["offset"]),
+                  reverse=True)
+    assert [(d["partition"], d["offset"], d["reason"]) for d in status.dead_letters.recent] == \
+        [(r["partition"], r["offset"], r["reason"]) for r in held[:5]] and len(held) >= 2
     assert status.snapshots.count == len(table.metadata.snapshots) == len(scenario.results)
     assert status.snapshots.manifests == len(table.current_snapshot().manifests(table.io))
     assert status.health.verdict == "ok", status.health.reasons
