@@ -4,7 +4,8 @@ from the broker, three of an opted-in namespace written as Parquet commits; a re
 the governor on the shared Spark session; the dashboard's model refreshed in the background.
 
 Checked: the numbers shown equal `streamberg status --json` for the same table; a bad policy
-value shows its reason and runbook link within one refresh; sorting and filtering; every
+value, and a table's broker stopped, show their reason and runbook link within one refresh;
+the table's page lists the dead letters the dead-letter table holds; sorting and filtering; every
 page loads with no failed request and no console error; screenshots kept as artifacts
 (STREAMBERG_TEST_ARTIFACTS, default .streamberg/test-artifacts). And off loopback: refused
 without a token, 401 without it on the wire, 200 with it."""
@@ -273,3 +274,56 @@ def test_off_loopback_the_dashboard_needs_a_token(tmp_path: Path) -> None:
             assert exc.code == 405  # read-only
     finally:
         server.shutdown()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_a_stopped_broker_shows_its_reason_within_one_refresh(tmp_path: Path) -> None:
+    """A table whose broker stops (a broker of its own, started for this test): the fleet page
+    turns it critical with the broker's reason and the runbook link, without a reload."""
+    from selenium.webdriver.common.by import By
+
+    from streamberg.cli import dashboard
+    from streamberg.common.broker import EmbeddedBroker
+    from streamberg.ingest.dead_letters import open_tables
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    own = EmbeddedBroker(tmp_path / "broker")
+    info = own.start(port=free_port())
+    stop = threading.Event()
+    server = driver = None
+    try:
+        config = config_at(write_config(tmp_path, info.bootstrap))
+        ensure_topic(info.bootstrap, config.kafka.topic, 1)
+        open_tables(config)
+        name = config.table.identifier
+
+        class Args:
+            dashboard = f"127.0.0.1:{free_port()}"
+            dashboard_token_file = None
+            dashboard_refresh = 1.0
+
+        collect = dashboard.governed_collector(lambda: [config], dict, config.ingest.state_dir)
+        server = dashboard.start(Args, config, collect, lambda _name: None, stop)
+        assert server is not None
+        driver = _browser()
+        driver.get(f"http://127.0.0.1:{server.server_port}/")
+        _wait(lambda: any(r["table"] == name for r in _rows(driver)), 60, "the table never showed")
+        assert "broker" not in _cells(driver, name)["reasons"]
+        own.stop()
+        _wait(lambda: "broker unreachable" in _cells(driver, name)["reasons"], 60,
+              "the stopped broker never showed on the page")
+        assert _cells(driver, name)["health"] == "critical"
+        link = driver.find_element(By.XPATH, f'//tr[@data-table="{name}"]//td[@class="reasons"]'
+                                             '/div[contains(., "broker unreachable")]/a[@class="runbook"]')
+        assert link.get_attribute("href").endswith("/runbooks/ingest-lag")
+        assert int(driver.find_element(By.ID, "sum-critical").text) == 1
+        driver.save_screenshot(str(ARTIFACTS / "dashboard-broker-stopped.png"))
+        assert _severe(driver) == []
+    finally:
+        if driver is not None:
+            driver.quit()
+        stop.set()
+        if server is not None:
+            server.shutdown()
+        own.stop()
