@@ -121,6 +121,11 @@ class Governor:
         self.actions: list[float] = []  # when each action finished (actions a minute)
         # The last actions, newest last: what ran, when, how long, its outcome (status and the dashboard).
         self.log_entries: deque[dict[str, Any]] = deque(maxlen=ACTION_LOG_ENTRIES)
+        # The actions running now (table -> action, when it started, why): in the state file as
+        # each starts and ends, so the dashboard shows them while they run, not after the round.
+        self.in_flight: dict[str, dict[str, Any]] = {}
+        self._report: RoundReport | None = None  # the round under way (its due and planned)
+        self._state_lock = threading.Lock()
 
     def round(self, dry_run: bool = False) -> RoundReport:
         report = RoundReport()
@@ -138,6 +143,7 @@ class Governor:
         with self._lock:  # a table whose cancelled action has not ended yet is not given another
             busy = {t for t, thread in self.running.items() if thread.is_alive()}
         report.planned = self.scheduler.plan([d for d in report.due if d.table not in busy], now, self.budget)
+        self._report = report if not dry_run else None
         if not dry_run and self.concurrent > 1 and len(report.planned) > 1:
             with ThreadPoolExecutor(self.concurrent, thread_name_prefix="governor") as pool:
                 report.ran = list(pool.map(lambda c: self._run(keepers[c.due.table], c), report.planned))
@@ -153,6 +159,18 @@ class Governor:
         started = self.clock()
         started_at = time.time()
         log.info("action started", why=choice.reason, waited_seconds=round(choice.waited_seconds, 1))
+        with self._lock:
+            self.in_flight[keeper.identifier] = {"table": keeper.identifier, "action": choice.due.action,
+                                                 "started_at": round(started_at, 1), "why": choice.due.why[:200]}
+        self._write_state(self._report)
+        try:
+            return self._ran(keeper, choice, log, started, started_at)
+        finally:
+            with self._lock:
+                self.in_flight.pop(keeper.identifier, None)
+            self._write_state(self._report)
+
+    def _ran(self, keeper: Keeper, choice: Choice, log: Any, started: float, started_at: float) -> dict[str, Any]:
         try:
             result = self._bounded(keeper, choice.due.action)
         except Exception as exc:  # noqa: BLE001 - isolated: this table backs off, the others go on
@@ -242,21 +260,22 @@ class Governor:
                 "oldest_wait_seconds": round(self.scheduler.oldest_wait(now), 1),
                 "actions_last_minute": len(recent)}
 
-    def _write_state(self, report: RoundReport) -> None:
-        if self.state_path is None:
+    def _write_state(self, report: RoundReport | None) -> None:
+        if self.state_path is None or report is None:
             return
-        document = {"written_at": time.time(), "fleet": self.fleet_line(),
-                    "actions": self.scheduler.state(self.clock()), "problems": report.problems,
-                    "due": [{"table": d.table, "action": d.action, "urgency": round(d.urgency, 2), "why": d.why}
-                            for d in report.due],
-                    "planned": [{"table": c.due.table, "action": c.due.action, "reason": c.reason}
-                                for c in report.planned],
-                    "concurrency": self.concurrent, "budget": self.budget,
-                    "log": list(self.log_entries)}
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.state_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(document, indent=1))
-        os.replace(temporary, self.state_path)
+        with self._lock:  # the scheduler's state and the log change on the actions' threads
+            document = {"written_at": time.time(), "fleet": self.fleet_line(), "running": list(self.in_flight.values()),
+                        "actions": self.scheduler.state(self.clock()), "problems": report.problems,
+                        "due": [{"table": d.table, "action": d.action, "urgency": round(d.urgency, 2), "why": d.why}
+                                for d in report.due],
+                        "planned": [{"table": c.due.table, "action": c.due.action, "reason": c.reason}
+                                    for c in report.planned],
+                        "concurrency": self.concurrent, "budget": self.budget, "log": list(self.log_entries)}
+        with self._state_lock:  # actions on several threads start and end at once
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = self.state_path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(document, indent=1))
+            os.replace(temporary, self.state_path)
 
     def run(self, stop: threading.Event, interval_seconds: float, rounds: int | None = None) -> int:
         """Rounds until `stop` (or `rounds` of them); returns how many ran."""

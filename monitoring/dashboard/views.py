@@ -45,6 +45,13 @@ def _namespace(identifier: str) -> str:
     return identifier.rsplit(".", 1)[0] if "." in identifier else ""
 
 
+def running_actions(governor: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The actions the governor runs now (written as each starts and ends), with their age."""
+    now = time.time()
+    return [{**r, "seconds": round(now - float(r.get("started_at") or now), 1)}
+            for r in (governor or {}).get("running") or [] if isinstance(r, dict)]
+
+
 def _next_action(table: str, governor: dict[str, Any] | None) -> dict[str, Any] | None:
     """The action the governor found due for the table in its last round, the most urgent first
     (the state is written when a round ends: what it chose has run by then)."""
@@ -99,6 +106,7 @@ def fleet_page(fleet: FleetStatus | None, governor: dict[str, Any] | None, refre
     return {"rows": rows, "refreshed_at": refreshed_at, "collecting": False,
             "summary": {"tables": len(rows), "by_verdict": by_verdict,
                         "actions_last_minute": ((governor or {}).get("fleet") or {}).get("actions_last_minute", 0),
+                        "running": len(running_actions(governor)),
                         "failures_last_hour": len(failures),
                         "refused_tables": dict(fleet.refused_tables), "refused_topics": dict(fleet.refused)}}
 
@@ -113,6 +121,7 @@ def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | No
     queries = status.queries or {}
     dead = status.dead_letters
     return {"row": row, "settings": settings or [], "history": history, "log": list(reversed(log[-50:])),
+            "running": [r for r in running_actions(governor) if r.get("table") == status.table],
             "dead_letter_table": dead.table if dead is not None and dead.exists else None,
             "recent_dead_letters": list(dead.recent) if dead is not None else [],
             "actions": queued, "queries": queries, "status": status.to_dict(),
@@ -159,5 +168,6 @@ def governor_page(governor: dict[str, Any] | None, heartbeat: tuple[bool, str] |
             "due": sorted((d for d in governor.get("due") or [] if isinstance(d, dict)),
                           key=lambda d: -float(d.get("urgency") or 0)),
             "planned": governor.get("planned") or [], "concurrency": governor.get("concurrency"),
+            "running_now": running_actions(governor),
             "failing": [a for a in actions if a.get("failures")],
             "log": list(reversed([e for e in governor.get("log") or [] if isinstance(e, dict)][-100:]))}

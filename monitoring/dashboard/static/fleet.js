@@ -104,6 +104,7 @@
       document.getElementById("sum-" + v).textContent = s.by_verdict[v] || 0;
     }
     document.getElementById("sum-actions").textContent = s.actions_last_minute || 0;
+    document.getElementById("sum-running").textContent = s.running || 0;
     document.getElementById("sum-failures").textContent = s.failures_last_hour || 0;
     const collecting = document.getElementById("collecting");
     if (collecting && !page.collecting) collecting.remove();
