@@ -96,7 +96,7 @@ def governed_collector(configs: Callable[[], list[StreambergConfig]], refusals: 
 
 
 def start(args: argparse.Namespace, base: StreambergConfig, collect: Callable[[], Any],
-          settings_of: Callable[[str], list[dict[str, Any]] | None], stop: threading.Event) -> Any | None:
+          stop: threading.Event) -> Any | None:
     """Serve the dashboard as asked (None: `off`); a port in use or a refused address is said
     and the service goes on without it."""
     from streamberg.common.redact import redact
@@ -113,7 +113,7 @@ def start(args: argparse.Namespace, base: StreambergConfig, collect: Callable[[]
     address, port = where
     log = get_logger("dashboard")
     watch = Watch(collect, fleet_families, args.dashboard_refresh, scope="dashboard")
-    app = make_app(watch, base.ingest.state_dir, token, settings_of, lambda: health(base.ingest.state_dir))
+    app = make_app(watch, base.ingest.state_dir, token, lambda: health(base.ingest.state_dir))
     try:
         server, _thread = serve_dashboard(app, address, port, token)
     except DashboardRefused as exc:

@@ -115,7 +115,7 @@ def _govern(args: argparse.Namespace) -> int:
         # each table's runtime for its settings: the same objects the governor keeps.
         collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
                                                service.tables.refusals, base.ingest.state_dir)
-        server = dashboard.start(args, base, collect, service.settings_of, stop)
+        server = dashboard.start(args, base, collect, stop)
         try:
             service.run(stop, settings.interval_seconds)
         finally:

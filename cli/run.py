@@ -172,7 +172,7 @@ def _supervise(supervisor: Any, args: argparse.Namespace, base: StreambergConfig
     from streamberg.cli import dashboard
 
     stop = threading.Event()
-    server = dashboard.start(args, base, collect, lambda _table: None, stop)
+    server = dashboard.start(args, base, collect, stop)
     try:
         code = supervisor.run()
     finally:

@@ -25,12 +25,6 @@ class Service:
     tables: GovernedTables
     kept: dict[str, TableKeeper] = field(default_factory=dict)  # table -> its keeper (and its runtime)
 
-    def settings_of(self, table: str) -> list[dict[str, Any]] | None:
-        """The table's effective settings and where each came from (its runtime), as the
-        governor keeps it now; None for a table it does not keep."""
-        keeper = self.kept.get(table)
-        return keeper.runtime.origins() if keeper is not None else None
-
     def round(self, dry_run: bool = False) -> RoundReport:
         return self.governor.round(dry_run=dry_run)
 

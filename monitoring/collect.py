@@ -224,7 +224,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
-        policy_problems=policy_problems, governor=governor_state(config),
+        policy_problems=policy_problems, governor=governor_state(config), settings=kept.origins(),
         queries=run.part("query statistics", _queries, kept) if config.catalog.scan_reports_dir else None,
         tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)
         if position is not None and cache_folder(config).is_dir() else None,

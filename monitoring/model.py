@@ -247,6 +247,9 @@ class Status:
     # by the ingest (ingest.keep_tail; kept_by): alive, segments, bytes, records kept past the
     # committed offsets and records past those. None: it was never kept for this table.
     tail_cache: dict[str, Any] | None = None
+    # Every policy key's effective value and where it came from (table property, config,
+    # default), as the table's runtime parsed them (common/table_runtime.py); None: not read.
+    settings: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

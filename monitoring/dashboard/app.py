@@ -50,11 +50,9 @@ class DashboardRefused(Exception):
 
 
 def make_app(watch: Watch, state_dir: str, token: str | None = None,
-             settings_of: Callable[[str], list[dict[str, Any]] | None] | None = None,
              heartbeat: Callable[[], tuple[bool, str]] | None = None) -> Flask:
-    """The dashboard over `watch` (its tables' statuses and history) and the governor's state
-    under `state_dir`. `settings_of(table)`: the table's effective settings with their origins
-    (common/table_runtime.TableRuntime.origins), where the service keeps them."""
+    """The dashboard over `watch` (its tables' statuses, each with its effective settings and
+    where they came from, and their history) and the governor's state under `state_dir`."""
     here = str(Path(__file__).parent)  # given: Flask cannot find a namespace package's folder itself
     app = Flask("streamberg.monitoring.dashboard", root_path=here, instance_path=here)
     # The page asks for fresh rows as often as the model has new ones (at most every 5 s).
@@ -132,7 +130,7 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
             abort(404)
         history = list(watch.history.get(name, []))
         page = table_page(status, found, governor_document(state_dir), history,
-                          settings_of(name) if settings_of is not None else None)
+                          status.settings)
         return render_template("table.html", page=page, refreshed_at=at)
 
     @app.get("/governor")

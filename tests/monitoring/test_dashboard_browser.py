@@ -107,7 +107,7 @@ def kept(tmp_path: Path, broker: str, spark):
 
     collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
                                            service.tables.refusals, base.ingest.state_dir)
-    server = dashboard.start(Args, base, collect, service.settings_of, stop)
+    server = dashboard.start(Args, base, collect, stop)
     assert server is not None
     url = f"http://127.0.0.1:{server.server_port}/"
     _wait(lambda: _get(url + "api/fleet.json")[0] == 200 and
@@ -304,7 +304,7 @@ def test_a_stopped_broker_shows_its_reason_within_one_refresh(tmp_path: Path) ->
             dashboard_refresh = 1.0
 
         collect = dashboard.governed_collector(lambda: [config], dict, config.ingest.state_dir)
-        server = dashboard.start(Args, config, collect, lambda _name: None, stop)
+        server = dashboard.start(Args, config, collect, stop)
         assert server is not None
         driver = _browser()
         driver.get(f"http://127.0.0.1:{server.server_port}/")
