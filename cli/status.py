@@ -90,9 +90,10 @@ def _status(args: argparse.Namespace) -> int:
 def _metrics(args: argparse.Namespace) -> int:
     from streamberg.common.config import is_fleet, load_fleet
     from streamberg.common.tables import run_settings
+    from streamberg.monitoring.dashboard.app import make_exporter_app, serve_app
     from streamberg.monitoring.fleet import collect_fleet
     from streamberg.monitoring.metrics import fleet_families, table_families, table_status
-    from streamberg.monitoring.watch import Watch, serve
+    from streamberg.monitoring.watch import Watch
 
     if args.refresh <= 0:
         raise CommandError("--refresh needs a positive number of seconds")
@@ -119,7 +120,7 @@ def _metrics(args: argparse.Namespace) -> int:
     stop = threading.Event()
     refresher = watch.start(stop)  # the first collection starts now; scrapes wait for it (503 until then)
     try:
-        server, thread = serve(watch, address, port)
+        server, thread = serve_app(make_exporter_app(watch), address, port, "metrics")
     except OSError as exc:
         stop.set()
         raise CommandError(f"cannot listen on {address}:{port}: {exc.strerror or exc}") from exc

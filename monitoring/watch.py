@@ -148,39 +148,3 @@ def _gauge(name: str, doc: str, value: float) -> Metric:
     family = GaugeMetricFamily(name, doc)
     family.add_metric([], value)
     return family
-
-
-def serve(watch: Watch, address: str, port: int) -> tuple[Any, threading.Thread]:
-    """/metrics (any path but the probes) serves the last refresh's exposition; /healthz 200
-    while the refresh loop lives (503 when stuck); /readyz 200 while the last refresh reached
-    the catalog and the broker (503 and why, else)."""
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
-    def app(environ: dict, start_response: Any) -> list[bytes]:
-        path = environ.get("PATH_INFO")
-        if path in ("/healthz", "/readyz"):
-            ok, why = watch.alive() if path == "/healthz" else watch.ready()
-            start_response("200 OK" if ok else "503 Service Unavailable",
-                           [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"ok\n" if ok and path == "/healthz" else f"{why}\n".encode()]
-        body = watch.scrape()
-        if watch.facts is None:
-            start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"no collection finished yet\n"]
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
-        return [body]
-
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
-
-    class Quiet(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = make_server(address, port, app, Server, handler_class=Quiet)
-    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-    thread.start()
-    return server, thread

@@ -151,6 +151,15 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
     def favicon() -> Response:  # asked by a browser on pages without a head (the runbooks' text)
         return app.send_static_file("favicon.svg")
 
+    add_probes(app, watch)
+    return app
+
+
+def add_probes(app: Flask, watch: Watch) -> None:
+    """/metrics: the last refresh's exposition (503 before the first); /healthz: 200 while the
+    refresh loop lives (503 when stuck); /readyz: 200 while the last refresh reached the catalog
+    and the broker (503 and why, else). The same on the dashboard and the bare exporter."""
+
     @app.get("/metrics")
     def metrics() -> Response:
         if watch.facts is None:
@@ -169,6 +178,13 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
         ok, why = watch.ready()
         return Response(f"{why}\n", 200 if ok else 503, {"Content-Type": "text/plain; charset=utf-8"})
 
+
+def make_exporter_app(watch: Watch) -> Flask:
+    """`streamberg metrics`: the probes alone (an exporter bound for Prometheus shows no table's
+    page; the pages are the dashboard's, behind its token off loopback)."""
+    here = str(Path(__file__).parent)
+    app = Flask("streamberg.monitoring.exporter", root_path=here, instance_path=here)
+    add_probes(app, watch)
     return app
 
 
@@ -181,18 +197,23 @@ def _state_stamp(state_dir: str) -> float | None:
 
 
 def serve_dashboard(app: Flask, address: str, port: int, token: str | None) -> tuple[Any, threading.Thread]:
-    """Serve on a thread (Werkzeug's threaded server); refused on a non-loopback address
-    without a token."""
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
-    class Quiet(WSGIRequestHandler):  # no access log on stderr (the service's logs are structured)
-        def log_request(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
+    """Serve the dashboard on a thread; refused on a non-loopback address without a token."""
     if token is None and not is_loopback(address):
         raise DashboardRefused(f"the dashboard on {address} needs a token (STREAMBERG_DASHBOARD_TOKEN or "
                                f"--dashboard-token-file): it shows every table to whoever reaches it")
+    return serve_app(app, address, port, "dashboard")
+
+
+def serve_app(app: Flask, address: str, port: int, name: str) -> tuple[Any, threading.Thread]:
+    """Serve on a thread (Werkzeug's threaded server), with no access log on stderr (the
+    service's logs are structured)."""
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class Quiet(WSGIRequestHandler):
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
     server = make_server(address, port, app, threaded=True, request_handler=Quiet)
-    thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     return server, thread

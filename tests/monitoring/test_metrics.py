@@ -139,6 +139,9 @@ def test_scrapes_serve_the_last_collection_and_the_probes_tell_the_truth(scenari
         assert get("/healthz") == (200, "ok\n")
         ready, why = get("/readyz")
         assert ready == 503 and "broker not reached" in why and scenario.config.table.identifier in why
+        # The exporter is the dashboard's server with the probes alone: no page of a table.
+        assert get("/")[0] == 404 and get("/api/fleet.json")[0] == 404
+        assert get(f"/table/{scenario.config.table.identifier}")[0] == 404
     finally:
         _interrupted_cleanly(proc)
 
