@@ -35,8 +35,15 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.types import DateType, IntegerType, LongType, StringType, TimestampType, TimestamptzType
 
+from streamberg.common.change_order import (
+    DUCKDB,
+    ChangeColumns,
+    encoded_sequence_sql,
+    last_changes_sql,
+    newer_than_stored_sql,
+    references,
+)
 from streamberg.common.changelog import (
     BEFORE_KEY,
     DELETE,
@@ -60,8 +67,6 @@ from streamberg.common.summary_keys import SummaryKeys
 from streamberg.common.table_files import snapshot_entries
 
 STATE_KEY, STATE_SEQ, STATE_PARTITION, STATE_OFFSET, STATE_SOURCE_TS = KEY_STATE_COLUMNS[:5]
-# An int or long sequence_field is shifted by 2^63 so negative values order too (merge/order.py).
-_SHIFT = 2**63
 
 
 @dataclass
@@ -170,10 +175,8 @@ class KeyedDelta:
 
 
 def delta(source: KeyedSource, changes: pa.Table, columns: list[str]) -> KeyedDelta:
-    """Apply merge/order.py's rule to `changes` (change-log rows) against the key state.
+    """Apply the change-order rule (common/change_order.py) to `changes` (change-log rows) against the key state.
     `columns`: the table's columns the change log holds (the rows made carry them)."""
-    import duckdb
-
     keys = source.keys
     knames = [f"k{i}" for i in range(len(keys))]
     values = [c for c in columns if c not in keys]
@@ -197,35 +200,7 @@ def delta(source: KeyedSource, changes: pa.Table, columns: list[str]) -> KeyedDe
     all_changes = pa.concat_tables([own, moved.cast(own.schema)])
     stored = source.stored.cast(pa.schema([*(own.schema.field(n) for n in knames),
                                            *(source.stored.schema.field(n) for n in ("seq", "part", "off", "ts"))]))
-    k = ", ".join(knames)
-    on = " AND ".join(f"l.{n} = s.{n}" for n in knames)
-    con = duckdb.connect()
-    try:
-        con.register("changes", all_changes)
-        con.register("stored", stored)
-        last = con.execute(f"""
-            WITH filled AS (
-              SELECT * REPLACE (last_value(seq IGNORE NULLS) OVER (PARTITION BY {k}, part ORDER BY off
-                                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS seq)
-              FROM changes),
-            here AS (
-              SELECT * FROM filled
-              QUALIFY row_number() OVER (PARTITION BY {k}, part ORDER BY seq DESC NULLS LAST, off DESC) = 1),
-            newest AS (
-              SELECT * FROM here
-              QUALIFY row_number() OVER (PARTITION BY {k} ORDER BY seq DESC NULLS LAST, ts DESC NULLS LAST,
-                                         (op = '{DELETE}') DESC, off DESC) = 1)
-            SELECT l.*, CASE
-                WHEN s.part IS NULL THEN true
-                WHEN l.seq IS NOT NULL AND s.seq IS NOT NULL AND l.seq <> s.seq THEN l.seq > s.seq
-                WHEN l.part = s.part THEN l.off > s.off
-                WHEN l.ts IS NOT NULL AND s.ts IS NOT NULL AND l.ts <> s.ts THEN l.ts > s.ts
-                ELSE true END AS apply
-            FROM newest l LEFT JOIN stored s ON {on}""").arrow()
-    finally:
-        con.close()
-    if isinstance(last, pa.RecordBatchReader):
-        last = last.read_all()
+    last = newest_against_stored(all_changes, stored, knames)
     applied = last.filter(pc.field("apply"))
     upserts = applied.filter(pc.field("op") != DELETE)
     return KeyedDelta(
@@ -233,6 +208,27 @@ def delta(source: KeyedSource, changes: pa.Table, columns: list[str]) -> KeyedDe
         upserts=pa.table({**{k_: upserts.column(n) for n, k_ in zip(knames, keys)},
                           **{c: upserts.column(n) for n, c in zip(vnames, values)}}),
         changes=all_changes.num_rows, stale=last.num_rows - applied.num_rows)
+
+
+def newest_against_stored(changes: pa.Table, stored: pa.Table, keys: list[str]) -> pa.Table:
+    """Per key, the newest of `changes` (columns: the keys, op, part, off, ts, seq and values)
+    by the change-order rule (common/change_order.py, the text Spark runs in the merge), with
+    `apply`: whether it is newer than what `stored` (the keys, seq, part, off, ts) holds."""
+    import duckdb
+
+    names = ChangeColumns(tuple(keys), seq="seq", op="op", partition="part", offset="off", source_ts="ts")
+    newest = last_changes_sql(DUCKDB, "changes", changes.column_names, names, "streamberg_rank")
+    applies = newer_than_stored_sql(references(DUCKDB, names, "l"), references(DUCKDB, names, "s"), recovering=False)
+    on = " AND ".join(f"l.{DUCKDB.quote(k)} = s.{DUCKDB.quote(k)}" for k in keys)
+    con = duckdb.connect()
+    try:
+        con.register("changes", changes)
+        con.register("stored", stored)
+        last = con.execute(f"WITH newest AS ({newest}) SELECT l.*, {applies} AS apply "
+                           f"FROM newest l LEFT JOIN stored s ON {on}").arrow()
+    finally:
+        con.close()
+    return last.read_all() if isinstance(last, pa.RecordBatchReader) else last
 
 
 def _sequence(source: KeyedSource, changes: pa.Table) -> pa.Array:
@@ -275,26 +271,23 @@ def _sequence(source: KeyedSource, changes: pa.Table) -> pa.Array:
 
 
 def _encoded(values: Any, field_type: Any) -> pa.Array:
-    """A sequence_field's values as ordered text (merge/order.encoded_sequence's encoding)."""
+    """A sequence_field's values as ordered text: common/change_order.encoded_sequence_sql, the
+    text the merge runs on Spark, run by DuckDB."""
+    import duckdb
+
     column = values.combine_chunks() if hasattr(values, "combine_chunks") else values
-    if isinstance(field_type, StringType):
-        return column.cast(pa.string())
-    if isinstance(field_type, (TimestampType, TimestamptzType)):
-        numbers = pc.cast(pc.cast(column, pa.timestamp("us")), pa.int64()).to_pylist()
-    elif isinstance(field_type, DateType):
-        numbers = pc.cast(column, pa.int32()).to_pylist()
-    elif isinstance(field_type, (IntegerType, LongType)):
-        numbers = column.to_pylist()
-    else:
-        raise FreshReadRefused(f"a sequence column is int, long, date, timestamp or string, not {field_type}")
-    out: list[str | None] = []
-    for number in numbers:
-        if number is None:
-            out.append(None)
-        else:
-            digits = str(int(number) + _SHIFT)
-            out.append(f"{len(digits):02d}{digits}")
-    return pa.array(out, pa.string())
+    try:
+        text = encoded_sequence_sql(DUCKDB, DUCKDB.quote("value"), field_type)
+    except ValueError as exc:
+        raise FreshReadRefused(str(exc)) from None
+    con = duckdb.connect()
+    try:
+        con.register("sequence_values", pa.table({"value": column}))
+        out = con.execute(f"SELECT {text} AS encoded FROM sequence_values").arrow()
+    finally:
+        con.close()
+    out = out.read_all() if isinstance(out, pa.RecordBatchReader) else out
+    return out.column("encoded").combine_chunks().cast(pa.string())
 
 
 def _loose_type(t: pa.DataType) -> pa.DataType:
