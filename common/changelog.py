@@ -14,7 +14,7 @@ the key) and the change log's own:
   of a key by them (a key lives in one partition);
 - `_source_ts`: Debezium's `source.ts_ms`, when the change happened in the source;
 - `_source_seq`: the change's position in the source (a Debezium connector's log position,
-  ingest/decode/envelopes/source_position.py), as text whose order is the source's order (`encode_sequence`).
+  decode/envelopes/source_position.py), as text whose order is the source's order (`encode_sequence`).
 
 The merge decides which of two changes of a key is the newer by their sequence
 (docs/cdc.md#order): `table.sequence_field` when set, else `_source_seq`, else the Kafka

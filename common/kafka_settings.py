@@ -11,7 +11,10 @@ isolation level) stay with the consumers: a producer given them would warn or re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamberg.common.config import StreambergConfig
 
 # librdkafka's global properties about the connection, by prefix (CONFIGURATION.md of
 # librdkafka 2.x): every client needs them to reach a secured cluster.
@@ -30,3 +33,24 @@ def connection_settings(bootstrap_servers: str, consumer: Mapping[str, Any] | No
     producer, admin client and probe the product makes."""
     return {"bootstrap.servers": bootstrap_servers,
             **{key: value for key, value in (consumer or {}).items() if is_connection_setting(key)}}
+
+
+def consumer_settings(config: StreambergConfig) -> dict:
+    """A consumer's settings for the table's topic: the ingest's, a fresh read's and the tail keeper's
+    (each names its own group id over this one)."""
+    return {
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        # librdkafka wants a group id even for assign(); offsets are never auto-committed.
+        "group.id": config.ingest_target.consumer_group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
+        # latest without telling consume() (librdkafka#4224); with "error" it reports it, and
+        # the writer applies ingest.on_lost_offsets. kafka.start_offset is resolved to a number
+        # by the writer itself, for partitions the table has never recorded.
+        "auto.offset.reset": "error",
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
+        "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
+        **config.kafka.consumer,
+    }

@@ -1,7 +1,7 @@
 """Walking one schema against another with pyiceberg's `SchemaWithPartnerVisitor`.
 
 Every comparison of two schemas (the config's against a table's, common/schema.py; a registry
-writer schema against a table's, ingest/decode/registry_decode.py) is a visitor over one
+writer schema against a table's, decode/registry_decode.py) is a visitor over one
 schema whose *partner* at each part is the other schema's field there, found by `ByName`:
 fields matched by name inside a struct, a list's element and a map's key and value by
 position; None where the other schema has no such part, or a different kind of type there

@@ -13,7 +13,7 @@ log's table property `streamberg.source-epochs` (JSON, written by the merge and 
 `streamberg merge --new-source-epoch`):
 
 - **by the source's name** (`_source_id`, where the connector says it: MySQL's server id and
-  binlog base name, ingest/decode/envelopes/source_position.py): the first name seen is epoch
+  binlog base name, decode/envelopes/source_position.py): the first name seen is epoch
   0; the merge gives each new name the next epoch, by itself;
 - **declared by an operator** from a Kafka position on (`since`: partition -> first offset of
   the new epoch; a partition not named is in it whole): RESET MASTER, a PostgreSQL restore, a

@@ -31,7 +31,7 @@ class SummaryKeys:
     # Dead letters the commit carries (its dead-letter file's rows).
     DEAD_LETTERS = "streamberg.dead-letters"
     # Records that are neither rows nor dead letters, by all ingest commits up to this one: the
-    # tombstones Kafka sends after Debezium deletes (kafka.envelope debezium, ingest/decode/envelopes/changes.py).
+    # tombstones Kafka sends after Debezium deletes (kafka.envelope debezium, decode/envelopes/changes.py).
     SKIPPED_TOMBSTONES_TOTAL = "streamberg.skipped-tombstones-total"
     # The Parquet file, in the dead-letter table's location, holding this commit's dead
     # letters. It joins the dead-letter table only after this snapshot committed (an outbox:

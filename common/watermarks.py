@@ -72,6 +72,18 @@ def topic_partitions_of(consumer: Consumer, topic: str, timeout_seconds: float, 
     return sorted(found.partitions)
 
 
+def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
+    """The topic's partitions, waiting up to `timeout` for it to be made (RuntimeError after)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions:
+            return sorted(meta.partitions)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic!r} not found on {consumer}; create it first")
+        time.sleep(0.5)
+
+
 # ListOffsets' special timestamps: the partition's first offset, and its end (the last stable
 # offset for a read_committed consumer), as get_watermark_offsets asks them.
 _EARLIEST, _LATEST = -2, -1

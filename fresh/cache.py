@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
 from streamberg.common.runtime import current as current_runtime
@@ -54,8 +55,8 @@ from streamberg.common.tail_segments import (
     segments,
     write_segment,
 )
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.source import consumer_settings, topic_partitions
+from streamberg.common.watermarks import topic_partitions
+from streamberg.decode.envelopes import record_decoder
 
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record

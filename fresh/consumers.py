@@ -11,8 +11,8 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.runtime import current
-from streamberg.ingest.source import consumer_settings
 
 
 def settings_of(config: StreambergConfig) -> dict[str, Any]:

@@ -29,14 +29,14 @@ from pyiceberg.schema import Schema
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
+from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.runtime import current
 from streamberg.common.tail_segments import TailIdentity, alive
+from streamberg.decode.envelopes import record_decoder
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.fresh.consumers import borrowed
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.source import consumer_settings
 
 # Records decoded together (the ingest's poll batch is of the same order).
 DECODE_BATCH = 20_000

@@ -55,14 +55,14 @@ from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
 from streamberg.common.table_files import target_file_size
 from streamberg.common.tail_segments import cache_folder, drop_committed
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.records import RecordDecoder
 from streamberg.ingest.dead_letters import (
     apply_dead_letter_files,
     dead_letter_rows,
     ensure_dead_letter_table,
     write_dead_letter_file,
 )
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.records import RecordDecoder
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.run_folder import RunFolder
@@ -137,7 +137,7 @@ class Committer:
         self.commit_seq = 0
         self.expected: PartitionOffsets = {}
         self.consumed_total = 0
-        self.skipped_total = 0  # Debezium tombstones skipped by all commits (ingest/decode/envelopes/changes.py)
+        self.skipped_total = 0  # Debezium tombstones skipped by all commits (decode/envelopes/changes.py)
         self.previous_commit_ms: int | None = None  # how long the last commit took (a summary key)
         self.skips: tuple[OffsetSkip, ...] = ()  # recorded jumps, carried forward by every commit
         self.lost_total = 0
@@ -478,7 +478,7 @@ class Committer:
         """Best effort: consumer-group offsets for lag dashboards; never used to resume."""
         from confluent_kafka import Consumer, TopicPartition
 
-        from streamberg.ingest.source import consumer_settings
+        from streamberg.common.kafka_settings import consumer_settings
 
         try:
             if self._group_consumer is None:

@@ -49,8 +49,8 @@ from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import bound_metadata
 from streamberg.common.retry import commit_retrying, is_instance
 from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
-from streamberg.ingest.decode.formats import format_of
-from streamberg.ingest.decode.registry import value_subject
+from streamberg.decode.formats import format_of
+from streamberg.decode.registry import value_subject
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
 

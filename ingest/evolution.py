@@ -3,7 +3,7 @@ carries is lost, and no snapshot references a file with a column its schema lack
 
 How it runs:
 - A writer decodes against the schema it loaded. A record that carries a field the schema
-  lacks (ingest/decode/unknown_fields.py) is not written by the writer: it is *held*, its raw key
+  lacks (decode/unknown_fields.py) is not written by the writer: it is *held*, its raw key
   and value travel in the writer's unit with the inferred types of its new fields.
 - The single committer, the only place that assigns field ids, plans the additions
   (`plan_additions`: bounds, names, depth), adds them with Iceberg's schema update, decodes
@@ -40,10 +40,10 @@ from pyiceberg.types import (
 
 from streamberg.common.config.types import MAX_FIELD_NAME, MAX_SCHEMA_FIELDS, MAX_TYPE_DEPTH, count_fields, depth
 from streamberg.common.schema import type_spec
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.records import RecordDecoder
-from streamberg.ingest.decode.types import Widening, join, widens, wider_of
-from streamberg.ingest.decode.unknown_fields import Path, display
+from streamberg.decode.interface import DecodeResult
+from streamberg.decode.records import RecordDecoder
+from streamberg.decode.types import Widening, join, widens, wider_of
+from streamberg.decode.unknown_fields import Path, display
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter, HeldRecord
 

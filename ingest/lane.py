@@ -34,20 +34,21 @@ from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
 from streamberg.common.field_sightings import FieldSighting, merge_sightings
+from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import OffsetSkip, committed_position, record_starts, recorded_starts
 from streamberg.common.runtime import current as current_runtime
 from streamberg.common.table_files import target_file_size
 from streamberg.common.tail_segments import TailIdentity
 from streamberg.common.watermarks import WatermarkReader, Watermarks
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.interface import DecodeResult
+from streamberg.decode.unknown_fields import display
 from streamberg.ingest.dead_letters import dead_letter_from_message
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.unknown_fields import display
 from streamberg.ingest.evolution import HELD_BYTES_LIMIT, SCHEMA_RECHECK_SECONDS, SchemaChanges, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.positions import PositionProblem, broker_positions, position_problems, refusal
-from streamberg.ingest.source import KafkaSource, consumer_settings, owned_partitions
+from streamberg.ingest.source import KafkaSource, owned_partitions
 from streamberg.ingest.tail_spool import TailSpool
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 
@@ -79,7 +80,7 @@ class TableLane:
         self.unrecorded: set[int] = set()  # partitions whose start the table does not hold yet
         self.dead_letters: list[DeadLetter] = []
         self.messages = 0  # records read into the open unit
-        self.skipped = 0  # of them, neither rows nor dead letters (ingest/decode/envelopes/changes.py)
+        self.skipped = 0  # of them, neither rows nor dead letters (decode/envelopes/changes.py)
         # ingest.schema_evolution (ingest/evolution.py): records held for the committer and
         # the fields they carry; files closed when the schema changed mid-unit; sightings (off)
         self.evolution = config.ingest.schema_evolution

@@ -51,6 +51,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
+from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
@@ -58,7 +59,6 @@ from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.files import WrittenFile
 from streamberg.ingest.replay_batch import ReplayBatcher
-from streamberg.ingest.source import consumer_settings
 from streamberg.ingest.units import DeadLetter
 
 # How long Kafka may return nothing before a range read gives up (the records exist:

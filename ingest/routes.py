@@ -91,8 +91,8 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
     from its records (`sample`, else the topic's first ones). A field-routed topic's unrouted
     table (`anchor_field`) never holds rows: its one column is the route field. `infer`
     False (a config of one table): a table without a declared schema must exist already."""
+    from streamberg.decode.formats import value_format
     from streamberg.ingest.dead_letters import open_tables
-    from streamberg.ingest.decode.formats import value_format
 
     if infer and config.table.schema_ is None and value_format(config.kafka.value_format).infers_table:
         catalog = shared_catalog(config.catalog)
@@ -171,8 +171,8 @@ def _record_route(catalog: Any, config: StreambergConfig, topic: str,
 def _check_table(config: StreambergConfig, table: Any) -> None:
     """What the records need of the table beyond its columns: the key field's column, the
     value format's own rules (a table a registry format cannot fill)."""
-    from streamberg.ingest.decode.formats import format_of
-    from streamberg.ingest.decode.records import check_key_field
+    from streamberg.decode.formats import format_of
+    from streamberg.decode.records import check_key_field
 
     fmt, _ = format_of(config)
     check_key_field(table.schema(), config.kafka.key_field, config.kafka.key_format)
@@ -182,7 +182,8 @@ def _check_table(config: StreambergConfig, table: Any) -> None:
 def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
     """Up to `limit` values from the start of the topic's partitions (what the table is
     inferred from); empty when the topic holds none yet."""
-    from streamberg.ingest.source import consumer_settings, topic_partitions
+    from streamberg.common.kafka_settings import consumer_settings
+    from streamberg.common.watermarks import topic_partitions
 
     consumer = Consumer({**consumer_settings(config), "group.id": f"streamberg-infer-{topic}",
                          "auto.offset.reset": "earliest"})
@@ -215,7 +216,7 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
     from streamberg.common.catalog import ensure_namespace
     from streamberg.common.schema import partition_spec_from_config
     from streamberg.common.summary_keys import BOUNDED_METADATA
-    from streamberg.ingest.decode.formats import value_format
+    from streamberg.decode.formats import value_format
 
     log = get_logger("ingest.routes", table=config.table.identifier, topic=config.kafka.topic)
     top = value_format(config.kafka.value_format).infer_fields(values, config.ingest.max_record_bytes)

@@ -6,47 +6,16 @@ reassignment is the one way it moves.
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import Consumer, TopicPartition
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.watermarks import WatermarkReader
+from streamberg.common.kafka_settings import consumer_settings
+from streamberg.common.watermarks import WatermarkReader, topic_partitions
 from streamberg.ingest.positions import BROKER_TIMEOUT_SECONDS, positions_settings
 
 
 def owned_partitions(partitions: list[int], index: int, parallelism: int) -> list[int]:
     return sorted(p for p in partitions if p % parallelism == index)
-
-
-def consumer_settings(config: StreambergConfig) -> dict:
-    return {
-        "bootstrap.servers": config.kafka.bootstrap_servers,
-        # librdkafka wants a group id even for assign(); offsets are never auto-committed.
-        "group.id": config.ingest_target.consumer_group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        # Never a silent jump: librdkafka would reset an out-of-range fetch to earliest or
-        # latest without telling consume() (librdkafka#4224); with "error" it reports it, and
-        # the writer applies ingest.on_lost_offsets. kafka.start_offset is resolved to a number
-        # by the writer itself, for partitions the table has never recorded.
-        "auto.offset.reset": "error",
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": max(8 * 1024 * 1024, 2 * config.ingest.max_record_bytes),
-        "receive.message.max.bytes": max(100 * 1024 * 1024, 4 * config.ingest.max_record_bytes),
-        **config.kafka.consumer,
-    }
-
-
-def topic_partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is not None and meta.error is None and meta.partitions:
-            return sorted(meta.partitions)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topic {topic!r} not found on {consumer}; create it first")
-        time.sleep(0.5)
 
 
 class KafkaSource:

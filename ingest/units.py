@@ -56,7 +56,7 @@ class FlushUnit:
     # it): nothing else in the unit; the committer pauses the table with this reason.
     refused: str | None = None
     messages: int = 0  # Kafka records read into this unit (valid + dead-lettered + skipped)
-    skipped: int = 0  # of them, Debezium's tombstones after deletes (ingest/decode/envelopes/changes.py)
+    skipped: int = 0  # of them, Debezium's tombstones after deletes (decode/envelopes/changes.py)
     # partition -> the position jumps Kafka forced inside the range, in order
     # (ingest.on_lost_offsets: skip-and-record; ingest/positions.py)
     skips: dict[int, list[OffsetSkip]] = field(default_factory=dict)

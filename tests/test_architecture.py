@@ -13,10 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("ingest", "compactor", "maintenance", "merge", "monitoring", "governor")
 # Besides itself, what each folder may import from streamberg.
-# fresh/ is a reader's floor above the ingest: a table's tail is decoded by the ingest's own
-# decoder (what it would write is what a fresh read returns), so it may import ingest/.
+# decode/ is a floor of its own above common/: the ingest writes what it decodes and a fresh
+# read decodes a table's tail with the same decoders (what it would write is what a fresh read
+# returns), so both stand on it and neither imports the other.
 ALLOWED = {**{c: {"common"} for c in COMPONENTS}, "common": set(), "supervisor": {"common"},
-           "fresh": {"common", "ingest"}}
+           "decode": {"common"}, "ingest": {"common", "decode"}, "fresh": {"common", "decode"}}
 
 
 def _streamberg_imports(path: Path) -> set[str]:
@@ -140,13 +141,13 @@ def test_common_holds_no_ingest_only_names() -> None:
     assert "ingest_target" in shared
 
 
-def _ingest_imports(path: Path) -> set[str]:
-    """The `streamberg.ingest...` modules a file imports, at any depth (lazy ones included)."""
+def _ingest_imports(path: Path, prefix: str = "streamberg.ingest.") -> set[str]:
+    """The `prefix...` modules a file imports, at any depth (lazy ones included)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("streamberg.ingest.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("streamberg.ingest."):
+            found |= {a.name for a in node.names if a.name.startswith(prefix)}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
             found.add(node.module)
     return found
 
@@ -174,7 +175,7 @@ def test_local_flink_plumbing_is_a_wing_without_circles() -> None:
     assert not circles, circles
 
 
-# -- decoding has one home (ingest/decode/) ---------------------------------------------------------
+# -- decoding has one home (decode/) ---------------------------------------------------------
 
 def _compares_attribute(path: Path, attribute: str) -> list[int]:
     """Lines where `<x>.<attribute>` is compared with a literal (== != in, either side)."""
@@ -189,11 +190,11 @@ def _compares_attribute(path: Path, attribute: str) -> list[int]:
 
 
 def test_decoding_has_one_home() -> None:
-    """The value format is decided in ingest/decode/formats.py alone, the envelope in
-    ingest/decode/envelopes/ and common/changelog.has_changelog; the registry and schema
-    conversions live under ingest/decode/, the sample producer in cli/."""
+    """The value format is decided in decode/formats.py alone, the envelope in
+    decode/envelopes/ and common/changelog.has_changelog; the registry and schema
+    conversions live under decode/, the sample producer in cli/."""
     for moved in ("avro_schema.py", "protobuf_schema.py", "registry.py", "sample_events.py"):
-        assert not (ROOT / "common" / moved).exists(), f"common/{moved} is ingest-only: it lives in ingest/decode/"
+        assert not (ROOT / "common" / moved).exists(), f"common/{moved} is ingest-only: it lives in decode/"
     product = [p for folder in ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "supervisor")
                for p in (ROOT / folder).rglob("*.py")]
     on_format = {str(p.relative_to(ROOT)): _compares_attribute(p, "value_format") for p in product}
@@ -206,11 +207,12 @@ def test_decoding_has_one_home() -> None:
     allowed = {"common/changelog.py", "common/config/model.py", "common/config/fleet.py"}
     assert not {p: n for p, n in on_envelope.items() if n and p not in allowed}, on_envelope
     assert _compares_attribute(ROOT / "common" / "changelog.py", "envelope")  # the check sees comparisons
-    decoders = {"streamberg.ingest.decode.json_decode", "streamberg.ingest.decode.avro_decode",
-                "streamberg.ingest.decode.protobuf_decode"}
-    outside = {str(p.relative_to(ROOT)): sorted(_ingest_imports(p) & decoders)
-               for p in (ROOT / "ingest").rglob("*.py") if "decode" not in p.relative_to(ROOT).parts}
-    assert not {p: m for p, m in outside.items() if m}, f"decoders chosen outside ingest/decode: {outside}"
+    decoders = {"streamberg.decode.json_decode", "streamberg.decode.avro_decode",
+                "streamberg.decode.protobuf_decode"}
+    outside = {str(p.relative_to(ROOT)): sorted(_ingest_imports(p, "streamberg.decode.") & decoders)
+               for folder in ("ingest", "fresh") for p in (ROOT / folder).rglob("*.py")}
+    assert not {p: m for p, m in outside.items() if m}, f"decoders chosen outside decode: {outside}"
+    assert _ingest_imports(ROOT / "decode" / "formats.py", "streamberg.decode.") & decoders  # the check sees them
 
 
 # -- one registry of catalog kinds, one set of tables per config ----------------------------------
@@ -251,31 +253,31 @@ def test_one_committer_kind() -> None:
 
 def test_every_module_is_named_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    missing = [str(p.relative_to(ROOT)) for folder in ("common", "ingest", "compactor", "maintenance", "merge",
-                                                       "monitoring", "governor", "supervisor", "cli", "fresh")
+    missing = [str(p.relative_to(ROOT)) for folder in ("common", "decode", "ingest", "compactor", "maintenance",
+                                                       "merge", "monitoring", "governor", "supervisor", "cli", "fresh")
                for p in sorted((ROOT / folder).rglob("*.py"))
                if p.name != "__init__.py" and f"`{p.stem}`" not in doc]
     assert not missing, f"modules docs/architecture.md does not name: {missing}"
 
 
 def test_no_module_past_500_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for folder in ("common", "ingest", "compactor", "maintenance", "merge",
-                                                        "monitoring", "governor", "supervisor", "cli", "fresh")
+    long = {str(p.relative_to(ROOT)): n for folder in ("common", "decode", "ingest", "compactor", "maintenance",
+                                                        "merge", "monitoring", "governor", "supervisor", "cli", "fresh")
             for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
 
 
 # -- one owner of resources (common/runtime.py) -------------------------------------------------------
 
-PRODUCT = ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor", "supervisor", "cli",
+PRODUCT = ("common", "decode", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor", "supervisor", "cli",
            "fresh")
 # Module-level containers filled while the process runs, each with why it is no resource:
 # everything that holds a connection, a client or a session lives in the Runtime.
 KEPT_AT_MODULE_LEVEL = {
     "common/runtime.py": "the one owner",
     "common/redact.py:_literals": "the secrets to mask, registered by load_config: strings",
-    "ingest/decode/envelopes/source_position.py:_FILE_NUMBERS": "binlog file names parsed: a bounded memo of strings",
-    "ingest/decode/envelopes/source_position.py:_IDENTITIES": "server identities parsed: a bounded memo of strings",
+    "decode/envelopes/source_position.py:_FILE_NUMBERS": "binlog file names parsed: a bounded memo of strings",
+    "decode/envelopes/source_position.py:_IDENTITIES": "server identities parsed: a bounded memo of strings",
     "ingest/local/gateway_auth.py:gateway_token (memoized)": "the driver's gateway token: one string, the JVM inherits it",
 }
 _EMPTY_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary", "deque"}

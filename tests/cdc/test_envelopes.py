@@ -1,4 +1,4 @@
-"""The change-event decoder (ingest/decode/envelopes/changes.py) and the configuration of a primary-key
+"""The change-event decoder (decode/envelopes/changes.py) and the configuration of a primary-key
 table: every event a change-log row, a dead letter with its reason, or a skipped tombstone,
 exactly once; fuzzed in bulk with hostile envelopes, images and keys."""
 
@@ -16,9 +16,9 @@ from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.envelopes.changes import EnvelopeDecoder
-from streamberg.ingest.decode.types import Widening
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.envelopes.changes import EnvelopeDecoder
+from streamberg.decode.types import Widening
 from tests.cdc.helpers import USERS_SCHEMA
 
 

@@ -165,7 +165,7 @@ def test_debezium_positions_keep_replays_rewinds_and_moved_keys_from_overwriting
 
 
 def _event(op: str, before: dict | None, after: dict | None, ts: int) -> bytes:
-    # No connector named: the sequence is source.ts_ms alone (ingest/decode/envelopes/source_position.py).
+    # No connector named: the sequence is source.ts_ms alone (decode/envelopes/source_position.py).
     return json.dumps({"before": before, "after": after, "op": op, "source": {"ts_ms": ts}}).encode()
 
 

@@ -1,4 +1,4 @@
-"""Source positions (ingest/decode/envelopes/source_position.py) against their first,
+"""Source positions (decode/envelopes/source_position.py) against their first,
 plain version: the per-record fast paths (type tests before isinstance, orjson before the
 standard library, binlog names remembered) must read every `source` block as it did, for
 any value a connector, a hostile producer or a schema registry can put there.
@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from streamberg.common.changelog import SEQUENCE_DIGITS_MAX, encode_sequence
-from streamberg.ingest.decode.envelopes.source_position import source_identity, source_sequence
+from streamberg.decode.envelopes.source_position import source_identity, source_sequence
 
 
 def reference_encode(*parts: Any) -> str | None:

@@ -152,7 +152,7 @@ def test_a_schema_evolution_between_plan_and_commit_is_kept_and_the_next_pass_re
     and the next pass rewrites files of both schemas into one, every value kept."""
     import json
 
-    from streamberg.ingest.decode.records import RecordDecoder
+    from streamberg.decode.records import RecordDecoder
     from streamberg.ingest.evolution import SchemaChanges, hold_back
     from streamberg.ingest.units import FlushUnit, HeldRecord
 

@@ -34,11 +34,11 @@ from streamberg.common.tail_segments import (
     segments,
     write_segment,
 )
+from streamberg.decode.envelopes import record_decoder
 from streamberg.fresh import read
 from streamberg.fresh.cache import cached_rows
 from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
-from streamberg.ingest.decode.envelopes import record_decoder
 from tests.helpers import config_at, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 

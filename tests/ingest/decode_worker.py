@@ -124,7 +124,7 @@ def receive(stream: BinaryIO) -> object:
 
 
 def decode(schema_name: str, batch: list[bytes | None]) -> tuple[list[int], list[tuple[int, str]], list[dict]]:
-    from streamberg.ingest.decode.json_decode import JsonDecoder
+    from streamberg.decode.json_decode import JsonDecoder
     from tests.ingest.json_oracle import normalise_table
 
     if schema_name == "hang":  # a child that never answers, to show the harness stops waiting

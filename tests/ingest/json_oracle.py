@@ -1,6 +1,6 @@
 """The reference decoder for the fuzz suite: `json.loads` plus the schema's rules, record by record.
 
-Plain Python, written from the rules in the docstring of streamberg.ingest.decode.json_decode, with no code
+Plain Python, written from the rules in the docstring of streamberg.decode.json_decode, with no code
 shared with the decoder: where the two disagree, one of them is wrong. Returns, per record,
 either ("ok", row) with the row normalised as `normalise_table` normalises the decoder's
 output, or ("bad", reason), or ("either", row) for a record the rules accept but that holds
@@ -71,7 +71,7 @@ class Obj(dict):
     huge: bool  # some member (duplicates included) is written with an exponent of 10,000 or more
 
 
-# The decoder's rule for schemas with decimal fields (ingest/decode/json_screen.py, HUGE_EXPONENT): a
+# The decoder's rule for schemas with decimal fields (decode/json_screen.py, HUGE_EXPONENT): a
 # record is refused when some object member's value, at any depth, is a number or a string
 # written with an exponent of 10,000 or more; records that could hold one (SUSPECT: such a
 # token standing as a whole member value, or an escaped e/E or digit) and nest deeper than

@@ -24,7 +24,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.field_sightings import added_fields_of
 from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.ingest.decode.avro_schema import avro_schema, iceberg_schema
+from streamberg.decode.avro_schema import avro_schema, iceberg_schema
 from tests.helpers import account_for_every_record, config_at, dead_letters, streamberg, write_config
 from tests.runbooks.inprocess import ingest_until
 
@@ -221,8 +221,8 @@ def test_any_bytes_and_any_registry_answer_give_a_row_or_a_dead_letter(registry)
     from hypothesis import strategies as st
 
     from streamberg.common.config.sections import SchemaRegistryConfig
-    from streamberg.ingest.decode.avro_decode import AvroDecoder
-    from streamberg.ingest.decode.registry import WriterSchemas
+    from streamberg.decode.avro_decode import AvroDecoder
+    from streamberg.decode.registry import WriterSchemas
 
     client = SchemaRegistryClient({"url": registry.url})
     context = SerializationContext("fuzz", MessageField.VALUE)

@@ -75,7 +75,7 @@ def test_each_bad_key_is_named(good_config: Path, case: str) -> None:
 
 
 def test_epoch_unit_is_optional_and_read_per_field(good_config: Path) -> None:
-    from streamberg.ingest.decode.json_decode import epoch_units
+    from streamberg.decode.json_decode import epoch_units
 
     assert epoch_units(load_config(good_config).table.schema_) == {}  # ms by default, in the decoder
     _mutate(good_config, lambda d: d["table"]["schema"][1].update(unit="us"))
@@ -160,7 +160,7 @@ def test_the_largest_max_record_bytes_makes_a_consumer_librdkafka_accepts(good_c
     from confluent_kafka import Consumer
 
     from streamberg.common.config import MAX_RECORD_BYTES
-    from streamberg.ingest.source import consumer_settings
+    from streamberg.common.kafka_settings import consumer_settings
 
     config = load_config(_mutate(good_config, lambda d: d["ingest"].update(max_record_bytes=MAX_RECORD_BYTES)))
     Consumer(consumer_settings(config)).close()  # raises KafkaException on a setting out of range

@@ -22,7 +22,7 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.decode.json_decode import JsonDecoder
 
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),

@@ -1,4 +1,4 @@
-"""`kafka.key_field`: the record's key written into a string column (ingest/decode/records.py)."""
+"""`kafka.key_field`: the record's key written into a string column (decode/records.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.ingest.decode.records import RecordDecoder
+from streamberg.decode.records import RecordDecoder
 from tests.helpers import EVENT_SCHEMA, config_at, dead_letters, write_config
 from tests.runbooks.inprocess import cli, ingest_until
 
@@ -131,8 +131,8 @@ def test_avro_and_protobuf_keys_are_decoded_with_their_writer_schemas(registry) 
     from pyiceberg.types import StructType
 
     from streamberg.common.config.sections import SchemaRegistryConfig
-    from streamberg.ingest.decode.avro_schema import avro_schema
-    from streamberg.ingest.decode.registry import WriterSchemas
+    from streamberg.decode.avro_schema import avro_schema
+    from streamberg.decode.registry import WriterSchemas
 
     client = SchemaRegistryClient({"url": registry.url})
     writer_schemas = WriterSchemas(SchemaRegistryConfig(url=registry.url, retries=0))
@@ -170,7 +170,7 @@ def test_avro_and_protobuf_keys_are_decoded_with_their_writer_schemas(registry) 
     from google.protobuf.descriptor_pool import DescriptorPool
     from google.protobuf.message_factory import GetMessageClass
 
-    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+    from streamberg.decode.protobuf_schema import file_descriptor_proto
 
     def message(schema: Schema, name: str):
         pool = DescriptorPool()

@@ -30,7 +30,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import UnsupportedSchemaError
 from streamberg.common.field_sightings import added_fields_of
 from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto, iceberg_schema, message_descriptor
+from streamberg.decode.protobuf_schema import file_descriptor_proto, iceberg_schema, message_descriptor
 from tests.helpers import account_for_every_record, config_at, dead_letters, streamberg, write_config
 from tests.runbooks.inprocess import ingest_until
 
@@ -252,8 +252,8 @@ def test_any_bytes_and_any_registry_answer_give_a_row_or_a_dead_letter(registry)
     from hypothesis import strategies as st
 
     from streamberg.common.config.sections import SchemaRegistryConfig
-    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
-    from streamberg.ingest.decode.registry import WriterSchemas
+    from streamberg.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.decode.registry import WriterSchemas
 
     write = serializer(registry.url)
     good = [write(order(i), "fuzz") for i in range(20)]

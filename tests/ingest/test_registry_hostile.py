@@ -26,11 +26,11 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.config.sections import SchemaRegistryConfig
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.decode.avro_decode import AvroDecoder
-from streamberg.ingest.decode.avro_schema import iceberg_schema
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.registry import WriterSchemas
-from streamberg.ingest.decode.registry_decode import MAX_FITS
+from streamberg.decode.avro_decode import AvroDecoder
+from streamberg.decode.avro_schema import iceberg_schema
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.registry_decode import MAX_FITS
 from tests.helpers import account_for_every_record, config_at, dead_letters, write_config
 from tests.runbooks.inprocess import ingest_until, produce_values
 
@@ -156,7 +156,7 @@ def test_protobuf_schema_bombs_are_refused_before_they_expand() -> None:
     from google.protobuf import descriptor_pb2
     from google.protobuf.descriptor_pool import DescriptorPool
 
-    from streamberg.ingest.decode.protobuf_schema import iceberg_schema as protobuf_schema
+    from streamberg.decode.protobuf_schema import iceberg_schema as protobuf_schema
 
     file = descriptor_pb2.FileDescriptorProto(name="bomb.proto", package="b", syntax="proto3")
     F = descriptor_pb2.FieldDescriptorProto
@@ -198,8 +198,8 @@ def test_unknown_schema_ids_fail_or_dead_letter_as_configured(registry) -> None:
 def test_the_protobuf_fit_cache_is_bounded(registry) -> None:
     import base64
 
-    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
-    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+    from streamberg.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.decode.protobuf_schema import file_descriptor_proto
 
     schema = iceberg_schema(ADDR)
     text = base64.b64encode(file_descriptor_proto(schema).SerializeToString()).decode()
@@ -232,7 +232,7 @@ def test_long_field_names_never_reach_the_metadata(tmp_path: Path, broker: str) 
 
 def test_logical_types_read_raw_equal_their_values(registry) -> None:
     """Dates, times, timestamps and uuids are read as the numbers (text) on the wire and
-    given to Arrow as they are (ingest/decode/avro_decode.py RAW_LOGICAL_TYPES): the rows
+    given to Arrow as they are (decode/avro_decode.py RAW_LOGICAL_TYPES): the rows
     equal the values the records were written with, edges of the ranges included; a
     timestamp past a Python datetime's range (year 9999) is kept exactly, as Iceberg's
     64-bit microseconds hold it (fastavro's datetime made it a dead letter)."""
@@ -275,8 +275,8 @@ def test_protobuf_timestamps_read_as_micros_equal_their_values(registry) -> None
     from pyiceberg.schema import Schema
     from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
 
-    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
-    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+    from streamberg.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.decode.protobuf_schema import file_descriptor_proto
 
     table = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ts", TimestamptzType(), required=False),
                    NestedField(3, "name", StringType(), required=True))

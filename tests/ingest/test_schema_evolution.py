@@ -21,9 +21,9 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.field_sightings import added_fields_of, sightings_of
 from streamberg.common.offsets import summary_properties
 from streamberg.common.summary_keys import SummaryKeys
+from streamberg.decode.json_decode import JsonDecoder
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
-from streamberg.ingest.decode.json_decode import JsonDecoder
 from streamberg.ingest.evolution import plan_additions
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
 from streamberg.monitoring.collect import collect_status
@@ -52,7 +52,7 @@ def make_config(tmp_path: Path, broker: str, **ingest):
 
 def unit_of(config, records: list[dict], start: int = 0, epoch: int = 1) -> FlushUnit:
     """A writer's unit: its records decoded against the table's schema as the writer does."""
-    from streamberg.ingest.decode.records import RecordDecoder
+    from streamberg.decode.records import RecordDecoder
     from streamberg.ingest.evolution import SchemaChanges, hold_back
     from streamberg.ingest.files import PartitionedFileWriter
 

@@ -1,5 +1,5 @@
 """The value formats and envelopes are chosen by name in one place each
-(ingest/decode/formats.py, ingest/decode/envelopes/__init__.py).
+(decode/formats.py, decode/envelopes/__init__.py).
 
 Adding a format is one module and one registry entry: a toy format (each value `id;name`, a
 semicolon-separated row) is registered here and decodes through the ingest's own record
@@ -20,10 +20,10 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.config.sections import SchemaRegistryConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.decode import formats
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.records import RecordDecoder
+from streamberg.decode import formats
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.interface import DecodeResult
+from streamberg.decode.records import RecordDecoder
 
 
 class _SemicolonDecoder:

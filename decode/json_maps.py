@@ -34,8 +34,8 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, MapType, NestedField, StringType, StructType
 
-from streamberg.ingest.decode.json_values import outside_parse
-from streamberg.ingest.decode.types import Widening
+from streamberg.decode.json_values import outside_parse
+from streamberg.decode.types import Widening
 
 _VALUE = "v"
 _DEEP = threading.Lock()

@@ -2,7 +2,7 @@
 
 A format owns what differs between formats and nothing else (a template: each subclass
 overrides only that):
-- its decoder (a batch of Kafka values in, a DecodeResult out: ingest/decode/interface.py);
+- its decoder (a batch of Kafka values in, a DecodeResult out: decode/interface.py);
 - the table's schema from the registry's latest writer schema, when the config declares none;
 - the check that a table's columns are ones it can carry.
 
@@ -21,8 +21,8 @@ from pyiceberg.types import IcebergType
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
-from streamberg.ingest.decode.interface import ValueDecoder
-from streamberg.ingest.decode.registry import WriterSchemas
+from streamberg.decode.interface import ValueDecoder
+from streamberg.decode.registry import WriterSchemas
 
 Unknown = Literal["ignore", "report"]
 
@@ -65,19 +65,19 @@ class JsonFormat(ValueFormat):
     def decoder(self, schema: Schema, max_record_bytes: int, unknown: Unknown, *,
                 epoch_units: Mapping[str, str] | None = None, registry: WriterSchemas | None = None,
                 wrap: str | None = None) -> ValueDecoder:
-        from streamberg.ingest.decode.json_decode import JsonDecoder
+        from streamberg.decode.json_decode import JsonDecoder
 
         return JsonDecoder(schema, max_record_bytes, epoch_units, unknown)
 
     def check_table(self, schema: Schema) -> None:
-        from streamberg.ingest.decode.json_values import check_supported
+        from streamberg.decode.json_values import check_supported
 
         check_supported(schema)
 
     def infer_fields(self, values: list[bytes], max_record_bytes: int) -> dict[str, IcebergType]:
         from pyiceberg.types import NestedField, StringType
 
-        from streamberg.ingest.decode.json_decode import JsonDecoder
+        from streamberg.decode.json_decode import JsonDecoder
 
         # One column no record can carry (a '#' is no field name evolution takes): every field
         # of the records is then reported, typed as schema evolution types it.
@@ -92,13 +92,13 @@ class AvroFormat(ValueFormat):
     def decoder(self, schema: Schema, max_record_bytes: int, unknown: Unknown, *,
                 epoch_units: Mapping[str, str] | None = None, registry: WriterSchemas | None = None,
                 wrap: str | None = None) -> ValueDecoder:
-        from streamberg.ingest.decode.avro_decode import AvroDecoder
+        from streamberg.decode.avro_decode import AvroDecoder
 
         assert registry is not None  # needs_registry: value_decoder checked it
         return AvroDecoder(schema, max_record_bytes, registry, unknown, wrap=wrap)
 
     def table_schema(self, registered: Any, fetch: Any) -> Schema:
-        from streamberg.ingest.decode.avro_schema import iceberg_schema
+        from streamberg.decode.avro_schema import iceberg_schema
 
         return iceberg_schema(registered.schema_str)
 
@@ -109,13 +109,13 @@ class ProtobufFormat(ValueFormat):
     def decoder(self, schema: Schema, max_record_bytes: int, unknown: Unknown, *,
                 epoch_units: Mapping[str, str] | None = None, registry: WriterSchemas | None = None,
                 wrap: str | None = None) -> ValueDecoder:
-        from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
+        from streamberg.decode.protobuf_decode import ProtobufDecoder
 
         assert registry is not None
         return ProtobufDecoder(schema, max_record_bytes, registry, unknown, wrap=wrap)
 
     def table_schema(self, registered: Any, fetch: Any) -> Schema:
-        from streamberg.ingest.decode.protobuf_schema import iceberg_schema, message_descriptor
+        from streamberg.decode.protobuf_schema import iceberg_schema, message_descriptor
 
         # The file's first message: the one a record without message indexes is.
         return iceberg_schema(message_descriptor(registered.schema_str, list(registered.references or []), (), fetch))

@@ -1,12 +1,12 @@
 """What a record is, chosen by name in one place (`record_decoder`): `kafka.envelope`.
 
-- `none`: a row to append (ingest/decode/records.py: the value, and the key where the config
+- `none`: a row to append (decode/records.py: the value, and the key where the config
   keeps it);
 - `debezium` and `upsert`: a change of a primary-key table's row, appended to its change log
-  (ingest/decode/envelopes/changes.py: one class per kind over one shared assembly; Debezium's
+  (decode/envelopes/changes.py: one class per kind over one shared assembly; Debezium's
   rules written once over an Arrow table of envelopes each format fills in
-  ingest/decode/envelopes/debezium.py, a change's source position in
-  ingest/decode/envelopes/source_position.py).
+  decode/envelopes/debezium.py, a change's source position in
+  decode/envelopes/source_position.py).
 
 Adding an envelope is one class (an EnvelopeDecoder with its `_changes`) and one entry in
 ENVELOPES, with the value formats it reads; reading Debezium in another format is one entry in
@@ -22,12 +22,12 @@ from pyiceberg.schema import Schema
 from streamberg.common.changelog import required_columns
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
-from streamberg.ingest.decode.envelopes.changes import DebeziumDecoder, EnvelopeDecoder, UpsertDecoder
-from streamberg.ingest.decode.envelopes.debezium import ENVELOPE_READERS
-from streamberg.ingest.decode.formats import format_of
-from streamberg.ingest.decode.interface import RecordBatchDecoder
-from streamberg.ingest.decode.json_decode import epoch_units
-from streamberg.ingest.decode.records import RecordDecoder
+from streamberg.decode.envelopes.changes import DebeziumDecoder, EnvelopeDecoder, UpsertDecoder
+from streamberg.decode.envelopes.debezium import ENVELOPE_READERS
+from streamberg.decode.formats import format_of
+from streamberg.decode.interface import RecordBatchDecoder
+from streamberg.decode.json_decode import epoch_units
+from streamberg.decode.records import RecordDecoder
 
 Unknown = Literal["ignore", "report"]
 # kind -> (its decoder class; None: rows, RecordDecoder), and the value formats it reads.

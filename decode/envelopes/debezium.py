@@ -3,16 +3,16 @@ Arrow table of envelopes that each value format fills.
 
 Each format reads its events into one table of the envelope (`envelope_schema`): `before`
 and `after` of the change log's row type, `op`, and `source` with `ts_ms` and the source
-position (ingest/decode/envelopes/source_position.py, computed from the event's whole
+position (decode/envelopes/source_position.py, computed from the event's whole
 `source` record by the same function for every format):
 
 - JSON (`JsonEnvelopes`): each event parsed once (orjson; bare or inside the JsonConverter's
   `{"schema", "payload"}` wrapper), cut to what the change log keeps (an update's before image
   to its key columns: only the key is read from it); the images decoded in one batch by the
-  JSON decoder (ingest/decode/json_decode.py), the op and the source's time and position
+  JSON decoder (decode/json_decode.py), the op and the source's time and position
   joining its table as Arrow columns (they are read from the parsed event, not from JSON);
 - Avro (`AvroEnvelopes`): Confluent-framed events decoded by the Avro ingest's decoder
-  (ingest/decode/avro_decode.py) against the envelope as a table.
+  (decode/avro_decode.py) against the envelope as a table.
 
 So every rule of the format's append ingest holds for the row images (types, widening,
 fields the table lacks reported for schema evolution under `after.`/`before.` and told here by
@@ -42,15 +42,15 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 from streamberg.common.changelog import DELETE, OPS
-from streamberg.ingest.decode.avro_decode import AvroDecoder
-from streamberg.ingest.decode.envelopes.source_position import source_identity, source_sequence
-from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
-from streamberg.ingest.decode.json_decode import JsonDecoder
-from streamberg.ingest.decode.json_values import mask_of
-from streamberg.ingest.decode.registry import WriterSchemas
-from streamberg.ingest.decode.required_fields import missing as missing_field
-from streamberg.ingest.decode.types import Widening
-from streamberg.ingest.decode.unknown_fields import UnknownField
+from streamberg.decode.avro_decode import AvroDecoder
+from streamberg.decode.envelopes.source_position import source_identity, source_sequence
+from streamberg.decode.interface import DecodeResult, ValueDecoder
+from streamberg.decode.json_decode import JsonDecoder
+from streamberg.decode.json_values import mask_of
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.required_fields import missing as missing_field
+from streamberg.decode.types import Widening
+from streamberg.decode.unknown_fields import UnknownField
 
 IMAGES = ("after", "before")
 POSITION = "streamberg.position"  # no writer schema has it: an Avro name holds no dot

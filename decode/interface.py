@@ -1,7 +1,7 @@
 """What every value format's decoder gives back, and the one interface they share.
 
-A decoder per format: JSON (ingest/decode/json_decode.py), Avro and Protobuf through a schema
-registry (ingest/decode/registry_decode.py with ingest/decode/avro_decode.py and ingest/decode/protobuf_decode.py).
+A decoder per format: JSON (decode/json_decode.py), Avro and Protobuf through a schema
+registry (decode/registry_decode.py with decode/avro_decode.py and decode/protobuf_decode.py).
 Each takes a batch of Kafka values and returns a DecodeResult: the rows in the table's Arrow
 schema, the dead letters with their reasons, and the fields the schema lacks (for schema
 evolution, ingest/evolution.py, which all formats share).
@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from pyiceberg.schema import Schema
 
-from streamberg.ingest.decode.unknown_fields import UnknownField
+from streamberg.decode.unknown_fields import UnknownField
 
 
 @dataclass
@@ -28,7 +28,7 @@ class DecodeResult:
     # unknown="report": fields the schema lacks that decoded rows (indexes in `kept`) carry
     unknown: list[UnknownField] = field(default_factory=list)
     # Records that are neither a row nor a dead letter: the tombstone Kafka sends after a
-    # Debezium delete (ingest/decode/envelopes/changes.py), counted in the commit that covers it.
+    # Debezium delete (decode/envelopes/changes.py), counted in the commit that covers it.
     skipped: int = 0
 
     def rows_with_unknown(self) -> np.ndarray:

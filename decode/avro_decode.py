@@ -2,10 +2,10 @@
 
 The wire format: magic byte 0, the writer schema's 4-byte id (big-endian), the Avro binary
 body. The header is read by confluent-kafka's own `SchemaId`, the writer schema fetched from
-the registry by id (ingest/decode/registry.py: cached, retried, then a clear RegistryUnavailable:
+the registry by id (decode/registry.py: cached, retried, then a clear RegistryUnavailable:
 the records stay in Kafka), and the body read by fastavro's `schemaless_reader`: no wire
 decoder is written here. How a writer schema is matched with the table, and what happens to
-records that do not fit, is the same for every registry format (ingest/decode/registry_decode.py).
+records that do not fit, is the same for every registry format (decode/registry_decode.py).
 
 Avro's promotions (int -> long, float -> double, an integer -> double, a decimal of less
 precision) are read as they come. Bytes left after the record refuse it.
@@ -19,13 +19,13 @@ from typing import Any
 
 from pyiceberg.types import IcebergType
 
-from streamberg.ingest.decode.avro_schema import iceberg_schema, iceberg_type
-from streamberg.ingest.decode.registry_decode import FitKey, RegistryDecoder
+from streamberg.decode.avro_schema import iceberg_schema, iceberg_type
+from streamberg.decode.registry_decode import FitKey, RegistryDecoder
 
 # Logical types read as the numbers (or strings) they are on the wire: the table's Arrow
 # column takes them as they come (a date's days, a time's or a timestamp's micro- or
 # nanoseconds since midnight or the epoch; a uuid's text, which the table keeps as a string,
-# ingest/decode/avro_schema.py). fastavro would make a Python date, time or datetime of each
+# decode/avro_schema.py). fastavro would make a Python date, time or datetime of each
 # for Arrow to take apart again: that was a third of an Avro record's decode. The
 # millisecond ones keep fastavro's reading (the table counts micros).
 RAW_LOGICAL_TYPES = frozenset({"uuid", "date", "time-micros", "timestamp-micros", "local-timestamp-micros",

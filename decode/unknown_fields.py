@@ -44,7 +44,7 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.config.types import MAX_FIELD_NAME
-from streamberg.ingest.decode.types import join
+from streamberg.decode.types import join
 
 Path = tuple[str, ...]  # Iceberg names from the top, "element" for a list's elements
 

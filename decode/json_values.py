@@ -20,7 +20,7 @@ states the same rules with `json.loads`):
   (`"\\ud800"`).
 - `struct`: a JSON object; its schema fields follow these rules, each at most once, a required
   one present (when the struct is). Other members are fields the schema lacks: the decoder
-  names and types them (ingest/decode/unknown_fields.py) for schema evolution, or ignores them.
+  names and types them (decode/unknown_fields.py) for schema evolution, or ignores them.
 - `list`: a JSON array; its elements follow the element type (null only where elements are
   optional). A timestamp field inside list elements is written in one form per record (all
   epochs or all ISO strings); a timestamp that is itself a list element is an ISO string.
@@ -29,7 +29,7 @@ states the same rules with `json.loads`):
   its own (null only where values are optional). Not inside a list (refused at start).
 
 The fuzz suite's reference decoder (tests/ingest/json_oracle.py) states the same rules with
-`json.loads`; ingest/decode/json_decode.py applies them to each parsed column.
+`json.loads`; decode/json_decode.py applies them to each parsed column.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.ingest.decode.required_fields import missing as missing_field
-from streamberg.ingest.decode.types import Widening
+from streamberg.decode.required_fields import missing as missing_field
+from streamberg.decode.types import Widening
 
 # Iceberg types a JSON record can carry.
 SUPPORTED_TYPES = ("boolean", "int", "long", "float", "double", "date", "timestamp", "timestamptz", "string", "decimal")
@@ -96,7 +96,7 @@ def holds_map(t: IcebergType) -> bool:
 
 
 def outside_parse(t: IcebergType) -> bool:
-    """A column the vectorised parse leaves out and ingest/decode/json_maps.py reads: a map, or a list
+    """A column the vectorised parse leaves out and decode/json_maps.py reads: a map, or a list
     whose elements hold a map."""
     return isinstance(t, MapType) or (isinstance(t, ListType) and holds_map(t.element_type))
 
@@ -162,7 +162,7 @@ def parse_type(path: str, t: IcebergType, target: pa.DataType, numbers: frozense
     """The type pyarrow's JSON reader parses a value into before the rules convert it."""
     if isinstance(t, StructType):
         # Maps are left out, and lists holding maps: the reader has no map type
-        # (ingest/decode/json_maps.py reads them).
+        # (decode/json_maps.py reads them).
         return pa.struct([pa.field(f.name, parse_type(f"{path}.{f.name}" if path else f.name, f.field_type,
                                                       target.field(i).type, numbers))
                           for i, f in enumerate(t.fields) if not outside_parse(f.field_type)])

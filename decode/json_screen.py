@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamberg.ingest.decode.json_values import cast_locate, mask_of
+from streamberg.decode.json_values import cast_locate, mask_of
 
 _WS = "[ \t\r\n]"
 

@@ -1,8 +1,8 @@
 """A Kafka record (key and value) as a row of the table: the one decoder the writer, the range
 replay and the dead-letter replay use.
 
-The value is decoded by its format's decoder (JSON: ingest/decode/json_decode.py; Avro and Protobuf
-through a registry: ingest/decode/registry_decode.py) against the table's schema without the key
+The value is decoded by its format's decoder (JSON: decode/json_decode.py; Avro and Protobuf
+through a registry: decode/registry_decode.py) against the table's schema without the key
 column. With `kafka.key_field` set, the record's key fills that column:
 - `kafka.key_format: text` (the default): as a UTF-8 string; a key that is not valid UTF-8
   dead-letters the record with the reason;
@@ -32,14 +32,14 @@ from pyiceberg.types import StringType
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.ingest.decode.formats import format_of
-from streamberg.ingest.decode.formats import value_format as format_named
-from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
-from streamberg.ingest.decode.json_decode import JsonDecoder, epoch_units
-from streamberg.ingest.decode.registry import WriterSchemas
-from streamberg.ingest.decode.required_fields import missing as missing_field
-from streamberg.ingest.decode.types import Widening
-from streamberg.ingest.decode.unknown_fields import UnknownField
+from streamberg.decode.formats import format_of
+from streamberg.decode.formats import value_format as format_named
+from streamberg.decode.interface import DecodeResult, ValueDecoder
+from streamberg.decode.json_decode import JsonDecoder, epoch_units
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.required_fields import missing as missing_field
+from streamberg.decode.types import Widening
+from streamberg.decode.unknown_fields import UnknownField
 
 KeyFormat = Literal["text", "value"]
 
@@ -82,7 +82,7 @@ class RecordDecoder:
             *[f for f in schema.fields if f.name != key_field], schema_id=schema.schema_id)
         self.schema = schema
         self.max_record_bytes = max_record_bytes
-        # The value format's own decoder (ingest/decode/formats.py); keys decoded by the same.
+        # The value format's own decoder (decode/formats.py); keys decoded by the same.
         fmt = format_named(value_format)
         if fmt.needs_registry and registry is None:
             raise ValueError(f"value format {fmt.name} needs a schema registry")
@@ -104,7 +104,7 @@ class RecordDecoder:
     def decode(self, values: list[bytes | None], keys: Sequence[bytes | None] | None = None,
                positions: tuple[Sequence[int], Sequence[int]] | None = None) -> DecodeResult:
         """`positions`: the records' (partitions, offsets), which a change log records
-        (ingest/decode/envelopes/changes.py); rows of an append do not carry them."""
+        (decode/envelopes/changes.py); rows of an append do not carry them."""
         result = self.values.decode(values)
         if self.key_field is None:
             return result

@@ -8,16 +8,16 @@ stream pays nothing for the check.
 Every record ends up either in the returned table or in `rejected` with a reason; no input
 can crash or stop the decoder.
 
-The work is split by concern: ingest/decode/json_screen.py checks the raw bytes before the parse
+The work is split by concern: decode/json_screen.py checks the raw bytes before the parse
 (records that are not exactly one JSON object, invalid UTF-8, NUL, NaN/Infinity, huge
-exponents), ingest/decode/json_values.py holds the rules and conversions for each Iceberg type,
+exponents), decode/json_values.py holds the rules and conversions for each Iceberg type,
 and this module parses (grouping records by the shape of their timestamp fields) and
 bisects a failing block to the records that fail.
 
 Nested columns: structs and lists, to any depth, parse into nested Arrow in the same one
 parse, and every rule below holds at every depth (json_values.convert_value); a refused part
 refuses its record, named by its dotted path (`items.qty`). Maps, which pyarrow's reader
-cannot parse, are read from the records' bytes in ingest/decode/json_maps.py (lists holding maps too).
+cannot parse, are read from the records' bytes in decode/json_maps.py (lists holding maps too).
 
 Keys: a schema field that appears twice in an object (at the top level or inside a struct)
 is refused (json.loads would silently keep the last one); duplicate keys outside the
@@ -27,7 +27,7 @@ written; RFC 8259 section 6 lets a parser limit the range of numbers.
 
 Fields the schema lacks, at any depth: with `unknown="ignore"` they are dropped; with
 `unknown="report"` (what the ingest uses) each is named, typed by inference and tied to the
-records that carry it (DecodeResult.unknown, ingest/decode/unknown_fields.py), and the caller
+records that carry it (DecodeResult.unknown, decode/unknown_fields.py), and the caller
 decides: hold those records for a schema change (`ingest.schema_evolution: add`) or count
 them (`off`).
 """
@@ -46,10 +46,10 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType, StructType
 
-from streamberg.ingest.decode import json_screen
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.json_maps import map_columns
-from streamberg.ingest.decode.json_values import (
+from streamberg.decode import json_screen
+from streamberg.decode.interface import DecodeResult
+from streamberg.decode.json_maps import map_columns
+from streamberg.decode.json_values import (
     DEFAULT_EPOCH_UNIT,
     EPOCH_UNITS,
     check_supported,
@@ -60,8 +60,8 @@ from streamberg.ingest.decode.json_values import (
     parse_type,
     timestamp_paths,
 )
-from streamberg.ingest.decode.required_fields import missing as missing_field
-from streamberg.ingest.decode.unknown_fields import carries_unknown, collect, find_unknown, merge_found
+from streamberg.decode.required_fields import missing as missing_field
+from streamberg.decode.unknown_fields import carries_unknown, collect, find_unknown, merge_found
 
 # The decoder's API: callers check a schema and read epoch units through this module.
 __all__ = ["DecodeResult", "JsonDecoder", "check_supported", "epoch_units"]
@@ -148,7 +148,7 @@ class JsonDecoder:
         # into one column: records are grouped by which timestamp fields carry a number
         # (a regex over the bytes) and each group is parsed with its own schema.
         self._options: dict[tuple[frozenset[str], bool], pj.ParseOptions] = {}
-        # Maps, read outside the parse from the records' own bytes (ingest/decode/json_maps.py).
+        # Maps, read outside the parse from the records' own bytes (decode/json_maps.py).
         self.maps = map_columns(schema, self.file_schema, max_record_bytes, units, JsonDecoder, unknown)
         # Maps are not in the parse schema, yet they are no unknown fields.
         self._map_paths = frozenset(tuple(m.path.split(".")) for m in self.maps)
@@ -370,7 +370,7 @@ class JsonDecoder:
     # -- public ---------------------------------------------------------------------
     def screen(self, raw: pa.BinaryArray) -> np.ndarray:
         """Per-record reason (or None) from the checks over the bytes, before any parse
-        (ingest/decode/json_screen.py)."""
+        (decode/json_screen.py)."""
         # Reporting infers a type for every field the schema lacks, recursively (pyarrow's
         # inference crashes past ~10,000 levels; ours recurses in Python): deeper records are
         # refused first. Nothing that deep can become a column (16 levels at most).

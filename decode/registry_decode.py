@@ -3,7 +3,7 @@ once, a batch read record by record, and the rows built in the table's Arrow sch
 
 Confluent's wire format starts every value with magic byte 0 and the writer schema's 4-byte
 id (Protobuf adds the message indexes); confluent-kafka's own `SchemaId` reads that header.
-A format (ingest/decode/avro_decode.py, ingest/decode/protobuf_decode.py) says only what differs, as a
+A format (decode/avro_decode.py, decode/protobuf_decode.py) says only what differs, as a
 template method:
 - `_writer`: the writer schema of a header, as an Iceberg schema and the format's reader;
 - `_read`: one record's body as a row (a dict in the table's shape).
@@ -16,7 +16,7 @@ are matched with the table's by name, and
   integer -> double, a decimal of less precision) is read as it is;
 - a wider writer type Iceberg can widen the column to (long over int, double over float, a
   decimal of more precision) holds the records with a Widening reason naming every such
-  column (ingest/decode/json_values.py), which the committer widens in one commit;
+  column (decode/json_values.py), which the committer widens in one commit;
 - any other difference dead-letters the schema's records with both types named.
 
 Records whose bytes are not the format (another magic byte, a header cut short, a body the
@@ -40,12 +40,12 @@ from pyiceberg.types import IcebergType, ListType, MapType, NestedField, Primiti
 
 from streamberg.common.errors import RegistryUnavailable, SchemaNotFound
 from streamberg.common.schema_pairs import PairVisitor, walk_pair
-from streamberg.ingest.decode.interface import DecodeResult
-from streamberg.ingest.decode.registry import WriterSchemas
-from streamberg.ingest.decode.required_fields import missing as missing_field
-from streamberg.ingest.decode.required_fields import missing_required
-from streamberg.ingest.decode.types import Widening, readable_as, widens
-from streamberg.ingest.decode.unknown_fields import Path, UnknownField, display
+from streamberg.decode.interface import DecodeResult
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.required_fields import missing as missing_field
+from streamberg.decode.required_fields import missing_required
+from streamberg.decode.types import Widening, readable_as, widens
+from streamberg.decode.unknown_fields import Path, UnknownField, display
 
 FitKey = tuple[int, tuple[int, ...]]  # (schema id, Protobuf's message indexes or ())
 MAX_FITS = 256  # writer schemas (with their message indexes) judged and kept per decoder

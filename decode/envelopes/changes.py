@@ -6,7 +6,7 @@ source's time. One assembly (EnvelopeDecoder) over one class per kind:
 
 - `debezium` (DebeziumDecoder): `{"before", "after", "op", "source"}` in JSON (bare or in the
   JsonConverter's wrapper) or Confluent-framed Avro; read by the rules of
-  ingest/decode/envelopes/debezium.py, written once over an Arrow table of envelopes that each
+  decode/envelopes/debezium.py, written once over an Arrow table of envelopes that each
   format fills. The tombstone Kafka sends after a delete (a null value) is skipped and
   counted: it carries nothing the delete did not.
 - `upsert` (UpsertDecoder): the value is the whole row (`u`), read by its format's decoder; a
@@ -43,12 +43,12 @@ from streamberg.common.changelog import (
     SOURCE_TS,
 )
 from streamberg.common.config import CHANGELOG_COLUMNS
-from streamberg.ingest.decode.envelopes.debezium import Changes, debezium_rules
-from streamberg.ingest.decode.formats import ValueFormat
-from streamberg.ingest.decode.interface import DecodeResult, ValueDecoder
-from streamberg.ingest.decode.json_decode import JsonDecoder
-from streamberg.ingest.decode.registry import WriterSchemas
-from streamberg.ingest.decode.unknown_fields import UnknownField
+from streamberg.decode.envelopes.debezium import Changes, debezium_rules
+from streamberg.decode.formats import ValueFormat
+from streamberg.decode.interface import DecodeResult, ValueDecoder
+from streamberg.decode.json_decode import JsonDecoder
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.unknown_fields import UnknownField
 
 
 class _Refused(Exception):
@@ -142,7 +142,7 @@ class EnvelopeDecoder:
 
 
 class DebeziumDecoder(EnvelopeDecoder):
-    """`debezium`: the rules of ingest/decode/envelopes/debezium.py over the value format's
+    """`debezium`: the rules of decode/envelopes/debezium.py over the value format's
     envelope decoder."""
 
     kind = "debezium"

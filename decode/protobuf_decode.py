@@ -4,11 +4,11 @@ The wire format: magic byte 0, the writer schema's 4-byte id, the message indexe
 message of the schema's file the record is; zig-zag varints, `0` for the first), the
 Protobuf binary body. The header is read by confluent-kafka's own `SchemaId`, the writer
 schema (a file, with its imports by reference) fetched from the registry in the serialized
-form its own deserializer asks for (ingest/decode/registry.py: cached, retried, then a clear
+form its own deserializer asks for (decode/registry.py: cached, retried, then a clear
 RegistryUnavailable), built into a descriptor pool and the body parsed by protobuf's dynamic
-messages (ingest/decode/protobuf_schema.py): no wire decoder is written here. How a writer schema
+messages (decode/protobuf_schema.py): no wire decoder is written here. How a writer schema
 is matched with the table, and what happens to records that do not fit, is the same for
-every registry format (ingest/decode/registry_decode.py).
+every registry format (decode/registry_decode.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from pyiceberg.types import IcebergType
 
-from streamberg.ingest.decode.protobuf_schema import iceberg_schema, message_descriptor, reader
-from streamberg.ingest.decode.registry_decode import FitKey, RegistryDecoder
+from streamberg.decode.protobuf_schema import iceberg_schema, message_descriptor, reader
+from streamberg.decode.registry_decode import FitKey, RegistryDecoder
 
 
 class ProtobufDecoder(RegistryDecoder):
