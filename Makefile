@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 SB := $(VENV)/bin/streamberg
 CONFIG ?= examples/demo.yaml
 
-.PHONY: setup demo demo-fleet test test-fast lint bench bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-layout bench-dashboard clean help
+.PHONY: setup demo demo-fleet test test-fast lint bench bench-ingest bench-fresh bench-compact bench-incremental bench-cdc bench-soak bench-fleet bench-govern bench-peers bench-govern-events bench-govern-fleet bench-layout bench-dashboard clean help
 
 help:
 	@echo "make setup          create $(VENV) with pinned deps, JDBC driver, checks (idempotent)"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits), then under load through a kill -9 (5,000/s, 60 s commits, ~22 min)"
 	@echo "make bench-dashboard  1,000 tables: a metrics scrape from the model, the fleet page's load and refresh in Chromium, memory (~5 min)"
 	@echo "make bench-peers    streamberg beside Quix Streams, dlt+dlt-iceberg and a bare loop: same events, one run (peers in .bench-peers/)"
+	@echo "make bench-govern-fleet   the real govern keeping 1,000 mostly idle tables for 10 min: CPU, memory, descriptors (~13 min)"
 	@echo "make bench-govern-events  the governor's catalog calls for 1,000 mostly idle tables: polling vs commit reports (~3 min)"
 	@echo "make bench-layout   the layout follows a shifting query mix: files per query vs full optimizes, adaptation, dropped columns (~10 min)"
 	@echo "make bench-fleet    100 tables from one ingest job vs the same records into one table (memory, time, freshness)"
@@ -62,6 +63,9 @@ bench-peers: setup
 
 bench-govern-events: setup
 	$(PY) bench/govern_events.py
+
+bench-govern-fleet: setup
+	$(PY) bench/govern_fleet.py
 
 bench-layout: setup
 	$(PY) bench/layout.py

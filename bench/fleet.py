@@ -50,7 +50,7 @@ from confluent_kafka import Producer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streamberg.bench.soak import process_tree, tree_rss  # noqa: E402
+from streamberg.bench.harness import process_tree, tree_rss  # noqa: E402
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402

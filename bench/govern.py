@@ -53,32 +53,15 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
+from streamberg.bench.harness import process_tree, tree_cpu_seconds, tree_rss
 from streamberg.bench.incremental.scenario import files_per_query
-from streamberg.bench.soak import process_tree, tree_rss
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CLOCK = os.sysconf("SC_CLK_TCK")
 SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "ts", "type": "timestamptz", "required": True},
           {"name": "user_id", "type": "string"}, {"name": "city", "type": "string"}, {"name": "amount", "type": "double"}]
 HOT_EVERY, HOT_ROWS, QUIET_EVERY, QUIET_ROWS = 5.0, 4000, 90.0, 400
 USERS, CITIES = 5000, 200
-
-
-def tree_cpu_seconds(pid: int, tree: dict[int, list[int]]) -> float:
-    """User + system CPU of a process tree: the live processes', and the root's reaped children's."""
-    def own(p: int, reaped: bool) -> float:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
-        return ticks / CLOCK
-
-    def walk(p: int) -> float:
-        return own(p, p == pid) + sum(walk(c) for c in tree.get(p, []))
-
-    return walk(pid)
 
 
 class Sampler:

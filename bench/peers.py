@@ -43,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.soak import process_tree  # noqa: E402
+from streamberg.bench.harness import process_tree, rss_bytes, tree_pids  # noqa: E402
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port, port_open  # noqa: E402
 
@@ -58,7 +58,6 @@ VENVS = {
             "confluent-kafka"],
 }
 ALL_SYSTEMS = ("bare", "streamberg-p2", "streamberg-p1", "streamberg-proc-p2", "quix", "dlt-dicts", "dlt-arrow")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def venv_python(name: str) -> Path:
@@ -87,20 +86,6 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def _rss(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _tree(pid: int, tree: dict[int, list[int]]) -> list[int]:
-    out = [pid]
-    for child in tree.get(pid, []):
-        out += _tree(child, tree)
-    return out
-
-
 class PeakTreeMemory:
     """The peak RSS and PSS of a process tree (sums over its processes, sampled)."""
 
@@ -112,8 +97,8 @@ class PeakTreeMemory:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            pids = _tree(self.pid, process_tree())
-            self.rss = max(self.rss, sum(_rss(p) for p in pids))
+            pids = tree_pids(self.pid, process_tree())
+            self.rss = max(self.rss, sum(rss_bytes(p) for p in pids))
             self.pss = max(self.pss, sum(_pss(p) for p in pids))
             time.sleep(self.every)
 

@@ -35,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streamberg.bench.harness import process_tree, tree_rss  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
@@ -42,31 +43,6 @@ from streamberg.common.offsets import summary_properties  # noqa: E402
 from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
 
 COMPONENTS = ("ingest", "compact", "maintain")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def process_tree() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
-
-
-def _rss(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-    except OSError:
-        return 0
-
-
-def tree_rss(pid: int, tree: dict[int, list[int]]) -> int:
-    return _rss(pid) + sum(tree_rss(child, tree) for child in tree.get(pid, []))
 
 
 def component_rss(supervisor: int) -> dict[str, int]:

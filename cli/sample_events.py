@@ -116,7 +116,7 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
     from pyiceberg.types import StructType
 
     from streamberg.common.schema import iceberg_type
-    from streamberg.ingest.decode.registry import registry_client
+    from streamberg.decode.registry import registry_client
 
     if config.kafka.schema_registry is None:
         raise ValueError(f"--format {value_format} needs kafka.schema_registry in the config")
@@ -132,7 +132,7 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
         from google.protobuf.descriptor_pool import DescriptorPool
         from google.protobuf.message_factory import GetMessageClass
 
-        from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
+        from streamberg.decode.protobuf_schema import file_descriptor_proto
 
         pool = DescriptorPool()
         from confluent_kafka.schema_registry.common.protobuf import _init_pool
@@ -146,7 +146,7 @@ def _registry_writer(config: StreambergConfig, fields: tuple[FieldSpec, ...],
             json_format.ParseDict(_shaped(event, specs, _protobuf_leaf), message_class()), context)
     from confluent_kafka.schema_registry.avro import AvroSerializer
 
-    from streamberg.ingest.decode.avro_schema import avro_schema
+    from streamberg.decode.avro_schema import avro_schema
 
     serializer = AvroSerializer(client, json.dumps(avro_schema(schema, "Event")))
     return lambda event: serializer(_shaped(event, specs, _avro_leaf), context)

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.decode.json_decode import JsonDecoder
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ts", TimestamptzType(), required=True),
                 NestedField(3, "user_id", StringType(), required=True), NestedField(4, "city", StringType()),

@@ -4,8 +4,8 @@
 
 5,000 Debezium update events (bare JSON, about 280 bytes each; `source` as the connector
 writes it: none is a source without a `connector`, ordered by ts_ms) decoded by the change-log
-decoder (ingest/decode/envelopes/changes.py, kafka.envelope debezium) and by the JSON decoder an append table
-of the same events uses (ingest/decode/json_decode.py); the median time of each over 15 batches, per
+decoder (decode/envelopes/changes.py, kafka.envelope debezium) and by the JSON decoder an append table
+of the same events uses (decode/json_decode.py); the median time of each over 15 batches, per
 record, and the ratio. Run it on an idle machine for figures to quote.
 """
 
@@ -19,8 +19,8 @@ import time
 from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.schema import schema_from_config
-from streamberg.ingest.decode.envelopes import record_decoder
-from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.decode.envelopes import record_decoder
+from streamberg.decode.json_decode import JsonDecoder
 
 USERS = [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string", "required": True},
          {"name": "score", "type": "long"}, {"name": "city", "type": "string"}, {"name": "updated", "type": "long"}]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, ListType, LongType, NestedField, StringType, StructType, TimestamptzType
 
-from streamberg.ingest.decode.json_decode import JsonDecoder
+from streamberg.decode.json_decode import JsonDecoder
 
 FLAT = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ts", TimestamptzType(), required=True),
               NestedField(3, "user_id", StringType(), required=True), NestedField(4, "city", StringType()),

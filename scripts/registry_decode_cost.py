@@ -38,12 +38,12 @@ def main() -> None:
     from google.protobuf.message_factory import GetMessageClass
 
     from streamberg.common.config.sections import SchemaRegistryConfig
-    from streamberg.ingest.decode.avro_decode import AvroDecoder
-    from streamberg.ingest.decode.avro_schema import avro_schema
-    from streamberg.ingest.decode.json_decode import JsonDecoder
-    from streamberg.ingest.decode.protobuf_decode import ProtobufDecoder
-    from streamberg.ingest.decode.protobuf_schema import file_descriptor_proto
-    from streamberg.ingest.decode.registry import WriterSchemas
+    from streamberg.decode.avro_decode import AvroDecoder
+    from streamberg.decode.avro_schema import avro_schema
+    from streamberg.decode.json_decode import JsonDecoder
+    from streamberg.decode.protobuf_decode import ProtobufDecoder
+    from streamberg.decode.protobuf_schema import file_descriptor_proto
+    from streamberg.decode.registry import WriterSchemas
     from tests.fixtures.registry import start_registry
 
     registry, server = start_registry()
