@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from streamberg.common.errors import BrokerUnreachable
 
@@ -143,6 +143,33 @@ def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, i
     return ends
 
 
+def read_timestamps(consumer: Consumer, topic: str, offsets: Mapping[int, int], deadline: float) -> dict[int, int]:
+    """The timestamp (ms since the epoch, as the record carries it) of the record at each
+    partition's offset, all partitions fetched together; a partition not answered by the
+    deadline, or whose record has no timestamp, is left out."""
+    waiting = set(offsets)
+    if not waiting:
+        return {}
+    consumer.assign([TopicPartition(topic, p, offsets[p]) for p in sorted(waiting)])
+    found: dict[int, int] = {}
+    try:
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(left, 0.5))
+            if message is None or message.topic() != topic:
+                continue
+            partition = message.partition()
+            if partition not in waiting:
+                continue
+            waiting.discard(partition)
+            if message.error() is None:
+                kind, at_ms = message.timestamp()
+                if kind != TIMESTAMP_NOT_AVAILABLE and at_ms is not None and at_ms >= 0:
+                    found[partition] = at_ms
+    finally:
+        consumer.unassign()
+    return found
+
+
 class WatermarkReader:
     """Watermarks of many topics through one consumer of its own, made at the first read and
     closed with the reader: a writer opening a hundred tables asks the broker a hundred
@@ -183,6 +210,10 @@ class WatermarkReader:
                                         if p in marks and offset > marks[p][1]}
         ends = read_true_ends(self.consumer, topic, past, deadline) if past else {}
         return Watermarks(exists=True, partitions=marks, ends=ends)
+
+    def timestamps(self, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        """The timestamp of the record at each partition's offset (read_timestamps)."""
+        return read_timestamps(self.consumer, topic, offsets, time.monotonic() + self.timeout_seconds)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -36,7 +36,7 @@ from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
-from streamberg.monitoring.lag import compute_lag, read_watermarks
+from streamberg.monitoring.lag import read_lag
 from streamberg.monitoring.model import (
     DeadLetterFacts,
     IngestFacts,
@@ -76,7 +76,8 @@ class _Collector:
         recorded = {"offset_skips": skips, "lost_offsets": position.lost_total if position is not None else 0,
                     **(self.part("schema evolution", _schema_facts, table, position) or {} if table is not None else {})}
         try:
-            marks = read_watermarks(config, config.monitoring.broker_timeout_seconds)
+            marks, lag = read_lag(config, position.offsets if position is not None else None,
+                                  config.monitoring.broker_timeout_seconds, self.now_ms)
         except Exception as exc:  # noqa: BLE001 - e.g. a client setting librdkafka refuses: unreachable too
             error = str(exc) if isinstance(exc, BrokerUnreachable) else \
                 f"broker {config.kafka.bootstrap_servers}: {first_line(exc)}"
@@ -84,8 +85,6 @@ class _Collector:
             return IngestFacts(last_commit=last, broker=Reachability(False, error), topic=config.kafka.topic,
                                topic_exists=None, lag=None, **recorded)
         # Lag needs the recorded offsets, i.e. a readable table.
-        lag = compute_lag(position.offsets, marks, config.kafka.start_offset) \
-            if position is not None and marks.exists else None
         return IngestFacts(last_commit=last, broker=Reachability(True), topic=config.kafka.topic,
                            topic_exists=marks.exists, lag=lag, **recorded)
 

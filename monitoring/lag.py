@@ -8,23 +8,41 @@ true end read from the last batch (common/watermarks.py: on tansu that makes lag
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from streamberg.common.config import StreambergConfig
 from streamberg.common.offsets import PartitionOffsets
-from streamberg.common.watermarks import Watermarks, read_topic_watermarks
+from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.monitoring.model import Lag, PartitionLag
 
 
-def read_watermarks(config: StreambergConfig, timeout_seconds: float) -> Watermarks:
-    """Ask the broker for every partition's watermarks and (`monitoring.read_last_batch`) true
-    end, all within `timeout_seconds`."""
+def read_lag(config: StreambergConfig, recorded: PartitionOffsets | None, timeout_seconds: float,
+             now_ms: int) -> tuple[Watermarks, Lag | None]:
+    """The broker's watermarks and, where the table records its offsets, its lag in records
+    and in seconds (the oldest record it does not hold yet, read from Kafka: one record a
+    lagging partition, all fetched together). Raises BrokerUnreachable."""
+    with WatermarkReader(_settings(config), timeout_seconds) as reader:
+        marks = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
+        if recorded is None or not marks.exists:
+            return marks, None
+        lag = compute_lag(recorded, marks, config.kafka.start_offset)
+        waiting = {int(p): (v.committed if v.committed is not None else marks.partitions[int(p)][0])
+                   for p, v in lag.partitions.items() if v.lag > 0}
+        if not waiting:
+            return marks, replace(lag, seconds=0.0)
+        stamps = reader.timestamps(config.kafka.topic, waiting)
+    oldest = min(stamps.values(), default=None)
+    return marks, replace(lag, seconds=round(max(0.0, (now_ms - oldest) / 1000), 3) if oldest is not None else None)
+
+
+def _settings(config: StreambergConfig) -> dict:
     kafka = config.kafka
-    settings = {
+    return {
         **kafka.consumer,  # security settings must apply to this client too
         "bootstrap.servers": kafka.bootstrap_servers,
         # Required by librdkafka for any consumer; this one never joins or commits.
         "group.id": f"{config.ingest_target.consumer_group}-status",
     }
-    return read_topic_watermarks(settings, kafka.topic, timeout_seconds, read_ends=config.monitoring.read_last_batch)
 
 
 def compute_lag(recorded: PartitionOffsets, watermarks: Watermarks, start_offset: str) -> Lag:

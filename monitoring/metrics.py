@@ -221,6 +221,9 @@ def _lag_metrics(status: Status) -> Iterator[Metric]:
                 if value is not None:
                     family.add_metric([t, status.ingest.topic, p], float(value))
             yield family
+        if lag.seconds is not None:
+            yield from _gauge("streamberg_ingest_lag_seconds", "how long the oldest record not yet in the table has "
+                              "waited (its Kafka timestamp to the check; 0 with no lag)", t, lag.seconds)
 
 
 def _table_file_metrics(status: Status) -> Iterator[Metric]:

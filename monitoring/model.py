@@ -58,6 +58,9 @@ class Lag:
     # Partitions whose recorded offset is below the broker's low watermark: retention deleted
     # records the ingest has not read (it stops or skips them: ingest.on_lost_offsets).
     behind_low_partitions: list[str] = field(default_factory=list)
+    # How long the oldest record not yet in the table has waited: its Kafka timestamp to the
+    # check (0 with no lag; None: lagging, but no record's timestamp could be read).
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

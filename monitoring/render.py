@@ -31,7 +31,8 @@ def _ingest_lines(status: Status) -> list[str]:
     elif ingest.lag is None:
         lines.append(_line("lag", "unknown"))
     else:
-        lines.append(_line("lag", f"{ingest.lag.total:,} records behind (topic {ingest.topic})"))
+        waited = f", the oldest waiting {ingest.lag.seconds:,.1f} s" if ingest.lag.seconds else ""
+        lines.append(_line("lag", f"{ingest.lag.total:,} records behind (topic {ingest.topic}){waited}"))
         lines.append(f"{'':<{_WIDTH}}{'partition':>9} {'committed':>14} {'end':>14} {'lag':>12} {'watermark':>14}")
         for p, part in ingest.lag.partitions.items():
             committed = f"{part.committed:,}" if part.committed is not None else "-"

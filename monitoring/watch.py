@@ -88,6 +88,7 @@ class Watch:
             first = next(iter((s.clustering.columns if s.clustering is not None else {}).items()), None)
             point = {"at": round(at, 1),
                      "lag": s.ingest.lag.total if s.ingest.lag is not None else None,
+                     "lag_seconds": s.ingest.lag.seconds if s.ingest.lag is not None else None,
                      "data_files": s.files.data_files if s.files is not None else None,
                      "small_files": s.files.small_files if s.files is not None else None,
                      "snapshots": s.snapshots.count if s.snapshots is not None else None,

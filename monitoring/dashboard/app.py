@@ -109,7 +109,7 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
     def fleet() -> str:
         def make() -> str:
             found, at = _facts()
-            return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at),
+            return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at, watch.history),
                                    refresh_ms=refresh_ms, first_rows=FIRST_ROWS)
 
         return str(_once("page", make))
@@ -118,7 +118,7 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
     def fleet_json() -> Response:
         def make() -> bytes:
             found, at = _facts()
-            return json.dumps(fleet_page(found, governor_document(state_dir), at)).encode()
+            return json.dumps(fleet_page(found, governor_document(state_dir), at, watch.history)).encode()
 
         return Response(_once("json", make), 200, {"Content-Type": "application/json"})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,10 @@ def _next_action(table: str, governor: dict[str, Any] | None) -> dict[str, Any] 
     return {"action": due[0].get("action"), "why": due[0].get("why")} if due else None
 
 
-def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] | None) -> dict[str, Any]:
-    """One table's line of the fleet page (every number as `status --json` has it)."""
+def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] | None,
+              history: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """One table's line of the fleet page (every number as `status --json` has it; the lag's
+    p95 over the model's history of the table: the last hour at the default refresh)."""
     health = status.health
     verdict = "paused" if status.table in paused else health.verdict if health is not None else "unknown"
     findings = list(health.findings) if health is not None else []
@@ -77,6 +80,8 @@ def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] |
         "reasons": [{"reason": f["reason"], "check": f["check"], "runbook": RUNBOOKS.get(f["check"])}
                     for f in findings],
         "lag_records": status.ingest.lag.total if status.ingest.lag is not None else None,
+        "lag_seconds": status.ingest.lag.seconds if status.ingest.lag is not None else None,
+        "lag_seconds_p95": _p95([p["lag_seconds"] for p in history if p.get("lag_seconds") is not None]),
         "last_commit_age_seconds": commit.age_seconds if commit is not None else None,
         "commit_seconds_p95": status.snapshots.commit_seconds_p95 if status.snapshots is not None else None,
         "data_files": status.files.data_files if status.files is not None else None,
@@ -90,11 +95,20 @@ def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] |
     }
 
 
-def fleet_page(fleet: FleetStatus | None, governor: dict[str, Any] | None, refreshed_at: float | None) -> dict[str, Any]:
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def fleet_page(fleet: FleetStatus | None, governor: dict[str, Any] | None, refreshed_at: float | None,
+               history: Mapping[str, Iterable[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The fleet page: a row a table, worst first, and the summary bar."""
     if fleet is None:
         return {"rows": [], "summary": {"tables": 0, "by_verdict": {}}, "refreshed_at": None, "collecting": True}
-    rows = sorted((fleet_row(status, fleet.paused, governor) for _, status in fleet.tables),
+    rows = sorted((fleet_row(status, fleet.paused, governor, (history or {}).get(status.table, ()))
+                   for _, status in fleet.tables),
                   key=lambda r: (VERDICT_RANK.get(r["verdict"], len(VERDICT_RANK)), r["table"]))
     by_verdict: dict[str, int] = {}
     for row in rows:
@@ -115,7 +129,7 @@ def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | No
                settings: list[dict[str, Any]] | None) -> dict[str, Any]:
     """A table's page: its row, its settings and where each came from, its charts' series, its
     governor actions, scan statistics and dead letters."""
-    row = fleet_row(status, fleet.paused, governor)
+    row = fleet_row(status, fleet.paused, governor, history)
     log = [e for e in ((governor or {}).get("log") or []) if isinstance(e, dict) and e.get("table") == status.table]
     queued = [a for a in ((governor or {}).get("actions") or []) if isinstance(a, dict) and a.get("table") == status.table]
     queries = status.queries or {}
@@ -128,7 +142,7 @@ def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | No
             "charts": charts(history)}
 
 
-CHARTS = (("lag", "ingest lag (records)"), ("data_files", "data files"), ("small_files", "small files"),
+CHARTS = (("lag", "ingest lag (records)"), ("lag_seconds", "ingest lag (seconds the oldest record waited)"), ("data_files", "data files"), ("small_files", "small files"),
           ("snapshots", "snapshots"), ("metadata_bytes", "metadata bytes"),
           ("commits_per_minute", "records committed a minute"), ("files_per_point", "files read per point query (first clustering column)"))
 

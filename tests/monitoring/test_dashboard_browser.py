@@ -174,6 +174,8 @@ def test_the_fleet_as_a_person_sees_it(kept) -> None:
         assert plain["small"] == str(status["files"]["small_files"])
         assert plain["pending bytes"] == str(status["compactor"]["pending_bytes"])
         assert shown["health"] == status["health"]["verdict"]
+        # The lag in seconds: the oldest of the 25 waiting records, older at each check.
+        assert 0 < float(shown["lag (s)"].removesuffix(" s")) <= status["ingest"]["lag"]["seconds"] + 0.1
         driver.save_screenshot(str(ARTIFACTS / "dashboard-fleet.png"))
 
         # Sorting: by lag, ascending then descending (unknown lags last).

@@ -59,6 +59,7 @@ def test_once_values_equal_the_status_facts(scenario: Scenario) -> None:
     # Ages grow between the two reads, never shrink.
     assert value("streamberg_ingest_last_commit_age_seconds") <= facts.ingest.last_commit.age_seconds
     assert value("streamberg_compactor_oldest_pending_age_seconds") <= facts.compactor.oldest_pending_age_seconds
+    assert 0 < value("streamberg_ingest_lag_seconds") <= facts.ingest.lag.seconds
 
 
 def test_unknown_facts_are_absent_not_zero(scenario: Scenario) -> None:

@@ -67,9 +67,28 @@ def test_topic_not_created_yet_is_a_warning(tmp_path: Path, broker: str) -> None
     assert config.kafka.topic in status.health.reasons[0]
 
 
+def _record_times(config, offsets: dict[int, int]) -> dict[int, int]:
+    """The Kafka timestamp of the record at each partition's offset, read by a consumer of the test's."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "test-record-times",
+                         "enable.auto.commit": False})
+    found: dict[int, int] = {}
+    try:
+        for partition, offset in offsets.items():
+            consumer.assign([TopicPartition(config.kafka.topic, partition, offset)])
+            message = consumer.poll(30)
+            assert message is not None and message.error() is None and message.offset() == offset
+            found[partition] = message.timestamp()[1]
+    finally:
+        consumer.close()
+    return found
+
+
 def test_after_ingest_commits(scenario: Scenario) -> None:
     config = scenario.config
-    status = with_health(collect_status(config), config)
+    now_ms = int(time.time() * 1000)
+    status = with_health(collect_status(config, now_ms=now_ms), config)
     table = load_catalog(config.catalog).load_table(config.table.identifier)
     dlq = load_catalog(config.catalog).load_table(config.ingest_target.dead_letter_table)
 
@@ -87,6 +106,10 @@ def test_after_ingest_commits(scenario: Scenario) -> None:
     assert {p: (v.committed, v.end, v.lag) for p, v in lag.partitions.items()} == {
         str(p): (scenario.committed[p], scenario.produced[p], scenario.lag[p]) for p in scenario.produced}
     assert lag.total == sum(scenario.lag.values()) and lag.ahead_partitions == []
+    # ... and in seconds: how long the oldest record not in the table has waited (its Kafka
+    # timestamp, read here by a consumer of the test's, to the check)
+    waiting = _record_times(config, {p: scenario.committed[p] for p in scenario.produced if scenario.lag[p]})
+    assert waiting and lag.seconds == round((now_ms - min(waiting.values())) / 1000, 3) > 0
 
     # files, compactor backlog, dead letters: against independent reads of the table
     files, _ = live_data_files(table)

@@ -11,6 +11,7 @@
   const total = Number(table.dataset.total) || 0;
 
   function num(v) { return v === null || v === undefined ? "—" : v.toLocaleString("en-US"); }
+  function secs(v) { return v === null || v === undefined ? "—" : v.toFixed(1) + " s"; }
   function age(v) { return v === null || v === undefined ? "—" : Math.round(v) + " s"; }
   function cell(tr, text, cls) {
     const td = document.createElement("td");
@@ -32,6 +33,8 @@
       link.textContent = row.table;
       name.appendChild(link); tr.appendChild(name);
       cell(tr, num(row.lag_records), "n").dataset.value = row.lag_records ?? "";
+      cell(tr, secs(row.lag_seconds), "n");
+      cell(tr, secs(row.lag_seconds_p95), "n");
       cell(tr, age(row.last_commit_age_seconds), "n");
       cell(tr, row.commit_seconds_p95 === null ? "—" : row.commit_seconds_p95.toFixed(2) + " s", "n");
       cell(tr, num(row.data_files), "n").dataset.value = row.data_files ?? "";
