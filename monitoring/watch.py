@@ -85,7 +85,8 @@ class Watch:
         for _topic, s in fleet.tables:
             seen.add(s.table)
             commit = s.ingest.last_commit
-            first = next(iter((s.clustering.columns if s.clustering is not None else {}).items()), None)
+            per_column = {column: h.get("files_per_point")
+                          for column, h in (s.clustering.columns if s.clustering is not None else {}).items()}
             point = {"at": round(at, 1),
                      "lag": s.ingest.lag.total if s.ingest.lag is not None else None,
                      "lag_seconds": s.ingest.lag.seconds if s.ingest.lag is not None else None,
@@ -94,7 +95,7 @@ class Watch:
                      "snapshots": s.snapshots.count if s.snapshots is not None else None,
                      "metadata_bytes": s.snapshots.metadata_bytes if s.snapshots is not None else None,
                      "consumed_total": commit.consumed_total if commit is not None else None,
-                     "files_per_point": first[1].get("files_per_point") if first is not None else None}
+                     **{f"files_per_point:{c}": v for c, v in per_column.items() if v is not None}}
             self.history.setdefault(s.table, deque(maxlen=HISTORY_POINTS)).append(point)
         for gone in set(self.history) - seen:  # a table no longer kept
             del self.history[gone]

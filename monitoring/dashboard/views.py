@@ -63,6 +63,16 @@ def _next_action(table: str, governor: dict[str, Any] | None) -> dict[str, Any] 
     return {"action": due[0].get("action"), "why": due[0].get("why")} if due else None
 
 
+def _policy_kind(status: Status) -> str:
+    """What keeps the table's policy, for the fleet page's filter: its problems first, else
+    whether any key is set by a table property, else the config's and the defaults."""
+    if status.policy_problems:
+        return "problems"
+    if any(s.get("origin") == "table property" for s in status.settings or ()):
+        return "table properties"
+    return "config and defaults"
+
+
 def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] | None,
               history: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
     """One table's line of the fleet page (every number as `status --json` has it; the lag's
@@ -91,6 +101,7 @@ def fleet_row(status: Status, paused: dict[str, str], governor: dict[str, Any] |
         "last_maintenance_age_seconds": last_run.get("age_seconds") if isinstance(last_run, dict) else None,
         "next_action": _next_action(status.table, governor),
         "policy_problems": list(status.policy_problems),
+        "policy": _policy_kind(status),
         "dead_letters": status.dead_letters.records if status.dead_letters is not None else None,
     }
 
@@ -144,7 +155,8 @@ def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | No
 
 CHARTS = (("lag", "ingest lag (records)"), ("lag_seconds", "ingest lag (seconds the oldest record waited)"), ("data_files", "data files"), ("small_files", "small files"),
           ("snapshots", "snapshots"), ("metadata_bytes", "metadata bytes"),
-          ("commits_per_minute", "records committed a minute"), ("files_per_point", "files read per point query (first clustering column)"))
+          ("commits_per_minute", "records committed a minute"))
+FILES_PER_POINT = "files_per_point:"  # a history key per clustering column
 
 
 def charts(history: list[dict[str, Any]], width: int = 320, height: int = 60) -> list[dict[str, Any]]:
@@ -156,7 +168,9 @@ def charts(history: list[dict[str, Any]], width: int = 320, height: int = 60) ->
         span = after["at"] - before["at"]
         after["commits_per_minute"] = round((b - a) * 60 / span) if a is not None and b is not None and span > 0 else None
     out = []
-    for key, label in CHARTS:
+    columns = sorted({k for p in points for k in p if k.startswith(FILES_PER_POINT)})
+    series = [*CHARTS, *((k, f"files read per point query on {k[len(FILES_PER_POINT):]}") for k in columns)]
+    for key, label in series:
         values = [(p["at"], p.get(key)) for p in points if p.get(key) is not None]
         if not values:
             out.append({"key": key, "label": label, "points": "", "last": None, "min": None, "max": None})

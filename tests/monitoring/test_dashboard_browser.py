@@ -202,6 +202,16 @@ def test_the_fleet_as_a_person_sees_it(kept) -> None:
             tx.set_properties({"streamberg.compact.merge_factor": "-3"})
         _wait(lambda: "merge_factor" in _cells(driver, "lake.t02")["reasons"], 30,
               "the bad value never showed on the fleet page")
+        # Filtering by policy: its problems, set by table properties, or the config's and defaults.
+        policy = Select(driver.find_element(By.ID, "filter-policy"))
+        policy.select_by_visible_text("problems")
+        assert _visible_tables(driver) == ["lake.t02"]
+        policy.select_by_visible_text("table properties")
+        assert sorted(_visible_tables(driver)) == ["lake.t01", "lake.t03"]
+        policy.select_by_visible_text("config and defaults")
+        assert _visible_tables(driver) == ["db.events"]
+        policy.select_by_index(0)
+        assert len(_visible_tables(driver)) == 4
         link = driver.find_element(By.XPATH, '//tr[@data-table="lake.t02"]//td[@class="reasons"]'
                                              '/div[contains(., "merge_factor")]/a[@class="runbook"]')
         assert link.get_attribute("href").endswith("/runbooks/governor-action-failing")

@@ -25,7 +25,7 @@
     const fragment = document.createDocumentFragment();
     for (const row of list) {
       const tr = document.createElement("tr");
-      tr.dataset.table = row.table; tr.dataset.namespace = row.namespace; tr.dataset.verdict = row.verdict;
+      tr.dataset.table = row.table; tr.dataset.namespace = row.namespace; tr.dataset.verdict = row.verdict; tr.dataset.policy = row.policy;
       cell(tr, row.verdict, "v-" + row.verdict);
       const name = document.createElement("td");
       const link = document.createElement("a");
@@ -74,6 +74,7 @@
     const text = document.getElementById("filter-text").value.trim().toLowerCase();
     const ns = document.getElementById("filter-namespace").value;
     const verdict = document.getElementById("filter-verdict").value;
+    const policy = document.getElementById("filter-policy").value;
     let list = rowsNow();
     if (list !== null) {
       if (sortKey !== null) {
@@ -91,7 +92,8 @@
     let shown = 0;
     for (const tr of body.rows) {
       const visible = (!text || tr.dataset.table.toLowerCase().includes(text)) &&
-        (!ns || tr.dataset.namespace === ns) && (!verdict || tr.dataset.verdict === verdict);
+        (!ns || tr.dataset.namespace === ns) && (!verdict || tr.dataset.verdict === verdict) &&
+        (!policy || tr.dataset.policy === policy);
       tr.hidden = !visible;
       if (visible) shown += 1;
     }
@@ -152,7 +154,7 @@
       if (rows === null) { refresh(); } else { apply(); }
     });
   }
-  for (const id of ["filter-text", "filter-namespace", "filter-verdict"]) {
+  for (const id of ["filter-text", "filter-namespace", "filter-verdict", "filter-policy"]) {
     document.getElementById(id).addEventListener("input", apply);
     document.getElementById(id).addEventListener("change", apply);
   }
