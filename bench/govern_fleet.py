@@ -37,6 +37,7 @@ import pyarrow as pa
 import yaml
 
 from streamberg.bench.harness import (
+    descriptor_kinds,
     percentile,
     process_tree,
     stamp,
@@ -113,6 +114,9 @@ def main() -> int:
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--active", type=int, default=10, help="tables given an append every 10 s")
     parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--dashboard", choices=("on", "off"), default="on",
+                        help="off: govern --dashboard off (the dashboard's model collects every table's status "
+                             "in the background: its cost, apart)")
     args = parser.parse_args()
     run = stamp()
     with work_with_broker("bench-govern-fleet-") as work:
@@ -124,11 +128,12 @@ def main() -> int:
         port = free_port()
         log = (work.folder / "govern.log").open("w")
         exe = Path(sys.executable).parent / "streamberg"
-        proc = subprocess.Popen([str(exe), "govern", "--config", str(path), "--dashboard", f"127.0.0.1:{port}"],
+        proc = subprocess.Popen([str(exe), "govern", "--config", str(path), "--dashboard", f"127.0.0.1:{port}" if args.dashboard == "on" else "off"],
                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         samples: list[dict[str, Any]] = []
         started = time.monotonic()
         first_round_at: float | None = None
+        kinds_first: dict[str, int] | None = None
         commits, next_commit, next_sample = 0, started, started
         try:
             while (now := time.monotonic()) - started < args.seconds:
@@ -146,14 +151,19 @@ def main() -> int:
                                     "processes": len(tree.get(proc.pid, [])) + 1})
                     if first_round_at is None and _state(work.folder) is not None:
                         first_round_at = now - started
+                    if kinds_first is None and now - started >= args.seconds / 4:
+                        kinds_first = descriptor_kinds(proc.pid, tree)  # the Spark session is up by then
                     next_sample += SAMPLE_SECONDS
                 time.sleep(0.2)
-            scrape_started = time.monotonic()
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-                exposition = response.read()
-            scrape_seconds = time.monotonic() - scrape_started
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/fleet.json", timeout=30) as response:
-                fleet_rows = len(json.loads(response.read())["rows"])
+            kinds_last = descriptor_kinds(proc.pid)
+            exposition, scrape_seconds, fleet_rows = b"", 0.0, 0
+            if args.dashboard == "on":
+                scrape_started = time.monotonic()
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+                    exposition = response.read()
+                scrape_seconds = time.monotonic() - scrape_started
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/fleet.json", timeout=30) as response:
+                    fleet_rows = len(json.loads(response.read())["rows"])
         finally:
             proc.terminate()
             try:
@@ -182,6 +192,7 @@ def main() -> int:
             entries.append({"ok": event["event"] == "action finished", "action": event.get("action")})
     result = {
         "stamp": run, "command": " ".join(sys.argv), "tables": args.tables, "active": args.active,
+        "dashboard": args.dashboard,
         "seconds": args.seconds, "commits_each_active": commits, "first_round_s": first_round_at,
         "cores_after_first_round": cores(warm), "cores_last_half": cores(half), "cores_whole_run": cores(samples),
         "rss_peak_gib": round(max(s["rss"] for s in samples) / 2**30, 3),
@@ -191,17 +202,20 @@ def main() -> int:
         "fds_p50_last_half": percentile([float(s["fds"]) for s in half], 50),
         "actions_ok": sum(1 for e in entries if e.get("ok")), "actions_failed": sum(1 for e in entries if not e.get("ok")),
         "actions_by_kind": {k: sum(1 for e in entries if e.get("action") == k) for k in {e.get("action") for e in entries}},
+        # What grew between a quarter in (the Spark session up) and the end, by kind.
+        "descriptors_grown": {k: v - (kinds_first or {}).get(k, 0) for k, v in kinds_last.items()
+                              if v - (kinds_first or {}).get(k, 0) > 0},
         "scrape_s": round(scrape_seconds, 4), "exposition_bytes": len(exposition), "fleet_rows": fleet_rows,
     }
     summary_path = write_results("govern-fleet", run, {**result, "samples": samples}, result)
     print(f"governor over {args.tables} tables ({args.active} given an append every {COMMIT_SECONDS:g} s) for "
-          f"{args.seconds:g} s; first round done at {first_round_at} s")
+          f"{args.seconds:g} s, dashboard {args.dashboard}; first round done at {first_round_at} s")
     print(f"  CPU: {result['cores_after_first_round']} cores after the first round, {result['cores_last_half']} over "
           f"the last half, {result['cores_whole_run']} over the whole run (goal <= 0.2)")
     print(f"  memory: peak {result['rss_peak_gib']} GiB, last {result['rss_last_gib']} GiB resident for the process "
           f"tree (goal <= 1.5 GB)")
     print(f"  descriptors: {result['fds_after_first_round']} after the first round, {result['fds_last']} at the end, "
-          f"max {result['fds_max']} (goal: flat)")
+          f"max {result['fds_max']} (goal: flat); grown since a quarter in: {result['descriptors_grown']}")
     print(f"  actions: {result['actions_ok']} ok, {result['actions_failed']} failed {result['actions_by_kind']}; "
           f"a scrape of /metrics {result['scrape_s']} s ({result['exposition_bytes']:,} bytes), "
           f"{fleet_rows} rows on the fleet page")

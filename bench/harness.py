@@ -131,3 +131,24 @@ def tree_descriptors(pid: int, tree: dict[int, list[int]] | None = None) -> int:
         except OSError:
             continue
     return total
+
+
+def descriptor_kinds(pid: int, tree: dict[int, list[int]] | None = None) -> dict[str, int]:
+    """What a process tree holds open, counted by kind: `socket`, `pipe`, `anon_inode:...`, or a
+    file's folder (where a leak shows which resource it is)."""
+    kinds: dict[str, int] = {}
+    for p in tree_pids(pid, tree):
+        try:
+            names = os.listdir(f"/proc/{p}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{p}/fd/{name}")
+            except OSError:
+                continue
+            kind = target.split(":", 1)[0] if target.startswith(("socket:", "pipe:")) else \
+                target if target.startswith("anon_inode:") else str(Path(target).parent)
+            key = f"{p == pid and 'root' or 'child'} {kind}"
+            kinds[key] = kinds.get(key, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda item: -item[1]))
