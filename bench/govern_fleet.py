@@ -180,13 +180,18 @@ def main() -> int:
             return None
         return round((window[-1]["cpu_s"] - window[0]["cpu_s"]) / (window[-1]["t"] - window[0]["t"]), 3)
 
-    # The actions, from the service's own log (govern.json keeps the last 500 only).
+    # The actions, from the service's own log (govern.json keeps the last 500 only), and what
+    # the compactions did: a compaction whose groups failed still ends as an action.
     entries = []
+    rewrites = {"commits": 0, "groups": 0, "groups_failed": 0, "files_in": 0, "files_out": 0}
     for line in log_text.splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
+        if isinstance(event, dict) and event.get("component") == "compactor" and event.get("mode") == "once":
+            for key in rewrites:
+                rewrites[key] += int(event.get(key) or 0)
         if isinstance(event, dict) and event.get("event") in ("action finished", "action failed; the table backs off, "
                                                                                  "the others go on"):
             entries.append({"ok": event["event"] == "action finished", "action": event.get("action")})
@@ -201,6 +206,7 @@ def main() -> int:
         "fds_max": max(s["fds"] for s in samples),
         "fds_p50_last_half": percentile([float(s["fds"]) for s in half], 50),
         "actions_ok": sum(1 for e in entries if e.get("ok")), "actions_failed": sum(1 for e in entries if not e.get("ok")),
+        "compactions": rewrites,
         "actions_by_kind": {k: sum(1 for e in entries if e.get("action") == k) for k in {e.get("action") for e in entries}},
         # What grew between a quarter in (the Spark session up) and the end, by kind.
         "descriptors_grown": {k: v - (kinds_first or {}).get(k, 0) for k, v in kinds_last.items()
@@ -217,6 +223,7 @@ def main() -> int:
     print(f"  descriptors: {result['fds_after_first_round']} after the first round, {result['fds_last']} at the end, "
           f"max {result['fds_max']} (goal: flat); grown since a quarter in: {result['descriptors_grown']}")
     print(f"  actions: {result['actions_ok']} ok, {result['actions_failed']} failed {result['actions_by_kind']}; "
+          f"the compactions: {rewrites}; "
           f"a scrape of /metrics {result['scrape_s']} s ({result['exposition_bytes']:,} bytes), "
           f"{fleet_rows} rows on the fleet page")
     print(f"  summary: {summary_path.relative_to(Path(__file__).resolve().parents[1])}")
