@@ -76,7 +76,8 @@ def _make_tables(folder: Path, bootstrap: str, tables: int) -> list[StreambergCo
     for config in configs:
         table = ensure_table(shared_catalog(config.catalog), config.table)
         arrow = schema_to_pyarrow(table.schema(), include_field_ids=False)
-        table.append(pa.Table.from_pylist([{f.name: None for f in arrow} | {"id": 1}], schema=arrow))
+        table.append(pa.Table.from_pylist([{"id": 1, "ts": datetime.now(timezone.utc), "user_id": "u1"}],
+                                          schema=arrow))
     return configs
 
 

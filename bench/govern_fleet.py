@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,14 @@ def _config(folder: Path, bootstrap: str) -> Path:
     return path
 
 
+def _rows(arrow: pa.Schema, first: int, count: int) -> pa.Table:
+    """Sample events as the table's schema has them, every required field set (pyarrow does not
+    refuse a null in a non-nullable field, and a Parquet file with one fails Spark's rewrite)."""
+    now = datetime.now(timezone.utc)
+    return pa.Table.from_pylist([{"id": first + i, "ts": now, "user_id": f"u{i % 50}", "city": f"c{i % 7}",
+                                  "amount": float(i)} for i in range(count)], schema=arrow)
+
+
 def _make_tables(path: Path, tables: int) -> tuple[Any, list[str]]:
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
@@ -86,7 +95,7 @@ def _make_tables(path: Path, tables: int) -> tuple[Any, list[str]]:
         with table.transaction() as tx:
             tx.set_properties(POLICY)
         arrow = schema_to_pyarrow(table.schema(), include_field_ids=False)
-        table.append(pa.Table.from_pylist([{f.name: None for f in arrow} | {"id": 0}], schema=arrow))
+        table.append(_rows(arrow, 0, 1))
     return catalog, names
 
 
@@ -95,10 +104,7 @@ def _append(catalog: Any, reports: str, name: str, round_number: int, rows: int 
 
     table = catalog.load_table(name)
     arrow = schema_to_pyarrow(table.schema(), include_field_ids=False)
-    base = round_number * rows
-    batch = pa.Table.from_pylist([{f.name: None for f in arrow} | {"id": base + i, "user_id": f"u{i % 50}"}
-                                  for i in range(rows)], schema=arrow)
-    table.append(batch)
+    table.append(_rows(arrow, round_number * rows, rows))
     record_commit(reports, name, table.current_snapshot().snapshot_id, "append")
 
 
