@@ -272,10 +272,13 @@ class Governor:
                                     for c in report.planned],
                         "concurrency": self.concurrent, "budget": self.budget, "log": list(self.log_entries)}
         with self._state_lock:  # actions on several threads start and end at once
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.state_path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(document, indent=1))
-            os.replace(temporary, self.state_path)
+            try:
+                self.state_path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = self.state_path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(document, indent=1))
+                os.replace(temporary, self.state_path)
+            except OSError as exc:  # what status reads goes stale; the actions go on
+                self.log.warning("governor state not written", path=str(self.state_path), error=str(exc)[:200])
 
     def run(self, stop: threading.Event, interval_seconds: float, rounds: int | None = None) -> int:
         """Rounds until `stop` (or `rounds` of them); returns how many ran."""
