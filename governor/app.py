@@ -121,7 +121,7 @@ class Governor:
         self.actions: list[float] = []  # when each action finished (actions a minute)
         # The last actions, newest last: what ran, when, how long, its outcome (status and the dashboard).
         self.log_entries: deque[dict[str, Any]] = deque(maxlen=ACTION_LOG_ENTRIES)
-        # The actions running now (table -> action, when it started, why): in the state file as
+        # The actions running now (table -> action, when it started, why): in the heartbeat as
         # each starts and ends, so the dashboard shows them while they run, not after the round.
         self.in_flight: dict[str, dict[str, Any]] = {}
         self._report: RoundReport | None = None  # the round under way (its due and planned)
@@ -162,13 +162,13 @@ class Governor:
         with self._lock:
             self.in_flight[keeper.identifier] = {"table": keeper.identifier, "action": choice.due.action,
                                                  "started_at": round(started_at, 1), "why": choice.due.why[:200]}
-        self._write_state(self._report)
+        self.beat(force=True)  # the heartbeat says what runs (govern.json is the rounds' record)
         try:
             return self._ran(keeper, choice, log, started, started_at)
         finally:
             with self._lock:
                 self.in_flight.pop(keeper.identifier, None)
-            self._write_state(self._report)
+            self.beat(force=True)
 
     def _ran(self, keeper: Keeper, choice: Choice, log: Any, started: float, started_at: float) -> dict[str, Any]:
         try:
@@ -242,16 +242,19 @@ class Governor:
         now = time.monotonic()
         if self.heartbeat_path is None or (not force and now - self._beaten < HEARTBEAT_SECONDS):
             return
-        with self._lock:
-            self._beaten = now
-            line = self.fleet_line()
-        try:
-            self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.heartbeat_path.with_suffix(f".{threading.get_ident()}.tmp")
-            temporary.write_text(json.dumps({"at": time.time(), "pid": os.getpid(), **line}))
-            os.replace(temporary, self.heartbeat_path)
-        except OSError as exc:
-            self.log.warning("heartbeat not written", path=str(self.heartbeat_path), error=str(exc)[:200])
+        with self._state_lock:  # beats of several threads: the last line computed is the last written
+            with self._lock:
+                self._beaten = now
+                # What runs now, as each action starts and ends (the dashboard shows it): govern.json
+                # is the rounds' record, written when a round ends.
+                line = {**self.fleet_line(), "running": list(self.in_flight.values())}
+            try:
+                self.heartbeat_path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = self.heartbeat_path.with_suffix(f".{threading.get_ident()}.tmp")
+                temporary.write_text(json.dumps({"at": time.time(), "pid": os.getpid(), **line}))
+                os.replace(temporary, self.heartbeat_path)
+            except OSError as exc:
+                self.log.warning("heartbeat not written", path=str(self.heartbeat_path), error=str(exc)[:200])
 
     def fleet_line(self) -> dict[str, Any]:
         now = self.clock()
@@ -264,7 +267,7 @@ class Governor:
         if self.state_path is None or report is None:
             return
         with self._lock:  # the scheduler's state and the log change on the actions' threads
-            document = {"written_at": time.time(), "fleet": self.fleet_line(), "running": list(self.in_flight.values()),
+            document = {"written_at": time.time(), "fleet": self.fleet_line(),
                         "actions": self.scheduler.state(self.clock()), "problems": report.problems,
                         "due": [{"table": d.table, "action": d.action, "urgency": round(d.urgency, 2), "why": d.why}
                                 for d in report.due],

@@ -28,8 +28,15 @@ from typing import Any
 
 from flask import Flask, Response, abort, redirect, render_template, request
 
-from streamberg.common.policy import GOVERN_STATE_FILE
-from streamberg.monitoring.dashboard.views import FIRST_ROWS, fleet_page, governor_document, governor_page, table_page
+from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
+from streamberg.monitoring.dashboard.views import (
+    FIRST_ROWS,
+    fleet_page,
+    governor_document,
+    governor_page,
+    heartbeat_document,
+    table_page,
+)
 from streamberg.monitoring.watch import Watch
 
 COOKIE = "streamberg_dashboard"
@@ -109,7 +116,8 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
     def fleet() -> str:
         def make() -> str:
             found, at = _facts()
-            return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at, watch.history),
+            return render_template("fleet.html", page=fleet_page(found, governor_document(state_dir), at, watch.history,
+                                   heartbeat_document(state_dir)),
                                    refresh_ms=refresh_ms, first_rows=FIRST_ROWS)
 
         return str(_once("page", make))
@@ -118,7 +126,8 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
     def fleet_json() -> Response:
         def make() -> bytes:
             found, at = _facts()
-            return json.dumps(fleet_page(found, governor_document(state_dir), at, watch.history)).encode()
+            return json.dumps(fleet_page(found, governor_document(state_dir), at, watch.history,
+                                   heartbeat_document(state_dir))).encode()
 
         return Response(_once("json", make), 200, {"Content-Type": "application/json"})
 
@@ -130,13 +139,14 @@ def make_app(watch: Watch, state_dir: str, token: str | None = None,
             abort(404)
         history = list(watch.history.get(name, []))
         page = table_page(status, found, governor_document(state_dir), history,
-                          status.settings)
+                          status.settings, heartbeat_document(state_dir))
         return render_template("table.html", page=page, refreshed_at=at)
 
     @app.get("/governor")
     def governor() -> str:
         return render_template("governor.html",
-                               page=governor_page(governor_document(state_dir), heartbeat() if heartbeat else None))
+                               page=governor_page(governor_document(state_dir), heartbeat() if heartbeat else None,
+                                                  heartbeat_document(state_dir)))
 
     @app.get("/runbooks/<name>")
     def runbook(name: str) -> Response:
@@ -188,12 +198,15 @@ def make_exporter_app(watch: Watch) -> Flask:
     return app
 
 
-def _state_stamp(state_dir: str) -> float | None:
-    """When the governor last wrote its state (None: no state)."""
-    try:
-        return os.stat(Path(state_dir) / GOVERN_STATE_FILE).st_mtime
-    except OSError:
-        return None
+def _state_stamp(state_dir: str) -> tuple[float | None, ...]:
+    """When the governor last wrote its state and its heartbeat (None: not written)."""
+    stamps: list[float | None] = []
+    for name in (GOVERN_STATE_FILE, GOVERN_HEARTBEAT_FILE):
+        try:
+            stamps.append(os.stat(Path(state_dir) / name).st_mtime)
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
 
 
 def serve_dashboard(app: Flask, address: str, port: int, token: str | None) -> tuple[Any, threading.Thread]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.policy import GOVERN_STATE_FILE
+from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
 from streamberg.monitoring.fleet import FleetStatus
 from streamberg.monitoring.model import Status
 
@@ -46,11 +46,21 @@ def _namespace(identifier: str) -> str:
     return identifier.rsplit(".", 1)[0] if "." in identifier else ""
 
 
-def running_actions(governor: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The actions the governor runs now (written as each starts and ends), with their age."""
+def heartbeat_document(state_dir: str) -> dict[str, Any] | None:
+    """`streamberg govern`'s heartbeat (<state_dir>/govern.heartbeat), or None."""
+    try:
+        document = json.loads((Path(state_dir) / GOVERN_HEARTBEAT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
+
+
+def running_actions(heartbeat: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The actions the governor runs now (its heartbeat is written as each starts and ends),
+    with their age."""
     now = time.time()
     return [{**r, "seconds": round(now - float(r.get("started_at") or now), 1)}
-            for r in (governor or {}).get("running") or [] if isinstance(r, dict)]
+            for r in (heartbeat or {}).get("running") or [] if isinstance(r, dict)]
 
 
 def _next_action(table: str, governor: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -114,7 +124,8 @@ def _p95(values: list[float]) -> float | None:
 
 
 def fleet_page(fleet: FleetStatus | None, governor: dict[str, Any] | None, refreshed_at: float | None,
-               history: Mapping[str, Iterable[dict[str, Any]]] | None = None) -> dict[str, Any]:
+               history: Mapping[str, Iterable[dict[str, Any]]] | None = None,
+               heartbeat: dict[str, Any] | None = None) -> dict[str, Any]:
     """The fleet page: a row a table, worst first, and the summary bar."""
     if fleet is None:
         return {"rows": [], "summary": {"tables": 0, "by_verdict": {}}, "refreshed_at": None, "collecting": True}
@@ -131,13 +142,13 @@ def fleet_page(fleet: FleetStatus | None, governor: dict[str, Any] | None, refre
     return {"rows": rows, "refreshed_at": refreshed_at, "collecting": False,
             "summary": {"tables": len(rows), "by_verdict": by_verdict,
                         "actions_last_minute": ((governor or {}).get("fleet") or {}).get("actions_last_minute", 0),
-                        "running": len(running_actions(governor)),
+                        "running": len(running_actions(heartbeat)),
                         "failures_last_hour": len(failures),
                         "refused_tables": dict(fleet.refused_tables), "refused_topics": dict(fleet.refused)}}
 
 
 def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | None, history: list[dict[str, Any]],
-               settings: list[dict[str, Any]] | None) -> dict[str, Any]:
+               settings: list[dict[str, Any]] | None, heartbeat: dict[str, Any] | None = None) -> dict[str, Any]:
     """A table's page: its row, its settings and where each came from, its charts' series, its
     governor actions, scan statistics and dead letters."""
     row = fleet_row(status, fleet.paused, governor, history)
@@ -146,7 +157,7 @@ def table_page(status: Status, fleet: FleetStatus, governor: dict[str, Any] | No
     queries = status.queries or {}
     dead = status.dead_letters
     return {"row": row, "settings": settings or [], "history": history, "log": list(reversed(log[-50:])),
-            "running": [r for r in running_actions(governor) if r.get("table") == status.table],
+            "running": [r for r in running_actions(heartbeat) if r.get("table") == status.table],
             "dead_letter_table": dead.table if dead is not None and dead.exists else None,
             "recent_dead_letters": list(dead.recent) if dead is not None else [],
             "actions": queued, "queries": queries, "status": status.to_dict(),
@@ -184,11 +195,13 @@ def charts(history: list[dict[str, Any]], width: int = 320, height: int = 60) ->
     return out
 
 
-def governor_page(governor: dict[str, Any] | None, heartbeat: tuple[bool, str] | None) -> dict[str, Any]:
+def governor_page(governor: dict[str, Any] | None, heartbeat: tuple[bool, str] | None,
+                  beat: dict[str, Any] | None = None) -> dict[str, Any]:
     """The governor: its queue (due, by urgency), what runs, concurrency, failures and
     backoff, its heartbeat."""
     if governor is None:
         return {"running": False, "heartbeat": heartbeat, "due": [], "planned": [], "actions": [], "log": [],
+                "running_now": running_actions(beat),
                 "fleet": None}
     actions = [a for a in governor.get("actions") or [] if isinstance(a, dict)]
     return {"running": True, "heartbeat": heartbeat, "fleet": governor.get("fleet"),
@@ -196,6 +209,6 @@ def governor_page(governor: dict[str, Any] | None, heartbeat: tuple[bool, str] |
             "due": sorted((d for d in governor.get("due") or [] if isinstance(d, dict)),
                           key=lambda d: -float(d.get("urgency") or 0)),
             "planned": governor.get("planned") or [], "concurrency": governor.get("concurrency"),
-            "running_now": running_actions(governor),
+            "running_now": running_actions(beat),
             "failing": [a for a in actions if a.get("failures")],
             "log": list(reversed([e for e in governor.get("log") or [] if isinstance(e, dict)][-100:]))}
