@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import sys
 import tempfile
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
 
+from streamberg.bench.harness import percentile, rss_bytes  # noqa: E402
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import ensure_table, shared_catalog  # noqa: E402
@@ -53,15 +54,11 @@ from streamberg.monitoring.watch import Watch  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))], 4)
+    return round(percentile(values, q) or 0.0, 4)
 
 
 def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return round(rss_bytes(os.getpid()) / 2**20, 1)
 
 
 def _make_tables(folder: Path, bootstrap: str, tables: int) -> list[StreambergConfig]:
@@ -105,10 +102,11 @@ def _browser_figures(url: str, refreshes: int) -> dict[str, Any]:
             time.sleep(0.01)
         complete_ms = float(driver.execute_script("return document.body.dataset.completeMs"))
         rows = driver.execute_script("return document.querySelectorAll('#fleet tbody tr').length")
-        times, seen = [], 1
+        # The refreshes made so far: one at load when the server rendered only some rows, none otherwise.
+        times, seen = [], int(driver.execute_script("return document.body.dataset.refreshes") or 0)
         deadline = time.monotonic() + 60 + refreshes * 10
         while len(times) < refreshes and time.monotonic() < deadline:
-            count = int(driver.execute_script("return document.body.dataset.refreshes"))
+            count = int(driver.execute_script("return document.body.dataset.refreshes") or 0)
             if count > seen:
                 seen = count
                 times.append(float(driver.execute_script("return document.body.dataset.lastRefreshMs")) / 1000)
