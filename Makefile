@@ -17,7 +17,7 @@ help:
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
 	@echo "make bench-cdc      change-data capture: ingest, merge, freshness, scans after delete compaction"
-	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits), then under load through a kill -9 (5,000/s, 60 s commits, ~22 min)"
+	@echo "make bench-fresh    fresh reads vs committed reads: freshness, read time, exactness (10,000/s, 5 and 60 s commits), then a fresh read's fetch wait against the broker, then under load through a kill -9 (5,000/s, 60 s commits, ~25 min)"
 	@echo "make bench-dashboard  1,000 tables: a metrics scrape from the model, the fleet page's load and refresh in Chromium, memory (~5 min)"
 	@echo "make bench-peers    streamberg beside Quix Streams, dlt+dlt-iceberg and a bare loop: same events, one run (peers in .bench-peers/)"
 	@echo "make bench-govern-fleet   the real govern keeping 1,000 mostly idle tables for 10 min: CPU, memory, descriptors (~13 min)"
@@ -84,6 +84,7 @@ bench-soak: setup
 
 bench-fresh: setup
 	$(PY) bench/fresh.py
+	$(PY) bench/fresh_fetch_wait.py --busy 2
 	$(PY) bench/fresh.py --rate 5000 --seconds 180 --intervals 60 --phases ingest,kept-end --crash-at 90 --from-start --quiet-tail 0
 
 bench-dashboard: setup

@@ -15,10 +15,22 @@ from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.runtime import current
 
 
+# How long the broker may hold a fetch that finds nothing new. Not lower: against tansu, a
+# partition of many small batches (tens of thousands, as a steady producer makes) answered
+# reads of a few thousand records in up to 15 s at 10 ms and never in more than 0.31 s at 50
+# or 100 ms, two busy cores beside it (bench/fresh_fetch_wait.py; docs/performance.md). Not
+# higher: a read's last fetch, at the partition's end, waits this long for its end.
+FETCH_WAIT_MS = 50
+
+
+def read_settings(connection: dict[str, Any], group: str) -> dict[str, Any]:
+    """A fresh read's consumer settings over the cluster's `connection` settings."""
+    return {**connection, "group.id": group, "enable.partition.eof": True, "isolation.level": "read_committed",
+            "fetch.wait.max.ms": FETCH_WAIT_MS, "log_level": 0, "socket.keepalive.enable": True}
+
+
 def settings_of(config: StreambergConfig) -> dict[str, Any]:
-    return {**consumer_settings(config), "group.id": f"streamberg-fresh-{config.table.identifier}",
-            "enable.partition.eof": True, "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
-            "log_level": 0, "socket.keepalive.enable": True}
+    return read_settings(consumer_settings(config), f"streamberg-fresh-{config.table.identifier}")
 
 
 @contextmanager
