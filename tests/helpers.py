@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,29 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
 
 EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.2,
+             proc: Any = None, log: Path | Callable[[], str] | None = None) -> Any:
+    """The tests' one wait: poll `condition` every `every` seconds until it returns something
+    truthy and return that; fail naming `what` at `timeout`, or at once when `proc` (anything
+    with `poll()`) has exited, with the tail of `log` (a file, or a function giving the text)."""
+    def tail() -> str:
+        if log is None:
+            return ""
+        text = log() if callable(log) else (log.read_text(errors="replace") if log.exists() else "")
+        return "\n" + text[-4000:]
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.poll()} while waiting for {what}{tail()}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{tail()}")
+        time.sleep(every)
 
 
 def write_config(directory: Path, bootstrap: str, topic: str | None = None, *, partition_spec: list | None = None,

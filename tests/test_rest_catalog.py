@@ -34,7 +34,7 @@ from streamberg.common.errors import ConfigError
 from streamberg.common.offsets import committed_position
 from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
-from tests.helpers import EVENT_SCHEMA, BackgroundProducer, duplicates, streamberg, table_ids
+from tests.helpers import EVENT_SCHEMA, BackgroundProducer, duplicates, streamberg, table_ids, wait_for
 
 pytestmark = [pytest.mark.flink, pytest.mark.spark]
 
@@ -102,12 +102,6 @@ def test_whole_loop_through_a_rest_catalog(tmp_path: Path, broker: str, spark, r
         return subprocess.Popen([str(exe), "ingest", "--config", str(path), "--quiet"], stdout=log.open("a"),
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def wait_for(what, proc: subprocess.Popen, seconds: float = 240) -> None:
-        deadline = time.monotonic() + seconds
-        while not what():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
-
     def commits() -> int:
         try:
             return len(catalog.load_table("web.events").metadata.snapshots)
@@ -116,17 +110,17 @@ def test_whole_loop_through_a_rest_catalog(tmp_path: Path, broker: str, spark, r
 
     ingest = start()
     try:
-        wait_for(lambda: commits() >= 3, ingest)
+        wait_for(lambda: commits() >= 3, 240, "three commits", proc=ingest, log=log, every=0.5)
         # Killed mid-interval: what it wrote and did not commit is read again by the next run.
         os.killpg(ingest.pid, signal.SIGKILL)
         ingest.wait(30)
         ingest = start()
-        wait_for(lambda: commits() >= 6, ingest)
+        wait_for(lambda: commits() >= 6, 240, "three more commits after the kill", proc=ingest, log=log, every=0.5)
         passes = [run_compact(config, CompactOptions(once=True), spark=spark) for _ in range(2)]
         time.sleep(2)
         producer.stop()
         wait_for(lambda: committed_position(catalog.load_table("web.events"), topic).consumed_total
-                 >= producer.produced, ingest, 180)
+                 >= producer.produced, 180, "every produced record committed", proc=ingest, log=log, every=0.5)
     finally:
         producer.stop()
         if ingest.poll() is None:

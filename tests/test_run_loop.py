@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,16 @@ import pytest
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.offsets import committed_position
-from tests.helpers import BackgroundProducer, config_at, dead_letters, duplicates, json_events, table_ids, write_config
+from tests.helpers import (
+    BackgroundProducer,
+    config_at,
+    dead_letters,
+    duplicates,
+    json_events,
+    table_ids,
+    wait_for,
+    write_config,
+)
 
 pytestmark = [pytest.mark.flink, pytest.mark.spark]
 
@@ -33,15 +41,6 @@ PARTITIONS = 2
 def _supervisor_events(log: Path, event: str, process: str | None = None) -> list[dict]:
     return [e for e in json_events(log.read_text()) if e.get("component") == "supervisor" and e.get("event") == event
             and (process is None or e.get("process") == process)]
-
-
-def _wait(condition, what: str, proc: subprocess.Popen, log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, f"streamberg run exited {proc.returncode} while waiting for {what}:\n" \
-                                    + log.read_text()[-4000:]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + log.read_text()[-4000:]
-        time.sleep(0.5)
 
 
 def _alive(pid: int) -> bool:
@@ -97,9 +96,10 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
     # the kill).
     later = BackgroundProducer(config, 250, rate=500, bad_fraction=0.02, max_batches=8, first_id=10**6)
     try:
-        _wait(lambda: any(e.get("process") == "compact" and ("waiting for the" in str(e.get("event"))
+        wait_for(lambda: any(e.get("process") == "compact" and ("waiting for the" in str(e.get("event"))
                                                               or e.get("event") == "watching snapshots")
-                          for e in json_events(log.read_text())), "the compactor up before the first commit", run, log)
+                          for e in json_events(log.read_text())),
+                 240, "the compactor up before the first commit", proc=run, log=log, every=0.5)
         assert not any(e.get("event") == "committed" for e in json_events(log.read_text()))  # no commit yet: no records
         producer.start()
         catalog = load_catalog(config.catalog)
@@ -111,20 +111,21 @@ def test_run_supervises_the_loop_restarts_a_killed_component_and_stops_cleanly(t
                 return 0
             return sum(1 for s in table.metadata.snapshots if s.summary and s.summary.operation.value == "replace")
 
-        _wait(lambda: replaces() > 0, "a compactor replace snapshot", run, log)
+        wait_for(lambda: replaces() > 0, 240, "a compactor replace snapshot", proc=run, log=log, every=0.5)
         # Kill the compactor's Python process outright (no graceful stop): the supervisor restarts it.
         victim = _supervisor_events(log, "component started", "compact")[-1]["pid"]
         os.kill(victim, signal.SIGKILL)
-        _wait(lambda: len(_supervisor_events(log, "component started", "compact")) >= 2,
-              "the compactor restarted", run, log)
+        wait_for(lambda: len(_supervisor_events(log, "component started", "compact")) >= 2, 240,
+                 "the compactor restarted", proc=run, log=log, every=0.5)
         producer.join()
         replaces_before = replaces()
         later.start().join()
-        _wait(lambda: committed_position(catalog.load_table(config.table.identifier),
+        wait_for(lambda: committed_position(catalog.load_table(config.table.identifier),
                                          config.kafka.topic).consumed_total >= producer.produced + later.produced,
-              "every produced record committed", run, log)
+                 240, "every produced record committed", proc=run, log=log, every=0.5)
         # The restarted compactor keeps working on what the ingest committed since.
-        _wait(lambda: replaces() > replaces_before, "a replace by the restarted compactor", run, log)
+        wait_for(lambda: replaces() > replaces_before, 240, "a replace by the restarted compactor", proc=run, log=log,
+                 every=0.5)
     finally:
         producer.stop()
         later.stop()

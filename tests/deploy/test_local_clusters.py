@@ -42,7 +42,15 @@ from tests.compactor.helpers import (
     setup_table,
     summary,
 )
-from tests.helpers import config_at, dead_letters, duplicates, end_offsets_by_reading, table_ids, write_config
+from tests.helpers import (
+    config_at,
+    dead_letters,
+    duplicates,
+    end_offsets_by_reading,
+    table_ids,
+    wait_for,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FLINK_CLUSTER = REPO / "deploy" / "flink" / "local-cluster.sh"
@@ -123,16 +131,6 @@ def flink_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 def job_state(rest: str, job_id: str) -> str:
     return get_json(f"{rest}/jobs/{job_id}")["state"]
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @pytest.mark.flink

@@ -30,7 +30,7 @@ from streamberg.common.spark import register_catalog
 from tests.compactor.helpers import FakeIngest, compactor_snapshots, live_files, reload, row_multiset
 from tests.compactor.helpers import write_config as compactor_config
 from tests.governor.test_govern import _duckdb_counts
-from tests.helpers import config_at
+from tests.helpers import config_at, wait_for
 
 pytestmark = pytest.mark.spark
 LAKE = [f"lake.t{i:02d}" for i in range(31)]
@@ -51,16 +51,6 @@ def _start(path: Path, log: Path) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "streamberg"
     return subprocess.Popen([str(exe), "govern", "--config", str(path)], stdout=log.open("a"), stderr=subprocess.STDOUT,
                             env={**os.environ, "STREAMBERG_LOG_FORMAT": "json"}, start_new_session=True)
-
-
-def _wait_for(condition, seconds: float, proc: subprocess.Popen, log: Path, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"govern exited {proc.returncode} while waiting for {what}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {seconds:.0f} s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.5)
 
 
 def test_killed_mid_rewrite_restarted_every_table_kept(tmp_path: Path, spark) -> None:
@@ -102,8 +92,8 @@ def test_killed_mid_rewrite_restarted_every_table_kept(tmp_path: Path, spark) ->
     proc = _start(path, log)
     try:
         # Killed the moment a compaction has started (and its rewrite is under way).
-        _wait_for(lambda: any(e["action"] == "compact" for e in _events(log, "action started")), 240, proc, log,
-                  "compaction started")
+        wait_for(lambda: any(e["action"] == "compact" for e in _events(log, "action started")), 240,
+                 "compaction started", proc=proc, log=log, every=0.5)
         time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -127,14 +117,14 @@ def test_killed_mid_rewrite_restarted_every_table_kept(tmp_path: Path, spark) ->
                 return {}
 
         # A table dropped under the running service: a problem of its own while it is listed.
-        _wait_for(lambda: any(a["table"] == "lake.t06" for a in state().get("actions", [])), 240, proc, log,
-                  "lake.t06 kept by the restarted service")
+        wait_for(lambda: any(a["table"] == "lake.t06" for a in state().get("actions", [])), 240,
+                 "lake.t06 kept by the restarted service", proc=proc, log=log, every=0.5)
         catalog.drop_table("lake.t06")
         del kept["lake.t06"]
-        _wait_for(lambda: any("cannot be read" in p for p in state().get("problems", {}).get("lake.t06", [])), 60,
-                  proc, log, "the dropped lake.t06 reported")
-        _wait_for(lambda: all(compactor_snapshots(reload(c)) for c in kept.values()), 480, proc, log,
-                  "every table compacted")
+        wait_for(lambda: any("cannot be read" in p for p in state().get("problems", {}).get("lake.t06", [])), 60,
+                 "the dropped lake.t06 reported", proc=proc, log=log, every=0.5)
+        wait_for(lambda: all(compactor_snapshots(reload(c)) for c in kept.values()), 480, "every table compacted",
+                 proc=proc, log=log, every=0.5)
         stop.set()
         appender.join()
         proc.send_signal(signal.SIGTERM)

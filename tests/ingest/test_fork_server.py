@@ -31,6 +31,7 @@ from streamberg.ingest.local.fork_server import (
     ForkServer,
     ForkServerUnavailable,
 )
+from tests.helpers import wait_for
 from tests.listening import listeners, processes_named
 
 BOOT = ["-m", "pyflink.fn_execution.beam.beam_boot"]
@@ -39,29 +40,17 @@ BOOT = ["-m", "pyflink.fn_execution.beam.beam_boot"]
 @pytest.fixture(scope="module")
 def server() -> Iterator[ForkServer]:
     with ForkServer() as running:
-        _wait_ready(running)
+        wait_for((running.folder / SOCKET_NAME).exists, 120, "the fork server to become ready",
+                 proc=running.process, every=0.05)
         yield running
 
 
-def _wait_ready(server: ForkServer, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not (server.folder / SOCKET_NAME).exists():
-        assert server.process.poll() is None, "the fork server exited"
-        assert time.monotonic() < deadline, "the fork server never became ready"
-        time.sleep(0.05)
 
 
 def _forked_workers(server: ForkServer) -> list[int]:
     return [pid for pid in processes_named(server.process.pid, PROCESS_NAME) if pid != server.process.pid]
 
 
-def _wait(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture()
@@ -111,14 +100,15 @@ def test_the_worker_gets_the_launchers_environment_and_is_killed_with_it(
         launcher = subprocess.Popen([server.launcher, *BOOT, "--id=1", f"--provision_endpoint={silent_endpoint}"],
                                     stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
-        assert _wait(lambda: len(_forked_workers(server)) == 1), log.read_text()
+        wait_for(lambda: len(_forked_workers(server)) == 1, 30, "a forked worker", log=log, every=0.05)
         [worker] = _forked_workers(server)
         assert Path(f"/proc/{worker}/cwd").resolve() == tmp_path.resolve()
         # Its stdout is the launcher's; what it logs shows it saw the launcher's environment.
-        assert _wait(lambda: "Starting up Python harness in loopback mode" in log.read_text()), log.read_text()
+        wait_for(lambda: "Starting up Python harness in loopback mode" in log.read_text(), 30, "the harness started",
+                 log=log, every=0.05)
         launcher.kill()  # what Flink does to a worker it gives up on
         launcher.wait(timeout=30)
-        assert _wait(lambda: not _forked_workers(server)), "the worker outlived its launcher"
+        wait_for(lambda: not _forked_workers(server), 30, "the worker gone with its launcher", every=0.05)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -128,11 +118,11 @@ def test_a_signal_to_the_launcher_reaches_the_worker(server: ForkServer, silent_
     launcher = subprocess.Popen([server.launcher, *BOOT, "--id=2", f"--provision_endpoint={silent_endpoint}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        wait_for(lambda: len(_forked_workers(server)) == 1, 30, "a forked worker", every=0.05)
         launcher.send_signal(signal.SIGTERM)
         # The worker died of the signal; the launcher reports it as a shell would.
         assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-        assert _wait(lambda: not _forked_workers(server))
+        wait_for(lambda: not _forked_workers(server), 30, "no forked worker left", every=0.05)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -153,7 +143,7 @@ def test_signals_the_launcher_ignores_stay_ignored_in_the_worker(server: ForkSer
     launcher = subprocess.Popen([server.launcher, *BOOT, "--id=4", f"--provision_endpoint={silent_endpoint}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=ignore_sigint)
     try:
-        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        wait_for(lambda: len(_forked_workers(server)) == 1, 30, "a forked worker", every=0.05)
         [worker] = _forked_workers(server)
         assert _ignores(worker, signal.SIGINT) and not _ignores(worker, signal.SIGTERM)
         launcher.send_signal(signal.SIGINT)
@@ -163,7 +153,7 @@ def test_signals_the_launcher_ignores_stay_ignored_in_the_worker(server: ForkSer
     finally:
         launcher.kill()
         launcher.wait(timeout=30)
-    assert _wait(lambda: not _forked_workers(server))
+    wait_for(lambda: not _forked_workers(server), 30, "no forked worker left", every=0.05)
 
 
 def test_a_hostile_request_is_refused_and_the_server_goes_on(server: ForkServer) -> None:
@@ -190,11 +180,12 @@ def test_a_hostile_request_is_refused_and_the_server_goes_on(server: ForkServer)
 
 def test_stop_kills_the_workers_and_removes_the_folder(silent_endpoint: str) -> None:
     server = ForkServer().start()
-    _wait_ready(server)
+    wait_for((server.folder / SOCKET_NAME).exists, 120, "the fork server to become ready",
+             proc=server.process, every=0.05)
     launcher = subprocess.Popen([server.launcher, *BOOT, "--id=3", f"--provision_endpoint={silent_endpoint}"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait(lambda: len(_forked_workers(server)) == 1)
+        wait_for(lambda: len(_forked_workers(server)) == 1, 30, "a forked worker", every=0.05)
         [worker] = _forked_workers(server)
         folder, process = server.folder, server.process
         server.stop()
@@ -233,7 +224,8 @@ def test_nothing_is_imported_from_the_operators_working_directory(tmp_path: Path
         (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r})\n")
     monkeypatch.chdir(planted)
     with ForkServer() as running:
-        _wait_ready(running)
+        wait_for((running.folder / SOCKET_NAME).exists, 120, "the fork server to become ready",
+                 proc=running.process, every=0.05)
         result = subprocess.run([running.launcher, *BOOT], capture_output=True, text=True, timeout=60, cwd=planted)
         assert result.returncode == 1 and "No id provided" in result.stdout
     assert not marker.exists(), marker.read_text()
@@ -259,18 +251,19 @@ def test_a_launcher_that_connects_and_stalls_delays_no_other(server: ForkServer)
 def test_workers_die_with_a_killed_server_and_its_folder_is_removed_next_time(silent_endpoint: str) -> None:
     server = ForkServer().start()
     try:
-        _wait_ready(server)
+        wait_for((server.folder / SOCKET_NAME).exists, 120, "the fork server to become ready",
+                 proc=server.process, every=0.05)
         env = {**os.environ, "PYTHON_LOOPBACK_SERVER_ADDRESS": silent_endpoint}
         launcher = subprocess.Popen([server.launcher, *BOOT, "--id=9", f"--provision_endpoint={silent_endpoint}"],
                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        assert _wait(lambda: len(_forked_workers(server)) == 1), "no forked worker"
+        wait_for(lambda: len(_forked_workers(server)) == 1, 30, "a forked worker", every=0.05)
         (worker,) = _forked_workers(server)
         folder = server.folder
         os.kill(server.process.pid, signal.SIGKILL)  # no time to kill its workers or clean up
         server.process.wait(10)
-        assert _wait(lambda: not Path(f"/proc/{worker}").exists() or
-                     Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z")), \
-            "the worker outlived its server"
+        wait_for(lambda: not Path(f"/proc/{worker}").exists()
+                 or Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z"), 30,
+                 "the worker gone with its server", every=0.05)
         launcher.wait(30)
         assert folder.exists()
         again = ForkServer().start()  # the next run removes what the killed one left
@@ -304,7 +297,7 @@ def test_a_failed_fork_fails_only_that_launch(tmp_path: Path) -> None:
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert _wait(socket_path.exists, 120), "the server never became ready"
+        wait_for(socket_path.exists, 120, "the server ready", every=0.05)
         script = Path(fork_server_module.__file__).with_name("fork_launcher.py")
         launch = [sys.executable, "-I", "-S", str(script), str(socket_path), str(proc.pid), sys.executable,
                   "-c", "import os; print(os.getppid())"]

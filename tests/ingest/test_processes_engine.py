@@ -36,6 +36,7 @@ from tests.helpers import (
     duplicates,
     json_events,
     table_ids,
+    wait_for,
     write_config,
 )
 from tests.listening import process_tree, processes_named
@@ -44,14 +45,6 @@ PARTITIONS = 2
 RATE = 1000  # records a second
 EXE = Path(sys.executable).parent / "streamberg"
 ENV = {**os.environ, "STREAMBERG_LOG_FORMAT": "json"}
-
-
-def _wait(what, proc: subprocess.Popen, log: Path, seconds: float, why: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not what():
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, why
-        time.sleep(0.2)
 
 
 def _duckdb_ids(config) -> list[int]:
@@ -71,18 +64,20 @@ def test_a_killed_writer_process_restarts_the_run_and_loses_nothing(tmp_path: Pa
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: committed_records(config) > 0 and len(processes_named(proc.pid, process_name("writer-1"))) == 1,
-              proc, log, 120, "the run never committed with its writer processes up")
+        wait_for(lambda: committed_records(config) > 0 and len(processes_named(proc.pid, process_name("writer-1"))) == 1,
+                 120, "the run never committed with its writer processes up", proc=proc, log=log)
         # No JVM: the driver's tree is the driver and its task processes.
         tree = process_tree(proc.pid) - {proc.pid}
         names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in tree)
         assert names == ["sb-committer", "sb-writer-0", "sb-writer-1"], names
         os.kill(processes_named(proc.pid, process_name("writer-1"))[0], signal.SIGKILL)
         killed_at_committed = committed_records(config)
-        _wait(lambda: "every task starts again" in log.read_text(), proc, log, 30, "the driver never saw the kill")
+        wait_for(lambda: "every task starts again" in log.read_text(), 30, "the driver never saw the kill", proc=proc,
+                 log=log)
         time.sleep(1.0)  # records keep coming while the tasks start again
         producer.stop()
-        _wait(lambda: committed_records(config) >= producer.produced, proc, log, 120, "the restarted run never caught up")
+        wait_for(lambda: committed_records(config) >= producer.produced, 120, "the restarted run never caught up",
+                 proc=proc, log=log)
         proc.send_signal(signal.SIGTERM)  # an operator's stop: drain, commit, exit 0
         stdout, _ = proc.communicate(timeout=120)
     finally:
@@ -115,7 +110,7 @@ def test_the_task_processes_die_with_the_driver_and_a_bounded_run_commits_everyt
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.DEVNULL, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: committed_records(config) > 0, proc, log, 120, "the run never committed")
+        wait_for(lambda: committed_records(config) > 0, 120, "the run never committed", proc=proc, log=log)
         tasks = process_tree(proc.pid) - {proc.pid}
         assert len(tasks) == 3
         proc.kill()  # SIGKILL to the driver alone, not its group
@@ -150,7 +145,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-
 def test_a_stop_sent_to_the_whole_process_group_drains_once(tmp_path: Path, broker: str) -> None:
     """SIGTERM to the run's process group (a supervisor, a terminal's Ctrl-C): the tasks leave
     it to the driver, which drains; no task dies of it and none is restarted."""
@@ -164,8 +158,8 @@ def test_a_stop_sent_to_the_whole_process_group_drains_once(tmp_path: Path, brok
     proc = subprocess.Popen([str(EXE), "ingest", "--config", str(path), "--quiet", "--engine", "processes"],
                             stdout=subprocess.PIPE, stderr=log.open("wb"), start_new_session=True, env=ENV)
     try:
-        _wait(lambda: committed_records(config) >= producer.produced // 2 and len(process_tree(proc.pid)) == 4, proc, log,
-              120, "the run never committed with its task processes up")
+        wait_for(lambda: committed_records(config) >= producer.produced // 2 and len(process_tree(proc.pid)) == 4, 120,
+                 "the run never committed with its task processes up", proc=proc, log=log)
         os.killpg(proc.pid, signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=120)
     finally:

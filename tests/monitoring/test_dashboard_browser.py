@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +24,7 @@ import pytest
 
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import ensure_table, load_catalog
-from tests.helpers import config_at, write_config
+from tests.helpers import config_at, wait_for, write_config
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 needs_browser = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
@@ -51,16 +50,6 @@ def _browser():
 def _severe(driver) -> list[str]:
     """Console errors and failed loads of the page (Chromium logs both as SEVERE)."""
     return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-
-
-def _wait(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -110,8 +99,9 @@ def kept(tmp_path: Path, broker: str, spark):
     server = dashboard.start(Args, base, collect, stop)
     assert server is not None
     url = f"http://127.0.0.1:{server.server_port}/"
-    _wait(lambda: _get(url + "api/fleet.json")[0] == 200 and
-          len(json.loads(_get(url + "api/fleet.json")[1])["rows"]) == 4, 120, "the model never held the four tables")
+    wait_for(lambda: _get(url + "api/fleet.json")[0] == 200 and
+          len(json.loads(_get(url + "api/fleet.json")[1])["rows"]) == 4,
+             120, "the model never held the four tables")
     try:
         yield {"url": url, "config": config, "path": path, "catalog": catalog, "service": service}
     finally:
@@ -162,8 +152,8 @@ def test_the_fleet_as_a_person_sees_it(kept) -> None:
     driver = _browser()
     try:
         driver.get(kept["url"])
-        _wait(lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes"), 30,
-              "the page never refreshed from the API")
+        wait_for(lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes"), 30,
+                 "the page never refreshed from the API")
         assert sorted(_visible_tables(driver)) == sorted(["db.events", *LAKE])
         # The numbers equal `status --json` for the same table (nothing moves now).
         status = json.loads(cli("status", "--config", str(kept["path"]), "--json", check=False).stdout)
@@ -200,8 +190,8 @@ def test_the_fleet_as_a_person_sees_it(kept) -> None:
         table = kept["catalog"].load_table("lake.t02")
         with table.transaction() as tx:
             tx.set_properties({"streamberg.compact.merge_factor": "-3"})
-        _wait(lambda: "merge_factor" in _cells(driver, "lake.t02")["reasons"], 30,
-              "the bad value never showed on the fleet page")
+        wait_for(lambda: "merge_factor" in _cells(driver, "lake.t02")["reasons"], 30,
+                 "the bad value never showed on the fleet page")
         # Filtering by policy: its problems, set by table properties, or the config's and defaults.
         policy = Select(driver.find_element(By.ID, "filter-policy"))
         policy.select_by_visible_text("problems")
@@ -320,11 +310,11 @@ def test_a_stopped_broker_shows_its_reason_within_one_refresh(tmp_path: Path) ->
         assert server is not None
         driver = _browser()
         driver.get(f"http://127.0.0.1:{server.server_port}/")
-        _wait(lambda: any(r["table"] == name for r in _rows(driver)), 60, "the table never showed")
+        wait_for(lambda: any(r["table"] == name for r in _rows(driver)), 60, "the table never showed")
         assert "broker" not in _cells(driver, name)["reasons"]
         own.stop()
-        _wait(lambda: "broker unreachable" in _cells(driver, name)["reasons"], 60,
-              "the stopped broker never showed on the page")
+        wait_for(lambda: "broker unreachable" in _cells(driver, name)["reasons"], 60,
+                 "the stopped broker never showed on the page")
         assert _cells(driver, name)["health"] == "critical"
         link = driver.find_element(By.XPATH, f'//tr[@data-table="{name}"]//td[@class="reasons"]'
                                              '/div[contains(., "broker unreachable")]/a[@class="runbook"]')

@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,18 +198,3 @@ def drills(tmp_path: Path):
     for drill in made:
         drill.close()
 
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, every: float = 1.0,
-             alive: Background | None = None) -> Any:
-    """Poll `condition` until it returns something truthy; fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if alive is not None and not alive.alive():
-            raise AssertionError(f"waiting for {what}: {alive.step!r} exited {alive.proc.returncode}:\n"
-                                 f"{alive.output()[-3000:]}")
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
-                         + (f"\n{alive.output()[-3000:]}" if alive is not None else ""))

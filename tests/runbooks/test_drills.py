@@ -29,8 +29,7 @@ from streamberg.common.errors import FencedError
 from streamberg.common.offsets import committed_position
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.units import FlushUnit
-from tests.helpers import config_at, dead_letters, duplicates, table_ids, write_config
-from tests.runbooks.drill import wait_for
+from tests.helpers import config_at, dead_letters, duplicates, table_ids, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values, schema_change_events
 
 INGEST_WAIT_SECONDS = 240  # a PyFlink start is ~20-30 s on an idle 2-core machine
@@ -164,7 +163,8 @@ def test_second_instance_then_lag(tmp_path: Path, broker: str, drills) -> None:
 
     running = lag.start("fix")  # the same command as commit-failures.md's fix
     assert lag.page.drill("fix").body == failures.page.drill("fix").body
-    wait_for(_has_ids(config, expected), INGEST_WAIT_SECONDS, "our ingest to take over and catch up", alive=running)
+    wait_for(_has_ids(config, expected), INGEST_WAIT_SECONDS, "our ingest to take over and catch up", proc=running.proc,
+             log=running.output, every=1.0)
     status = lag.run("check").expect(0).json()
     assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] != "critical"
     facts = failures.run("check").expect(0).json()
@@ -211,7 +211,7 @@ def test_poison_or_schema_change(tmp_path: Path, broker: str, drills) -> None:
     running = drill.start("restart")
     after_restart = sorted(list(range(40)) + [52 + i for i in range(5)] + [100 + i for i in range(10)])
     wait_for(_has_ids(config, after_restart), INGEST_WAIT_SECONDS, "the restarted ingest to take the new shape",
-             alive=running)
+             proc=running.proc, log=running.output, every=1.0)
     _stopped_gracefully(running, "SIGINT")
     replayed = drill.run("replay").expect(0).json()
     assert (replayed["records_added"], replayed["removed_from_dlq"], replayed["still_bad"]) == (12, 12, 0)
@@ -272,7 +272,8 @@ def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres,
         upgrade = drills("rolling-upgrade.md", CONFIG=str(config_path))
         old = upgrade.start("start")
         wait_for(lambda: load_catalog(config.catalog).table_exists(config.table.identifier)
-                 and _position(config).offsets, INGEST_WAIT_SECONDS, "the old job's first commit", alive=old)
+                 and _position(config).offsets,
+                 INGEST_WAIT_SECONDS, "the old job's first commit", proc=old.proc, log=old.output, every=1.0)
         status = upgrade.run("confirm").expect(0, 1).json()
         assert status["ingest"]["last_commit"] is not None and status["health"]["verdict"] != "critical"
         upgrade.variables["INGEST_PID"] = str(old.command_pid())
@@ -282,7 +283,7 @@ def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres,
         stopped_at = _position(config)
         new = upgrade.start("start")
         wait_for(lambda: sum(_position(config).offsets.values()) > sum(stopped_at.offsets.values()),
-                 INGEST_WAIT_SECONDS, "the new job to commit", alive=new)
+                 INGEST_WAIT_SECONDS, "the new job to commit", proc=new.proc, log=new.output, every=1.0)
         facts = upgrade.run("check").expect(0).json()
         assert facts["reconciles"] is True
         assert all(int(o) >= stopped_at.offsets[int(p)] for p, o in facts["committed_offsets"]["partitions"].items())
@@ -297,12 +298,12 @@ def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres,
         assert crash.run("position").expect(0).json()["reconciles"] is True
         restarted = crash.start("fix")
         wait_for(lambda: _position(config).run_id != killed_run, INGEST_WAIT_SECONDS, "the restarted job to commit",
-                 alive=restarted)
+                 proc=restarted.proc, log=restarted.output, every=1.0)
     finally:
         stop_producing.set()
         producer.join()
     wait_for(_has_ids(config, sorted(produced)), INGEST_WAIT_SECONDS, "the restarted ingest to catch up",
-             alive=restarted)
+             proc=restarted.proc, log=restarted.output, every=1.0)
     status = crash.run("check").expect(0).json()
     assert status["ingest"]["lag"]["total"] == 0 and status["health"]["verdict"] != "critical"
     assert not duplicates(table_ids(config))
@@ -321,7 +322,8 @@ def test_upgrade_crash_and_catalog_outage(tmp_path: Path, broker: str, postgres,
         _accept_connections(postgres, database, True)  # by hand: the DBA brings it back
     back = outage.start("fix")
     everything = sorted(produced + [10_000_000 + i for i in range(50)])
-    wait_for(_has_ids(config, everything), INGEST_WAIT_SECONDS, "the ingest after the outage", alive=back)
+    wait_for(_has_ids(config, everything), INGEST_WAIT_SECONDS, "the ingest after the outage", proc=back.proc,
+             log=back.output, every=1.0)
     status = outage.run("check").expect(0).json()
     assert status["catalog"]["reachable"] is True and status["ingest"]["lag"]["total"] == 0
     _stopped_gracefully(back, "SIGINT")
@@ -398,7 +400,7 @@ def test_disk_full(tmp_path: Path, broker: str, small_filesystem: Path, drills) 
     assert freed["orphan_files"]["bytes_freed"] >= filled * 0.9
     running = drill.start("restart")
     wait_for(_has_ids(config, list(range(150))), INGEST_WAIT_SECONDS, "the ingest after space was freed",
-             alive=running)
+             proc=running.proc, log=running.output, every=1.0)
     facts = drill.run("check").expect(0).json()
     assert facts["reconciles"] is True
     _stopped_gracefully(running, "SIGINT")
