@@ -77,18 +77,16 @@ def check(args: argparse.Namespace) -> None:
 def governed_collector(configs: Callable[[], list[StreambergConfig]], refusals: Callable[[], dict[str, str]],
                        state_dir: str) -> Callable[[], Any]:
     """Every kept table's status and verdict, worst first, as the fleet status holds them."""
-    from streamberg.common.table_files import ManifestCache
     from streamberg.common.tables import paused_tables
-    from streamberg.monitoring.collect import collect_status
     from streamberg.monitoring.fleet import FleetStatus, sort_worst_first
-    from streamberg.monitoring.health import with_health
+    from streamberg.monitoring.refresh import StatusModel
 
-    cache = ManifestCache()
+    model = StatusModel()  # a table read again when a commit is reported for it, or a minute on
 
     def collect() -> FleetStatus:
         out = FleetStatus(paused=paused_tables(state_dir), refused_tables=dict(refusals()))
-        for config in configs():
-            out.tables.append((config.kafka.topic, with_health(collect_status(config, cache=cache), config)))
+        kept = configs()
+        out.tables.extend((c.kafka.topic, s) for c, s in zip(kept, model.collect(kept)))
         sort_worst_first(out)
         return out
 

@@ -97,13 +97,13 @@ def _components(text: str) -> list[str]:
 
 def fleet_status_collector(fleet: FleetConfig) -> Callable[[], dict[str, Any]]:
     """The status line of a config of many tables: its tables together (monitoring/fleet.py)."""
-    from streamberg.common.table_files import ManifestCache
     from streamberg.monitoring.fleet import collect_fleet
+    from streamberg.monitoring.refresh import StatusModel
 
-    cache = ManifestCache()
+    model = StatusModel()
 
     def collect() -> dict[str, Any]:
-        status = collect_fleet(fleet, cache)
+        status = collect_fleet(fleet, model)
         statuses = [s for _, s in status.tables]
         reasons = [f"{name}: {reason}" for name, reason in status.paused.items()] + \
             [f"{s.table}: {s.health.reasons[0]}" for s in statuses if s.health.reasons]
@@ -150,11 +150,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _fleet_collector(fleet: FleetConfig) -> Callable[[], Any]:
-    from streamberg.common.table_files import ManifestCache
     from streamberg.monitoring.fleet import collect_fleet
+    from streamberg.monitoring.refresh import StatusModel
 
-    cache = ManifestCache()
-    return lambda: collect_fleet(fleet, cache)
+    model = StatusModel()
+    return lambda: collect_fleet(fleet, model)
 
 
 def _table_collector(config: StreambergConfig) -> Callable[[], Any]:

@@ -45,11 +45,12 @@ def _fleet_status(args: argparse.Namespace) -> int:
     """A config of many tables: one line a table, worst first (monitoring/fleet.py)."""
     from streamberg.common.config import load_fleet
     from streamberg.monitoring.fleet import collect_fleet, render_fleet
+    from streamberg.monitoring.refresh import StatusModel
 
     fleet = load_fleet(args.config)
-    cache = ManifestCache()
+    model = StatusModel()
     while True:
-        status = collect_fleet(fleet, cache)
+        status = collect_fleet(fleet, model)
         if args.json:
             print(redact(json.dumps(status.to_dict(), indent=None if args.watch else 2)), flush=True)
         else:
@@ -93,6 +94,7 @@ def _metrics(args: argparse.Namespace) -> int:
     from streamberg.monitoring.dashboard.app import make_exporter_app, serve_app
     from streamberg.monitoring.fleet import collect_fleet
     from streamberg.monitoring.metrics import fleet_families, table_families, table_status
+    from streamberg.monitoring.refresh import StatusModel
     from streamberg.monitoring.watch import Watch
 
     if args.refresh <= 0:
@@ -102,7 +104,8 @@ def _metrics(args: argparse.Namespace) -> int:
         fleet = load_fleet(args.config)
         config = run_settings(fleet)
         scope = f"{len(fleet.tables)} routes of {args.config}"
-        watch = Watch(lambda: collect_fleet(fleet, cache), fleet_families, args.refresh, scope)
+        model = StatusModel(cache=cache)
+        watch = Watch(lambda: collect_fleet(fleet, model), fleet_families, args.refresh, scope)
     else:
         config = config_of(args)
         scope = config.table.identifier

@@ -14,7 +14,6 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.runtime import current
 
-
 # How long the broker may hold a fetch that finds nothing new. Not lower: against tansu, a
 # partition of many small batches (tens of thousands, as a steady producer makes) answered
 # reads of a few thousand records in up to 15 s at 10 ms and never in more than 0.31 s at 50

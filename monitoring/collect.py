@@ -34,9 +34,10 @@ from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
+from streamberg.common.watermarks import WatermarkReader
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
-from streamberg.monitoring.lag import read_lag
+from streamberg.monitoring.lag import lag_reader, lag_reader_key, read_lag
 from streamberg.monitoring.model import (
     DeadLetterFacts,
     IngestFacts,
@@ -48,11 +49,70 @@ from streamberg.monitoring.model import (
 )
 
 
+class CollectionPass:
+    """What one collection of many tables shares, opened when first needed and closed at the
+    pass's end: a read-only catalog per catalog config (a thousand tables, one open), a
+    watermark reader per broker, and govern.json read once. A catalog or broker that did not
+    answer is not asked again in the pass: a thousand tables on a stopped broker cost one
+    timeout, each of them reported unreachable with its error."""
+
+    def __init__(self) -> None:
+        self._catalogs: dict[str, Any] = {}  # catalog config -> catalog, or the CatalogUnreachable it raised
+        self._readers: dict[str, WatermarkReader] = {}
+        self._brokers_down: dict[str, BrokerUnreachable] = {}
+        self._governor: dict[str, Any] = {}  # state_dir -> govern.json's document (None: none)
+
+    def __enter__(self) -> CollectionPass:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def catalog(self, config: StreambergConfig) -> Any:
+        key = config.catalog.model_dump_json()
+        if key not in self._catalogs:
+            try:
+                self._catalogs[key] = open_catalog_readonly(config.catalog)
+            except CatalogUnreachable as exc:
+                self._catalogs[key] = exc
+        found = self._catalogs[key]
+        if isinstance(found, CatalogUnreachable):
+            raise found
+        return found
+
+    def lag(self, config: StreambergConfig, recorded: Any, timeout_seconds: float, now_ms: int) -> Any:
+        key = f"{lag_reader_key(config)}|{timeout_seconds}"
+        if key in self._brokers_down:
+            raise self._brokers_down[key]
+        if key not in self._readers:
+            self._readers[key] = lag_reader(config, timeout_seconds)
+        try:
+            return read_lag(config, recorded, timeout_seconds, now_ms, self._readers[key])
+        except BrokerUnreachable as exc:
+            self._brokers_down[key] = exc
+            raise
+
+    def governor_document(self, state_dir: str) -> Any:
+        if state_dir not in self._governor:
+            self._governor[state_dir] = _read_governor_document(state_dir)
+        return self._governor[state_dir]
+
+    def close(self) -> None:
+        for catalog in self._catalogs.values():
+            if not isinstance(catalog, CatalogUnreachable):
+                close_catalog(catalog)
+        for reader in self._readers.values():
+            reader.close()
+        self._catalogs.clear()
+        self._readers.clear()
+
+
 class _Collector:
     """One status collection; `errors` gathers parts that failed although the catalog answered."""
 
-    def __init__(self, config: StreambergConfig, now_ms: int, cache: ManifestCache) -> None:
-        self.config, self.now_ms, self.cache = config, now_ms, cache
+    def __init__(self, config: StreambergConfig, now_ms: int, cache: ManifestCache,
+                 shared: CollectionPass | None = None) -> None:
+        self.config, self.now_ms, self.cache, self.shared = config, now_ms, cache, shared
         self.errors: list[str] = []
         self.log = get_logger("monitoring.status", table=config.table.identifier)
 
@@ -75,9 +135,11 @@ class _Collector:
                  for s in (position.skips if position is not None else ())]
         recorded = {"offset_skips": skips, "lost_offsets": position.lost_total if position is not None else 0,
                     **(self.part("schema evolution", _schema_facts, table, position) or {} if table is not None else {})}
+        offsets = position.offsets if position is not None else None
+        timeout = config.monitoring.broker_timeout_seconds
         try:
-            marks, lag = read_lag(config, position.offsets if position is not None else None,
-                                  config.monitoring.broker_timeout_seconds, self.now_ms)
+            marks, lag = self.shared.lag(config, offsets, timeout, self.now_ms) if self.shared is not None \
+                else read_lag(config, offsets, timeout, self.now_ms)
         except Exception as exc:  # noqa: BLE001 - e.g. a client setting librdkafka refuses: unreachable too
             error = str(exc) if isinstance(exc, BrokerUnreachable) else \
                 f"broker {config.kafka.bootstrap_servers}: {first_line(exc)}"
@@ -154,20 +216,21 @@ def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[
 
 
 def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
-                   cache: ManifestCache | None = None) -> Status:
+                   cache: ManifestCache | None = None, shared: CollectionPass | None = None) -> Status:
     """Every fact about the configured table, its broker and its catalog (no verdict yet).
 
     `cache` keeps parsed manifests between calls (`--watch`, the metrics exporter):
-    manifests are immutable, so later collections read only the new ones.
+    manifests are immutable, so later collections read only the new ones. `shared`: the pass
+    of many tables this one is part of (its catalog, broker reader and governor state).
     """
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    run = _Collector(config, now_ms, cache or ManifestCache())
+    run = _Collector(config, now_ms, cache or ManifestCache(), shared)
     identifier = config.table.identifier
     checked_at = iso_from_ms(now_ms, timespec="seconds")
     empty = {"table": identifier, "checked_at": checked_at, "files": None, "compactor": None, "clustering": None,
              "snapshots": None, "dead_letters": None}
     try:
-        catalog = open_catalog_readonly(config.catalog)
+        catalog = shared.catalog(config) if shared is not None else open_catalog_readonly(config.catalog)
     except CatalogUnreachable as exc:
         run.log.warning("catalog unreachable", error=str(exc))
         return Status(**empty, catalog=Reachability(False, str(exc)), table_exists=None,
@@ -175,7 +238,8 @@ def collect_status(config: StreambergConfig, *, now_ms: int | None = None,
     try:
         return _collect_from(run, config, catalog, checked_at, empty, now_ms)
     finally:
-        close_catalog(catalog)  # opened a call (a metrics scrape, a table of a fleet): closed with it
+        if shared is None:
+            close_catalog(catalog)  # opened for this call (a table's status): closed with it
 
 
 def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, checked_at: str, empty: dict[str, Any],
@@ -223,7 +287,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
         snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog), errors=run.errors,
-        policy_problems=policy_problems, governor=governor_state(config), settings=kept.origins(),
+        policy_problems=policy_problems, governor=governor_state(config, run.shared), settings=kept.origins(),
         queries=run.part("query statistics", _queries, kept) if config.catalog.scan_reports_dir else None,
         tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)
         if position is not None and cache_folder(config).is_dir() else None,
@@ -272,14 +336,20 @@ def _queries(kept: TableRuntime) -> dict[str, Any]:
     return {**found, "cluster_columns": list(config.compactor.columns)}
 
 
-def governor_state(config: StreambergConfig) -> dict[str, Any] | None:
-    """What `streamberg govern` last wrote about this table (<state_dir>/govern.json)."""
-    path = Path(config.ingest.state_dir) / GOVERN_STATE_FILE
+def _read_governor_document(state_dir: str) -> dict[str, Any] | None:
     try:
-        document = json.loads(path.read_text())
+        document = json.loads((Path(state_dir) / GOVERN_STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(document, dict):
+    return document if isinstance(document, dict) else None
+
+
+def governor_state(config: StreambergConfig, shared: CollectionPass | None = None) -> dict[str, Any] | None:
+    """What `streamberg govern` last wrote about this table (<state_dir>/govern.json; read
+    once for a whole pass of many tables)."""
+    state_dir = config.ingest.state_dir
+    document = shared.governor_document(state_dir) if shared is not None else _read_governor_document(state_dir)
+    if document is None:
         return None
     mine = config.table.identifier
     return {"written_age_seconds": round(time.time() - float(document.get("written_at", 0)), 1),

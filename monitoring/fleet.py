@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamberg.common.config import FleetConfig
-from streamberg.common.table_files import ManifestCache
 from streamberg.common.tables import fleet_tables, paused_tables
-from streamberg.monitoring.collect import collect_status, governor_state
-from streamberg.monitoring.health import with_health
+from streamberg.monitoring.collect import governor_state
 from streamberg.monitoring.model import Status
+from streamberg.monitoring.refresh import StatusModel
 
 _RANK = {"critical": 0, "warn": 1, "ok": 2}
 
@@ -46,10 +45,11 @@ class FleetStatus:
                 "governor": self.governor}
 
 
-def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> FleetStatus:
+def collect_fleet(fleet: FleetConfig, model: StatusModel | None = None) -> FleetStatus:
     """Every table of the config (common/tables.fleet_tables: the one resolver), its status
-    and verdict, worst first; paused tables and refused topics and tables named."""
-    cache = cache or ManifestCache()
+    and verdict, worst first; paused tables and refused topics and tables named. `model`: the
+    statuses kept from the last pass (monitoring/refresh.py; a long-running caller keeps one)."""
+    model = model or StatusModel()
     tables = fleet_tables(fleet)
     settings = tables.run_settings
     assert settings is not None
@@ -59,8 +59,8 @@ def collect_fleet(fleet: FleetConfig, cache: ManifestCache | None = None) -> Fle
     governor = governor_state(settings)
     if governor is not None and isinstance(governor.get("fleet"), dict):
         out.governor = {**governor["fleet"], "written_age_seconds": governor["written_age_seconds"]}
-    for identifier, config in tables.configs.items():
-        out.tables.append((tables.topics[identifier], with_health(collect_status(config, cache=cache), config)))
+    statuses = model.collect(tables.configs.values())
+    out.tables.extend((tables.topics[identifier], status) for identifier, status in zip(tables.configs, statuses))
     sort_worst_first(out)
     return out
 

@@ -8,6 +8,7 @@ true end read from the last batch (common/watermarks.py: on tansu that makes lag
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from streamberg.common.config import StreambergConfig
@@ -17,22 +18,35 @@ from streamberg.monitoring.model import Lag, PartitionLag
 
 
 def read_lag(config: StreambergConfig, recorded: PartitionOffsets | None, timeout_seconds: float,
-             now_ms: int) -> tuple[Watermarks, Lag | None]:
+             now_ms: int, reader: WatermarkReader | None = None) -> tuple[Watermarks, Lag | None]:
     """The broker's watermarks and, where the table records its offsets, its lag in records
     and in seconds (the oldest record it does not hold yet, read from Kafka: one record a
-    lagging partition, all fetched together). Raises BrokerUnreachable."""
-    with WatermarkReader(_settings(config), timeout_seconds) as reader:
-        marks = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
-        if recorded is None or not marks.exists:
-            return marks, None
-        lag = compute_lag(recorded, marks, config.kafka.start_offset)
-        waiting = {int(p): (v.committed if v.committed is not None else marks.partitions[int(p)][0])
-                   for p, v in lag.partitions.items() if v.lag > 0}
-        if not waiting:
-            return marks, replace(lag, seconds=0.0)
-        stamps = reader.timestamps(config.kafka.topic, waiting)
+    lagging partition, all fetched together). `reader`: one a collection of many tables
+    shares (lag_reader), left open; else one of the call's own. Raises BrokerUnreachable."""
+    if reader is None:
+        with lag_reader(config, timeout_seconds) as own:
+            return read_lag(config, recorded, timeout_seconds, now_ms, own)
+    marks = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
+    if recorded is None or not marks.exists:
+        return marks, None
+    lag = compute_lag(recorded, marks, config.kafka.start_offset)
+    waiting = {int(p): (v.committed if v.committed is not None else marks.partitions[int(p)][0])
+               for p, v in lag.partitions.items() if v.lag > 0}
+    if not waiting:
+        return marks, replace(lag, seconds=0.0)
+    stamps = reader.timestamps(config.kafka.topic, waiting)
     oldest = min(stamps.values(), default=None)
     return marks, replace(lag, seconds=round(max(0.0, (now_ms - oldest) / 1000), 3) if oldest is not None else None)
+
+
+def lag_reader(config: StreambergConfig, timeout_seconds: float) -> WatermarkReader:
+    """The watermark reader status uses for a table's broker (its security settings too)."""
+    return WatermarkReader(_settings(config), timeout_seconds)
+
+
+def lag_reader_key(config: StreambergConfig) -> str:
+    """Tables whose lag one reader may read: the same broker, settings and group."""
+    return json.dumps(_settings(config), sort_keys=True, default=str)
 
 
 def _settings(config: StreambergConfig) -> dict:

@@ -55,7 +55,8 @@ class Scenario:
 
 
 def build_scenario(directory: Path, bootstrap: str, produced: dict[int, int],
-                   commits: list[list[tuple[int, int, int, tuple[int, ...]]]], extra: dict | None = None) -> Scenario:
+                   commits: list[list[tuple[int, int, int, tuple[int, ...]]]], extra: dict | None = None,
+                   catalog: dict | None = None) -> Scenario:
     """A table whose commits are made by the real ingest committer.
 
     `commits` lists the commits; each is a list of units (partition, start, end, dead
@@ -64,13 +65,23 @@ def build_scenario(directory: Path, bootstrap: str, produced: dict[int, int],
     topic = f"mon-{uuid.uuid4().hex[:10]}"
     # A long commit interval: nobody ingests after these commits, and a short one would make
     # the (correct) "ingest stalled while records wait" rule fire within seconds.
-    path = write_config(directory, bootstrap, topic, ingest={"commit_interval_seconds": 600}, extra=extra)
+    path = write_config(directory, bootstrap, topic, ingest={"commit_interval_seconds": 600}, extra=extra,
+                        catalog=catalog)
     config = config_at(path)
     open_tables(config)
     ensure_topic(bootstrap, topic, max(produced) + 1)
     produce_to(bootstrap, topic, produced)
     scenario = Scenario(config=config, path=path, produced=produced)
-    for n, units in enumerate(commits):
+    commit_units(scenario, commits)
+    return scenario
+
+
+def commit_units(scenario: Scenario, commits: list[list[tuple[int, int, int, tuple[int, ...]]]]) -> None:
+    """Commits made by the real ingest committer, after those the scenario has (each a list of
+    units: partition, start, end, dead offsets, one per writer, committed in one snapshot)."""
+    config = scenario.config
+    first = len(scenario.results)
+    for n, units in enumerate(commits, start=first):
         committer = Committer(config, parallelism=len(units), run_id=f"run-{n}")
         committer.open()
         before = int(time.time() * 1000)
@@ -85,4 +96,3 @@ def build_scenario(directory: Path, bootstrap: str, produced: dict[int, int],
         scenario.results.append(result)
         scenario.committed.update(result.offsets)
         scenario.last_commit_window_ms = (before, after)
-    return scenario

@@ -1,0 +1,93 @@
+"""The statuses a long-running model keeps (monitoring/refresh.py): a table is read in full
+when a commit is reported for it, its lag alone otherwise, and what it shows is what a full
+collection shows; a stopped broker is asked once a pass.
+
+Real tables committed by the ingest's committer (reporting each commit to the catalog's
+report folder), a real broker, the test's own count of what was produced and committed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.monitoring.collect import CollectionPass, collect_status
+from streamberg.monitoring.refresh import StatusModel
+from tests.monitoring.helpers import Scenario, build_scenario, commit_units, produce_to
+
+
+@pytest.fixture
+def reported(tmp_path: Path, broker: str) -> Scenario:
+    """One table, 40/30 of 50/30 produced records committed, its commits reported."""
+    return build_scenario(tmp_path / "t", broker, {0: 50, 1: 30}, [[(0, 0, 40, ()), (1, 0, 30, ())]],
+                          catalog={"scan_reports_dir": str(tmp_path / "reports")})
+
+
+def _lag(status) -> dict[int, int]:
+    return {int(p): v.lag for p, v in status.ingest.lag.partitions.items()}
+
+
+def _current_snapshot(config: StreambergConfig) -> int:
+    return load_catalog(config.catalog).load_table(config.table.identifier).current_snapshot().snapshot_id
+
+
+def test_a_table_is_read_again_when_a_commit_is_reported_its_lag_alone_otherwise(reported: Scenario,
+                                                                                 broker: str) -> None:
+    config = reported.config
+    model = StatusModel()
+    (first,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (1, 0)
+    assert first.health is not None and first.health.verdict == "ok", first.health
+    assert _lag(first) == reported.lag == {0: 10, 1: 0}
+
+    # Records arrive, nothing is committed: the lag alone is read again, and it is the truth.
+    produce_to(broker, config.kafka.topic, {1: 7})
+    reported.produced[1] += 7
+    (second,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (1, 1)
+    assert _lag(second) == reported.lag == {0: 10, 1: 7}
+    assert second.ingest.lag.total == collect_status(config).ingest.lag.total == 17
+    assert second.ingest.last_commit.snapshot_id == first.ingest.last_commit.snapshot_id == _current_snapshot(config)
+    assert second.ingest.last_commit.age_seconds >= first.ingest.last_commit.age_seconds
+
+    # A commit (reported by the committer): the table is read in full and shows it.
+    commit_units(reported, [[(0, 40, 50, ()), (1, 30, 37, ())]])
+    (third,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (2, 1)
+    assert _lag(third) == reported.lag == {0: 0, 1: 0}
+    assert third.ingest.last_commit.snapshot_id == _current_snapshot(config) != first.ingest.last_commit.snapshot_id
+    assert third.files.data_files == collect_status(config).files.data_files
+
+
+def test_without_a_report_folder_or_past_the_age_bound_every_pass_reads_in_full(tmp_path: Path,
+                                                                                broker: str,
+                                                                                reported: Scenario) -> None:
+    plain = build_scenario(tmp_path / "plain", broker, {0: 5}, [[(0, 0, 5, ())]])
+    model = StatusModel()
+    for _ in range(2):
+        model.collect([plain.config, reported.config])
+    assert (model.full_reads, model.lag_reads) == (3, 1)  # the reported table once in full, then its lag
+    aged = StatusModel(full_every_seconds=0.0)
+    for _ in range(2):
+        aged.collect([reported.config])
+    assert (aged.full_reads, aged.lag_reads) == (2, 0)
+
+
+def test_a_stopped_broker_is_asked_once_a_pass_and_named_for_every_table(tmp_path: Path, broker: str,
+                                                                         reported: Scenario) -> None:
+    from streamberg.common.broker import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    configs = [reported.config.model_copy(update={
+        "kafka": reported.config.kafka.model_copy(update={"bootstrap_servers": dead}),
+        "monitoring": reported.config.monitoring.model_copy(update={"broker_timeout_seconds": 2.0})})
+        for _ in range(3)]
+    with CollectionPass() as shared:
+        statuses = [collect_status(c, shared=shared) for c in configs]
+        assert len(shared._readers) == 1  # one reader for the broker, its failure kept for the pass
+    assert all(not s.ingest.broker.reachable for s in statuses)
+    assert len({s.ingest.broker.error for s in statuses}) == 1 and dead in statuses[0].ingest.broker.error
+    assert all(s.table_exists for s in statuses)  # the catalog still answered for each
