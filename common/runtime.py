@@ -61,6 +61,7 @@ class Runtime:
         self._consumers: dict[str, list[tuple[float, Consumer]]] = {}  # settings -> (given back at, consumer)
         self._admins: dict[str, Any] = {}
         self._topic_ids: dict[tuple[str, str], tuple[float, str]] = {}
+        self._asking: set[tuple[str, str]] = set()  # topic ids being asked in the background
         self._closers: list[Callable[[], None]] = []
         self._previous: Runtime | None = None
         self.opened = {"catalogs": 0, "engines": 0, "consumers": 0, "admins": 0}  # counted, for tests and status
@@ -155,15 +156,30 @@ class Runtime:
             return found
 
     def topic_id(self, settings: dict[str, Any], topic: str, timeout: float = 5.0) -> str:
-        """The topic's id as the broker gives it, asked again after TOPIC_ID_SECONDS ("" where
-        it gives none or cannot be asked: then the topic's name alone stands for it)."""
-        from confluent_kafka import TopicCollection
-
+        """The topic's id as the broker gives it ("" where it gives none or cannot be asked: then
+        the topic's name alone stands for it). Once TOPIC_ID_SECONDS old the id is asked again
+        in the background and the one held answers meanwhile (a read to the kept tail's end
+        never waits on the broker for a fact it holds: that wait was one read in twenty);
+        past twice that, or never asked, it is asked before answering. A topic deleted and
+        made again is so seen within 2 x TOPIC_ID_SECONDS."""
         key = (str(settings.get("bootstrap.servers")), topic)
         with self._lock:
             asked_at, found = self._topic_ids.get(key, (float("-inf"), ""))
-        if time.monotonic() - asked_at < TOPIC_ID_SECONDS:
-            return found
+            age = time.monotonic() - asked_at
+            if age < TOPIC_ID_SECONDS:
+                return found
+            if age < 2 * TOPIC_ID_SECONDS:
+                if key not in self._asking:
+                    self._asking.add(key)
+                    threading.Thread(target=self._ask_topic_id, args=(settings, topic, timeout), daemon=True,
+                                     name="topic-id").start()
+                return found
+        return self._ask_topic_id(settings, topic, timeout)
+
+    def _ask_topic_id(self, settings: dict[str, Any], topic: str, timeout: float) -> str:
+        from confluent_kafka import TopicCollection
+
+        key = (str(settings.get("bootstrap.servers")), topic)
         try:
             described = self.admin(settings).describe_topics(TopicCollection([topic]), request_timeout=timeout)
             answer = described[topic].result(timeout)
@@ -172,6 +188,7 @@ class Runtime:
             found = ""
         with self._lock:
             self._topic_ids[key] = (time.monotonic(), found)
+            self._asking.discard(key)
         return found
 
     # -- life --------------------------------------------------------------------------------------------
