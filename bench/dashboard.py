@@ -171,7 +171,6 @@ def main() -> int:
             configs = _make_tables(folder, info.bootstrap, args.tables)
             print(f"{args.tables} tables made in {time.monotonic() - made:.1f} s", flush=True)
             rss_before = _rss_mib()
-            passes = _model_passes(configs)
             model = StatusModel()
 
             def collect() -> FleetStatus:
@@ -214,6 +213,7 @@ def main() -> int:
                 rss_after = _rss_mib()
             finally:
                 server.shutdown()
+            passes = _model_passes(configs)  # after the memory figures: it holds models of its own
             result = {"stamp": stamp, "command": " ".join(sys.argv), "tables": args.tables,
                       "scrape_p50_s": _pct(scrapes, 50), "scrape_p95_s": _pct(scrapes, 95),
                       "scrape_max_s": round(max(scrapes), 4), "catalog_calls_during_scrapes": catalog_calls,

@@ -45,8 +45,10 @@ def lag_reader(config: StreambergConfig, timeout_seconds: float) -> WatermarkRea
 
 
 def lag_reader_key(config: StreambergConfig) -> str:
-    """Tables whose lag one reader may read: the same broker, settings and group."""
-    return json.dumps(_settings(config), sort_keys=True, default=str)
+    """Tables whose lag one reader may read: the same broker and client settings. The group id
+    is left out: the reader never joins a group nor commits (it asks metadata, offsets and
+    records of assigned partitions), so the first table's serves a pass of many."""
+    return json.dumps({k: v for k, v in _settings(config).items() if k != "group.id"}, sort_keys=True, default=str)
 
 
 def _settings(config: StreambergConfig) -> dict:

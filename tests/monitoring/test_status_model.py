@@ -81,10 +81,12 @@ def test_a_stopped_broker_is_asked_once_a_pass_and_named_for_every_table(tmp_pat
     from streamberg.common.broker import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    # Three tables' clients differing in their group id alone (each table's own): one broker.
     configs = [reported.config.model_copy(update={
-        "kafka": reported.config.kafka.model_copy(update={"bootstrap_servers": dead}),
+        "kafka": reported.config.kafka.model_copy(update={"bootstrap_servers": dead, "group_id": f"group-{i}"}),
         "monitoring": reported.config.monitoring.model_copy(update={"broker_timeout_seconds": 2.0})})
-        for _ in range(3)]
+        for i in range(3)]
+    assert len({c.ingest_target.consumer_group for c in configs}) == 3
     with CollectionPass() as shared:
         statuses = [collect_status(c, shared=shared) for c in configs]
         assert len(shared._readers) == 1  # one reader for the broker, its failure kept for the pass
