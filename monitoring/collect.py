@@ -94,7 +94,7 @@ class CollectionPass:
 
     def governor_document(self, state_dir: str) -> Any:
         if state_dir not in self._governor:
-            self._governor[state_dir] = _read_governor_document(state_dir)
+            self._governor[state_dir] = governor_document(state_dir)
         return self._governor[state_dir]
 
     def close(self) -> None:
@@ -336,19 +336,26 @@ def _queries(kept: TableRuntime) -> dict[str, Any]:
     return {**found, "cluster_columns": list(config.compactor.columns)}
 
 
-def _read_governor_document(state_dir: str) -> dict[str, Any] | None:
+def state_document(state_dir: str, name: str) -> dict[str, Any] | None:
+    """A JSON object `streamberg govern` keeps in the state folder (its state, its heartbeat),
+    or None when there is none or it is not one."""
     try:
-        document = json.loads((Path(state_dir) / GOVERN_STATE_FILE).read_text())
+        document = json.loads((Path(state_dir) / name).read_text())
     except (OSError, ValueError):
         return None
     return document if isinstance(document, dict) else None
+
+
+def governor_document(state_dir: str) -> dict[str, Any] | None:
+    """`streamberg govern`'s last state (<state_dir>/govern.json), or None."""
+    return state_document(state_dir, GOVERN_STATE_FILE)
 
 
 def governor_state(config: StreambergConfig, shared: CollectionPass | None = None) -> dict[str, Any] | None:
     """What `streamberg govern` last wrote about this table (<state_dir>/govern.json; read
     once for a whole pass of many tables)."""
     state_dir = config.ingest.state_dir
-    document = shared.governor_document(state_dir) if shared is not None else _read_governor_document(state_dir)
+    document = shared.governor_document(state_dir) if shared is not None else governor_document(state_dir)
     if document is None:
         return None
     mine = config.table.identifier

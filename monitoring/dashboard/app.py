@@ -29,10 +29,10 @@ from typing import Any
 from flask import Flask, Response, abort, redirect, render_template, request
 
 from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
+from streamberg.monitoring.collect import governor_document
 from streamberg.monitoring.dashboard.views import (
     FIRST_ROWS,
     fleet_page,
-    governor_document,
     governor_page,
     heartbeat_document,
     table_page,

@@ -5,13 +5,12 @@ templates render and `/api/*.json` returns. Nothing here asks the catalog or the
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
+from streamberg.common.policy import GOVERN_HEARTBEAT_FILE
+from streamberg.monitoring.collect import state_document
 from streamberg.monitoring.fleet import FleetStatus
 from streamberg.monitoring.model import Status
 
@@ -33,26 +32,13 @@ FIRST_ROWS = 60
 VERDICT_RANK = {"critical": 0, "paused": 1, "warn": 2, "ok": 3}
 
 
-def governor_document(state_dir: str) -> dict[str, Any] | None:
-    """`streamberg govern`'s last state (<state_dir>/govern.json), or None."""
-    try:
-        document = json.loads((Path(state_dir) / GOVERN_STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
-
-
 def _namespace(identifier: str) -> str:
     return identifier.rsplit(".", 1)[0] if "." in identifier else ""
 
 
 def heartbeat_document(state_dir: str) -> dict[str, Any] | None:
     """`streamberg govern`'s heartbeat (<state_dir>/govern.heartbeat), or None."""
-    try:
-        document = json.loads((Path(state_dir) / GOVERN_HEARTBEAT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
+    return state_document(state_dir, GOVERN_HEARTBEAT_FILE)
 
 
 def running_actions(heartbeat: dict[str, Any] | None) -> list[dict[str, Any]]:
