@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyiceberg.catalog import Catalog
+if TYPE_CHECKING:  # annotations only: the config package's loading reads this registry
+    from pyiceberg.catalog import Catalog
 
-from streamberg.common.config.table import CatalogConfig
+    from streamberg.common.config.table import CatalogConfig
 
 DEFAULT_STATE_URI = "sqlite:///.streamberg/state.db"
 
@@ -53,69 +54,57 @@ class CatalogKind:
         return None if self.state_in_catalog else (config.state_uri or DEFAULT_STATE_URI)
 
 
+# The openers and Java properties live a floor below (common/catalog_open.py,
+# common/catalog_java.py) and are imported on use: the config's loading reads this registry
+# (its kinds' local paths), and sqlalchemy with pyiceberg's SQL catalog would add ~0.45 s to
+# every command's start. Neither module imports this one, the config or common/catalog.py:
+# no import circle (tests/test_architecture.py refuses one).
+
+
 def _sql_open(config: CatalogConfig) -> Catalog:
-    from streamberg.common.catalog import open_sql_catalog
+    from streamberg.common.catalog_open import open_sql_catalog
 
     return open_sql_catalog(config)
 
 
 def _sql_readonly(config: CatalogConfig, timeout: int) -> Catalog:
-    from streamberg.common.catalog import open_sql_catalog_readonly
+    from streamberg.common.catalog_open import open_sql_catalog_readonly
 
     return open_sql_catalog_readonly(config, timeout)
 
 
 def _rest_open(config: CatalogConfig) -> Catalog:
-    from streamberg.common.catalog import open_rest_catalog
+    from streamberg.common.catalog_open import open_rest_catalog
 
     return open_rest_catalog(config)
 
 
 def _rest_readonly(config: CatalogConfig, timeout: int) -> Catalog:
-    from streamberg.common.catalog import open_rest_catalog_readonly
+    from streamberg.common.catalog_open import rest_catalog_readonly
 
-    return open_rest_catalog_readonly(config)
+    return rest_catalog_readonly(config, timeout)
 
 
 def _glue_open(config: CatalogConfig, timeout: int = 0) -> Catalog:
-    from streamberg.common.catalog import open_metastore_catalog
-    from streamberg.common.metadata_files import pruning_glue_catalog
+    from streamberg.common.catalog_open import open_glue_catalog
 
-    region = config.properties.get("glue.region", "region from the environment")
-    return open_metastore_catalog(config, pruning_glue_catalog(), {}, f"glue catalog Glue ({region})")
+    return open_glue_catalog(config, timeout)
 
 
 def _hive_open(config: CatalogConfig, timeout: int = 0) -> Catalog:
-    from streamberg.common.catalog import open_metastore_catalog
-    from streamberg.common.metadata_files import pruning_hive_catalog
-    from streamberg.common.redact import redact
+    from streamberg.common.catalog_open import open_hive_catalog
 
-    return open_metastore_catalog(config, pruning_hive_catalog(), {"uri": config.uri},
-                                  f"hive catalog {redact(config.uri)}")
+    return open_hive_catalog(config, timeout)
 
 
-def _jdbc(config: CatalogConfig) -> dict[str, str]:
-    from streamberg.common.spark import jdbc_catalog_properties
+def _java(name: str) -> Callable[[CatalogConfig], dict[str, str]]:
+    """The kind's Iceberg Java properties (common/catalog_java.py), imported on use."""
+    def properties(config: CatalogConfig) -> dict[str, str]:
+        from streamberg.common import catalog_java
 
-    return jdbc_catalog_properties(config)
-
-
-def _rest_java(config: CatalogConfig) -> dict[str, str]:
-    from streamberg.common.spark import rest_catalog_properties
-
-    return rest_catalog_properties(config)
-
-
-def _glue_java(config: CatalogConfig) -> dict[str, str]:
-    from streamberg.common.spark import glue_catalog_properties
-
-    return glue_catalog_properties(config)
-
-
-def _hive_java(config: CatalogConfig) -> dict[str, str]:
-    from streamberg.common.spark import hive_catalog_properties
-
-    return hive_catalog_properties(config)
+        return getattr(catalog_java, name)(config)
+    properties.__name__ = name
+    return properties
 
 
 def _sql_jars(config: CatalogConfig) -> list[str]:
@@ -139,16 +128,16 @@ def _none(config: CatalogConfig) -> list[str]:
 
 
 AVAILABLE_CATALOGS: dict[str, CatalogKind] = {
-    "sql": CatalogKind("sql", _sql_open, _sql_readonly, _jdbc, state_in_catalog=True,
+    "sql": CatalogKind("sql", _sql_open, _sql_readonly, _java("jdbc_catalog_properties"), state_in_catalog=True,
                        local_paths=("uri", "warehouse", "scan_reports_dir"), describe=lambda c: f"sql {c.uri}", spark_jars=_sql_jars),
-    "rest": CatalogKind("rest", _rest_open, _rest_readonly, _rest_java, state_in_catalog=False,
+    "rest": CatalogKind("rest", _rest_open, _rest_readonly, _java("rest_catalog_properties"), state_in_catalog=False,
                         local_paths=("state_uri", "credential_file", "token_file", "scan_reports_dir"),
                         describe=lambda c: f"rest {c.uri}", spark_jars=_none, warehouse_named_by_server=True),
-    "glue": CatalogKind("glue", _glue_open, _glue_open, _glue_java, state_in_catalog=False,
+    "glue": CatalogKind("glue", _glue_open, _glue_open, _java("glue_catalog_properties"), state_in_catalog=False,
                         local_paths=("state_uri", "scan_reports_dir"),
                         describe=lambda c: f"glue {c.properties.get('glue.region', '(region from the environment)')}",
                         spark_jars=_aws_jars),
-    "hive": CatalogKind("hive", _hive_open, _hive_open, _hive_java, state_in_catalog=False,
+    "hive": CatalogKind("hive", _hive_open, _hive_open, _java("hive_catalog_properties"), state_in_catalog=False,
                         local_paths=("state_uri", "scan_reports_dir"), describe=lambda c: f"hive {c.uri}", spark_jars=_none),
 }
 

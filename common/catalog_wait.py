@@ -13,7 +13,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import CATALOG_CONNECT_TIMEOUT_SECONDS, open_catalog_readonly
+from streamberg.common.catalog import open_catalog_readonly
+from streamberg.common.catalog_open import CATALOG_CONNECT_TIMEOUT_SECONDS
 from streamberg.common.config import CatalogConfig, StreambergConfig
 from streamberg.common.errors import CatalogUnreachable, StreambergError
 from streamberg.common.log import get_logger

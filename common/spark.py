@@ -30,9 +30,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
-from streamberg.common.catalog import SQLITE_BUSY_TIMEOUT_SECONDS
+from streamberg.common.catalog_java import is_s3_warehouse
+from streamberg.common.catalog_kinds import kind_of
 from streamberg.common.config import CatalogConfig
 from streamberg.common.errors import MissingJarError, SparkCatalogError
 from streamberg.common.jars import (
@@ -43,108 +42,15 @@ from streamberg.common.jars import (
     sqlite_jdbc_jar,
 )
 from streamberg.common.log import get_logger
-from streamberg.common.redact import redact
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
-JDBC_CATALOG_IMPL = "org.apache.iceberg.jdbc.JdbcCatalog"
-S3_FILE_IO_IMPL = "org.apache.iceberg.aws.s3.S3FileIO"
-# Warehouse schemes served by S3FileIO (pyiceberg reads the same three with pyarrow).
-S3_SCHEMES = ("s3", "s3a", "s3n")
 # A class of the AWS SDK v2 S3 client that S3FileIO links against: present iff the jars are.
 AWS_SDK_S3_CLIENT = "software.amazon.awssdk.services.s3.S3Client"
 
 
-def jdbc_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
-    """Iceberg JdbcCatalog properties equivalent to pyiceberg's SqlCatalog for `catalog`."""
-    url = make_url(catalog.uri)
-    backend = url.get_backend_name()
-    props: dict[str, str] = {
-        "catalog-impl": JDBC_CATALOG_IMPL,
-        "warehouse": catalog.warehouse,
-        "jdbc.schema-version": "V0",
-        # pyiceberg creates the catalog tables. Iceberg 1.10's JdbcCatalog checks for them with
-        # DatabaseMetaData.getTables() and never closes that ResultSet; on SQLite the open
-        # statement pins an old WAL snapshot on a pooled connection, so later reads are stale
-        # and commits fail with SQLITE_BUSY_SNAPSHOT. Skipping the check avoids the leak.
-        "jdbc.init-catalog-tables": "false",
-        # Another engine (pyiceberg ingest) commits to the same tables all the time: never
-        # serve a cached, stale table to a Spark query.
-        "cache-enabled": "false",
-    }
-    if backend == "sqlite":
-        if not url.database or url.database == ":memory:":
-            raise SparkCatalogError(f"catalog.uri {redact(catalog.uri)!r}: an in-memory SQLite catalog cannot be shared with Spark")
-        props["uri"] = f"jdbc:sqlite:{url.database}"
-        # Passed to the xerial driver as a connection property (JdbcCatalog strips "jdbc.").
-        props["jdbc.busy_timeout"] = str(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)
-    elif backend in ("postgresql", "postgres"):
-        host = url.host or "localhost"
-        port = f":{url.port}" if url.port else ""
-        props["uri"] = f"jdbc:postgresql://{host}{port}/{url.database or ''}"
-        if url.username:
-            props["jdbc.user"] = url.username
-        if url.password:
-            props["jdbc.password"] = str(url.password)
-    else:
-        raise SparkCatalogError(
-            f"catalog.uri {redact(catalog.uri)!r}: Spark can share sqlite or postgresql catalogs, not {backend!r}"
-        )
-    if is_s3_warehouse(catalog):
-        # Java's default FileIO (HadoopFileIO) would need hadoop-aws; S3FileIO needs only the
-        # AWS SDK v2 (spark_s3_jars).
-        props["io-impl"] = S3_FILE_IO_IMPL
-        # pyiceberg takes the region as s3.region or client.region, S3FileIO only as client.region.
-        if "s3.region" in catalog.properties and "client.region" not in catalog.properties:
-            props["client.region"] = catalog.properties["s3.region"]
-    # FileIO settings (s3.endpoint, s3.access-key-id, s3.secret-access-key,
-    # s3.path-style-access, ...) mean the same to pyiceberg and Iceberg's Java FileIO.
-    props.update(catalog.properties)
-    return props
-
-
-def is_s3_warehouse(catalog: CatalogConfig) -> bool:
-    scheme, separator, _ = catalog.warehouse.partition("://")
-    return bool(separator) and scheme.lower() in S3_SCHEMES
-
-
-def rest_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
-    """Iceberg Java's RESTCatalog properties for `catalog`: the keys pyiceberg's RestCatalog
-    is given (common/catalog.rest_properties), the same names in both clients."""
-    from streamberg.common.catalog import rest_properties
-
-    props = {"type": "rest", **rest_properties(catalog)}
-    # Another engine (pyiceberg ingest) commits to the same tables all the time.
-    props.setdefault("cache-enabled", "false")
-    if is_s3_warehouse(catalog) and "io-impl" not in props:
-        props["io-impl"] = S3_FILE_IO_IMPL
-    return props
-
-
-def _metastore_properties(catalog: CatalogConfig, kind: str, own: dict[str, str], s3: bool) -> dict[str, str]:
-    """Iceberg Java's Glue or Hive catalog properties: the same warehouse, the pass-through
-    properties (glue.id, glue.endpoint, client.region and the FileIO's own) as pyiceberg's."""
-    props = {"type": kind, "warehouse": catalog.warehouse, "cache-enabled": "false", **own}
-    if (s3 or is_s3_warehouse(catalog)) and "io-impl" not in catalog.properties:
-        props["io-impl"] = S3_FILE_IO_IMPL
-    props.update(catalog.properties)
-    return props
-
-
-def glue_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
-    region = catalog.properties.get("glue.region")
-    # Iceberg Java names the region client.region; Glue is AWS: S3FileIO whatever the warehouse.
-    return _metastore_properties(catalog, "glue", {"client.region": region} if region else {}, s3=True)
-
-
-def hive_catalog_properties(catalog: CatalogConfig) -> dict[str, str]:
-    return _metastore_properties(catalog, "hive", {"uri": catalog.uri}, s3=False)
-
-
 def spark_catalog_conf(catalog: CatalogConfig) -> dict[str, str]:
     """Spark conf entries registering `catalog` as a Spark catalog of the same name."""
-    from streamberg.common.catalog_kinds import kind_of
-
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: SPARK_CATALOG_CLASS}
     conf.update({f"{prefix}.{key}": value for key, value in kind_of(catalog).java_properties(catalog).items()})
@@ -162,8 +68,6 @@ def spark_jars(catalog: CatalogConfig | None = None) -> list[str]:
     Without a catalog (a shared session whose catalogs are registered later), the PostgreSQL
     driver is added when installed: a JDBC driver must be on the classpath from the start.
     """
-    from streamberg.common.catalog_kinds import kind_of
-
     jars = [str(iceberg_spark_runtime_jar()), str(sqlite_jdbc_jar())]
     try:  # the scan-report writer (common/report_jar.py): on the classpath of every session
         from streamberg.common.report_jar import report_jar

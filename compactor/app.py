@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.catalog import close_catalog, state_engine
+from streamberg.common.catalog import state_engine
+from streamberg.common.catalog_open import close_catalog
 from streamberg.common.catalog_wait import open_existing_table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError

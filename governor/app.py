@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from streamberg.common.catalog import first_line
+from streamberg.common.catalog_open import first_line
 from streamberg.common.log import get_logger
 from streamberg.common.policy import GOVERN_HEARTBEAT_FILE as HEARTBEAT_FILE
 from streamberg.common.policy import GOVERN_STATE_FILE as STATE_FILE

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamberg.common.catalog import first_line, shared_catalog, state_engine
+from streamberg.common.catalog import shared_catalog, state_engine
+from streamberg.common.catalog_open import first_line
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due, Executor

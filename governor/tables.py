@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from streamberg.common.catalog import first_line, shared_catalog
+from streamberg.common.catalog import shared_catalog
+from streamberg.common.catalog_open import first_line
 from streamberg.common.config import StreambergConfig, config_from_dump
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config

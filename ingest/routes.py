@@ -78,7 +78,7 @@ class TableCapReached(Exception):
 
 def exc_reason(exc: BaseException) -> str:
     """One line for status and logs: the error's class and the first line of its text, redacted."""
-    from streamberg.common.catalog import first_line
+    from streamberg.common.catalog_open import first_line
 
     return first_line(exc)[:500]
 

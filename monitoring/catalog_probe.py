@@ -6,7 +6,8 @@ the names monitoring imports.
 
 from __future__ import annotations
 
-from streamberg.common.catalog import first_line, open_catalog_readonly
+from streamberg.common.catalog import open_catalog_readonly
+from streamberg.common.catalog_open import first_line
 from streamberg.common.errors import CatalogUnreachable
 
 __all__ = ["CatalogUnreachable", "first_line", "open_catalog_readonly"]

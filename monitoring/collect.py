@@ -19,7 +19,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import close_catalog, state_engine
+from streamberg.common.catalog import state_engine
+from streamberg.common.catalog_open import close_catalog
 from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig

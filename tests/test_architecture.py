@@ -358,3 +358,120 @@ def test_policy_is_parsed_only_by_the_table_runtime() -> None:
     assert not wrong, f"policy parsed outside common/table_runtime.py: {wrong}"
     sample = ROOT / "tests" / "governor" / "test_scheduler.py"  # the check sees an import when there is one
     assert _policy_parsers_imported(sample) >= {"policy_of", "policy_for"}
+
+
+# -- no import circle ---------------------------------------------------------------------------
+
+class _Imports(ast.NodeVisitor):
+    """Every `streamberg...` module a file imports when it runs, at any depth (an import inside
+    a function is an import all the same); what `if TYPE_CHECKING:` guards never runs and is
+    left out."""
+
+    def __init__(self) -> None:
+        self.found: set[str] = set()
+
+    def visit_If(self, node: ast.If) -> None:
+        if ast.unparse(node.test).split(".")[-1] == "TYPE_CHECKING":
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.found |= {a.name for a in node.names}
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and node.level == 0:
+            self.found.add(node.module)
+            self.found |= {f"{node.module}.{a.name}" for a in node.names}
+
+
+def _import_graph(root: Path, folders: tuple[str, ...], package: str = "streamberg") -> dict[str, set[str]]:
+    """module -> the package's modules it imports. Importing `a.b.c` runs the package `a.b`
+    too (its __init__), except from inside `a.b` itself: a circle through a package's
+    re-exports is a circle."""
+    paths = {}
+    for folder in folders:
+        for path in (root / folder).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            paths[".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)])] = path
+    modules = set(paths)
+    graph = {}
+    for module, path in paths.items():
+        visitor = _Imports()
+        visitor.visit(ast.parse(path.read_text(), filename=str(path)))
+        deps = set()
+        for name in visitor.found:
+            parts = name.split(".")
+            for end in range(2, len(parts) + 1):  # the module and every package above it
+                target = ".".join(parts[:end])
+                inside = module == target or module.startswith(target + ".")
+                if target in modules and not inside:
+                    deps.add(target)
+        graph[module] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    """No two modules of the product reach each other through imports, lazy ones included (a
+    function-level import hid the catalog's circle: catalog -> catalog_kinds -> catalog, the
+    config's loading -> catalog_kinds -> spark -> catalog -> config). A floor stands on the
+    ones below it only."""
+    graph = _import_graph(ROOT, PRODUCT)
+    assert "streamberg.common.catalog_kinds" in graph["streamberg.common.config.loading"]  # the graph sees imports
+    circles = _circles(graph)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_circles(tmp_path: Path) -> None:
+    """A circle through a lazy import, and one through a package's __init__, are found; an
+    import guarded by TYPE_CHECKING is not one."""
+    (tmp_path / "a" / "p").mkdir(parents=True)
+    (tmp_path / "a" / "one.py").write_text("def f():\n    from streamberg.a import two\n")
+    (tmp_path / "a" / "two.py").write_text("import streamberg.a.one\n")
+    (tmp_path / "a" / "p" / "__init__.py").write_text("from streamberg.a.p.inner import X\n")
+    (tmp_path / "a" / "p" / "inner.py").write_text("from streamberg.a.three import Y\nX = 1\n")
+    (tmp_path / "a" / "three.py").write_text("from streamberg.a.p.other import Z\nY = 1\n")
+    (tmp_path / "a" / "p" / "other.py").write_text("Z = 1\n")
+    (tmp_path / "a" / "four.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            "    from streamberg.a import five\n")
+    (tmp_path / "a" / "five.py").write_text("from streamberg.a import four\n")
+    circles = _circles(_import_graph(tmp_path, ("a",)))
+    assert ["streamberg.a.one", "streamberg.a.two"] in circles
+    assert ["streamberg.a.p", "streamberg.a.p.inner", "streamberg.a.three"] in circles
+    assert not [c for c in circles if "streamberg.a.four" in c]
