@@ -244,6 +244,25 @@ def activate(spark: Any) -> None:
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
+def release_callback_connections(spark: Any) -> None:
+    """Close the JVM's connections to this Python process that nothing used since the last call.
+
+    A streaming query's `foreachBatch` is called from the query's own JVM thread, a new one
+    every query; in PySpark's pinned-thread mode py4j gives each such thread a connection of
+    its own (a socket in the JVM, a socket and a serving thread here) and keeps it in its pool
+    after the thread ends: py4j's PythonClient never cleans that pool (its cleaner is off). A
+    process that runs a query a compaction (`govern`, `run`) grew by a socket pair each
+    (bench/govern_fleet.py: 70 in ten minutes). py4j's own cleanup closes the pooled
+    connections not used since its previous call; a connection in use is out of the pool, and
+    a live thread whose idle connection was closed opens a new one on its next call (a
+    continuous query keeps running across it). Called when a query ends; a failure is logged,
+    never raised (the query's work is done)."""
+    try:
+        spark.sparkContext._gateway.java_gateway_server.getCallbackClient().periodicCleanup()
+    except Exception as exc:  # noqa: BLE001 - another gateway (a Spark Connect client): nothing to release
+        get_logger("spark").debug("callback connections not released", error=str(exc).splitlines()[0][:200])
+
+
 # A Spark local property: scans planned while it is "true" are the product's own work and not
 # reported as queries (common/jvm_reporter/StreambergReportWriter.java).
 OWN_SCANS_PROPERTY = "streamberg.own-scans"

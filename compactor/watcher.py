@@ -35,7 +35,7 @@ from typing import Any
 
 from streamberg.common.errors import StreamFailed
 from streamberg.common.log import get_logger
-from streamberg.common.spark import activate
+from streamberg.common.spark import activate, release_callback_connections
 from streamberg.compactor.compactor import Compactor, PassReport
 
 SKIP_OPTIONS = {
@@ -254,6 +254,9 @@ class SnapshotWatcher:
                 pass
             if query.isActive:
                 query.stop()
+            # The query's JVM thread is gone; its connection back to this process is not
+            # (py4j keeps it): a governor running a query a compaction leaked one each.
+            release_callback_connections(self.spark)
 
     def _await(self, query: Any, timeout: float | None) -> bool:
         try:
