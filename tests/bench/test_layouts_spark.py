@@ -15,7 +15,8 @@ from streamberg.bench.skipping.predicates import SamplerSpec
 from streamberg.bench.skipping.report import write_report
 from streamberg.bench.skipping.results import BenchResult, format_tables
 
-pytestmark = pytest.mark.spark
+# Its layouts are built once for the module: 43 s on 2 cores (make test-fast --durations, 2026-11-29).
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 FILES = 20
 

@@ -97,6 +97,7 @@ class Source:
         return out
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_debezium_positions_keep_replays_rewinds_and_moved_keys_from_overwriting(tmp_path: Path, broker: str,
                                                                                   spark) -> None:
     config = cdc_config(tmp_path, broker, "debezium", {"ingest": {

@@ -13,6 +13,8 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import applied_snapshot_id, ingest_config, merge_position
 from streamberg.common.offsets import summary_properties
@@ -63,6 +65,7 @@ def _produce(config, batches) -> None:
     assert producer.flush(30) == 0
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_upsert_envelope_with_tombstones_read_alike_by_three_readers(tmp_path: Path, broker: str, spark) -> None:
     config = cdc_config(tmp_path, broker, "upsert", {"maintenance": {"changelog": {"keep_applied_seconds": 0},
                                                                      "orphan": {"enabled": False}}},

@@ -106,6 +106,7 @@ def test_full_mode_reclusters_optimized_files(spark, tmp_path) -> None:
     assert last[SummaryKeys.COMPACTOR_MODE] == "full" and last[SummaryKeys.COMPACTOR_STRATEGY] == "hilbert" and SummaryKeys.COMPACTOR_BATCH_ID not in last
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_bucket_and_day_partitions_written_by_spark(spark, spark_catalog, tmp_path) -> None:
     """The demo table's spec (day(ts), bucket[4](user_id)), appended by Spark SQL INSERTs."""
     spec = [{"source": "ts", "transform": "day"}, {"source": "user_id", "transform": "bucket[4]"}]

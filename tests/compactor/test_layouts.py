@@ -74,6 +74,7 @@ def test_ranks_are_dense_and_order_preserving_for_any_orderable_type(spark) -> N
     assert len(region_ranks) == 3 and region_ranks[-1] >= (1 << bits) // 2
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_apply_layout_keeps_rows_and_makes_disjoint_ordered_partitions(spark) -> None:
     from pyspark.sql import functions as F
 

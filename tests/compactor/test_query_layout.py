@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from streamberg.common.catalog import ensure_table, load_catalog
@@ -30,6 +31,7 @@ def _config(tmp_path: Path):
     return config
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_clustering_columns_follow_what_queries_filter(tmp_path: Path, spark, spark_catalog) -> None:
     config = _config(tmp_path)
     reports = Path(config.catalog.scan_reports_dir)

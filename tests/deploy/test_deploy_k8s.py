@@ -303,6 +303,7 @@ def test_a_config_of_many_is_deployed_whole(tmp_path: Path) -> None:
         os.environ.update(saved)
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_images_state_paths_and_secret_files_are_said_or_refused(tmp_path: Path) -> None:
     path = _config(tmp_path)
     proc = streamberg("deploy", "k8s", "--config", str(path), *S3_JARS)

@@ -161,6 +161,7 @@ def test_avro_records_land_the_table_evolves_with_the_writer_schema_and_bad_byte
                               config.kafka.topic).offsets[0] == 54
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_a_registry_that_cannot_answer_stops_the_ingest_and_advances_nothing(tmp_path: Path, broker: str,
                                                                              registry) -> None:
     url = registry.url.replace("http://", "http://reader:s3cr3t-pass@")

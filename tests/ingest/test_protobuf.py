@@ -302,6 +302,7 @@ def _zigzag(n: int) -> bytes:
             return bytes(out)
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_a_registry_outage_stops_the_protobuf_ingest_and_advances_nothing(tmp_path: Path, broker: str,
                                                                           registry) -> None:
     from streamberg.common.errors import RegistryUnavailable

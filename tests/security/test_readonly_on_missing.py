@@ -57,6 +57,7 @@ def test_missing_catalog_database_creates_nothing(tmp_path: Path, args: tuple[st
     assert _tree(work) == before
 
 
+@pytest.mark.slow  # 9-12 s alone on 2 cores (make test-fast --durations, 2026-11-29)
 def test_missing_table_in_an_existing_catalog_creates_nothing(tmp_path: Path) -> None:
     work = tmp_path / "work"
     config = load_config(write_config(work))
