@@ -260,7 +260,8 @@ def release_callback_connections(spark: Any) -> None:
     try:
         spark.sparkContext._gateway.java_gateway_server.getCallbackClient().periodicCleanup()
     except Exception as exc:  # noqa: BLE001 - another gateway (a Spark Connect client): nothing to release
-        get_logger("spark").debug("callback connections not released", error=str(exc).splitlines()[0][:200])
+        get_logger("spark").debug("callback connections not released",
+                                  error=(str(exc).splitlines() or [type(exc).__name__])[0][:200])
 
 
 # A Spark local property: scans planned while it is "true" are the product's own work and not

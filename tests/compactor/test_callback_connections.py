@@ -34,3 +34,17 @@ def test_compactions_one_after_another_keep_callback_connections_bounded(spark, 
     # Before: one more connection a compaction (counts like [2, 3, 4, 5, 6, 7]); now the ones
     # no thread used since the previous query's end are closed.
     assert max(counts[2:]) <= counts[1] + 1, counts
+
+
+def test_a_session_without_py4j_callbacks_is_left_alone() -> None:
+    """A session whose gateway has no callback client (a Spark Connect client, a gateway that
+    failed) is not an error: the query's work is done; nothing is raised, whatever the error says."""
+    from streamberg.common.spark import release_callback_connections
+
+    class Silent:
+        @property
+        def sparkContext(self):  # PySpark's name
+            raise RuntimeError()  # no message at all
+
+    release_callback_connections(Silent())
+    release_callback_connections(object())
