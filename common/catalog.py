@@ -1,7 +1,11 @@
-"""Catalog access shared by ingest, compactor and the CLI.
+"""What works on tables through a catalog, shared by ingest, compactor and the CLI: a
+catalog opened by its kind (common/catalog_kinds.py; read-only for readers, the shared one
+the runtime's), tables and namespaces made or checked, route records, schema evolution, and
+the database of streamberg's own tables.
 
-One SQL catalog (pyiceberg SqlCatalog; SQLite by default, PostgreSQL in production). The
-same database is read by Spark's Iceberg JdbcCatalog, so both engines see one table.
+How each kind is opened lives a floor below (common/catalog_open.py). A SQL catalog's
+database (SQLite by default, PostgreSQL in production) is read by Spark's Iceberg
+JdbcCatalog too, so both engines see one table.
 """
 
 from __future__ import annotations
