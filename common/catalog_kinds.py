@@ -97,14 +97,28 @@ def _hive_open(config: CatalogConfig, timeout: int = 0) -> Catalog:
     return open_hive_catalog(config, timeout)
 
 
-def _java(name: str) -> Callable[[CatalogConfig], dict[str, str]]:
-    """The kind's Iceberg Java properties (common/catalog_java.py), imported on use."""
-    def properties(config: CatalogConfig) -> dict[str, str]:
-        from streamberg.common import catalog_java
+def _jdbc_java(config: CatalogConfig) -> dict[str, str]:
+    from streamberg.common.catalog_java import jdbc_catalog_properties
 
-        return getattr(catalog_java, name)(config)
-    properties.__name__ = name
-    return properties
+    return jdbc_catalog_properties(config)
+
+
+def _rest_java(config: CatalogConfig) -> dict[str, str]:
+    from streamberg.common.catalog_java import rest_catalog_properties
+
+    return rest_catalog_properties(config)
+
+
+def _glue_java(config: CatalogConfig) -> dict[str, str]:
+    from streamberg.common.catalog_java import glue_catalog_properties
+
+    return glue_catalog_properties(config)
+
+
+def _hive_java(config: CatalogConfig) -> dict[str, str]:
+    from streamberg.common.catalog_java import hive_catalog_properties
+
+    return hive_catalog_properties(config)
 
 
 def _sql_jars(config: CatalogConfig) -> list[str]:
@@ -128,16 +142,16 @@ def _none(config: CatalogConfig) -> list[str]:
 
 
 AVAILABLE_CATALOGS: dict[str, CatalogKind] = {
-    "sql": CatalogKind("sql", _sql_open, _sql_readonly, _java("jdbc_catalog_properties"), state_in_catalog=True,
+    "sql": CatalogKind("sql", _sql_open, _sql_readonly, _jdbc_java, state_in_catalog=True,
                        local_paths=("uri", "warehouse", "scan_reports_dir"), describe=lambda c: f"sql {c.uri}", spark_jars=_sql_jars),
-    "rest": CatalogKind("rest", _rest_open, _rest_readonly, _java("rest_catalog_properties"), state_in_catalog=False,
+    "rest": CatalogKind("rest", _rest_open, _rest_readonly, _rest_java, state_in_catalog=False,
                         local_paths=("state_uri", "credential_file", "token_file", "scan_reports_dir"),
                         describe=lambda c: f"rest {c.uri}", spark_jars=_none, warehouse_named_by_server=True),
-    "glue": CatalogKind("glue", _glue_open, _glue_open, _java("glue_catalog_properties"), state_in_catalog=False,
+    "glue": CatalogKind("glue", _glue_open, _glue_open, _glue_java, state_in_catalog=False,
                         local_paths=("state_uri", "scan_reports_dir"),
                         describe=lambda c: f"glue {c.properties.get('glue.region', '(region from the environment)')}",
                         spark_jars=_aws_jars),
-    "hive": CatalogKind("hive", _hive_open, _hive_open, _java("hive_catalog_properties"), state_in_catalog=False,
+    "hive": CatalogKind("hive", _hive_open, _hive_open, _hive_java, state_in_catalog=False,
                         local_paths=("state_uri", "scan_reports_dir"), describe=lambda c: f"hive {c.uri}", spark_jars=_none),
 }
 
