@@ -20,6 +20,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaException, TopicPartition
 
 from streamberg.common.errors import BrokerUnreachable
+from streamberg.common.kafka_read import PartitionReader
 
 
 @dataclass(frozen=True)
@@ -121,53 +122,45 @@ def partition_watermarks(consumer: Consumer, topic: str, partitions: Collection[
 def read_true_ends(consumer: Consumer, topic: str, marks: dict[int, tuple[int, int]],
                    deadline: float) -> dict[int, int]:
     """One past the last offset readable in each partition, reading from the watermark's
-    batch on (all partitions fetched together). A partition not done by the deadline keeps
-    what was seen, which is still no less than its watermark."""
-    waiting = {p for p, (low, high) in marks.items() if high > low}
-    if not waiting:
+    batch on (all partitions fetched together, common/kafka_read.py) to its end-of-partition.
+    A partition not done by the deadline, or whose read failed, keeps what was seen, which
+    is still no less than its watermark."""
+    starts = {p: high - 1 for p, (low, high) in marks.items() if high > low}
+    if not starts:
         return {}
-    consumer.assign([TopicPartition(topic, p, marks[p][1] - 1) for p in sorted(waiting)])
-    ends: dict[int, int] = {}
     try:
-        while waiting and (left := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(left, 0.5))
-            if message is None or message.topic() != topic:  # (a reused consumer: nothing of another topic)
-                continue
-            partition, offset = message.partition(), message.offset()
-            if message.error() is not None or partition is None or offset is None:
-                waiting.discard(partition)  # end of partition (or an offset error): done with it
-                continue
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        reader = PartitionReader(consumer, topic, starts)
+        for _ in reader.batches(deadline):
+            pass
+        return {p: reader.next_offset[p] for p in reader.received}
     finally:
         consumer.unassign()
-    return ends
 
 
 def read_timestamps(consumer: Consumer, topic: str, offsets: Mapping[int, int], deadline: float) -> dict[int, int]:
     """The timestamp (ms since the epoch, as the record carries it) of the record at each
-    partition's offset, all partitions fetched together; a partition not answered by the
-    deadline, or whose record has no timestamp, is left out."""
-    waiting = set(offsets)
-    if not waiting:
+    partition's offset (or the first after it: a transaction's marker holds no record), all
+    partitions fetched together; a partition not answered by the deadline, or whose record has
+    no timestamp, is left out."""
+    if not offsets:
         return {}
-    consumer.assign([TopicPartition(topic, p, offsets[p]) for p in sorted(waiting)])
     found: dict[int, int] = {}
+    taken: set[int] = set()  # partitions whose first record was read (with a timestamp or not)
     try:
-        while waiting and (left := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(left, 0.5))
-            if message is None or message.topic() != topic:
-                continue
-            partition = message.partition()
-            if partition not in waiting:
-                continue
-            waiting.discard(partition)
-            if message.error() is None:
+        reader = PartitionReader(consumer, topic, offsets)
+        for records in reader.batches(deadline):
+            for message in records:
+                partition = message.partition()
+                if partition in taken:
+                    continue  # its first record was taken
+                taken.add(partition)
+                reader.finish(partition, message.offset())
                 kind, at_ms = message.timestamp()
                 if kind != TIMESTAMP_NOT_AVAILABLE and at_ms is not None and at_ms >= 0:
                     found[partition] = at_ms
+        return found
     finally:
         consumer.unassign()
-    return found
 
 
 class WatermarkReader:

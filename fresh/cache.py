@@ -29,10 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer
 
 from streamberg.common.catalog import shared_catalog
 from streamberg.common.config import StreambergConfig
+from streamberg.common.kafka_read import PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import committed_position
@@ -135,7 +136,8 @@ class TailKeeper:
         try:
             partitions = topic_partitions(consumer, topic, timeout=10)
             position = {p: self._chain_end(p, committed[p], schema.schema_id) for p in partitions if p in committed}
-            consumer.assign([TopicPartition(topic, p, o) for p, o in position.items()])
+            # Read on and on (no end): an end-of-partition event only says it caught up.
+            reader = PartitionReader(consumer, topic, position, until_eof=False)
             pending: dict[int, list] = {}
             started: dict[int, float] = {}
             next_look = time.monotonic() + LOOK_SECONDS
@@ -144,16 +146,12 @@ class TailKeeper:
                 if time.monotonic() >= next_beat:
                     beat(self.folder)
                     next_beat = time.monotonic() + BEAT_SECONDS
-                for message in consumer.consume(10_000, 0.1):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise RuntimeError(error.str())
+                for message in reader.read(10_000, 0.1):
                     partition = message.partition()
-                    if partition is not None and partition in position:
-                        pending.setdefault(partition, []).append(message)
-                        started.setdefault(partition, time.monotonic())
+                    pending.setdefault(partition, []).append(message)
+                    started.setdefault(partition, time.monotonic())
+                if reader.failed:  # the keeper starts over from the table's offsets
+                    raise RuntimeError("; ".join(f"partition {p}: {e}" for p, e in sorted(reader.failed.items())))
                 now = time.monotonic()
                 for partition in list(pending):
                     if len(pending[partition]) >= SEGMENT_RECORDS or now - started[partition] >= SEGMENT_SECONDS:

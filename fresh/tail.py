@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import pyarrow as pa
-from confluent_kafka import KafkaError, TopicPartition
 from pyiceberg.schema import Schema
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import route_value
 from streamberg.common.errors import FreshReadRefused
+from streamberg.common.kafka_read import KafkaReadFailed, PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.runtime import current
@@ -154,22 +153,20 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
                 parts.append(result.table)
         pending.clear()
 
-    ends: dict[int, int] = {}  # partition -> where its end was reached: the read's watermark
     # partition -> when the read passed the end the broker listed at the pin: it ends at its
-    # fetch's end, or END_GRACE_SECONDS later where it stands (records may never stop coming).
+    # fetch's end (the reader's end-of-partition), or END_GRACE_SECONDS later where it stands
+    # (records may never stop coming). Where a partition ended is the read's watermark of it.
     passed: dict[int, float] = {p: time.monotonic() for p, start in starts.items() if start >= bounds.watermarks[p]}
-    received: set[int] = set()  # partitions that got records in this read (their fetch came)
-    next_offset = dict(starts)
 
-    def _follow(consumer: Any, may_stall: bool) -> None:
+    def _follow(reader: PartitionReader, may_stall: bool) -> None:
         """Read every unfinished partition to its end; _Stalled (if `may_stall`) when nothing at
         all (no record, no end event) came for STALL_SECONDS."""
         heard = time.monotonic()
-        while len(ends) < len(starts):
+        while not reader.done:
             left = deadline - time.monotonic()
             if left <= 0:
-                unfinished = ", ".join(f"{p} at {next_offset[p]} of {bounds.watermarks[p]}"
-                                       for p in sorted(set(starts) - set(ends)))
+                unfinished = ", ".join(f"{p} at {reader.next_offset[p]} of {bounds.watermarks[p]}"
+                                       for p in reader.unfinished)
                 raise FreshReadRefused(
                     f"{bounds.table}: Kafka did not hand over the tail within {timeout_seconds:g} s (partition "
                     f"{unfinished}, from {', '.join(f'{p}: {o}' for p, o in sorted(starts.items()))}); raise the "
@@ -177,70 +174,61 @@ def read_tail(config: StreambergConfig, schema: Schema, bounds: FreshBounds, tim
             # Ask for about what is left (records below the broker's watermarks, one end event a
             # partition): consume() returns once that many arrived instead of waiting out its timeout.
             # Past the listed end: what the queue holds (a partition ends when it holds no more).
-            past = [p for p in passed if p not in ends]
+            past = [p for p in passed if p not in reader.finished]
             wanted = DECODE_BATCH if past else \
-                max(1, min(DECODE_BATCH, sum(max(0, bounds.watermarks[p] - next_offset[p]) + 1
-                                             for p in starts if p not in ends)))
-            waiting = (0.002 if any(p in received for p in past) else 0.01) if past else 0.5
-            batch = consumer.consume(wanted, min(left, waiting))
+                max(1, min(DECODE_BATCH, sum(max(0, bounds.watermarks[p] - reader.next_offset[p]) + 1
+                                             for p in reader.unfinished)))
+            waiting = (0.002 if any(p in reader.received for p in past) else 0.01) if past else 0.5
+            try:
+                records = reader.read(wanted, min(left, waiting))
+            except KafkaReadFailed as exc:
+                raise FreshReadRefused(f"{bounds.table}: the Kafka client failed: {exc}") from None
+            if reader.failed:
+                partition, error = min(reader.failed.items())
+                raise FreshReadRefused(f"{bounds.table}: partition {partition} of {bounds.topic!r}: {error}")
             now = time.monotonic()
-            if batch:
+            if reader.last_batch_size:
                 heard = now
             elif may_stall and now - heard >= STALL_SECONDS:
                 raise _Stalled()
-            got: set[int] = set()
-            for message in batch:
-                partition, offset, error = message.partition(), message.offset(), message.error()
-                if partition is None and error is not None and error.fatal():
-                    raise FreshReadRefused(f"{bounds.table}: the Kafka client failed: {error.str()}")
-                if partition is None or partition in ends:
-                    continue  # past its end: produced during the read (or a passing client-wide event)
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        # Every record before the end was delivered before this event (one
-                        # queue a partition): the partition's watermark for this read.
-                        ends[partition] = offset if offset is not None else next_offset[partition]
-                        consumer.pause([TopicPartition(bounds.topic, partition)])
-                        continue
-                    if error.fatal() or error.code() in (KafkaError.OFFSET_OUT_OF_RANGE,
-                                                         KafkaError._AUTO_OFFSET_RESET):
-                        raise FreshReadRefused(f"{bounds.table}: partition {partition} of {bounds.topic!r}: "
-                                               f"{error.str()}")
-                    continue  # a passing error: librdkafka retries
-                if offset is None:
-                    continue
+            got: set[int] = set()  # partitions that got records in this batch
+            for message in records:
+                partition, offset = message.partition(), message.offset()
                 pending.append(message)
-                next_offset[partition] = offset + 1
                 got.add(partition)
                 if partition not in passed and offset + 1 >= bounds.watermarks[partition]:
                     passed[partition] = time.monotonic()
-            received.update(got)
             now = time.monotonic()
-            drained = len(batch) < wanted  # the queue gave all it held
+            drained = reader.last_batch_size < wanted  # the queue gave all it held
             for partition, since in passed.items():
-                if partition not in ends and (now - since >= END_GRACE_SECONDS or
-                                              (drained and partition in received and partition not in got)):
+                if partition not in reader.finished and (
+                        now - since >= END_GRACE_SECONDS or
+                        (drained and partition in reader.received and partition not in got)):
                     # Every record before where it stands was delivered, in order: exact there.
-                    ends[partition] = next_offset[partition]
-                    consumer.pause([TopicPartition(bounds.topic, partition)])
+                    reader.finish(partition, reader.next_offset[partition])
             if len(pending) >= DECODE_BATCH:
                 decode()
     deadline = time.monotonic() + timeout_seconds
     stalls = 0
-    while len(ends) < len(starts):
+    reader: PartitionReader | None = None
+    while reader is None or not reader.done:
         try:
             # After a stall, a new consumer: the kept one's connection may be dead (a fetch on it
             # would wait out socket.timeout.ms while the broker has the records).
             with borrowed(config, fresh=stalls > 0) as consumer:
-                consumer.assign([TopicPartition(bounds.topic, p, next_offset[p])
-                                 for p in sorted(starts) if p not in ends])
-                _follow(consumer, may_stall=stalls == 0)  # once: a broker slow to answer is waited for
+                if reader is None:
+                    reader = PartitionReader(consumer, bounds.topic, starts)
+                else:
+                    reader.reassign(consumer)
+                _follow(reader, may_stall=stalls == 0)  # once: a broker slow to answer is waited for
         except _Stalled:
             stalls += 1
+            assert reader is not None
             get_logger("fresh.tail", table=bounds.table, topic=bounds.topic).warning(
                 "Kafka handed over nothing for a while; reading on with a new consumer", stalls=stalls,
-                positions={p: next_offset[p] for p in sorted(starts) if p not in ends})
+                positions={p: reader.next_offset[p] for p in reader.unfinished})
+    assert reader is not None  # `starts` is not empty: the loop made one
     decode()
     rows = pa.concat_tables(parts) if parts else decoder.file_schema.empty_table()
-    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started, ends,
-                cached, counts["elsewhere"])
+    return Tail(rows, counts["records"], counts["rejected"], counts["skipped"], time.monotonic() - started,
+                dict(reader.finished), cached, counts["elsewhere"])

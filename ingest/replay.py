@@ -51,6 +51,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
+from streamberg.common.kafka_read import KafkaReadFailed, PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.offsets import ancestry, committed_position, summary_properties
@@ -225,21 +226,25 @@ def _read_range(config: StreambergConfig, partition: int, start: int, end: int) 
             raise ReplayRefused(
                 f"partition {partition} of {topic} starts at offset {low} now: records before it were deleted "
                 f"by Kafka's retention and cannot be replayed (asked from {start})")
-        consumer.assign([TopicPartition(topic, partition, start)])
-        next_offset, idle_since = start, time.monotonic()
-        while next_offset < end:
-            messages = [m for m in consumer.consume(config.ingest.max_poll_records, timeout=1.0) if m.error() is None]
-            if not messages:
+        # Not ended at end-of-partition: a record missing below `end` is waited for, then reported.
+        reader = PartitionReader(consumer, topic, {partition: start}, {partition: end}, until_eof=False)
+        idle_since = time.monotonic()
+        while not reader.done:
+            try:
+                batch = reader.read(config.ingest.max_poll_records, 1.0)
+            except KafkaReadFailed as exc:
+                raise RuntimeError(f"reading partition {partition} of {topic}: the Kafka client failed: {exc}") from None
+            if partition in reader.failed:
+                raise ReplayRefused(f"partition {partition} of {topic} from offset {reader.next_offset[partition]}: "
+                                    f"{reader.failed[partition]}")
+            if not batch:
                 if time.monotonic() - idle_since > READ_IDLE_TIMEOUT_SECONDS:
                     raise RuntimeError(
-                        f"Kafka returned partition {partition} of {topic} only up to offset {next_offset - 1} "
-                        f"within {READ_IDLE_TIMEOUT_SECONDS:.0f} s; asked up to {end - 1}")
+                        f"Kafka returned partition {partition} of {topic} only up to offset "
+                        f"{reader.next_offset[partition] - 1} within {READ_IDLE_TIMEOUT_SECONDS:.0f} s; asked up to {end - 1}")
                 continue
             idle_since = time.monotonic()
-            next_offset = messages[-1].offset() + 1
-            batch = [m for m in messages if m.offset() < end]
-            if batch:
-                yield batch
+            yield batch
     finally:
         consumer.close()
 

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer
 from pyiceberg.exceptions import NoSuchTableError
 
 from streamberg.common.catalog import shared_catalog
@@ -182,6 +182,7 @@ def _check_table(config: StreambergConfig, table: Any) -> None:
 def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeout: float = 10.0) -> list[bytes]:
     """Up to `limit` values from the start of the topic's partitions (what the table is
     inferred from); empty when the topic holds none yet."""
+    from streamberg.common.kafka_read import PartitionReader
     from streamberg.common.kafka_settings import consumer_settings
     from streamberg.common.watermarks import topic_partitions
 
@@ -189,13 +190,10 @@ def sample_values(config: StreambergConfig, topic: str, limit: int = 500, timeou
                          "auto.offset.reset": "earliest"})
     try:
         partitions = topic_partitions(consumer, topic)
-        consumer.assign([TopicPartition(topic, p, -2) for p in partitions])  # -2: the beginning
+        reader = PartitionReader(consumer, topic, {p: OFFSET_BEGINNING for p in partitions})
         values: list[bytes] = []
-        deadline = time.monotonic() + timeout
-        while len(values) < limit and time.monotonic() < deadline:
-            for m in consumer.consume(limit, 0.5):
-                if m.error() is None and m.value() is not None:
-                    values.append(m.value())
+        for records in reader.batches(time.monotonic() + timeout, max_records=limit):
+            values.extend(m.value() for m in records if m.value() is not None)
             if values:
                 break
         return values[:limit]

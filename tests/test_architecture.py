@@ -475,3 +475,44 @@ def test_the_circle_check_sees_circles(tmp_path: Path) -> None:
     assert ["streamberg.a.one", "streamberg.a.two"] in circles
     assert ["streamberg.a.p", "streamberg.a.p.inner", "streamberg.a.three"] in circles
     assert not [c for c in circles if "streamberg.a.four" in c]
+
+
+# -- one Kafka read loop (common/kafka_read.py) ------------------------------------------------
+
+# Where a Kafka consumer is read from directly, and why. The ingest's source reads every table's
+# partitions continuously and hands each record, errors included, to its table's lane.
+KAFKA_READ_IN = {"common/kafka_read.py", "ingest/source.py"}
+SOURCE_READS = {"ingest/writer.py: self.source.consume"}  # the source's own method (ingest/source.py)
+
+
+def _kafka_reads(path: Path) -> list[str]:
+    """Calls that read a Kafka consumer: any `.consume(...)`, and `.poll(...)` on a consumer."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            receiver = ast.unparse(node.func.value)
+            if node.func.attr == "consume" or (node.func.attr == "poll" and "consumer" in receiver.lower()):
+                found.append(f"{receiver}.{node.func.attr} (line {node.lineno})")
+    return found
+
+
+def test_one_kafka_read_loop() -> None:
+    """Replay, the positions' reads, a route's sampling, the fresh tail and its keeper read
+    Kafka through one loop (assign, bounded consume, end detection, pause): four loops had
+    each their own error handling, and a partition paused by one read stayed paused for the
+    next read of a reused consumer."""
+    wrong = []
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative not in KAFKA_READ_IN:
+                wrong += [f"{relative}: {call}" for call in _kafka_reads(path)
+                          if f"{relative}: {call.split(' ')[0]}" not in SOURCE_READS]
+    assert not wrong, f"Kafka read outside common/kafka_read.py: {wrong}"
+
+
+def test_the_kafka_read_check_sees_reads(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("def f(c, consumer, proc, producer):\n    c.consume(1, 0.1)\n    consumer.poll(1)\n"
+                      "    proc.poll()\n    producer.poll(0)\n")
+    assert _kafka_reads(sample) == ["c.consume (line 2)", "consumer.poll (line 3)"]
