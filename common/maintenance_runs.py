@@ -71,20 +71,27 @@ def record_run(engine: Engine, catalog_name: str, result: dict[str, Any], *, sta
             conn.execute(runs.delete().where(mine & (runs.c.finished_at < cutoff)))
 
 
+def runs_recorded(engine: Engine) -> bool:
+    """Whether the database holds the runs table at all (no run was ever recorded if not)."""
+    return sa.inspect(engine).has_table(RUNS_TABLE)
+
+
 def last_maintenance_run(config: StreambergConfig, *, engine: Engine | None = None,
-                         include_dry_runs: bool = False, now: float | None = None) -> dict[str, Any] | None:
+                         include_dry_runs: bool = False, now: float | None = None,
+                         recorded: bool | None = None) -> dict[str, Any] | None:
     """The newest recorded maintenance run of the config's table, or None when there is none.
 
     Returns ``{"run_id", "started_at", "finished_at" (ISO-8601 UTC), "age_seconds" (since it
     finished), "status", "dry_run", "bytes_freed", "duration_seconds", "result"}`` where
     ``result`` is the run's full JSON object. Never creates anything; a catalog database that
     cannot be reached raises SQLAlchemy's OperationalError (the caller reports it).
+    `recorded`: runs_recorded(engine), where the caller asked it once for many tables.
     """
     if engine is None:
         from streamberg.common.catalog import state_engine
 
         engine = state_engine(config.catalog)
-    if not sa.inspect(engine).has_table(RUNS_TABLE):
+    if not (recorded if recorded is not None else runs_recorded(engine)):
         return None
     query = (sa.select(runs)
              .where(runs.c.catalog_name == config.catalog.name, runs.c.table_identifier == config.table.identifier)

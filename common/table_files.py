@@ -85,6 +85,7 @@ class ManifestCache:
         self._entries: dict[str, list[tuple[Any, ...]]] = {}
         self._deletes: dict[str, list[DeleteFileInfo]] = {}
         self._derived: dict[tuple[Any, ...], Any] = {}
+        self._latest: dict[str, tuple[str, Any]] = {}  # thing -> (its version, the fact of that version)
         self._max = max_manifests
 
     def derived(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
@@ -96,6 +97,20 @@ class ManifestCache:
         if len(self._derived) >= self._max:
             self._derived.pop(next(iter(self._derived)))
         self._derived[key] = value
+        return value
+
+    def latest(self, thing: str, version: str, make: Callable[[], Any]) -> Any:
+        """A fact of `thing` (a table) at `version` (its metadata file: immutable), kept for the
+        latest version only: a table committing every few seconds holds one entry, not one a
+        commit (the oldest thing forgotten past the cache's size)."""
+        kept = self._latest.get(thing)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        value = make()
+        self._latest.pop(thing, None)
+        if len(self._latest) >= self._max:
+            self._latest.pop(next(iter(self._latest)))
+        self._latest[thing] = (version, value)
         return value
 
     def delete_entries(self, table: Table, manifest: ManifestFile) -> list[DeleteFileInfo]:
@@ -145,11 +160,21 @@ def snapshot_entries(io: Any, snapshot: Any, status: ManifestEntryStatus) -> Ite
 
 
 def live_data_files(table: Table, cache: ManifestCache | None = None) -> tuple[list[DataFileInfo], bool]:
-    """All live data files of the current snapshot, and whether any delete files are live."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
+    """All live data files of the current snapshot, and whether any delete files are live.
+    With a cache, listed once a metadata file (a status pass reads them for the files, the
+    clustering and the compactor's backlog; an idle table's again only when it changes)."""
+    if table.current_snapshot() is None:
         return [], False
-    cache = cache or ManifestCache()
+    if cache is None:
+        return _live_data_files(table, ManifestCache())
+    files, has_deletes = cache.latest(f"live files|{table.metadata.table_uuid}", table.metadata_location,
+                                      lambda: _live_data_files(table, cache))
+    return list(files), has_deletes  # a copy: the kept list is never changed by a caller
+
+
+def _live_data_files(table: Table, cache: ManifestCache) -> tuple[list[DataFileInfo], bool]:
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
     manifests = list(snapshot.manifests(table.io))
     has_deletes = any(m.content == ManifestContent.DELETES and (m.added_files_count or m.existing_files_count)
                       for m in manifests)

@@ -27,7 +27,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
 from streamberg.common.log import get_logger
-from streamberg.common.maintenance_runs import last_maintenance_run
+from streamberg.common.maintenance_runs import last_maintenance_run, runs_recorded
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
 from streamberg.common.policy import GOVERN_STATE_FILE
 from streamberg.common.table_facts import recent_dead_letters, summary_total
@@ -62,6 +62,8 @@ class CollectionPass:
         self._readers: dict[str, WatermarkReader] = {}
         self._brokers_down: dict[str, BrokerUnreachable] = {}
         self._governor: dict[str, Any] = {}  # state_dir -> govern.json's document (None: none)
+        self._listed: dict[tuple[int, tuple[str, ...]], set[str] | None] = {}  # (catalog, namespace) -> its tables
+        self._runs_recorded: dict[int, bool] = {}  # state engine -> whether it holds maintenance runs
 
     def __enter__(self) -> CollectionPass:
         return self
@@ -93,6 +95,29 @@ class CollectionPass:
             self._brokers_down[key] = exc
             raise
 
+    def surely_absent(self, catalog: Catalog, identifier: str) -> bool:
+        """Whether the catalog's listing of the namespace, made once a pass, lacks `identifier`
+        (in any case): a thousand tables' dead-letter tables, most never made, cost one
+        listing a namespace instead of a failed load each. False when the listing failed."""
+        namespace = identifier.split(".")[:-1]
+        key = (id(catalog), tuple(namespace))
+        if key not in self._listed:
+            try:
+                self._listed[key] = {".".join(t).lower() for t in catalog.list_tables(tuple(namespace))}
+            except Exception:  # noqa: BLE001 - the table is then loaded, as without a listing
+                # (a namespace not found in this case may be another case's, in some catalog)
+                self._listed[key] = None
+        listed = self._listed[key]
+        return listed is not None and identifier.lower() not in listed
+
+    def runs_recorded(self, engine: Any) -> bool:
+        """Whether the state database holds maintenance runs, asked once a pass (a schema
+        inspection a table cost a fifth of a quiet pass)."""
+        key = id(engine)
+        if key not in self._runs_recorded:
+            self._runs_recorded[key] = runs_recorded(engine)
+        return self._runs_recorded[key]
+
     def governor_document(self, state_dir: str) -> Any:
         if state_dir not in self._governor:
             self._governor[state_dir] = governor_document(state_dir)
@@ -106,6 +131,8 @@ class CollectionPass:
             reader.close()
         self._catalogs.clear()
         self._readers.clear()
+        self._listed.clear()
+        self._runs_recorded.clear()
 
 
 class _Collector:
@@ -153,6 +180,8 @@ class _Collector:
 
     def dead_letters(self, catalog: Catalog) -> DeadLetterFacts:
         identifier = self.config.ingest_target.dead_letter_table
+        if self.shared is not None and self.shared.surely_absent(catalog, identifier):
+            return DeadLetterFacts(table=identifier, exists=False, records=0)
         try:
             table = catalog.load_table(identifier)
         except NoSuchTableError:
@@ -201,7 +230,8 @@ def _load_if_present(catalog: Catalog, identifier: str) -> Table | None:
         return None
 
 
-def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[str, Any]:
+def last_maintenance(config: StreambergConfig, catalog: Catalog | None,
+                     shared: CollectionPass | None = None) -> dict[str, Any]:
     """The last `streamberg maintain` run, if this installation can tell.
 
     It is read through the status's own read-only catalog connection: left to itself the
@@ -211,7 +241,9 @@ def last_maintenance(config: StreambergConfig, catalog: Catalog | None) -> dict[
         return {"available": True, "last_run": None, "error": "not read: the catalog database is unreachable"}
     try:
         engine = state_engine(config.catalog, catalog)
-        return {"available": True, "last_run": last_maintenance_run(config, engine=engine), "error": None}
+        recorded = shared.runs_recorded(engine) if shared is not None else None
+        return {"available": True, "last_run": last_maintenance_run(config, engine=engine, recorded=recorded),
+                "error": None}
     except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
         return {"available": True, "last_run": None, "error": first_line(exc)}
 
@@ -258,11 +290,11 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
                                     changelog)
         return Status(**{**empty, "dead_letters": run.part("dead letters", run.dead_letters, catalog)},
                       catalog=Reachability(True), table_exists=False, ingest=ingest,
-                      maintenance=last_maintenance(config, catalog), errors=run.errors)
+                      maintenance=last_maintenance(config, catalog, run.shared), errors=run.errors)
     except Exception as exc:  # noqa: BLE001 - metadata file missing or unreadable, etc.
         run.errors.append(f"table {identifier} could not be loaded: {first_line(exc)}")
         return Status(**empty, catalog=Reachability(True), table_exists=True, ingest=run.ingest(None, None),
-                      maintenance=last_maintenance(config, catalog), errors=run.errors)
+                      maintenance=last_maintenance(config, catalog, run.shared), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     # The table's own streamberg.* settings over the config's: the backlog and clustering are
     # judged as the table is kept (its runtime: common/table_runtime.py), and what is wrong with them named.
@@ -285,9 +317,9 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
         files=run.part("file sizes", table_stats.file_facts, config, table, files) if files is not None else None,
         compactor=run.part("compactor backlog", table_stats.compactor_facts, config, table, run.cache, now_ms),
         clustering=run.part("clustering", table_stats.clustering_facts, config, table, files) if files is not None else None,
-        snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms),
+        snapshots=run.part("snapshots", table_stats.snapshot_facts, table, now_ms, run.cache),
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
-        maintenance=last_maintenance(config, catalog), errors=run.errors,
+        maintenance=last_maintenance(config, catalog, run.shared), errors=run.errors,
         policy_problems=policy_problems, governor=governor_state(config, run.shared), settings=kept.origins(),
         queries=run.part("query statistics", _queries, kept) if config.catalog.scan_reports_dir else None,
         tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)

@@ -114,10 +114,8 @@ def _file_size(table: Table, location: str) -> int:
     return len(table.io.new_input(location))
 
 
-def snapshot_facts(table: Table, now_ms: int) -> SnapshotFacts:
-    """Snapshot count and what a reader loads to plan a scan: the metadata file, the
-    current manifest list and its manifests (older manifest lists are not counted)."""
-    snapshots: list[Snapshot] = table.metadata.snapshots
+def _metadata_sizes(table: Table) -> tuple[int, int, int, int]:
+    """(metadata file, manifest list, manifests, their bytes): what a reader loads to plan."""
     metadata_file = _file_size(table, table.metadata_location)
     current = table.current_snapshot()
     manifest_list = manifests = manifest_bytes = 0
@@ -126,6 +124,17 @@ def snapshot_facts(table: Table, now_ms: int) -> SnapshotFacts:
             manifest_list = _file_size(table, current.manifest_list)
         listed = current.manifests(table.io)
         manifests, manifest_bytes = len(listed), sum(m.manifest_length for m in listed)
+    return metadata_file, manifest_list, manifests, manifest_bytes
+
+
+def snapshot_facts(table: Table, now_ms: int, cache: ManifestCache | None = None) -> SnapshotFacts:
+    """Snapshot count and what a reader loads to plan a scan: the metadata file, the
+    current manifest list and its manifests (older manifest lists are not counted). With a
+    cache, the sizes are read once a metadata file (they are immutable)."""
+    snapshots: list[Snapshot] = table.metadata.snapshots
+    metadata_file, manifest_list, manifests, manifest_bytes = _metadata_sizes(table) if cache is None else \
+        cache.latest(f"metadata sizes|{table.metadata.table_uuid}", table.metadata_location,
+                     lambda: _metadata_sizes(table))
     oldest = min((s.timestamp_ms for s in snapshots), default=None)
     timing = commit_timing(snapshots)
     return SnapshotFacts(

@@ -93,3 +93,56 @@ def test_a_stopped_broker_is_asked_once_a_pass_and_named_for_every_table(tmp_pat
     assert all(not s.ingest.broker.reachable for s in statuses)
     assert len({s.ingest.broker.error for s in statuses}) == 1 and dead in statuses[0].ingest.broker.error
     assert all(s.table_exists for s in statuses)  # the catalog still answered for each
+
+
+def test_a_tables_files_are_listed_once_a_metadata_file(reported: Scenario, monkeypatch) -> None:
+    """Every pass reads the table in full here (no age bound), yet its manifests are listed
+    again only when its metadata file changed: a quiet table's files, clustering and backlog
+    come from the listing of its metadata file; a commit's are listed anew, and are the truth."""
+    import streamberg.common.table_files as table_files
+
+    listings = []
+    real = table_files._live_data_files
+    monkeypatch.setattr(table_files, "_live_data_files", lambda *a: listings.append(1) or real(*a))
+    config = reported.config
+    model = StatusModel(full_every_seconds=0.0)
+    (first,) = model.collect([config])
+    (second,) = model.collect([config])
+    assert model.full_reads == 2 and len(listings) == 1
+    assert second.files == first.files and second.compactor.pending_files == first.compactor.pending_files
+    commit_units(reported, [[(0, 40, 50, ()), (1, 30, 30, ())]])
+    (third,) = model.collect([config])
+    assert len(listings) == 2
+    truth = collect_status(config)  # a collection of its own: nothing kept
+    assert third.files.data_files == truth.files.data_files == first.files.data_files + 1
+    assert third.compactor.pending_files == truth.compactor.pending_files
+    assert third.snapshots.manifests == truth.snapshots.manifests != first.snapshots.manifests
+
+
+def test_a_pass_lists_a_namespace_once_and_the_next_pass_sees_a_table_made_since(reported: Scenario) -> None:
+    """Dead-letter tables most tables never made are known absent from one listing of their
+    namespace a pass (not a failed load each); one made since is found by the next pass."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    config = reported.config
+    catalog = load_catalog(config.catalog)
+    namespace = config.table.identifier.rsplit(".", 1)[0]
+    later = f"{namespace}.made_later"
+    with CollectionPass() as shared:
+        assert not shared.surely_absent(catalog, config.table.identifier)
+        assert not shared.surely_absent(catalog, config.table.identifier.upper())  # a name in another case: loaded
+        assert shared.surely_absent(catalog, later)
+        assert not shared.surely_absent(catalog, "no_such_namespace.t")  # no listing: loaded
+        catalog.create_table(later, Schema(NestedField(1, "id", LongType(), required=False)))
+        assert shared.surely_absent(catalog, later)  # this pass's listing
+    with CollectionPass() as shared:
+        assert not shared.surely_absent(catalog, later)
+
+
+def test_dead_letters_are_counted_through_the_pass(tmp_path: Path, broker: str) -> None:
+    scenario = build_scenario(tmp_path / "d", broker, {0: 20}, [[(0, 0, 20, (3, 7, 11))]])
+    other = build_scenario(tmp_path / "o", broker, {0: 5}, [[(0, 0, 5, ())]])
+    statuses = StatusModel().collect([scenario.config, other.config])
+    assert statuses[0].dead_letters.exists and statuses[0].dead_letters.records == 3
+    assert statuses[1].dead_letters.records == 0
