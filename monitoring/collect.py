@@ -35,7 +35,7 @@ from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
-from streamberg.common.watermarks import WatermarkReader
+from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import lag_reader, lag_reader_key, read_lag
@@ -53,7 +53,9 @@ from streamberg.monitoring.model import (
 class CollectionPass:
     """What one collection of many tables shares, opened when first needed and closed at the
     pass's end: a read-only catalog per catalog config (a thousand tables, one open), a
-    watermark reader per broker, and govern.json read once. A catalog or broker that did not
+    watermark reader per broker, a topic's watermarks (the tables of a field-routed topic
+    share them), a namespace's listing, whether maintenance runs were recorded, and
+    govern.json read once. A catalog or broker that did not
     answer is not asked again in the pass: a thousand tables on a stopped broker cost one
     timeout, each of them reported unreachable with its error."""
 
@@ -61,6 +63,7 @@ class CollectionPass:
         self._catalogs: dict[str, Any] = {}  # catalog config -> catalog, or the CatalogUnreachable it raised
         self._readers: dict[str, WatermarkReader] = {}
         self._brokers_down: dict[str, BrokerUnreachable] = {}
+        self._topics: dict[tuple[str, str, bool], Watermarks] = {}  # (reader, topic, true ends) -> its watermarks
         self._governor: dict[str, Any] = {}  # state_dir -> govern.json's document (None: none)
         self._listed: dict[tuple[int, tuple[str, ...]], set[str] | None] = {}  # (catalog, namespace) -> its tables
         self._runs_recorded: dict[int, bool] = {}  # state engine -> whether it holds maintenance runs
@@ -89,8 +92,13 @@ class CollectionPass:
             raise self._brokers_down[key]
         if key not in self._readers:
             self._readers[key] = lag_reader(config, timeout_seconds)
+        reader = self._readers[key]
+        # A topic's watermarks once a pass: the tables of a field-routed topic share them.
+        topic = (key, config.kafka.topic, config.monitoring.read_last_batch)
         try:
-            return read_lag(config, recorded, timeout_seconds, now_ms, self._readers[key])
+            if topic not in self._topics:
+                self._topics[topic] = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
+            return read_lag(config, recorded, timeout_seconds, now_ms, reader, self._topics[topic])
         except BrokerUnreachable as exc:
             self._brokers_down[key] = exc
             raise
@@ -132,6 +140,7 @@ class CollectionPass:
         self._catalogs.clear()
         self._readers.clear()
         self._listed.clear()
+        self._topics.clear()
         self._runs_recorded.clear()
 
 

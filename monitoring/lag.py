@@ -18,15 +18,19 @@ from streamberg.monitoring.model import Lag, PartitionLag
 
 
 def read_lag(config: StreambergConfig, recorded: PartitionOffsets | None, timeout_seconds: float,
-             now_ms: int, reader: WatermarkReader | None = None) -> tuple[Watermarks, Lag | None]:
+             now_ms: int, reader: WatermarkReader | None = None,
+             marks: Watermarks | None = None) -> tuple[Watermarks, Lag | None]:
     """The broker's watermarks and, where the table records its offsets, its lag in records
     and in seconds (the oldest record it does not hold yet, read from Kafka: one record a
     lagging partition, all fetched together). `reader`: one a collection of many tables
-    shares (lag_reader), left open; else one of the call's own. Raises BrokerUnreachable."""
+    shares (lag_reader), left open; else one of the call's own. `marks`: the topic's
+    watermarks where the caller read them already (tables of one topic in one pass). Raises
+    BrokerUnreachable."""
     if reader is None:
         with lag_reader(config, timeout_seconds) as own:
-            return read_lag(config, recorded, timeout_seconds, now_ms, own)
-    marks = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
+            return read_lag(config, recorded, timeout_seconds, now_ms, own, marks)
+    if marks is None:
+        marks = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
     if recorded is None or not marks.exists:
         return marks, None
     lag = compute_lag(recorded, marks, config.kafka.start_offset)

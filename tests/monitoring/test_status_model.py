@@ -146,3 +146,24 @@ def test_dead_letters_are_counted_through_the_pass(tmp_path: Path, broker: str) 
     statuses = StatusModel().collect([scenario.config, other.config])
     assert statuses[0].dead_letters.exists and statuses[0].dead_letters.records == 3
     assert statuses[1].dead_letters.records == 0
+
+
+def test_tables_of_one_topic_share_its_watermarks_in_a_pass(reported: Scenario, broker: str, monkeypatch) -> None:
+    """A field-routed topic's tables: the topic's watermarks read once a pass, every table's lag
+    the truth against them; the next pass reads them again."""
+    from streamberg.common.watermarks import WatermarkReader
+
+    reads = []
+    real = WatermarkReader.read
+    monkeypatch.setattr(WatermarkReader, "read", lambda self, topic, *a, **k: reads.append(topic) or real(self, topic, *a, **k))
+    config = reported.config
+    sibling = config.model_copy(update={"table": config.table.model_copy(update={"identifier": "mon.sibling"})})
+    model = StatusModel()
+    first, other = model.collect([config, sibling])
+    assert reads == [config.kafka.topic]
+    assert _lag(first) == reported.lag == {0: 10, 1: 0}
+    assert not other.table_exists and other.ingest.topic_exists and other.ingest.broker.reachable
+    produce_to(broker, config.kafka.topic, {0: 3})
+    reported.produced[0] += 3
+    again, _ = model.collect([config, sibling])
+    assert reads == [config.kafka.topic] * 2 and _lag(again) == reported.lag == {0: 13, 1: 0}
