@@ -122,6 +122,15 @@ def tree_cpu_seconds(pid: int, tree: dict[int, list[int]] | None = None) -> floa
     return total
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process alone (not its children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK
+
+
 def tree_descriptors(pid: int, tree: dict[int, list[int]] | None = None) -> int:
     """Open file descriptors of a process tree (sockets, files, pipes)."""
     total = 0
