@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
@@ -107,6 +108,10 @@ class CollectionPass:
         """Whether the catalog's listing of the namespace, made once a pass, lacks `identifier`
         (in any case): a thousand tables' dead-letter tables, most never made, cost one
         listing a namespace instead of a failed load each. False when the listing failed."""
+        if isinstance(catalog, RestCatalog):
+            # pyiceberg 0.8 reads a listing's first page alone, and a REST server may page it
+            # unasked: what it lacks may be on a later page. Loaded, then.
+            return False
         namespace = identifier.split(".")[:-1]
         key = (id(catalog), tuple(namespace))
         if key not in self._listed:

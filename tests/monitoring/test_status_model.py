@@ -167,3 +167,27 @@ def test_tables_of_one_topic_share_its_watermarks_in_a_pass(reported: Scenario, 
     reported.produced[0] += 3
     again, _ = model.collect([config, sibling])
     assert reads == [config.kafka.topic] * 2 and _lag(again) == reported.lag == {0: 13, 1: 0}
+
+
+def test_a_rest_catalogs_listing_is_not_trusted_to_be_whole(rest_catalog) -> None:
+    """A REST server may page a listing unasked, and pyiceberg reads its first page alone: a
+    table on a later page is loaded, never taken as absent."""
+    import uuid
+
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    catalog = RestCatalog("paged", uri=rest_catalog.url, credential=rest_catalog.credential)
+    namespace = f"paged_{uuid.uuid4().hex[:8]}"
+    catalog.create_namespace(namespace)
+    names = [f"{namespace}.t{i}" for i in range(3)]
+    for name in names:
+        catalog.create_table(name, Schema(NestedField(1, "id", LongType(), required=False)))
+    rest_catalog.list_page_size = 1
+    try:
+        assert len(catalog.list_tables(namespace)) == 1  # the server paged it: the client saw one
+        with CollectionPass() as shared:
+            assert not any(shared.surely_absent(catalog, name) for name in names)
+    finally:
+        rest_catalog.list_page_size = None
