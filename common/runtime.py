@@ -53,7 +53,8 @@ class Runtime:
     """Catalogs, state engines, consumers and admin clients of one process (see the module's
     notes). Thread-safe; closed once (a closed runtime opens anew if used again)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock  # seconds, monotonic: the ages of pooled consumers and topic ids (a test's own)
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._catalogs: dict[str, Catalog] = {}
@@ -110,7 +111,7 @@ class Runtime:
         with self._lock:
             self._after_fork()
             pool = self._consumers.setdefault(key, [])
-            now = time.monotonic()
+            now = self._clock()
             stale = [c for at, c in pool if now - at > POOL_IDLE_SECONDS]
             pool[:] = [(at, c) for at, c in pool if now - at <= POOL_IDLE_SECONDS]
             if pool and not fresh:
@@ -136,7 +137,7 @@ class Runtime:
                     with self._lock:
                         pool = self._consumers.setdefault(key, [])
                         if len(pool) < POOL_SIZE:
-                            pool.append((time.monotonic(), consumer))
+                            pool.append((self._clock(), consumer))
                             kept = True
                 except Exception:  # noqa: BLE001 - a consumer in doubt is closed, not kept
                     kept = False
@@ -167,7 +168,7 @@ class Runtime:
         key = (str(settings.get("bootstrap.servers")), topic)
         with self._lock:
             asked_at, found = self._topic_ids.get(key, (float("-inf"), ""))
-            age = time.monotonic() - asked_at
+            age = self._clock() - asked_at
             if age < TOPIC_ID_SECONDS:
                 return found
             if age < 2 * TOPIC_ID_SECONDS:
@@ -189,7 +190,7 @@ class Runtime:
         except Exception:  # noqa: BLE001 - no id: the name stands alone (never a reason to fail)
             found = ""
         with self._lock:
-            self._topic_ids[key] = (time.monotonic(), found)
+            self._topic_ids[key] = (self._clock(), found)
             self._asking.discard(key)
         return found
 

@@ -23,6 +23,20 @@ from streamberg.common.config import StreambergConfig, load_config
 EVENT_SCHEMA = SAMPLE_EVENT_SCHEMA
 
 
+class FakeClock:
+    """A monotonic clock a test moves (`advance`) where the code under test waits on time
+    passing: no sleep, and the test says how much time passed."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.2,
              proc: Any = None, log: Path | Callable[[], str] | None = None) -> Any:
     """The tests' one wait: poll `condition` every `every` seconds until it returns something
