@@ -1,5 +1,7 @@
-"""The runtime's topic ids (common/runtime.py): a read of the kept tail never waits on the
-broker for an id it holds, and a topic deleted and made again is seen within the bound.
+"""The runtime's topic ids and pooled consumers (common/runtime.py): a read of the kept tail
+never waits on the broker for an id it holds, a topic deleted and made again is seen within
+the bound, and a consumer kept idle past its bound is closed rather than lent (its connection
+may have died meanwhile). The runtime's clock is the test's: time passes without sleeping.
 
 A real broker; the topic really deleted and made again (it gets a new id)."""
 
@@ -7,10 +9,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.runtime import TOPIC_ID_SECONDS, Runtime
+from streamberg.common.runtime import POOL_IDLE_SECONDS, TOPIC_ID_SECONDS, Runtime
 from tests.helpers import FakeClock, wait_for
 
 
@@ -40,5 +43,25 @@ def test_a_held_id_answers_at_once_and_a_recreated_topic_is_seen_within_the_boun
         # as asked now, not as asked before.
         assert runtime.topic_id(settings, topic) == second
         assert runtime._topic_ids[(broker, topic)][0] == clock()
+    finally:
+        runtime.close()
+
+
+def test_a_kept_consumer_is_lent_again_until_idle_past_the_bound(broker: str) -> None:
+    clock = FakeClock()
+    runtime = Runtime(clock=clock)
+    settings = {"bootstrap.servers": broker, "group.id": "pool-test"}
+    try:
+        with runtime.consumer(settings) as first:
+            pass
+        clock.advance(POOL_IDLE_SECONDS - 0.1)
+        with runtime.consumer(settings) as again:
+            assert again is first  # kept, idle less than the bound: lent again
+        clock.advance(POOL_IDLE_SECONDS + 0.1)
+        with runtime.consumer(settings) as later:
+            assert later is not first
+        with pytest.raises(RuntimeError):  # the one idle too long was closed
+            first.assignment()
+        assert runtime.opened["consumers"] == 2
     finally:
         runtime.close()
