@@ -28,14 +28,16 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.redact import redact
 
 
-def executors(config: StreambergConfig) -> list[Any]:
-    """A table's executors, one per component (the composition hands them to the governor)."""
+def executors(config: StreambergConfig, cache: Any = None) -> list[Any]:
+    """A table's executors, one per component (the composition hands them to the governor);
+    `cache`: the ManifestCache every table's planning shares."""
     from streamberg.compactor.executor import CompactExecutor
     from streamberg.maintenance.columns import DropColumnsExecutor
     from streamberg.maintenance.executor import MaintainExecutor
     from streamberg.merge.executor import MergeExecutor
 
-    return [CompactExecutor(config.govern.replan_seconds), MergeExecutor(), MaintainExecutor(), DropColumnsExecutor()]
+    return [CompactExecutor(config.govern.replan_seconds, cache), MergeExecutor(), MaintainExecutor(),
+            DropColumnsExecutor()]
 
 
 def _settings(args: argparse.Namespace, base: StreambergConfig) -> StreambergConfig:
@@ -94,7 +96,10 @@ def _govern(args: argparse.Namespace) -> int:
         session = build_spark_session(base.catalog, base.compactor.spark_master, base.compactor.spark_conf,
                                       app_name="streamberg-governor")
         quiet_spark_logs(session)
-    service = build_service(args.config, settings, base, session, executors,
+    from streamberg.common.table_files import ManifestCache
+
+    cache = ManifestCache()  # one for the service's life: every table's replanning reads it
+    service = build_service(args.config, settings, base, session, lambda config: executors(config, cache),
                             jobs=JobGroups(session) if session is not None else None, tables=tables)
     try:
         if args.dry_run or args.once:

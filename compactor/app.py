@@ -14,6 +14,7 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
+from streamberg.common.table_files import ManifestCache
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.layouts import resolve_layout
@@ -31,14 +32,16 @@ class CompactOptions:
     columns: list[str] | None = None
 
 
-def dry_run(config: StreambergConfig, options: CompactOptions, table: Any = None) -> dict[str, Any]:
+def dry_run(config: StreambergConfig, options: CompactOptions, table: Any = None,
+            cache: ManifestCache | None = None) -> dict[str, Any]:
     """What a pass would rewrite now, without Spark and without the lease (of `table` when
-    the caller has it loaded already)."""
+    the caller has it loaded already; `cache`: the manifests a keeper of many tables keeps)."""
     if table is None:
         _, table = open_existing_table(config, "compactor", CompactError)
     config = TableRuntime.of(config, table).settings  # the table's own streamberg.* settings over the config's
     layout = resolve_layout(config.compactor, options.strategy, options.columns, table, config.table.identifier)
-    plan = PassPlanner(config.compactor, config.target, layout.columns).plan(table, "full" if options.full else "incremental")
+    plan = PassPlanner(config.compactor, config.target, layout.columns, cache).plan(
+        table, "full" if options.full else "incremental")
     return {
         "table": config.table.identifier, "dry_run": True, "strategy": layout.strategy, "columns": list(layout.columns),
         **describe(plan),

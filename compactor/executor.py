@@ -10,18 +10,22 @@ from typing import Any
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.keeping import Due
+from streamberg.common.table_files import ManifestCache
 from streamberg.common.table_runtime import TableRuntime
 
 
 class CompactExecutor:
     action = "compact"
 
-    def __init__(self, replan_seconds: float) -> None:
+    def __init__(self, replan_seconds: float, cache: ManifestCache | None = None) -> None:
         # A table whose metadata has not changed keeps its plan (planning reads manifests;
         # probing a hundred tables every round must stay cheap) for replan_seconds: the time
         # triggers (held-back files, idle partitions to finish) change a plan without a commit.
         self.replan_seconds = replan_seconds
         self._plan: tuple[tuple[Any, ...], float, dict[str, Any]] | None = None  # (key, made at, plan)
+        # Shared by every table's executor (cli/govern.py): a replan of an unchanged table
+        # neither reads nor parses a manifest again.
+        self.cache = cache
 
     def enabled(self, table: TableRuntime) -> bool:
         return bool(table.policy.compact_enabled)
@@ -48,7 +52,7 @@ class CompactExecutor:
         now = time.monotonic()
         if self._plan is not None and self._plan[0] == key and now - self._plan[1] < self.replan_seconds:
             return self._plan[2]
-        plan = dry_run(config, CompactOptions(dry_run=True), table)
+        plan = dry_run(config, CompactOptions(dry_run=True), table, self.cache)
         self._plan = (key, now, plan)
         return plan
 

@@ -297,12 +297,15 @@ class PassPlanner:
     size and manifest cache, built once from the settings (a dry run plans through it too,
     so it shows what a pass would do)."""
 
-    def __init__(self, settings: CompactorConfig, target: TableTarget, columns: Sequence[str]) -> None:
+    def __init__(self, settings: CompactorConfig, target: TableTarget, columns: Sequence[str],
+                 cache: ManifestCache | None = None) -> None:
         self.rules = PlanningRules.from_config(settings)
         self.columns = tuple(columns)
         self.configured_target = settings.target_file_size_bytes
         self.default_target = target.table.target_file_size_bytes
-        self.cache = ManifestCache()
+        # `cache`: one a keeper of many tables shares (manifests are immutable: each is read
+        # once, and an unchanged table's files are listed once a metadata file).
+        self.cache = cache if cache is not None else ManifestCache()
 
     def target_file_size(self, table: Table) -> int:
         """The size of one rewritten file (common/table_files.py's rule)."""

@@ -126,3 +126,42 @@ def test_every_pass_and_the_dry_run_plan_with_the_same_target_size(tmp_path) -> 
     assert plan.groups
     direct = plan_rewrite(table, planner.rules, mode="full", columns=("user_id",), target_file_size_bytes=4096)
     assert plan.groups == direct.groups
+
+
+def test_a_keeper_of_many_tables_replans_an_unchanged_table_without_listing_it_again(tmp_path, monkeypatch) -> None:
+    """The governor's compact executors share one manifest cache (cli/govern.py): replanning
+    two unchanged tables lists neither again; a commit to one lists that one, and every plan
+    equals one made with nothing kept."""
+    import streamberg.common.table_files as table_files
+    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.table_files import ManifestCache
+    from streamberg.compactor.app import CompactOptions, dry_run
+    from streamberg.compactor.executor import CompactExecutor
+
+    listings = []
+    real = table_files._live_data_files
+    monkeypatch.setattr(table_files, "_live_data_files", lambda *a: listings.append(1) or real(*a))
+    config, _ = setup_table(tmp_path, partition_spec=DAY, compactor={"min_files": 2})
+    other = config.model_copy(update={"table": config.table.model_copy(update={"identifier": "db.other"})})
+    ensure_table(load_catalog(config.catalog), other.table)
+    ingests = [FakeIngest(config, seed=1), FakeIngest(other, seed=2)]
+    for ingest in ingests:
+        for _ in range(3):
+            ingest.append(100, days=2)
+    cache = ManifestCache()
+    keepers = [(c, CompactExecutor(replan_seconds=0.0, cache=cache)) for c in (config, other)]
+
+    def plans() -> list[dict]:
+        return [executor.plan(c, reload(c)) for c, executor in keepers]
+
+    def fresh(c) -> dict:
+        return dry_run(c, CompactOptions(dry_run=True), reload(c))  # a cache of its own
+
+    first = plans()
+    assert len(listings) == 2 and [p["files"] for p in first] == [6, 6]
+    assert plans() == first and len(listings) == 2  # replanned (replan_seconds 0), nothing listed again
+    ingests[0].append(100, days=2)
+    third = plans()
+    assert len(listings) == 3 and third[0]["files"] == 8 and third[1] == first[1]
+    listings.clear()
+    assert third == [fresh(c) for c in (config, other)] and len(listings) == 2
