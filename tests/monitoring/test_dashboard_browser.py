@@ -64,7 +64,14 @@ def kept(tmp_path: Path, broker: str, spark):
     from tests.compactor.helpers import FakeIngest
     from tests.runbooks.inprocess import event, ingest_until, produce_values
 
-    path = write_config(tmp_path, broker, ingest={"parallelism": 1}, extra={"compactor": {"min_files": 2}})
+    # The commit-age rule left out of the verdict (`commit_age_warn_intervals` far off): the 25
+    # records wait while the test runs, and the page (refreshed a second ago) and `status`
+    # (asked a moment later) would judge an age that crossed 3 commit intervals between them
+    # (a loaded CI run did: 'ok' on the page, 'warn' from status).
+    path = write_config(tmp_path, broker, ingest={"parallelism": 1},
+                        extra={"compactor": {"min_files": 2},
+                               "monitoring": {"commit_age_warn_intervals": 100_000.0,
+                                              "commit_age_critical_intervals": 200_000.0}})
     config = config_at(path)
     ensure_topic(broker, config.kafka.topic, 2)
     open_tables(config)
