@@ -36,7 +36,7 @@ from streamberg.common.table_files import ManifestCache, live_data_files
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
-from streamberg.common.watermarks import WatermarkReader, Watermarks
+from streamberg.common.watermarks import WatermarkReader
 from streamberg.monitoring import table_stats
 from streamberg.monitoring.catalog_probe import first_line, open_catalog_readonly
 from streamberg.monitoring.lag import lag_reader, lag_reader_key, read_lag
@@ -64,10 +64,9 @@ class CollectionPass:
         self._catalogs: dict[str, Any] = {}  # catalog config -> catalog, or the CatalogUnreachable it raised
         self._readers: dict[str, WatermarkReader] = {}
         self._brokers_down: dict[str, BrokerUnreachable] = {}
-        self._topics: dict[tuple[str, str, bool], Watermarks] = {}  # (reader, topic, true ends) -> its watermarks
-        self._governor: dict[str, Any] = {}  # state_dir -> govern.json's document (None: none)
-        self._listed: dict[tuple[int, tuple[str, ...]], set[str] | None] = {}  # (catalog, namespace) -> its tables
-        self._runs_recorded: dict[int, bool] = {}  # state engine -> whether it holds maintenance runs
+        # Facts read once a pass, by what they are and of what: ("watermarks", reader, topic,
+        # true ends), ("listing", catalog, namespace), ("runs recorded", engine), ("governor", state_dir).
+        self._facts: dict[tuple[Any, ...], Any] = {}
 
     def __enter__(self) -> CollectionPass:
         return self
@@ -97,9 +96,9 @@ class CollectionPass:
         # A topic's watermarks once a pass: the tables of a field-routed topic share them.
         topic = (key, config.kafka.topic, config.monitoring.read_last_batch)
         try:
-            if topic not in self._topics:
-                self._topics[topic] = reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch)
-            return read_lag(config, recorded, timeout_seconds, now_ms, reader, self._topics[topic])
+            marks = self._once(("watermarks", *topic),
+                               lambda: reader.read(config.kafka.topic, read_ends=config.monitoring.read_last_batch))
+            return read_lag(config, recorded, timeout_seconds, now_ms, reader, marks)
         except BrokerUnreachable as exc:
             self._brokers_down[key] = exc
             raise
@@ -113,28 +112,29 @@ class CollectionPass:
             # unasked: what it lacks may be on a later page. Loaded, then.
             return False
         namespace = identifier.split(".")[:-1]
-        key = (id(catalog), tuple(namespace))
-        if key not in self._listed:
+
+        def listing() -> set[str] | None:
             try:
-                self._listed[key] = {".".join(t).lower() for t in catalog.list_tables(tuple(namespace))}
+                return {".".join(t).lower() for t in catalog.list_tables(tuple(namespace))}
             except Exception:  # noqa: BLE001 - the table is then loaded, as without a listing
-                # (a namespace not found in this case may be another case's, in some catalog)
-                self._listed[key] = None
-        listed = self._listed[key]
+                return None  # (a namespace not found in this case may be another case's, in some catalog)
+
+        listed = self._once(("listing", id(catalog), tuple(namespace)), listing)
         return listed is not None and identifier.lower() not in listed
 
     def runs_recorded(self, engine: Any) -> bool:
         """Whether the state database holds maintenance runs, asked once a pass (a schema
         inspection a table cost a fifth of a quiet pass)."""
-        key = id(engine)
-        if key not in self._runs_recorded:
-            self._runs_recorded[key] = runs_recorded(engine)
-        return self._runs_recorded[key]
+        return bool(self._once(("runs recorded", id(engine)), lambda: runs_recorded(engine)))
 
     def governor_document(self, state_dir: str) -> Any:
-        if state_dir not in self._governor:
-            self._governor[state_dir] = governor_document(state_dir)
-        return self._governor[state_dir]
+        return self._once(("governor", state_dir), lambda: governor_document(state_dir))
+
+    def _once(self, key: tuple[Any, ...], read: Callable[[], Any]) -> Any:
+        """`read()` the first time `key` is asked in this pass, its answer after."""
+        if key not in self._facts:
+            self._facts[key] = read()
+        return self._facts[key]
 
     def close(self) -> None:
         for catalog in self._catalogs.values():
@@ -144,9 +144,7 @@ class CollectionPass:
             reader.close()
         self._catalogs.clear()
         self._readers.clear()
-        self._listed.clear()
-        self._topics.clear()
-        self._runs_recorded.clear()
+        self._facts.clear()
 
 
 class _Collector:
