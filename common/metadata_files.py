@@ -23,6 +23,7 @@ import re
 import threading
 from typing import Any
 
+from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.serializers import FromInputFile
@@ -132,8 +133,53 @@ class PrunesMetadata:
         return response
 
 
-class PruningSqlCatalog(PrunesMetadata, SqlCatalog):
-    """pyiceberg's SqlCatalog, deleting old metadata files after each commit as Iceberg Java does."""
+class KeepsParsedMetadata:
+    """A pyiceberg SqlCatalog mixin: each table's latest parsed metadata file, kept by its
+    location. A metadata file is never rewritten (a commit writes a new one and swaps the
+    catalog's pointer), so a load whose row names the location parsed last builds the table
+    on the kept parse: the row's one SELECT is the whole cost. The governor's probes, the
+    opt-in listing and the status model load each of a thousand mostly idle tables again and
+    again; the JSON parse was a third of each load. One entry a table (its latest), at most
+    MAX_KEPT tables; a commit through this catalog keeps the metadata it wrote."""
+
+    MAX_KEPT = 8192
+
+    def _kept(self) -> dict[tuple[str, str], tuple[str, Any]]:
+        kept = self.__dict__.get("_parsed")
+        if kept is None:
+            kept = self.__dict__.setdefault("_parsed", {})
+        return kept
+
+    def _keep(self, key: tuple[str, str], location: str, metadata: Any) -> None:
+        kept = self._kept()
+        if key not in kept and len(kept) >= self.MAX_KEPT:
+            kept.pop(next(iter(kept)), None)  # the oldest kept table; it is parsed again when loaded
+        kept[key] = (location, metadata)
+
+    def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
+        key, location = (orm_table.table_namespace, orm_table.table_name), orm_table.metadata_location
+        found = self._kept().get(key)
+        if not location or found is None or found[0] != location:
+            table: Table = super()._convert_orm_to_iceberg(orm_table)  # type: ignore[misc]
+            self._keep(key, location, table.metadata)
+            return table
+        metadata = found[1]
+        return Table(identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
+                     metadata=metadata, metadata_location=location,
+                     io=self._load_file_io(metadata.properties, location),  # type: ignore[attr-defined]
+                     catalog=self)  # type: ignore[arg-type]
+
+    def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
+        response: CommitTableResponse = super().commit_table(table, requirements, updates)  # type: ignore[misc]
+        identifier = table.name()
+        key = (Catalog.namespace_to_string(Catalog.namespace_from(identifier)), Catalog.table_name_from(identifier))
+        self._keep(key, response.metadata_location, response.metadata)
+        return response
+
+
+class PruningSqlCatalog(KeepsParsedMetadata, PrunesMetadata, SqlCatalog):
+    """pyiceberg's SqlCatalog, deleting old metadata files after each commit as Iceberg Java
+    does, and building a table on its kept parse while its metadata file is the same."""
 
 
 def pruning_glue_catalog() -> type:

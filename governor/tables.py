@@ -26,13 +26,20 @@ from streamberg.common.tables import config_tables
 
 
 def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
-             refused: dict[str, str] | None = None) -> list[StreambergConfig]:
+             refused: dict[str, str] | None = None,
+             built: dict[str, StreambergConfig] | None = None) -> list[StreambergConfig]:
     """Tables of the opt-in namespaces that carry policy keys: the base config's settings
     without its destructive ones, the table's own schema (table.schema unset: the table is
-    the truth). A table that cannot be kept goes into `refused` under its own name."""
+    the truth). A table that cannot be kept goes into `refused` under its own name.
+
+    `built`: the configs an earlier listing built from this same `base`, by table, reused
+    (a table's config depends on the base and its name alone; its properties are its
+    runtime's to read): building and validating one is a millisecond, every replan, for each
+    of a thousand tables, and the same object again spares the keeper's comparison."""
     if not namespaces:
         return []
     refused = {} if refused is None else refused
+    built = {} if built is None else built
     catalog = shared_catalog(base.catalog)  # every replan: a new one held its connections until a full collection
     found = []
     for namespace in namespaces:
@@ -53,14 +60,20 @@ def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
                 continue
             if not carries_policy(properties):
                 continue
+            if name in built:
+                found.append(built[name])
+                continue
             document = dump_config(base)
             document["table"] = {"identifier": name}
             document["compactor"]["checkpoint_dir"] = per_table_checkpoint(base.compactor.checkpoint_dir, name)
             document["kafka"] = {**document["kafka"], "envelope": "none"}
             try:
-                found.append(undeclared(config_from_dump(document)))
+                built[name] = undeclared(config_from_dump(document))
+                found.append(built[name])
             except ConfigError as exc:
                 refused[name] = f"not kept: {exc.problems[0] if exc.problems else first_line(exc)}"[:300]
+    for gone in set(built) - {c.table.identifier for c in found}:
+        del built[gone]  # dropped, or its policy keys removed: built again if it comes back
     return found
 
 
@@ -75,6 +88,7 @@ class GovernedTables:
         self._routed: tuple[float, list[StreambergConfig]] | None = None
         self._listed: tuple[float, list[StreambergConfig]] | None = None
         self.base: StreambergConfig | None = None
+        self._built: tuple[StreambergConfig | None, dict[str, StreambergConfig]] = (None, {})  # (from base, by table)
 
     def config_tables(self) -> list[StreambergConfig]:
         found = config_tables(self.config_path)
@@ -97,8 +111,11 @@ class GovernedTables:
         if self.namespaces and (self._listed is None or now - self._listed[0] >= self.replan_seconds):
             found: dict[str, str] = {}
             base = self.base or tables[0]
+            if self._built[0] is None or self._built[0] != base:  # the config file changed: build them again
+                self._built = (base, {})
             try:
-                self._listed = (now, opted_in(base, self.namespaces, {c.table.identifier for c in tables}, found))
+                self._listed = (now, opted_in(base, self.namespaces, {c.table.identifier for c in tables}, found,
+                                              self._built[1]))
             except Exception as exc:  # noqa: BLE001 - the catalog cannot be listed now: keep the last list
                 self._listed = (now, self._listed[1] if self._listed else [])
                 found = {**self.refused["listed"],
