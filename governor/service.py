@@ -47,7 +47,8 @@ def build_service(config_path: str | Path, settings: GovernConfig, base: Streamb
         for gone in set(kept) - set(wanted):
             del kept[gone]
         for identifier, config in wanted.items():
-            if identifier not in kept or kept[identifier].config != config:
+            # The listing hands back the same object while nothing changed: identity first.
+            if identifier not in kept or (kept[identifier].config is not config and kept[identifier].config != config):
                 kept[identifier] = TableKeeper(config, executors(config), session, catalogs)
         out = [Keeper(k.identifier, k.probe, k.run, streams=f"streamberg-compactor-{k.identifier}") for k in kept.values()]
         # A table found and not kept is reported under its own name every round (status, the plan).
