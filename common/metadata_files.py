@@ -133,37 +133,58 @@ class PrunesMetadata:
         return response
 
 
+class ParsedMetadata:
+    """Each table's latest parsed metadata file, by its location: what a SQL catalog builds a
+    table on while the catalog's row names that file. A metadata file is never rewritten (a
+    commit writes a new one and swaps the catalog's pointer), so a kept parse is the file.
+    One entry a table (its latest), at most `max_tables`, oldest forgotten first. A catalog
+    keeps its own; one that is opened again and again (a status pass's read-only catalog) is
+    given its owner's (`KeepsParsedMetadata.parsed`)."""
+
+    def __init__(self, max_tables: int = 8192) -> None:
+        self.max_tables = max_tables
+        self._by_table: dict[tuple[str, str], tuple[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, table: tuple[str, str], location: str) -> Any | None:
+        found = self._by_table.get(table)
+        return found[1] if found is not None and found[0] == location else None
+
+    def keep(self, table: tuple[str, str], location: str, metadata: Any) -> None:
+        with self._lock:
+            if table not in self._by_table and len(self._by_table) >= self.max_tables:
+                self._by_table.pop(next(iter(self._by_table)), None)  # parsed again when next loaded
+            self._by_table[table] = (location, metadata)
+
+    def __len__(self) -> int:
+        return len(self._by_table)
+
+
 class KeepsParsedMetadata:
-    """A pyiceberg SqlCatalog mixin: each table's latest parsed metadata file, kept by its
-    location. A metadata file is never rewritten (a commit writes a new one and swaps the
-    catalog's pointer), so a load whose row names the location parsed last builds the table
-    on the kept parse: the row's one SELECT is the whole cost. The governor's probes, the
-    opt-in listing and the status model load each of a thousand mostly idle tables again and
-    again; the JSON parse was a third of each load. One entry a table (its latest), at most
-    MAX_KEPT tables; a commit through this catalog keeps the metadata it wrote."""
+    """A pyiceberg SqlCatalog mixin: a load whose row names the metadata file parsed last
+    builds the table on that parse, so the row's one SELECT is the whole cost. The governor's
+    probes, the opt-in listing and the status model load each of a thousand mostly idle
+    tables again and again; the JSON parse was a third of each load. A commit through the
+    catalog keeps the metadata it wrote."""
 
-    MAX_KEPT = 8192
-
-    def _kept(self) -> dict[tuple[str, str], tuple[str, Any]]:
+    @property
+    def parsed(self) -> ParsedMetadata:
         kept = self.__dict__.get("_parsed")
         if kept is None:
-            kept = self.__dict__.setdefault("_parsed", {})
+            kept = self.__dict__.setdefault("_parsed", ParsedMetadata())
         return kept
 
-    def _keep(self, key: tuple[str, str], location: str, metadata: Any) -> None:
-        kept = self._kept()
-        if key not in kept and len(kept) >= self.MAX_KEPT:
-            kept.pop(next(iter(kept)), None)  # the oldest kept table; it is parsed again when loaded
-        kept[key] = (location, metadata)
+    @parsed.setter
+    def parsed(self, kept: ParsedMetadata) -> None:
+        self.__dict__["_parsed"] = kept
 
     def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
         key, location = (orm_table.table_namespace, orm_table.table_name), orm_table.metadata_location
-        found = self._kept().get(key)
-        if not location or found is None or found[0] != location:
+        metadata = self.parsed.get(key, location) if location else None
+        if metadata is None:
             table: Table = super()._convert_orm_to_iceberg(orm_table)  # type: ignore[misc]
-            self._keep(key, location, table.metadata)
+            self.parsed.keep(key, location, table.metadata)
             return table
-        metadata = found[1]
         return Table(identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
                      metadata=metadata, metadata_location=location,
                      io=self._load_file_io(metadata.properties, location),  # type: ignore[attr-defined]
@@ -173,7 +194,7 @@ class KeepsParsedMetadata:
         response: CommitTableResponse = super().commit_table(table, requirements, updates)  # type: ignore[misc]
         identifier = table.name()
         key = (Catalog.namespace_to_string(Catalog.namespace_from(identifier)), Catalog.table_name_from(identifier))
-        self._keep(key, response.metadata_location, response.metadata)
+        self.parsed.keep(key, response.metadata_location, response.metadata)
         return response
 
 

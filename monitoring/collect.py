@@ -29,6 +29,7 @@ from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
 from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
 from streamberg.common.log import get_logger
 from streamberg.common.maintenance_runs import last_maintenance_run, runs_recorded
+from streamberg.common.metadata_files import KeepsParsedMetadata, ParsedMetadata
 from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
 from streamberg.common.policy import GOVERN_STATE_FILE
 from streamberg.common.table_facts import recent_dead_letters, summary_total
@@ -60,7 +61,10 @@ class CollectionPass:
     answer is not asked again in the pass: a thousand tables on a stopped broker cost one
     timeout, each of them reported unreachable with its error."""
 
-    def __init__(self) -> None:
+    def __init__(self, parsed: ParsedMetadata | None = None) -> None:
+        # The tables' parsed metadata its owner keeps across passes (a catalog opened a pass
+        # would parse every table it loads again each pass).
+        self.parsed = parsed
         self._catalogs: dict[str, Any] = {}  # catalog config -> catalog, or the CatalogUnreachable it raised
         self._readers: dict[str, WatermarkReader] = {}
         self._brokers_down: dict[str, BrokerUnreachable] = {}
@@ -78,7 +82,9 @@ class CollectionPass:
         key = config.catalog.model_dump_json()
         if key not in self._catalogs:
             try:
-                self._catalogs[key] = open_catalog_readonly(config.catalog)
+                self._catalogs[key] = opened = open_catalog_readonly(config.catalog)
+                if self.parsed is not None and isinstance(opened, KeepsParsedMetadata):
+                    opened.parsed = self.parsed
             except CatalogUnreachable as exc:
                 self._catalogs[key] = exc
         found = self._catalogs[key]

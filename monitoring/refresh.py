@@ -28,6 +28,7 @@ from typing import Any
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable
 from streamberg.common.log import get_logger
+from streamberg.common.metadata_files import ParsedMetadata
 from streamberg.common.table_files import ManifestCache
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.catalog_probe import first_line
@@ -53,6 +54,7 @@ class StatusModel:
     def __init__(self, full_every_seconds: float = FULL_EVERY_SECONDS, cache: ManifestCache | None = None) -> None:
         self.full_every_seconds = full_every_seconds
         self.cache = cache or ManifestCache()
+        self.parsed = ParsedMetadata()  # the tables' metadata parsed once a version, across passes
         self._kept: dict[str, _Kept] = {}
         self.full_reads = 0  # tables read in full, over the model's life (bench/dashboard.py reports them)
         self.lag_reads = 0  # tables whose lag alone was read again
@@ -63,7 +65,7 @@ class StatusModel:
         out: list[Status] = []
         seen: set[str] = set()
         reported: dict[str, dict[str, Any] | None] = {}  # report folder -> its commits, folded once a pass
-        with CollectionPass() as shared:
+        with CollectionPass(self.parsed) as shared:
             for config in configs:
                 key = f"{config.catalog.name}|{config.table.identifier}"  # a name is a catalog's
                 seen.add(key)

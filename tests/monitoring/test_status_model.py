@@ -99,20 +99,28 @@ def test_a_tables_files_are_listed_once_a_metadata_file(reported: Scenario, monk
     """Every pass reads the table in full here (no age bound), yet its manifests are listed
     again only when its metadata file changed: a quiet table's files, clustering and backlog
     come from the listing of its metadata file; a commit's are listed anew, and are the truth."""
+    from pyiceberg.serializers import FromInputFile
+
     import streamberg.common.table_files as table_files
 
-    listings = []
+    listings, parses = [], []
     real = table_files._live_data_files
     monkeypatch.setattr(table_files, "_live_data_files", lambda *a: listings.append(1) or real(*a))
+    real_parse = FromInputFile.table_metadata
+    monkeypatch.setattr(FromInputFile, "table_metadata",
+                        staticmethod(lambda f, *a: parses.append(f.location) or real_parse(f, *a)))
     config = reported.config
     model = StatusModel(full_every_seconds=0.0)
     (first,) = model.collect([config])
+    parsed_first = len(parses)
     (second,) = model.collect([config])
-    assert model.full_reads == 2 and len(listings) == 1
+    # Each pass opens its catalog anew; the table's metadata file is parsed once, across passes.
+    assert model.full_reads == 2 and len(listings) == 1 and len(parses) == parsed_first >= 1
     assert second.files == first.files and second.compactor.pending_files == first.compactor.pending_files
     commit_units(reported, [[(0, 40, 50, ()), (1, 30, 30, ())]])
+    current = load_catalog(config.catalog).load_table(config.table.identifier).metadata_location
     (third,) = model.collect([config])
-    assert len(listings) == 2
+    assert len(listings) == 2 and parses[-1] == current  # the commit's metadata file, parsed by the pass
     truth = collect_status(config)  # a collection of its own: nothing kept
     assert third.files.data_files == truth.files.data_files == first.files.data_files + 1
     assert third.compactor.pending_files == truth.compactor.pending_files
