@@ -190,6 +190,31 @@ class KeepsParsedMetadata:
                      io=self._load_file_io(metadata.properties, location),  # type: ignore[attr-defined]
                      catalog=self)  # type: ignore[arg-type]
 
+    def load_namespace_tables(self, namespace: str) -> list[tuple[tuple[str, ...], Table | Exception]]:
+        """Every table of the namespace from one SELECT of the catalog's rows (a load a table
+        is a SELECT a table), each built on its kept parse or parsed now; a table whose
+        metadata cannot be read is its exception, the others are loaded. Raises as
+        `list_tables` does (NoSuchNamespaceError)."""
+        from pyiceberg.catalog.sql import IcebergTables
+        from pyiceberg.exceptions import NoSuchNamespaceError
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+
+        if not self._namespace_exists(namespace):  # type: ignore[attr-defined]
+            raise NoSuchNamespaceError(f"Namespace does not exist: {namespace}")
+        statement = select(IcebergTables).where(IcebergTables.catalog_name == self.name,  # type: ignore[attr-defined]
+                                                IcebergTables.table_namespace == namespace)
+        with Session(self.engine) as session:  # type: ignore[attr-defined]
+            rows = list(session.scalars(statement))
+        out: list[tuple[tuple[str, ...], Table | Exception]] = []
+        for row in rows:
+            identifier = Catalog.identifier_to_tuple(row.table_namespace) + (row.table_name,)
+            try:
+                out.append((identifier, self._convert_orm_to_iceberg(row)))
+            except Exception as exc:  # noqa: BLE001 - this table's metadata; the others are read
+                out.append((identifier, exc))
+        return out
+
     def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
         response: CommitTableResponse = super().commit_table(table, requirements, updates)  # type: ignore[misc]
         identifier = table.name()

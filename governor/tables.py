@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from streamberg.common.catalog import shared_catalog
 from streamberg.common.catalog_open import first_line
@@ -42,20 +43,26 @@ def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],
     built = {} if built is None else built
     catalog = shared_catalog(base.catalog)  # every replan: a new one held its connections until a full collection
     found = []
+    # A SQL catalog loads a namespace's tables from one SELECT (common/metadata_files.py);
+    # other kinds list, then load each.
+    load_all = getattr(catalog, "load_namespace_tables", None)
     for namespace in namespaces:
         try:
-            identifiers = catalog.list_tables(namespace)
+            entries: list[tuple[Any, Any]] = load_all(namespace) if load_all is not None else \
+                [(identifier, None) for identifier in catalog.list_tables(namespace)]
         except Exception as exc:  # noqa: BLE001 - a namespace that is not there (yet) is this namespace's problem
             refused[f"{namespace}.*"] = f"namespace cannot be listed: {first_line(exc)[:200]}"
             continue
-        for identifier in identifiers:
+        for identifier, loaded in entries:
             name = ".".join(identifier)
             if name in have:
                 continue
             try:
-                properties = catalog.load_table(identifier).properties
+                if isinstance(loaded, Exception):
+                    raise loaded
+                properties = (loaded if loaded is not None else catalog.load_table(identifier)).properties
             except Exception as exc:  # noqa: BLE001 - dropped between the listing and the load, or unreadable
-                if catalog.table_exists(identifier):
+                if loaded is not None or catalog.table_exists(identifier):
                     refused[name] = f"cannot be read: {first_line(exc)[:200]}"
                 continue
             if not carries_policy(properties):

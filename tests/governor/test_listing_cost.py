@@ -19,12 +19,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from pyiceberg.serializers import FromInputFile
 
 import streamberg.governor.tables as governed
 from streamberg.common.catalog import ensure_table, load_catalog
 from streamberg.common.catalog_open import close_catalog
+from streamberg.common.metadata_files import PruningSqlCatalog
 from streamberg.governor.tables import GovernedTables
 from tests.compactor.helpers import make_rows, write_config
 from tests.helpers import FakeClock, config_at
@@ -127,13 +129,33 @@ def test_the_opt_in_listing_builds_a_tables_config_once(tmp_path: Path, monkeypa
     assert sorted(first) == sorted(["db.events", *NAMES]) and sorted(built) == sorted(NAMES)
     assert all(first[n].compactor.checkpoint_dir != first["db.events"].compactor.checkpoint_dir for n in NAMES)
 
-    # Listed again past replan_seconds, nothing changed: nothing built, nothing parsed, the same objects.
+    # Listed again past replan_seconds, nothing changed: nothing built, nothing parsed, the same
+    # objects, and no table loaded one by one (the namespace's rows come in one SELECT).
+    loads: list[str] = []
+    real_load = PruningSqlCatalog.load_table
+    monkeypatch.setattr(PruningSqlCatalog, "load_table",
+                        lambda self, identifier: loads.append(identifier) or real_load(self, identifier))
     built.clear()
     parses.clear()
     clock.advance(61)
     second = {c.table.identifier: c for c in tables.current()}
-    assert built == [] and parses == []
+    assert built == [] and parses == [] and loads == []
     assert sorted(second) == sorted(first) and all(second[n] is first[n] for n in NAMES)
+
+    # A table whose metadata cannot be read is refused under its own name; the others are kept.
+    broken = ensure_table(catalog, config_at(path).table.model_copy(update={"identifier": "lake.broken"}))
+    with broken.transaction() as tx:
+        tx.set_properties({"streamberg.compact.min_files": "3"})
+    engine = sa.create_engine(config_at(path).catalog.uri)
+    with engine.begin() as connection:
+        connection.execute(sa.text("UPDATE iceberg_tables SET metadata_location = :gone WHERE table_name = 'broken'"),
+                           {"gone": str(tmp_path / "gone.metadata.json")})
+    engine.dispose()
+    clock.advance(61)
+    listed = {c.table.identifier: c for c in tables.current()}
+    assert "lake.broken" not in listed and all(listed[n] is first[n] for n in NAMES)
+    assert "cannot be read" in tables.refusals()["lake.broken"] and "gone.metadata.json" in tables.refusals()["lake.broken"]
+    catalog.drop_table("lake.broken")
 
     # A table's policy keys removed (by another writer): it leaves the listing; the others stay as they were.
     other = load_catalog(config_at(path).catalog)
