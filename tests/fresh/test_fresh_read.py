@@ -22,7 +22,7 @@ from streamberg.common.errors import FreshReadRefused
 from streamberg.fresh import read
 from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
-from tests.helpers import config_at, write_config
+from tests.helpers import config_at, wait_for, write_config
 from tests.runbooks.inprocess import cli, event, ingest_until, ingest_while
 
 POISON = b"{not json"
@@ -199,10 +199,7 @@ def test_what_cannot_be_exact_is_refused(table, broker: str) -> None:
     # The topic recreated: the table's offsets are of another log.
     admin = AdminClient({"bootstrap.servers": broker})
     admin.delete_topics([config.kafka.topic])[config.kafka.topic].result(30)
-    deadline = time.monotonic() + 30
-    while config.kafka.topic in admin.list_topics(timeout=5).topics:
-        assert time.monotonic() < deadline, "the topic was not deleted"
-        time.sleep(0.2)
+    wait_for(lambda: config.kafka.topic not in admin.list_topics(timeout=5).topics, 30, "the topic's deletion")
     ensure_topic(broker, config.kafka.topic, 2)
     Produced(broker, config.kafka.topic).send(0, [1, 2])
     with pytest.raises(FreshReadRefused, match="recreated or truncated"):
@@ -323,10 +320,8 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
         # go; a read starts at the new offsets.
         ingest_until(config, {0: 301, 1: 300})
         committed = committed_position(load_table(config), config.kafka.topic).offsets
-        deadline = time.monotonic() + 30
-        while any(s.next <= committed[s.partition] for s in segments(folder)):
-            assert time.monotonic() < deadline, "covered segments were not dropped"
-            time.sleep(0.05)
+        wait_for(lambda: not any(s.next <= committed[s.partition] for s in segments(folder)), 30,
+                 "the covered segments to be dropped", every=0.05)
         result = read(path)
         assert _ids(result) == produced.below(result.bounds.watermarks) and result.tail.records == 0
         # A segment lost in the middle: the chain stops there, Kafka reads the rest.

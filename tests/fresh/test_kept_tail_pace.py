@@ -22,7 +22,7 @@ from streamberg.fresh import read
 from streamberg.fresh.cache import cached_rows
 from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
-from tests.helpers import config_at, write_config
+from tests.helpers import config_at, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_while
 
 PARTITIONS = 2
@@ -108,13 +108,10 @@ def test_reads_while_the_keeper_has_died_fall_back_to_kafka_and_stay_exact(tmp_p
     keeper = subprocess.Popen([sys.executable, "-m", "streamberg.cli.main", "tail", "--config", str(path)],
                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the keeper serves the 400 records past the commit
-            kept = read(path, until="kept")
-            if kept.until == "kept" and kept.tail is not None and kept.tail.cached == 400:
-                break
-            assert keeper.poll() is None and time.monotonic() < deadline, f"the keeper never kept the tail: {kept.to_json()}"
-            time.sleep(0.1)
+        # The keeper serves the 400 records past the commit.
+        wait_for(lambda: (k := read(path, until="kept")).until == "kept" and k.tail is not None and k.tail.cached == 400,
+                 60, "the keeper to keep the 400 records past the commit", every=0.1, proc=keeper,
+                 log=lambda: read(path, until="kept").to_json())
         os.kill(keeper.pid, signal.SIGKILL)
         keeper.wait(10)
         assert segments(folder) and not alive(folder)  # its files stay; its heartbeat is not trusted

@@ -11,7 +11,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,7 +38,7 @@ from streamberg.fresh import read
 from streamberg.fresh.cache import cached_rows
 from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
-from tests.helpers import config_at, write_config
+from tests.helpers import config_at, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 
 ONE = TailIdentity("00000000-0000-0000-0000-00000000000a", "events", "id-a")
@@ -148,11 +147,8 @@ def test_streamberg_tail_removes_its_heartbeat_on_sigterm(tmp_path: Path, broker
     keeper = subprocess.Popen([sys.executable, "-m", "streamberg.cli.main", "tail", "--config", str(path)],
                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not alive(folder):
-            assert keeper.poll() is None, keeper.stderr.read() if keeper.stderr else ""
-            assert time.monotonic() < deadline, "no heartbeat"
-            time.sleep(0.1)
+        wait_for(lambda: alive(folder), 60, "the keeper's heartbeat", every=0.1, proc=keeper,
+                 log=lambda: keeper.stderr.read() if keeper.stderr else "")
         keeper.send_signal(signal.SIGTERM)
         assert keeper.wait(60) == 0
         assert not (folder / HEARTBEAT).exists() and not alive(folder)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
@@ -15,6 +14,7 @@ from streamberg.governor.scheduler import Due, Scheduler
 from streamberg.monitoring.collect import governor_document
 from streamberg.monitoring.dashboard.views import fleet_page, governor_page, heartbeat_document
 from streamberg.monitoring.fleet import FleetStatus
+from tests.helpers import wait_for
 
 
 def _state(folder: Path) -> dict:
@@ -49,13 +49,12 @@ def test_an_action_is_in_the_state_while_it_runs(tmp_path: Path) -> None:
     round_thread.start()
     try:
         assert quick_done.wait(30)
-        deadline = time.monotonic() + 30
-        while True:  # the quick action's end is beaten after it returned
+        def held_alone() -> dict | None:  # the quick action's end is beaten after it returned
             beat = _beat(tmp_path)
-            if [r["table"] for r in beat.get("running", [])] == ["db.held"]:
-                break
-            assert time.monotonic() < deadline, beat
-            time.sleep(0.02)
+            return beat if [r["table"] for r in beat.get("running", [])] == ["db.held"] else None
+
+        beat = wait_for(held_alone, 30, "the heartbeat listing db.held alone", every=0.02,
+                        log=lambda: json.dumps(_beat(tmp_path)))
         assert beat["running"][0]["action"] == "maintain" and beat["running"][0]["why"] == "maintain is due on db.held"
         assert not (tmp_path / GOVERN_STATE_FILE).exists()  # the round has not ended: no record of it yet
         page = governor_page(governor_document(str(tmp_path)), None, heartbeat_document(str(tmp_path)))

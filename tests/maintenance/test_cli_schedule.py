@@ -6,14 +6,13 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from streamberg.common.maintenance_runs import last_maintenance_run
 from tests.compactor.helpers import FakeIngest
-from tests.helpers import JvmSentinel
+from tests.helpers import JvmSentinel, wait_for
 from tests.maintenance.helpers import setup_maintained
 
 pytestmark = pytest.mark.spark
@@ -41,19 +40,11 @@ def test_scheduled_runs_are_recorded_and_sigterm_stops_gracefully(tmp_path) -> N
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**jvm.env, "STREAMBERG_LOG_FORMAT": "json"})
     try:
-        deadline = time.monotonic() + 180
-        first = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            first = last_maintenance_run(config)
-            if first is not None:
-                break
-            time.sleep(0.5)
-        assert first is not None, "no maintenance run was recorded"
-        # Wait for a second run, proving the schedule repeats.
-        while time.monotonic() < deadline and proc.poll() is None:
-            if last_maintenance_run(config)["run_id"] != first["run_id"]:
-                break
-            time.sleep(0.5)
+        first = wait_for(lambda: last_maintenance_run(config), 180, "a maintenance run recorded", every=0.5,
+                         proc=proc)
+        # A second run, proving the schedule repeats.
+        wait_for(lambda: last_maintenance_run(config)["run_id"] != first["run_id"], 180, "a second maintenance run",
+                 every=0.5, proc=proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
