@@ -65,10 +65,10 @@ def event_fields(config: StreambergConfig) -> tuple[FieldSpec, ...]:
     """The fields events carry: the config's schema, or the table's when the config has none."""
     if config.table.field_specs:
         return config.table.field_specs
-    from streamberg.common.catalog import load_catalog
+    from streamberg.common.catalog import shared_catalog
     from streamberg.common.schema import field_specs
 
-    return field_specs(load_catalog(config.catalog).load_table(config.table.identifier).schema().fields)
+    return field_specs(shared_catalog(config.catalog).load_table(config.table.identifier).schema().fields)
 
 
 def _maker(name: str, spec: TypeSpec, rng: random.Random) -> Callable[[int, float], Any]:

@@ -66,7 +66,7 @@ def state_engine(config: CatalogConfig, catalog: Catalog | None = None) -> sqlal
     kind = kind_of(config)
     uri = kind.state_uri(config)
     if uri is None:  # the catalog's own database
-        sql = catalog if catalog is not None else load_catalog(config)
+        sql = catalog if catalog is not None else shared_catalog(config)
         assert isinstance(sql, SqlCatalog)
         return sql.engine
 

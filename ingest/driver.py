@@ -218,11 +218,11 @@ class _CatalogWatch:
     def look(self) -> None:
         import sqlalchemy.exc
 
-        from streamberg.common.catalog import load_catalog
+        from streamberg.common.catalog import shared_catalog
 
         try:
             if self.catalog is None:
-                self.catalog = load_catalog(self.run.config.catalog)
+                self.catalog = shared_catalog(self.run.config.catalog)
             self.catalog.list_namespaces()
         except sqlalchemy.exc.OperationalError:
             raise

@@ -47,7 +47,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOrEqual, In, LessThan, Or
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
@@ -275,7 +275,7 @@ def replay_range(config: StreambergConfig, partition: int, start: int, end: int,
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, partition=partition, run=run_id)
     if not 0 <= start < end:
         raise ReplayRefused(f"--from-offset {start} must be >= 0 and below --to-offset {end}")
-    catalog = load_catalog(config.catalog)
+    catalog = shared_catalog(config.catalog)
     try:
         table = catalog.load_table(config.table.identifier)
     except NoSuchTableError:
@@ -380,7 +380,7 @@ def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = N
     started = time.monotonic()
     topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, run=run_id, mode="dead-letters")
-    catalog = load_catalog(config.catalog)
+    catalog = shared_catalog(config.catalog)
     try:
         table = catalog.load_table(config.table.identifier)
     except NoSuchTableError:

@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from streamberg.common.catalog import load_catalog
+from streamberg.common.catalog import shared_catalog
 from streamberg.common.column_lifecycle import (
     DROPPED_PROPERTY,
     IGNORED_FIELDS_PROPERTY,
@@ -85,7 +85,7 @@ class DropColumnsExecutor:
         the names the ingest ignores and the drop itself, in one commit."""
         config = kept_table.config
         log = get_logger("maintenance.columns", table=config.table.identifier)
-        now = kept_table.refreshed(load_catalog(config.catalog).load_table(config.table.identifier))
+        now = kept_table.refreshed(shared_catalog(config.catalog).load_table(config.table.identifier))
         table = now.table
         if not _acknowledged(now.policy):
             return {"dropped": [], "kept": {}, "why": "the table's policy no longer drops columns"}

@@ -122,7 +122,7 @@ def declare_source_epoch(config: StreambergConfig, why: str, since: dict[int, in
     (partition -> first offset) when given; else from the first change the merge found going
     backwards (then the changes from before it are merged again); else from the change log's
     end (the changes the ingest appends from now on)."""
-    from streamberg.common.catalog import load_catalog
+    from streamberg.common.catalog import shared_catalog
     from streamberg.common.changelog import OFFSET, PARTITION
     from streamberg.common.source_epochs import (
         EPOCHS_PROPERTY,
@@ -136,7 +136,7 @@ def declare_source_epoch(config: StreambergConfig, why: str, since: dict[int, in
 
     if not has_changelog(config):
         raise MergeError("kafka.envelope is none: an append table has no source epochs")
-    catalog = load_catalog(config.catalog)
+    catalog = shared_catalog(config.catalog)
     changelog_name = changelog_identifier(config)
     try:
         changelog = catalog.load_table(changelog_name)

@@ -518,3 +518,36 @@ def test_the_kafka_read_check_sees_reads(tmp_path: Path) -> None:
     sample.write_text("def f(c, consumer, proc, producer):\n    c.consume(1, 0.1)\n    consumer.poll(1)\n"
                       "    proc.poll()\n    producer.poll(0)\n")
     assert _kafka_reads(sample) == ["c.consume", "consumer.poll"]
+
+
+# Where a catalog for work may be opened outside the runtime, and why. common/catalog.py
+# defines `load_catalog` (tests and benches open catalogs of their own with it: "another
+# process" is another instance).
+OPENS_CATALOGS = {"common/catalog.py"}
+
+
+def _catalog_openings(path: Path) -> list[str]:
+    """Calls of `load_catalog` (a catalog opened anew, never closed by anyone)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name == "load_catalog":
+                found.append(f"line {node.lineno}")
+    return found
+
+
+def test_the_product_opens_catalogs_through_the_runtime() -> None:
+    """One owner: the product's catalogs for work are the runtime's (`shared_catalog`), opened
+    once a process and closed with it; a `load_catalog` in a command or an action opened a
+    catalog (an engine and its pool) each call, closed by no one (the column drop opened one
+    at every run under the governor)."""
+    wrong = _findings(_catalog_openings, OPENS_CATALOGS)
+    assert not wrong, f"a catalog opened outside the runtime: {wrong}"
+
+
+def test_the_catalog_opening_check_sees_openings(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
+                      "    shared_catalog(config)\n")
+    assert _catalog_openings(sample) == ["line 3", "line 4"]
