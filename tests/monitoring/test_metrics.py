@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamberg.common.broker import free_port
 from streamberg.monitoring.collect import collect_status
-from tests.helpers import streamberg
+from tests.helpers import streamberg, wait_for
 from tests.monitoring.helpers import Scenario
 
 
@@ -81,15 +80,14 @@ def test_exporter_serves_scrapes_until_ctrl_c(scenario: Scenario) -> None:
     proc = subprocess.Popen([str(exe), "metrics", "--config", str(scenario.path), "--port", str(port),
                              "--address", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        def scraped() -> str | None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-                    text = response.read().decode()
-                break
+                    return response.read().decode()
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "exporter did not come up"
-                time.sleep(0.2)
+                return None
+
+        text = wait_for(scraped, 60, "the exporter to answer a scrape", proc=proc)
         # /healthz answers at once, without collecting (a pod's probes).
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
             assert response.status == 200 and response.read() == b"ok\n"
@@ -120,16 +118,14 @@ def test_scrapes_serve_the_last_collection_and_the_probes_tell_the_truth(scenari
             return exc.code, exc.read().decode()
 
     try:
-        deadline = time.monotonic() + 90
-        while True:
+        def scraped() -> str | None:
             try:
-                status, first = get("/metrics")
-                if status == 200:
-                    break
+                status, text = get("/metrics")
             except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "exporter did not come up"
-            time.sleep(0.2)
+                return None
+            return text if status == 200 else None
+
+        first = wait_for(scraped, 90, "the exporter to answer a scrape", proc=proc)
         status, second = get("/metrics")
         assert status == 200 and second == first  # the same collection: nothing asked again
         got = samples(first)
