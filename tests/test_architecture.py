@@ -324,19 +324,6 @@ def _module_level_caches(path: Path) -> list[str]:
     return found
 
 
-def test_no_module_level_resource_caches() -> None:
-    """Catalogs, engines, consumers, admin clients and the facts asked of them are the
-    Runtime's (common/runtime.py); no module keeps its own (a governor or exporter that lives
-    for weeks leaked through exactly those)."""
-    wrong = _findings(_module_level_caches, KEPT_AT_MODULE_LEVEL)
-    assert not wrong, f"module-level caches outside the Runtime: {wrong}"
-
-
-def test_the_cache_check_sees_caches(tmp_path: Path) -> None:
-    sample = tmp_path / "m.py"
-    sample.write_text("import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
-                      "@functools.cache\ndef f():\n    return 1\n")
-    assert _module_level_caches(sample) == ["_a", "_b", "_d", "f (memoized)"]
 
 
 # -- one object per table holds its settings (common/table_runtime.py) -------------------------------
@@ -504,20 +491,6 @@ def _kafka_reads(path: Path) -> list[str]:
     return found
 
 
-def test_one_kafka_read_loop() -> None:
-    """Replay, the positions' reads, a route's sampling, the fresh tail and its keeper read
-    Kafka through one loop (assign, bounded consume, end detection, pause): five loops had
-    each their own error handling (replay dropped every error and waited out its idle timeout;
-    the keeper started over on a passing one)."""
-    wrong = _findings(_kafka_reads, KAFKA_READ_IN | SOURCE_READS, join=": ")
-    assert not wrong, f"Kafka read outside common/kafka_read.py: {wrong}"
-
-
-def test_the_kafka_read_check_sees_reads(tmp_path: Path) -> None:
-    sample = tmp_path / "m.py"
-    sample.write_text("def f(c, consumer, proc, producer):\n    c.consume(1, 0.1)\n    consumer.poll(1)\n"
-                      "    proc.poll()\n    producer.poll(0)\n")
-    assert _kafka_reads(sample) == ["c.consume", "consumer.poll"]
 
 
 # Where a catalog for work may be opened outside the runtime, and why. common/catalog.py
@@ -537,17 +510,45 @@ def _catalog_openings(path: Path) -> list[str]:
     return found
 
 
-def test_the_product_opens_catalogs_through_the_runtime() -> None:
-    """One owner: the product's catalogs for work are the runtime's (`shared_catalog`), opened
-    once a process and closed with it; a `load_catalog` in a command or an action opened a
-    catalog (an engine and its pool) each call, closed by no one (the column drop opened one
-    at every run under the governor)."""
-    wrong = _findings(_catalog_openings, OPENS_CATALOGS)
-    assert not wrong, f"a catalog opened outside the runtime: {wrong}"
+# One owner of each thing, each rule with the modules it allows, a sample it must see and what
+# it finds there (a check that cannot fail proves nothing):
+# - module-level caches: catalogs, engines, consumers, admin clients and the facts asked of
+#   them are the Runtime's (common/runtime.py); a governor or exporter that lives for weeks
+#   leaked through exactly those;
+# - Kafka reads: replay, the positions' reads, a route's sampling, the fresh tail and its
+#   keeper read through one loop (assign, bounded consume, end detection, pause): five loops
+#   had each their own error handling (replay dropped every error and waited out its idle
+#   timeout; the keeper started over on a passing one);
+# - catalog openings: the product's catalogs for work are the runtime's (`shared_catalog`),
+#   opened once a process and closed with it; a `load_catalog` in a command or an action
+#   opened a catalog (an engine and its pool) each call, closed by no one (the column drop
+#   opened one at every run under the governor).
+ONE_OWNER = {
+    "module-level caches": (_module_level_caches, KEPT_AT_MODULE_LEVEL, ":",
+                            "import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
+                            "@functools.cache\ndef f():\n    return 1\n",
+                            ["_a", "_b", "_d", "f (memoized)"]),
+    "Kafka reads": (_kafka_reads, KAFKA_READ_IN | SOURCE_READS, ": ",
+                    "def f(c, consumer, proc, producer):\n    c.consume(1, 0.1)\n    consumer.poll(1)\n"
+                    "    proc.poll()\n    producer.poll(0)\n",
+                    ["c.consume", "consumer.poll"]),
+    "catalog openings": (_catalog_openings, OPENS_CATALOGS, ":",
+                         "import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
+                         "    shared_catalog(config)\n",
+                         ["line 3", "line 4"]),
+}
 
 
-def test_the_catalog_opening_check_sees_openings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rule", sorted(ONE_OWNER))
+def test_one_owner(rule: str) -> None:
+    find, allowed, join, _, _ = ONE_OWNER[rule]
+    wrong = _findings(find, allowed, join)
+    assert not wrong, f"{rule} outside their one owner: {wrong}"
+
+
+@pytest.mark.parametrize("rule", sorted(ONE_OWNER))
+def test_the_one_owner_check_sees(rule: str, tmp_path: Path) -> None:
+    find, _, _, sample_text, expected = ONE_OWNER[rule]
     sample = tmp_path / "m.py"
-    sample.write_text("import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
-                      "    shared_catalog(config)\n")
-    assert _catalog_openings(sample) == ["line 3", "line 4"]
+    sample.write_text(sample_text)
+    assert find(sample) == expected
