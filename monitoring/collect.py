@@ -61,10 +61,13 @@ class CollectionPass:
     answer is not asked again in the pass: a thousand tables on a stopped broker cost one
     timeout, each of them reported unreachable with its error."""
 
-    def __init__(self, parsed: ParsedMetadata | None = None) -> None:
-        # The tables' parsed metadata its owner keeps across passes (a catalog opened a pass
-        # would parse every table it loads again each pass).
+    def __init__(self, parsed: ParsedMetadata | None = None,
+                 runtimes: dict[str, TableRuntime] | None = None) -> None:
+        # The tables' parsed metadata and runtimes its owner keeps across passes (a catalog
+        # opened a pass would parse every table it loads again each pass; a table's settings
+        # are parsed once a metadata version).
         self.parsed = parsed
+        self.runtimes = runtimes
         self._catalogs: dict[str, Any] = {}  # catalog config -> catalog, or the CatalogUnreachable it raised
         self._readers: dict[str, WatermarkReader] = {}
         self._brokers_down: dict[str, BrokerUnreachable] = {}
@@ -108,6 +111,17 @@ class CollectionPass:
         except BrokerUnreachable as exc:
             self._brokers_down[key] = exc
             raise
+
+    def runtime(self, config: StreambergConfig, table: Table) -> TableRuntime:
+        """The table's runtime for `table` as loaded now: the one kept from an earlier pass
+        while its config is the same object and its metadata file the same, else parsed."""
+        if self.runtimes is None:
+            return TableRuntime.of(config, table)
+        key = f"{config.catalog.name}|{config.table.identifier}"
+        kept = self.runtimes.get(key)
+        found = kept.refreshed(table) if kept is not None and kept.config is config else TableRuntime.of(config, table)
+        self.runtimes[key] = found
+        return found
 
     def surely_absent(self, catalog: Catalog, identifier: str) -> bool:
         """Whether the catalog's listing of the namespace, made once a pass, lacks `identifier`
@@ -316,7 +330,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     # The table's own streamberg.* settings over the config's: the backlog and clustering are
     # judged as the table is kept (its runtime: common/table_runtime.py), and what is wrong with them named.
-    kept = TableRuntime.of(config, table)
+    kept = run.shared.runtime(config, table) if run.shared is not None else TableRuntime.of(config, table)
     config, policy_problems = kept.settings, list(kept.problems)
     run.config = config
     # A primary-key table's ingest writes its change log: the ingest's facts are read there.

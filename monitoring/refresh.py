@@ -30,6 +30,7 @@ from streamberg.common.errors import BrokerUnreachable
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import ParsedMetadata
 from streamberg.common.table_files import ManifestCache
+from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.catalog_probe import first_line
 from streamberg.monitoring.collect import CollectionPass, collect_status, governor_state
@@ -55,6 +56,7 @@ class StatusModel:
         self.full_every_seconds = full_every_seconds
         self.cache = cache or ManifestCache()
         self.parsed = ParsedMetadata()  # the tables' metadata parsed once a version, across passes
+        self.runtimes: dict[str, TableRuntime] = {}  # each table's runtime (its settings), by key
         self._kept: dict[str, _Kept] = {}
         self.full_reads = 0  # tables read in full, over the model's life (bench/dashboard.py reports them)
         self.lag_reads = 0  # tables whose lag alone was read again
@@ -65,7 +67,7 @@ class StatusModel:
         out: list[Status] = []
         seen: set[str] = set()
         reported: dict[str, dict[str, Any] | None] = {}  # report folder -> its commits, folded once a pass
-        with CollectionPass(self.parsed) as shared:
+        with CollectionPass(self.parsed, self.runtimes) as shared:
             for config in configs:
                 key = f"{config.catalog.name}|{config.table.identifier}"  # a name is a catalog's
                 seen.add(key)
@@ -84,6 +86,8 @@ class StatusModel:
                 out.append(judged)
         for gone in set(self._kept) - seen:  # no longer kept: forgotten
             del self._kept[gone]
+        for gone in set(self.runtimes) - seen:
+            del self.runtimes[gone]
         return out
 
     def _commits(self, config: StreambergConfig, reported: dict[str, dict[str, Any] | None]) -> int | None:

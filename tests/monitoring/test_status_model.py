@@ -109,18 +109,28 @@ def test_a_tables_files_are_listed_once_a_metadata_file(reported: Scenario, monk
     real_parse = FromInputFile.table_metadata
     monkeypatch.setattr(FromInputFile, "table_metadata",
                         staticmethod(lambda f, *a: parses.append(f.location) or real_parse(f, *a)))
+    from streamberg.common.table_runtime import TableRuntime
+
+    settings_parsed: list[str] = []
+    real_of = TableRuntime.of.__func__
+    monkeypatch.setattr(TableRuntime, "of", classmethod(
+        lambda cls, c, t: settings_parsed.append(c.table.identifier) or real_of(cls, c, t)))
     config = reported.config
     model = StatusModel(full_every_seconds=0.0)
     (first,) = model.collect([config])
     parsed_first = len(parses)
+    assert settings_parsed == [config.table.identifier]
     (second,) = model.collect([config])
-    # Each pass opens its catalog anew; the table's metadata file is parsed once, across passes.
+    # Each pass opens its catalog anew; the table's metadata file is parsed once, across
+    # passes, and its settings once a metadata version (its runtime kept by the model).
     assert model.full_reads == 2 and len(listings) == 1 and len(parses) == parsed_first >= 1
+    assert settings_parsed == [config.table.identifier] and second.settings == first.settings
     assert second.files == first.files and second.compactor.pending_files == first.compactor.pending_files
     commit_units(reported, [[(0, 40, 50, ()), (1, 30, 30, ())]])
     current = load_catalog(config.catalog).load_table(config.table.identifier).metadata_location
     (third,) = model.collect([config])
     assert len(listings) == 2 and parses[-1] == current  # the commit's metadata file, parsed by the pass
+    assert settings_parsed.count(config.table.identifier) == 2  # a new metadata version: its settings again
     truth = collect_status(config)  # a collection of its own: nothing kept
     assert third.files.data_files == truth.files.data_files == first.files.data_files + 1
     assert third.compactor.pending_files == truth.compactor.pending_files
