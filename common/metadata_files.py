@@ -156,9 +156,6 @@ class ParsedMetadata:
                 self._by_table.pop(next(iter(self._by_table)), None)  # parsed again when next loaded
             self._by_table[table] = (location, metadata)
 
-    def __len__(self) -> int:
-        return len(self._by_table)
-
 
 class KeepsParsedMetadata:
     """A pyiceberg SqlCatalog mixin: a load whose row names the metadata file parsed last

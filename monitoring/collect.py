@@ -52,6 +52,11 @@ from streamberg.monitoring.model import (
 )
 
 
+def table_key(config: StreambergConfig) -> str:
+    """A table's key in what is kept across passes (a name is its catalog's)."""
+    return f"{config.catalog.name}|{config.table.identifier}"
+
+
 class CollectionPass:
     """What one collection of many tables shares, opened when first needed and closed at the
     pass's end: a read-only catalog per catalog config (a thousand tables, one open), a
@@ -117,7 +122,7 @@ class CollectionPass:
         while its config is the same object and its metadata file the same, else parsed."""
         if self.runtimes is None:
             return TableRuntime.of(config, table)
-        key = f"{config.catalog.name}|{config.table.identifier}"
+        key = table_key(config)
         kept = self.runtimes.get(key)
         found = kept.refreshed(table) if kept is not None and kept.config is config else TableRuntime.of(config, table)
         self.runtimes[key] = found

@@ -33,7 +33,7 @@ from streamberg.common.table_files import ManifestCache
 from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.catalog_probe import first_line
-from streamberg.monitoring.collect import CollectionPass, collect_status, governor_state
+from streamberg.monitoring.collect import CollectionPass, collect_status, governor_state, table_key
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Reachability, Status
 
@@ -69,7 +69,7 @@ class StatusModel:
         reported: dict[str, dict[str, Any] | None] = {}  # report folder -> its commits, folded once a pass
         with CollectionPass(self.parsed, self.runtimes) as shared:
             for config in configs:
-                key = f"{config.catalog.name}|{config.table.identifier}"  # a name is a catalog's
+                key = table_key(config)
                 seen.add(key)
                 commits = self._commits(config, reported)
                 kept = self._kept.get(key)

@@ -37,6 +37,22 @@ class FakeClock:
         self.now += seconds
 
 
+def count_metadata_parses(monkeypatch: Any) -> list[str]:
+    """The table metadata files parsed from now on, in order (pyiceberg's real parse still
+    runs): what a test of the kept parses counts."""
+    from pyiceberg.serializers import FromInputFile
+
+    seen: list[str] = []
+    real = FromInputFile.table_metadata
+
+    def counting(input_file: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(input_file.location)
+        return real(input_file, *args, **kwargs)
+
+    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(counting))
+    return seen
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.2,
              proc: Any = None, log: Path | Callable[[], str] | None = None) -> Any:
     """The tests' one wait: poll `condition` every `every` seconds until it returns something

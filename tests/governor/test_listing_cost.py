@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import yaml
-from pyiceberg.serializers import FromInputFile
 
 import streamberg.governor.tables as governed
 from streamberg.common.catalog import ensure_table, load_catalog
@@ -29,23 +28,14 @@ from streamberg.common.catalog_open import close_catalog
 from streamberg.common.metadata_files import PruningSqlCatalog
 from streamberg.governor.tables import GovernedTables
 from tests.compactor.helpers import make_rows, write_config
-from tests.helpers import FakeClock, config_at
+from tests.helpers import FakeClock, config_at, count_metadata_parses
 
 NAMES = [f"lake.t{i}" for i in range(4)]
 
 
 @pytest.fixture
 def parses(monkeypatch) -> list[str]:
-    """The metadata files parsed, in order (the real parse runs)."""
-    seen: list[str] = []
-    real = FromInputFile.table_metadata
-
-    def counting(input_file, *args, **kwargs):
-        seen.append(input_file.location)
-        return real(input_file, *args, **kwargs)
-
-    monkeypatch.setattr(FromInputFile, "table_metadata", staticmethod(counting))
-    return seen
+    return count_metadata_parses(monkeypatch)
 
 
 def _made(tmp_path: Path) -> tuple[Path, object]:
