@@ -12,7 +12,7 @@ help:
 	@echo "make demo-fleet     28 tables from one ingest job (examples/fleet.yaml), each exactly once"
 	@echo "make test           the whole test suite (real broker, PyFlink, Spark, Iceberg)"
 	@echo "make test-fast      the suite without PyFlink jobs, kill -9 drills and the slowest tests (under 10 minutes)"
-	@echo "make lint           ruff over the tree, mypy over common/ and fresh/ (CI runs it before the tests)"
+	@echo "make lint           ruff over the tree, mypy over common/, table_meta/ and fresh/ (CI runs it before the tests)"
 	@echo "make bench          = make bench-ingest (the bench/ folder made a plain 'make bench' a silent no-op)"
 	@echo "make bench-ingest   ingest throughput/freshness vs a bare Python baseline"
 	@echo "make bench-compact  compactor benchmarks"
@@ -46,7 +46,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy common fresh
+	$(VENV)/bin/mypy common table_meta fresh
 
 # The tiers are set at collection (tests/conftest.py): flink (a PyFlink job), chaos (kill -9,
 # drills, local clusters), spark, broker. The fast tier keeps Spark and the broker.

@@ -51,11 +51,11 @@ sys.path.insert(0, str(ROOT))
 
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.offsets import ancestry, committed_position, summary_properties  # noqa: E402
-from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
-from streamberg.common.table_files import live_data_files  # noqa: E402
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog, merge_position  # noqa: E402
+from streamberg.table_meta.offsets import ancestry, committed_position, summary_properties  # noqa: E402
+from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.table_meta.table_files import live_data_files  # noqa: E402
 
 USERS = [
     {"name": "id", "type": "long", "required": True},

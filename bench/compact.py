@@ -96,9 +96,10 @@ def data_files(spark: Any, table: str) -> tuple[int, int]:
 
 
 def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
-    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.catalog import load_catalog
     from streamberg.common.spark import register_catalog
     from streamberg.compactor.compactor import Compactor
+    from streamberg.table_meta.declared import ensure_table
 
     base_rows = int(300_000 * scale)
     new_rows, new_commits = int(100_000 * scale), 10
@@ -151,9 +152,10 @@ def bench_incremental(spark: Any, workdir: Path, scale: float, rounds: int) -> d
 
 
 def bench_speed(spark: Any, workdir: Path, scale: float, rounds: int) -> dict[str, Any]:
-    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.catalog import load_catalog
     from streamberg.common.spark import register_catalog
     from streamberg.compactor.compactor import Compactor
+    from streamberg.table_meta.declared import ensure_table
 
     rows, files = int(2_000_000 * scale), 40
     config = make_config(workdir, "speed", partitioned=False, target=128 * 1024**2)

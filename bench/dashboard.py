@@ -42,9 +42,8 @@ import pyarrow as pa  # noqa: E402
 from streamberg.bench.harness import percentile, rss_bytes  # noqa: E402
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import ensure_table, shared_catalog  # noqa: E402
+from streamberg.common.catalog import shared_catalog  # noqa: E402
 from streamberg.common.config import StreambergConfig  # noqa: E402
-from streamberg.common.table_files import ManifestCache  # noqa: E402
 from streamberg.monitoring.collect import collect_status  # noqa: E402
 from streamberg.monitoring.dashboard.app import make_app, serve_dashboard  # noqa: E402
 from streamberg.monitoring.fleet import FleetStatus  # noqa: E402
@@ -52,6 +51,8 @@ from streamberg.monitoring.health import with_health  # noqa: E402
 from streamberg.monitoring.metrics import fleet_families  # noqa: E402
 from streamberg.monitoring.refresh import StatusModel  # noqa: E402
 from streamberg.monitoring.watch import Watch  # noqa: E402
+from streamberg.table_meta.declared import ensure_table  # noqa: E402
+from streamberg.table_meta.table_files import ManifestCache  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -86,7 +87,7 @@ def _model_passes(configs: list[StreambergConfig], reported: int = 10) -> dict[s
     first pass (every table read in full, one catalog and one broker reader shared), a
     pass with no commit reported (each table's lag alone read again) and one after
     `reported` commits were reported (those tables read in full)."""
-    from streamberg.common.query_stats import record_commit
+    from streamberg.table_meta.query_stats import record_commit
 
     cache = ManifestCache()
     started = time.monotonic()

@@ -54,10 +54,10 @@ from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.offsets import decode_offsets  # noqa: E402
-from streamberg.common.summary_keys import kafka_offsets_key  # noqa: E402
-from streamberg.common.tail_segments import cache_folder, segments  # noqa: E402
 from streamberg.fresh import read  # noqa: E402
+from streamberg.table_meta.offsets import decode_offsets  # noqa: E402
+from streamberg.table_meta.summary_keys import kafka_offsets_key  # noqa: E402
+from streamberg.table_meta.tail_segments import cache_folder, segments  # noqa: E402
 
 CITIES = ("ams", "ber", "par", "lis", "osl")
 PARTITIONS = 4

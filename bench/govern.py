@@ -231,9 +231,10 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["STREAMBERG_LOG_LEVEL"] = "warning"  # this process's own compactor runs: their summary is ours
 
-    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.catalog import load_catalog
     from streamberg.common.config import load_config
-    from streamberg.common.table_files import ManifestCache
+    from streamberg.table_meta.declared import ensure_table
+    from streamberg.table_meta.table_files import ManifestCache
 
     workdir = Path(tempfile.mkdtemp(prefix="sb-bench-govern-"))
     results: dict[str, Any] = {"started_at": datetime.now(timezone.utc).isoformat(), "cpus": os.cpu_count(),

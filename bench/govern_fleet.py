@@ -51,10 +51,11 @@ from streamberg.bench.harness import (
 )
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
 from streamberg.common.broker import ensure_topic, free_port
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
-from streamberg.common.policy import GOVERN_STATE_FILE
-from streamberg.common.query_stats import record_commit
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.policy import GOVERN_STATE_FILE
+from streamberg.table_meta.query_stats import record_commit
 
 SAMPLE_SECONDS = 5.0
 COMMIT_SECONDS = 10.0

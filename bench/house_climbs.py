@@ -2,7 +2,7 @@
 
 Follows compactor/app.py:run_compact through one ``--once`` pass on a small table (4 appends
 over 2 day partitions, real Spark) and counts the calls from a compactor/ frame into a
-common/ frame: every such call, and the distinct (caller -> callee) edges, listed. A measure
+common/ or table_meta/ frame: every such call, and the distinct (caller -> callee) edges, listed. A measure
 of the house, not a benchmark: it reports what one pass calls, so that two trees can be
 compared (issue 19 compared the tree before and after its refactor).
 
@@ -23,7 +23,7 @@ from streamberg.compactor.app import CompactOptions, run_compact
 from tests.compactor.helpers import DAY, FakeIngest, setup_table
 
 PACKAGE = Path(streamberg.common.__file__).resolve().parent.parent
-FLOORS = ("common", "compactor")
+FLOORS = ("common", "table_meta", "compactor")
 
 
 def floor(path: str) -> str | None:
@@ -52,7 +52,7 @@ def main() -> None:
             return
         entered[frame.f_code.co_name] += 1
         caller = frame.f_back
-        if caller is not None and callee == "common" and floor(caller.f_code.co_filename) == "compactor":
+        if caller is not None and callee in ("common", "table_meta") and floor(caller.f_code.co_filename) == "compactor":
             edges[(where(caller), where(frame))] += 1
 
     threading.setprofile(profile)  # the streaming batches run on py4j's callback thread
@@ -63,7 +63,7 @@ def main() -> None:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
     print("pass:", {k: summary.get(k) for k in ("mode", "commits", "files_in", "files_out")})
-    print("calls from compactor/ into common/:", sum(edges.values()))
+    print("calls from compactor/ into common/ and table_meta/:", sum(edges.values()))
     print("distinct edges:", len(edges))
     for (caller, callee), n in sorted(edges.items()):
         print(f"  {caller} -> {callee}  x{n}")

@@ -64,8 +64,8 @@ from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # 
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.offsets import summary_properties  # noqa: E402
-from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.table_meta.offsets import summary_properties  # noqa: E402
+from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
 
 SCHEMA = SAMPLE_EVENT_SCHEMA
 # The orders shape of the real-records issue: nested objects, a list, a list of objects.

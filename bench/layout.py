@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
-from streamberg.common.table_runtime import TableRuntime  # noqa: E402
+from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.table_meta.table_runtime import TableRuntime  # noqa: E402
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},
@@ -136,15 +136,15 @@ def main() -> int:
     parser.add_argument("--file-bytes", type=int, default=1024**2, help="target size of the files rewrites write")
     parser.add_argument("--half-life-seconds", type=float, default=60.0, help="the statistics' half-life (compressed)")
     args = parser.parse_args()
-    import streamberg.common.query_stats as query_stats
+    import streamberg.table_meta.query_stats as query_stats
 
     query_stats.HALF_LIFE_DAYS = args.half_life_seconds / 86400
-    from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
-    from streamberg.common.column_usage import ColumnFacts
     from streamberg.common.spark import build_spark_session
     from streamberg.compactor.executor import CompactExecutor
     from streamberg.ingest.dead_letters import open_tables
     from streamberg.maintenance.columns import DropColumnsExecutor
+    from streamberg.table_meta.column_lifecycle import IGNORED_FIELDS_PROPERTY
+    from streamberg.table_meta.column_usage import ColumnFacts
     from tests.helpers import dead_letters
     from tests.runbooks.inprocess import ingest_until, produce_values
 

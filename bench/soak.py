@@ -39,8 +39,8 @@ from streamberg.bench.harness import process_tree, tree_rss  # noqa: E402
 from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
 from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import load_config  # noqa: E402
-from streamberg.common.offsets import summary_properties  # noqa: E402
-from streamberg.common.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.table_meta.offsets import summary_properties  # noqa: E402
+from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
 
 COMPONENTS = ("ingest", "compact", "maintain")
 

@@ -24,10 +24,10 @@ from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
 from streamberg.common.kafka_settings import connection_settings
-from streamberg.common.policy import declared_problems
 from streamberg.common.redact import redact
 from streamberg.common.tables import run_settings
 from streamberg.common.watermarks import kafka_error_text
+from streamberg.table_meta.policy import declared_problems
 
 
 @dataclass

@@ -54,11 +54,11 @@ from streamberg.cli.k8s_manifests import (
     spark_application,
 )
 from streamberg.common.catalog_kinds import kind_of
-from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig, is_fleet, load_config, load_fleet
 from streamberg.common.config.loading import config_document
 from streamberg.common.redact import redact
 from streamberg.common.tables import run_settings
+from streamberg.table_meta.changelog import has_changelog
 
 PLACEHOLDER = "REPLACE-ME.invalid"  # no registry answers for it: the manifests fail loudly if applied as printed
 AWS_BUNDLE_IN_IMAGE = "/opt/streamberg/iceberg-aws-bundle.jar"  # deploy/k8s/Dockerfile.spark puts it there

@@ -6,11 +6,11 @@ route to, with the tables a route field's values made), and in the namespaces of
 policy keys, whoever wrote it (governor/tables.py). Each round the governor (governor/app.py)
 probes every table without Spark through the components' own rules (each component's
 executor: the compactor's planner, the change log's unapplied changes, the time since
-maintenance; common/keeping.py), the scheduler (governor/scheduler.py) picks by need,
+maintenance; table_meta/keeping.py), the scheduler (governor/scheduler.py) picks by need,
 `govern.max_concurrent` actions at once (each on another table), no due action waiting past
 `govern.max_wait_seconds`, and the chosen actions run on one Spark session with the
 components' own code. Policy is read from the table's properties at every round
-(common/policy.py; docs/governor.md), so a change takes effect at the next round.
+(table_meta/policy.py; docs/governor.md), so a change takes effect at the next round.
 
 `--dry-run` prints the plan (which table, which action, why) and changes nothing; `--once`
 runs one round; `--health` says whether the running service is alive (its heartbeat). State
@@ -96,7 +96,7 @@ def _govern(args: argparse.Namespace) -> int:
         session = build_spark_session(base.catalog, base.compactor.spark_master, base.compactor.spark_conf,
                                       app_name="streamberg-governor")
         quiet_spark_logs(session)
-    from streamberg.common.table_files import ManifestCache
+    from streamberg.table_meta.table_files import ManifestCache
 
     cache = ManifestCache()  # one for the service's life: every table's replanning reads it
     service = build_service(args.config, settings, base, session, lambda config: executors(config, cache),

@@ -63,8 +63,9 @@ def _produce(args: argparse.Namespace) -> int:
 def _evolve(args: argparse.Namespace) -> int:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from streamberg.common.catalog import evolve_table, open_catalog_readonly
+    from streamberg.common.catalog import open_catalog_readonly
     from streamberg.common.errors import CatalogUnreachable, SchemaMismatchError
+    from streamberg.table_meta.declared import evolve_table
 
     config = config_of(args)
     try:
@@ -92,7 +93,7 @@ def _evolve(args: argparse.Namespace) -> int:
 
 def _table(args: argparse.Namespace) -> int:
     from streamberg.common.errors import CatalogUnreachable
-    from streamberg.common.table_facts import table_facts
+    from streamberg.table_meta.table_facts import table_facts
 
     if args.dry_run and not args.evolve:
         raise CommandError("--dry-run goes with --evolve")
@@ -134,8 +135,8 @@ def _set_policy(args: argparse.Namespace) -> int:
     """Write streamberg.* policy keys into the table's properties (what `govern` reads), each
     checked against the registry first; nothing is written when one is refused."""
     from streamberg.common.catalog import open_catalog_readonly
-    from streamberg.common.policy import POLICY_KEYS, refusal
-    from streamberg.common.table_runtime import TableRuntime
+    from streamberg.table_meta.policy import POLICY_KEYS, refusal
+    from streamberg.table_meta.table_runtime import TableRuntime
 
     config = config_of(args)
     settings: dict[str, str] = {}

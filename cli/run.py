@@ -58,9 +58,9 @@ def status_collector(config: StreambergConfig) -> Callable[[], dict[str, Any]]:
     across refreshes means each refresh reads only the new manifests (one catalog read and
     one broker read), instead of a fresh interpreter re-reading every manifest.
     """
-    from streamberg.common.table_files import ManifestCache
     from streamberg.monitoring.collect import collect_status
     from streamberg.monitoring.health import with_health
+    from streamberg.table_meta.table_files import ManifestCache
 
     cache = ManifestCache()
 
@@ -158,8 +158,8 @@ def _fleet_collector(fleet: FleetConfig) -> Callable[[], Any]:
 
 
 def _table_collector(config: StreambergConfig) -> Callable[[], Any]:
-    from streamberg.common.table_files import ManifestCache
     from streamberg.monitoring.metrics import table_status
+    from streamberg.table_meta.table_files import ManifestCache
 
     cache = ManifestCache()
     return lambda: table_status(config, cache)

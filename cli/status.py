@@ -13,11 +13,11 @@ from streamberg.cli.errors import CommandError
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
-from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Status
 from streamberg.monitoring.render import render_screen
+from streamberg.table_meta.table_files import ManifestCache
 
 DEFAULT_WATCH_SECONDS = 5.0
 DEFAULT_REFRESH_SECONDS = 15.0  # the exporter's collection of every table (a typical scrape interval)

@@ -29,11 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from streamberg.common.changelog import ingest_config
     from streamberg.common.log import get_logger
     from streamberg.common.stop import install_stop_handlers
     from streamberg.common.tables import config_tables
     from streamberg.fresh.cache import TailKeeper
+    from streamberg.table_meta.changelog import ingest_config
 
     tables = config_tables(args.config)
     wanted = {t.lower() for t in args.table} if args.table else None

@@ -11,7 +11,7 @@ Java does: after a successful commit, the metadata files the previous version li
 log and itself) that the new version no longer lists are deleted, when the table says so.
 Only `*.metadata.json` files under the table's own `metadata/` folder are ever deleted.
 
-Every table streamberg creates carries `BOUNDED_METADATA` (common/summary_keys.py), and the
+Every table streamberg creates carries `BOUNDED_METADATA` (below), and the
 ingest and the merge set it on the tables they write when it is absent (`bound_metadata`):
 an operator's explicit value is never changed.
 """
@@ -30,7 +30,23 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, Table
 
 from streamberg.common.log import get_logger
-from streamberg.common.summary_keys import BOUNDED_METADATA, METADATA_DELETE_AFTER_COMMIT
+
+# Iceberg's own table properties that keep a streaming table's metadata bounded, with the
+# values streamberg sets on every table it creates (and on tables it writes that lack them):
+# a commit every few seconds must not leave every metadata version behind.
+METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
+METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
+MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
+BOUNDED_METADATA = {
+    # Old metadata files are deleted after each commit beyond the last few (Iceberg Java does
+    # it itself; pyiceberg commits go through PrunesMetadata below).
+    METADATA_DELETE_AFTER_COMMIT: "true",
+    METADATA_PREVIOUS_VERSIONS_MAX: "10",
+    # Appends merge small manifests once commit.manifest.min-count-to-merge (100) pile up, so
+    # the manifest list stays bounded (Iceberg Java's default; pyiceberg's merge_append
+    # honours it, its default is off).
+    MANIFEST_MERGE_ENABLED: "true",
+}
 
 
 def _truthy(value: str | None) -> bool:

@@ -1,6 +1,6 @@
 """The scan-report writer's jar: common/jvm_reporter/StreambergReportWriter.java, an Iceberg
 `MetricsReporter` that appends each scan and commit report (Iceberg's JSON form) to a file in
-a folder (common/query_stats.py folds them).
+a folder (table_meta/query_stats.py folds them).
 
 No Maven repository is reachable, so the class is compiled here, against the Iceberg Spark
 runtime jar, with the JDK's `javac` (`make setup` does it; a Spark session builds it when

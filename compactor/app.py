@@ -14,13 +14,13 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CompactError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
-from streamberg.common.table_files import ManifestCache
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.layouts import resolve_layout
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import PassPlanner, describe
 from streamberg.compactor.watcher import SnapshotWatcher
+from streamberg.table_meta.table_files import ManifestCache
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     if table is None:  # stopped while waiting
         return {"table": config.table.identifier, "mode": "continuous", "batches": 0,
                 "stopped_before_table_existed": True}
-    # The table's own streamberg.* settings over the config's (common/table_runtime.TableRuntime): a table
+    # The table's own streamberg.* settings over the config's (table_meta/table_runtime.TableRuntime): a table
     # is compacted alike whoever keeps it (this command, `run`, the governor).
     config = TableRuntime.of(config, table).settings
     # Bad columns fail before Spark starts.

@@ -26,9 +26,9 @@ from typing import Any
 from streamberg.common.jvm import IcebergFailure, iceberg_failure, iterate, java_class_name, java_message, java_set
 from streamberg.common.log import get_logger
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor import record
 from streamberg.compactor.runner import RewriteResult, delete_files
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 
 @dataclass

@@ -23,10 +23,7 @@ from streamberg.common.config import CompactorConfig, TableTarget
 from streamberg.common.errors import GroupRewriteError
 from streamberg.common.jvm import iterate, java_message, load_table
 from streamberg.common.log import get_logger
-from streamberg.common.pending import Mode
 from streamberg.common.spark import activate
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
-from streamberg.common.table_files import sealed_sequence_numbers
 from streamberg.compactor import record
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.iceberg_scan import partition_filter_json, plan_scan_tasks
@@ -34,6 +31,9 @@ from streamberg.compactor.layouts import Layout, resolve_layout
 from streamberg.compactor.lease import TableLease
 from streamberg.compactor.planner import PassPlanner, Plan, describe
 from streamberg.compactor.runner import GroupRunner, RewriteResult
+from streamberg.table_meta.pending import Mode
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.table_files import sealed_sequence_numbers
 
 
 @dataclass

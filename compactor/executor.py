@@ -1,5 +1,5 @@
 """The compactor's action for a keeper of many tables (`streamberg govern`): its due rule
-beside its run (common/keeping.py). Due when the planner finds groups to rewrite or finished
+beside its run (table_meta/keeping.py). Due when the planner finds groups to rewrite or finished
 partitions to seal; urgency is the files waiting over `compactor.min_files`, raised where
 deletes past their thresholds slow every read of a partition (merge-on-read)."""
 
@@ -9,9 +9,9 @@ import time
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.keeping import Due
-from streamberg.common.table_files import ManifestCache
-from streamberg.common.table_runtime import TableRuntime
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.table_files import ManifestCache
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 class CompactExecutor:

@@ -77,7 +77,7 @@ def plan_scan_tasks(spark: Any, jtable: Any, snapshot_id: int, filters: Iterable
     jvm = spark._jvm
     # Planned on the same table without the catalog's metrics reporter: the compactor's own
     # scan reads every column, and as a scan report it would count as a query using them
-    # (common/query_stats.py: no column would ever be unused on a compacted table).
+    # (table_meta/query_stats.py: no column would ever be unused on a compacted table).
     unreported = jvm.org.apache.iceberg.BaseTable(jtable.operations(), jtable.name(),
                                                   jvm.org.apache.iceberg.metrics.InMemoryMetricsReporter())
     scan = unreported.newScan().useSnapshot(snapshot_id).ignoreResiduals()

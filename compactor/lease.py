@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from streamberg.common.errors import LeaseHeldError, LeaseLostError
 from streamberg.common.log import get_logger
-from streamberg.common.private_tables import ensure_private_table, private_table, table_key_columns
+from streamberg.table_meta.private_tables import ensure_private_table, private_table, table_key_columns
 
 LEASE_TABLE = "streamberg_compactor_leases"
 leases = private_table(

@@ -1,7 +1,7 @@
 """Planner: which data files are rewritten, in which groups, and why (pure pyiceberg, no Spark).
 
-Which files are pending is common/table_files.py (shared with maintenance and monitoring),
-which partitions the rules make due is common/pending.py (shared with monitoring), and each
+Which files are pending is table_meta/table_files.py (shared with maintenance and monitoring),
+which partitions the rules make due is table_meta/pending.py (shared with monitoring), and each
 partition's runs and idle time are compactor/runs.py. The planner turns each partition into
 at most one group,
 whose output is one new *run* (files laid out together, disjoint in the layout's order):
@@ -41,12 +41,12 @@ from typing import Any, Literal
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from streamberg.common.clustering import column_intervals, health, overlap_depth
 from streamberg.common.config import CompactorConfig, TableTarget
-from streamberg.common.pending import Mode, select_partitions
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.common.table_files import DataFileInfo, ManifestCache, target_file_size
 from streamberg.compactor.runs import PlanningRules, Run, RunCandidate, RunLayout, without_runs
+from streamberg.table_meta.clustering import column_intervals, health, overlap_depth
+from streamberg.table_meta.pending import Mode, select_partitions
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_files import DataFileInfo, ManifestCache, target_file_size
 
 # deletes: a partition whose deletes passed a threshold, rewritten whole (docs/cdc.md)
 GroupKind = Literal["cluster", "merge", "finish", "full", "deletes", "relayout"]
@@ -308,7 +308,7 @@ class PassPlanner:
         self.cache = cache if cache is not None else ManifestCache()
 
     def target_file_size(self, table: Table) -> int:
-        """The size of one rewritten file (common/table_files.py's rule)."""
+        """The size of one rewritten file (table_meta/table_files.py's rule)."""
         return target_file_size(table, self.configured_target, self.default_target)
 
     def plan(self, table: Table, mode: Mode = "incremental", *, up_to_snapshot_id: int | None = None) -> Plan:

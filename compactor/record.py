@@ -1,6 +1,6 @@
 """The record of each optimize, written into the snapshot summary of its commit.
 
-Keys (all strings, prefix ``streamberg.compactor.``, declared in common/summary_keys.py):
+Keys (all strings, prefix ``streamberg.compactor.``, declared in table_meta/summary_keys.py):
 
 ======================  ===========================================================
 run-id                  one compactor process run
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from streamberg.common.errors import ForbiddenSummaryKey
-from streamberg.common.summary_keys import is_ingest_key
+from streamberg.table_meta.summary_keys import is_ingest_key
 
 # A summary value is a string in the table metadata; keep it bounded.
 MAX_COVERED_LISTED = 500

@@ -6,7 +6,7 @@ are disjoint in the layout's order, while different runs overlap. The planner
 finishes (seals) a partition that got no new data for `seal_after_commits` ingest commits or
 `seal_after_seconds`. This module finds each partition's runs and how long it has gone
 without new data; the rules of when a partition is due at all are shared with monitoring
-(common/pending.py).
+(table_meta/pending.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from pyiceberg.table import Table
 
 from streamberg.common.config import CompactorConfig
-from streamberg.common.pending import CandidatePartition, Candidates, DueRules
-from streamberg.common.table_files import DataFileInfo, adds_new_data, sealed_key, sealed_sequence_numbers
+from streamberg.table_meta.pending import CandidatePartition, Candidates, DueRules
+from streamberg.table_meta.table_files import DataFileInfo, adds_new_data, sealed_key, sealed_sequence_numbers
 
 
 @dataclass(frozen=True)

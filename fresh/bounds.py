@@ -2,7 +2,7 @@
 the end of the tail (each partition's watermark, captured after the snapshot was pinned).
 
 The ingest records in every commit, per partition, the next offset it has not committed
-(common/offsets.committed_position). So the records a snapshot S lacks are exactly those
+(table_meta/offsets.committed_position). So the records a snapshot S lacks are exactly those
 from S's recorded offset up to the end of each partition; the tail (fresh/tail.py) is read
 from there to each partition's end, reached after S was pinned, and that end is the read's
 watermark. Whatever commits after S are not seen: S is pinned, and the tail covers them.
@@ -14,7 +14,7 @@ Refused, loudly (FreshReadRefused, naming the partition):
   table's offsets are of another log);
 - a partition with records the table has recorded no offset for and no start either (the
   ingest records where it begins each partition before its first commit,
-  common/offsets.record_starts, so this is only a table whose ingest has not opened it yet):
+  table_meta/offsets.record_starts, so this is only a table whose ingest has not opened it yet):
   where the ingest starts is its own rule (kafka.start_offset); read again once it runs.
 
 Before a partition's first commit the read starts where the ingest recorded it began: the
@@ -30,8 +30,8 @@ from pyiceberg.table import Table
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, FreshReadRefused
-from streamberg.common.offsets import committed_position, fresh_start_offsets
 from streamberg.common.watermarks import partition_watermarks, read_true_ends, topic_partitions_of
+from streamberg.table_meta.offsets import committed_position, fresh_start_offsets
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def pin(table: Table, config: StreambergConfig, timeout_seconds: float) -> Fresh
     topic = config.kafka.topic
     snapshot = table.current_snapshot()
     # On the lineage of the same loaded metadata; before a partition's first commit, where the
-    # ingest recorded it began (common/offsets.fresh_start_offsets): exact from the first record.
+    # ingest recorded it began (table_meta/offsets.fresh_start_offsets): exact from the first record.
     offsets = fresh_start_offsets(table, topic)
     bootstrap = config.kafka.bootstrap_servers
     try:

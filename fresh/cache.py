@@ -36,9 +36,11 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.kafka_read import PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import committed_position
 from streamberg.common.runtime import current as current_runtime
-from streamberg.common.tail_segments import (
+from streamberg.common.watermarks import topic_partitions
+from streamberg.decode.envelopes import record_decoder
+from streamberg.table_meta.offsets import committed_position
+from streamberg.table_meta.tail_segments import (
     OFFSET_COLUMN,
     SegmentRefused,
     TailIdentity,
@@ -56,8 +58,6 @@ from streamberg.common.tail_segments import (
     segments,
     write_segment,
 )
-from streamberg.common.watermarks import topic_partitions
-from streamberg.decode.envelopes import record_decoder
 
 SEGMENT_RECORDS = 50_000  # a segment is written at this many records of a partition ...
 SEGMENT_SECONDS = 0.25  # ... or this long after its first record
@@ -197,7 +197,7 @@ class TailKeeper:
         return end
 
     def _merge(self, partition: int, schema_id: int) -> bool:
-        """One merge of a size tier of the partition's segments (common/tail_segments.py)."""
+        """One merge of a size tier of the partition's segments (table_meta/tail_segments.py)."""
         run = mergeable([s for s in segments(self.folder, self.identity)
                          if s.partition == partition and s.schema_id == schema_id])
         return run is not None and merge(self.folder, self.identity, run) is not None

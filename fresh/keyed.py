@@ -9,7 +9,7 @@ with merge/order.py's rule (sequence, then offset in a partition, then source ti
 first, then offset), drops those not newer than what the merge's key state held at A (a
 replay, a rewound topic), and applies the rest to T's rows: a delete removes the key, any
 other change is the row. Source epochs order the sequences as the merge orders them
-(common/source_epochs.py); a source name the record lacks opens the next epoch, as the merge
+(table_meta/source_epochs.py); a source name the record lacks opens the next epoch, as the merge
 would open it.
 
 The rule is written here in DuckDB SQL over Arrow: the merge's is Spark's. The two are held
@@ -36,7 +36,9 @@ from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 
-from streamberg.common.change_order import (
+from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
+from streamberg.common.errors import FreshReadRefused
+from streamberg.table_meta.change_order import (
     DUCKDB,
     ChangeColumns,
     encoded_sequence_sql,
@@ -44,7 +46,7 @@ from streamberg.common.change_order import (
     newer_than_stored_sql,
     references,
 )
-from streamberg.common.changelog import (
+from streamberg.table_meta.changelog import (
     BEFORE_KEY,
     DELETE,
     KEY_STATE_COLUMNS,
@@ -59,12 +61,10 @@ from streamberg.common.changelog import (
     key_state_identifier,
     unapplied_snapshots,
 )
-from streamberg.common.config import CHANGELOG_COLUMNS, StreambergConfig
-from streamberg.common.errors import FreshReadRefused
-from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.source_epochs import Epochs, read_epochs, reapply_after
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.common.table_files import snapshot_entries
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.source_epochs import Epochs, read_epochs, reapply_after
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_files import snapshot_entries
 
 STATE_KEY, STATE_SEQ, STATE_PARTITION, STATE_OFFSET, STATE_SOURCE_TS = KEY_STATE_COLUMNS[:5]
 
@@ -175,7 +175,7 @@ class KeyedDelta:
 
 
 def delta(source: KeyedSource, changes: pa.Table, columns: list[str]) -> KeyedDelta:
-    """Apply the change-order rule (common/change_order.py) to `changes` (change-log rows) against the key state.
+    """Apply the change-order rule (table_meta/change_order.py) to `changes` (change-log rows) against the key state.
     `columns`: the table's columns the change log holds (the rows made carry them)."""
     keys = source.keys
     knames = [f"k{i}" for i in range(len(keys))]
@@ -212,7 +212,7 @@ def delta(source: KeyedSource, changes: pa.Table, columns: list[str]) -> KeyedDe
 
 def newest_against_stored(changes: pa.Table, stored: pa.Table, keys: list[str]) -> pa.Table:
     """Per key, the newest of `changes` (columns: the keys, op, part, off, ts, seq and values)
-    by the change-order rule (common/change_order.py, the text Spark runs in the merge), with
+    by the change-order rule (table_meta/change_order.py, the text Spark runs in the merge), with
     `apply`: whether it is newer than what `stored` (the keys, seq, part, off, ts) holds."""
     import duckdb
 
@@ -271,7 +271,7 @@ def _sequence(source: KeyedSource, changes: pa.Table) -> pa.Array:
 
 
 def _encoded(values: Any, field_type: Any) -> pa.Array:
-    """A sequence_field's values as ordered text: common/change_order.encoded_sequence_sql, the
+    """A sequence_field's values as ordered text: table_meta/change_order.encoded_sequence_sql, the
     text the merge runs on Spark, run by DuckDB."""
     import duckdb
 

@@ -31,11 +31,9 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 
 from streamberg.common.catalog import shared_catalog
-from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.fleet import ROUTE_VALUE_PROPERTY
 from streamberg.common.errors import FreshReadRefused
-from streamberg.common.tail_segments import TailIdentity
 from streamberg.fresh.bounds import FreshBounds, pin, pin_kept, pin_snapshot
 from streamberg.fresh.keyed import (
     KeyedDelta,
@@ -47,6 +45,8 @@ from streamberg.fresh.keyed import (
     table_columns,
 )
 from streamberg.fresh.tail import Tail, kept_tail_alive, read_kept, read_tail, tail_identity
+from streamberg.table_meta.changelog import has_changelog
+from streamberg.table_meta.tail_segments import TailIdentity
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
 # Where a fresh read's tail ends: "now", each partition's end at the read (Kafka asked), or
@@ -299,11 +299,11 @@ def filter_json(expression: BooleanExpression) -> Any:
 
 
 def _report(plan: ReadPlan) -> None:
-    """The read as a scan report, where the catalog collects them (common/query_stats.py)."""
+    """The read as a scan report, where the catalog collects them (table_meta/query_stats.py)."""
     folder = plan.config.catalog.scan_reports_dir
     if not folder:
         return
-    from streamberg.common.query_stats import record_read
+    from streamberg.table_meta.query_stats import record_read
 
     try:
         record_read(folder, plan.config.table.identifier, filter_json(plan.expression),

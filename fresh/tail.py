@@ -31,11 +31,11 @@ from streamberg.common.kafka_read import KafkaReadFailed, PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
 from streamberg.common.runtime import current
-from streamberg.common.tail_segments import TailIdentity, alive
 from streamberg.decode.envelopes import record_decoder
 from streamberg.fresh.bounds import FreshBounds
 from streamberg.fresh.cache import cache_folder, cached_rows
 from streamberg.fresh.consumers import borrowed
+from streamberg.table_meta.tail_segments import TailIdentity, alive
 
 # Records decoded together (the ingest's poll batch is of the same order).
 DECODE_BATCH = 20_000
@@ -91,7 +91,7 @@ def tail_identity(config: StreambergConfig, table: object) -> TailIdentity:
     """What the table's kept tail must be of to serve this read: the table's UUID and its
     topic (name and id, a fact the runtime keeps for a few seconds: a read to the kept tail's
     end makes no broker round trip of its own); segments of anything else are never taken
-    (common/tail_segments.py)."""
+    (table_meta/tail_segments.py)."""
     topic = config.kafka.topic
     return TailIdentity(str(table.metadata.table_uuid), topic,  # type: ignore[attr-defined]
                         current().topic_id(consumer_settings(config), topic))

@@ -1,7 +1,7 @@
 """One table as the governor keeps it: its probe (what is due, by the table's own policy) and
-its runner, over the components' executors (common/keeping.py) on the one shared session.
+its runner, over the components' executors (table_meta/keeping.py) on the one shared session.
 
-A keeper lives across rounds and holds the table's runtime (common/table_runtime.py: its
+A keeper lives across rounds and holds the table's runtime (table_meta/table_runtime.py: its
 effective settings, parsed once per version of its metadata: the table's settings over the
 config's, each checked by its section's own model, `auto` clustering resolved). Each probe
 loads the table once and asks every enabled executor what is due on that runtime; an
@@ -17,10 +17,10 @@ from typing import Any
 
 from streamberg.common.catalog import shared_catalog, state_engine
 from streamberg.common.catalog_open import first_line
-from streamberg.common.changelog import changelog_identifier, has_changelog
 from streamberg.common.config import StreambergConfig
-from streamberg.common.keeping import Due, Executor
-from streamberg.common.table_runtime import TableRuntime
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog
+from streamberg.table_meta.keeping import Due, Executor
+from streamberg.table_meta.table_runtime import TableRuntime
 
 # How often the service folds the reported commits (one fold serves every table's probe).
 COMMITS_EVERY_SECONDS = 1.0
@@ -43,7 +43,7 @@ class SharedCatalogs:
         folder = config.catalog.scan_reports_dir
         if not folder:
             return None
-        from streamberg.common.query_stats import commits
+        from streamberg.table_meta.query_stats import commits
 
         with self._lock:
             read_at, found = self._commits.get(folder, (0.0, {}))
@@ -59,9 +59,9 @@ class SharedCatalogs:
         key = config.catalog.model_dump_json()
         if key not in self._open:
             # Importing them declares the private tables (maintenance runs, leases, slots).
-            import streamberg.common.maintenance_runs
-            import streamberg.common.table_slots  # noqa: F401
-            from streamberg.common.private_tables import ensure_private_tables
+            import streamberg.table_meta.maintenance_runs
+            import streamberg.table_meta.table_slots  # noqa: F401
+            from streamberg.table_meta.private_tables import ensure_private_tables
 
             catalog = shared_catalog(config.catalog)  # the replan's listing uses the same one
             engine = state_engine(config.catalog, catalog)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamberg.common.keeping import Due, backoff
+from streamberg.table_meta.keeping import Due, backoff
 
 BACKOFF_BASE_SECONDS = 30.0
 BACKOFF_MAX_SECONDS = 900.0

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from streamberg.common.config import GovernConfig, StreambergConfig
-from streamberg.common.keeping import Executor
 from streamberg.governor.app import Governor, Keeper, RoundReport
 from streamberg.governor.keeper import SharedCatalogs, TableKeeper, refused_keeper
 from streamberg.governor.scheduler import Scheduler
 from streamberg.governor.tables import GovernedTables
+from streamberg.table_meta.keeping import Executor
 
 
 @dataclass

@@ -4,7 +4,7 @@ made), and, opted in per namespace, every table whose properties carry `streambe
 keys, whoever wrote it. Listed again every `govern.replan_seconds`.
 
 A table opted in from a namespace is kept with the config's settings but not its destructive
-ones (common/policy.undeclared). A table found and not kept (a name no config can hold,
+ones (table_meta/policy.undeclared). A table found and not kept (a name no config can hold,
 metadata that cannot be read, a forged route record) is reported under its own name and the
 others are kept; a listing that fails keeps the last one, saying so.
 """
@@ -22,8 +22,8 @@ from streamberg.common.config import StreambergConfig, config_from_dump
 from streamberg.common.config.fleet import per_table_checkpoint
 from streamberg.common.config.loading import dump_config
 from streamberg.common.errors import ConfigError
-from streamberg.common.policy import carries_policy, undeclared
 from streamberg.common.tables import config_tables
+from streamberg.table_meta.policy import carries_policy, undeclared
 
 
 def opted_in(base: StreambergConfig, namespaces: list[str], have: set[str],

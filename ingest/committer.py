@@ -30,31 +30,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 
 from streamberg.common.catalog import shared_catalog
-from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY, ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CommitRetriesExhausted, FencedError, OffsetChainError
 from streamberg.common.faults import EVOLUTION_COMMIT, pause_point
-from streamberg.common.field_sightings import (
-    encode_added,
-    encode_sightings,
-    encode_widened,
-    merge_sightings,
-    sightings_of,
-)
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import (
-    FENCED_MESSAGE,
-    OffsetSkip,
-    PartitionOffsets,
-    committed_position,
-    encode_offsets,
-    encode_skips,
-    summary_properties,
-)
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
-from streamberg.common.table_files import target_file_size
-from streamberg.common.tail_segments import cache_folder, drop_committed
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.records import RecordDecoder
 from streamberg.ingest.dead_letters import (
@@ -67,6 +47,26 @@ from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
+from streamberg.table_meta.column_lifecycle import IGNORED_FIELDS_PROPERTY, ignored_fields
+from streamberg.table_meta.field_sightings import (
+    encode_added,
+    encode_sightings,
+    encode_widened,
+    merge_sightings,
+    sightings_of,
+)
+from streamberg.table_meta.offsets import (
+    FENCED_MESSAGE,
+    OffsetSkip,
+    PartitionOffsets,
+    committed_position,
+    encode_offsets,
+    encode_skips,
+    summary_properties,
+)
+from streamberg.table_meta.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
+from streamberg.table_meta.table_files import target_file_size
+from streamberg.table_meta.tail_segments import cache_folder, drop_committed
 
 
 @dataclass
@@ -362,11 +362,11 @@ class Committer:
 
     def _report_commit(self, snapshot_id: int) -> None:
         """The commit as a commit report where the catalog collects them: the governor wakes
-        on it instead of reading the table every round (common/query_stats.py)."""
+        on it instead of reading the table every round (table_meta/query_stats.py)."""
         folder = self.config.catalog.scan_reports_dir
         if not folder:
             return
-        from streamberg.common.query_stats import record_commit
+        from streamberg.table_meta.query_stats import record_commit
 
         try:
             record_commit(folder, self.config.table.identifier, snapshot_id, "append")

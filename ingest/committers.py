@@ -15,12 +15,12 @@ from typing import Any
 from streamberg.common.config import FleetConfig, config_from_dump
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE
 from streamberg.common.errors import FencedError
-from streamberg.common.keeping import backoff as commit_backoff
 from streamberg.common.log import get_logger
 from streamberg.common.tables import run_folder, run_settings
 from streamberg.ingest.routes import ingest_view
 from streamberg.ingest.run_folder import RunFolder
 from streamberg.ingest.units import FlushUnit
+from streamberg.table_meta.keeping import backoff as commit_backoff
 
 
 class Committers:

@@ -40,19 +40,20 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, IntegerType, LongType, NestedField, StringType, TimestamptzType
 
-from streamberg.common.catalog import ensure_namespace, ensure_table, shared_catalog
-from streamberg.common.changelog import add_own_columns
+from streamberg.common.catalog import ensure_namespace, shared_catalog
 from streamberg.common.config import CHANGELOG_TARGET_PROPERTY, StreambergConfig
-from streamberg.common.dead_letter_outbox import applied_key, pending_files
 from streamberg.common.errors import RegistryUnavailable, SideTableTaken, UnsupportedSchemaError
 from streamberg.common.log import get_logger
-from streamberg.common.metadata_files import bound_metadata
+from streamberg.common.metadata_files import BOUNDED_METADATA, bound_metadata
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
 from streamberg.decode.formats import format_of
 from streamberg.decode.registry import value_subject
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter
+from streamberg.table_meta.changelog import add_own_columns
+from streamberg.table_meta.dead_letter_outbox import applied_key, pending_files
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 # The dead-letter table: one row per record the ingest could not write, with its reason.
 DEAD_LETTER_SCHEMA = Schema(

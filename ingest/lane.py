@@ -30,16 +30,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import shared_catalog
-from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
-from streamberg.common.field_sightings import FieldSighting, merge_sightings
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import OffsetSkip, committed_position, record_starts, recorded_starts
 from streamberg.common.runtime import current as current_runtime
-from streamberg.common.table_files import target_file_size
-from streamberg.common.tail_segments import TailIdentity
 from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.interface import DecodeResult
@@ -51,6 +46,11 @@ from streamberg.ingest.positions import PositionProblem, broker_positions, posit
 from streamberg.ingest.source import KafkaSource, owned_partitions
 from streamberg.ingest.tail_spool import TailSpool
 from streamberg.ingest.units import DeadLetter, FlushUnit, HeldRecord
+from streamberg.table_meta.column_lifecycle import ignored_fields
+from streamberg.table_meta.field_sightings import FieldSighting, merge_sightings
+from streamberg.table_meta.offsets import OffsetSkip, committed_position, record_starts, recorded_starts
+from streamberg.table_meta.table_files import target_file_size
+from streamberg.table_meta.tail_segments import TailIdentity
 
 # librdkafka's answers to a fetch outside the partition's offsets (with auto.offset.reset=error).
 _OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
@@ -144,7 +144,7 @@ class TableLane:
         self.decoder = record_decoder(self.config, table.schema())
         if self.spool is not None:
             self.spool.decoding_with(self.schema_id)
-        # Fields of columns the governor dropped as unused (common/column_lifecycle.py):
+        # Fields of columns the governor dropped as unused (table_meta/column_lifecycle.py):
         # counted, never added back, never dead letters.
         # A name of a column the table still has is never ignored (its values would go unwritten):
         # the table's start refuses such a property value (common/catalog._declared_kept).
@@ -177,7 +177,7 @@ class TableLane:
     # -- positions -----------------------------------------------------------------------
     def record_starts(self) -> None:
         """Record in the table where this lane's partitions without committed offsets begin
-        (common/offsets.record_starts): a fresh read is then exact from the table's first
+        (table_meta/offsets.record_starts): a fresh read is then exact from the table's first
         record, before its first commit. Called once the lane's positions are final."""
         starts = {p: self.position[p] for p in self.unrecorded if self.began.get(p) != self.position[p]}
         if not starts:

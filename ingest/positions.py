@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import LostOffsetsError
-from streamberg.common.offsets import OffsetSkip
 from streamberg.common.watermarks import WatermarkReader, Watermarks
+from streamberg.table_meta.offsets import OffsetSkip
 
 BROKER_TIMEOUT_SECONDS = 30.0
 RUNBOOK = "docs/runbooks/lost-offsets.md"

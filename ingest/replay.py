@@ -48,19 +48,19 @@ from pyiceberg.expressions import And, BooleanExpression, EqualTo, GreaterThanOr
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import shared_catalog
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ReplayRefused
 from streamberg.common.kafka_read import KafkaReadFailed, PartitionReader
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.log import get_logger
-from streamberg.common.offsets import ancestry, committed_position, summary_properties
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
 from streamberg.ingest.dead_letters import dead_letter_from_message, dead_letter_rows
 from streamberg.ingest.files import WrittenFile
 from streamberg.ingest.replay_batch import ReplayBatcher
 from streamberg.ingest.units import DeadLetter
+from streamberg.table_meta.changelog import ingest_config
+from streamberg.table_meta.offsets import ancestry, committed_position, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys, dlq_replayed_key, replay_range_key
 
 # How long Kafka may return nothing before a range read gives up (the records exist:
 # the ingest already read them, so silence means they were deleted or compacted away).
@@ -269,7 +269,7 @@ def _tally(outcome: ReplayOutcome, batcher: ReplayBatcher, files: list, still_ba
 def replay_range(config: StreambergConfig, partition: int, start: int, end: int, *,
                  force: bool = False, dry_run: bool = False) -> ReplayOutcome:
     """Re-ingest Kafka records [start, end) of one partition as one append."""
-    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
+    config = ingest_config(config)  # a primary-key table: its change log (table_meta/changelog.py)
     started = time.monotonic()
     topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, partition=partition, run=run_id)
@@ -376,7 +376,7 @@ def _select_dead_letters(dlq: Table, topic: str, reason_like: str | None, since:
 def replay_dead_letters(config: StreambergConfig, *, reason_like: str | None = None,
                         since: dt.datetime | None = None, dry_run: bool = False) -> ReplayOutcome:
     """Re-decode dead letters against the table's current schema; append those that now decode."""
-    config = ingest_config(config)  # a primary-key table: its change log (common/changelog.py)
+    config = ingest_config(config)  # a primary-key table: its change log (table_meta/changelog.py)
     started = time.monotonic()
     topic, run_id = config.kafka.topic, uuid.uuid4().hex[:12]
     log = get_logger("ingest.replay", table=config.table.identifier, topic=topic, run=run_id, mode="dead-letters")

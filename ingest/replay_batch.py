@@ -19,13 +19,13 @@ from pyiceberg.table import Table
 from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 from streamberg.common.retry import commit_retrying, is_instance
-from streamberg.common.table_files import target_file_size
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.records import RecordDecoder
 from streamberg.decode.unknown_fields import display
 from streamberg.ingest.evolution import EvolvedBatch, SchemaChanges, evolve_and_write, hold_back
 from streamberg.ingest.files import PartitionedFileWriter, WrittenFile
 from streamberg.ingest.units import DeadLetter, HeldRecord
+from streamberg.table_meta.table_files import target_file_size
 
 # Fields named in the log when records carry fields the table lacks (schema_evolution: off).
 LOGGED_FIELDS = 20

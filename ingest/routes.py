@@ -63,7 +63,7 @@ class Routes:
 
 
 def ingest_view(config: StreambergConfig) -> StreambergConfig:
-    from streamberg.common.changelog import ingest_config
+    from streamberg.table_meta.changelog import ingest_config
 
     return ingest_config(config)
 
@@ -104,7 +104,7 @@ def ensure_route_table(config: StreambergConfig, topic: str, value: str | None =
             else:
                 create_inferred(config, sample if sample else sample_values(config, topic), value=value)
     # A table made here records its topic (and route value) in the commit that makes it, and
-    # where it begins reading (fresh reads are exact from its first second: common/offsets).
+    # where it begins reading (fresh reads are exact from its first second: table_meta/offsets).
     made = {ROUTE_TOPIC_PROPERTY: topic, **({ROUTE_VALUE_PROPERTY: value} if value is not None else {})}
     if value is None and anchor_field is None:
         made.update(_starts_at_creation(config, topic))
@@ -124,12 +124,12 @@ def _starts_at_creation(config: StreambergConfig, topic: str) -> dict[str, str]:
     """For a table about to be made that reads its whole topic from `earliest`: where each
     partition begins (its low watermark), recorded in the commit that makes the table, so a
     fresh read is exact from the table's first second, before any lane opened (the lanes then
-    begin there: common/offsets.fresh_start_offsets). Nothing where the table exists, the
+    begin there: table_meta/offsets.fresh_start_offsets). Nothing where the table exists, the
     start is "latest" or a time (the lanes record theirs when they open), or the broker does
     not answer now."""
-    from streamberg.common.offsets import START_OFFSETS_PREFIX, encode_offsets
     from streamberg.common.watermarks import WatermarkReader
     from streamberg.ingest.positions import positions_settings
+    from streamberg.table_meta.offsets import START_OFFSETS_PREFIX, encode_offsets
 
     if config.kafka.start_offset != "earliest" or shared_catalog(config.catalog).table_exists(config.table.identifier):
         return {}
@@ -212,8 +212,8 @@ def create_inferred(config: StreambergConfig, values: list[bytes], partitioned: 
     from pyiceberg.types import NestedField
 
     from streamberg.common.catalog import ensure_namespace
+    from streamberg.common.metadata_files import BOUNDED_METADATA
     from streamberg.common.schema import partition_spec_from_config
-    from streamberg.common.summary_keys import BOUNDED_METADATA
     from streamberg.decode.formats import value_format
 
     log = get_logger("ingest.routes", table=config.table.identifier, topic=config.kafka.topic)

@@ -2,7 +2,7 @@
 
 The lane decodes every record once, for its Parquet files; under keep_tail it also hands
 the decoded rows here, and they are written as the kept tail's segments
-(common/tail_segments.py: `<ingest.state_dir>/tail-cache/<table>/`), the files a fresh read
+(table_meta/tail_segments.py: `<ingest.state_dir>/tail-cache/<table>/`), the files a fresh read
 chains from its snapshot's offsets before it reads Kafka (fresh/cache.cached_rows). No
 second consumer, no second decode: what `streamberg tail` costs again, the ingest has
 already paid. The committer deletes the segments a commit covers.
@@ -11,7 +11,7 @@ A segment covers exactly what the lane read of its partition in [first, next): t
 wrote, the records it dead-lettered (no row) and the tombstones it skipped. Every decoded
 batch is written at once, one segment a partition (no size or age threshold holds it back),
 so under load the kept tail trails Kafka by one poll; the small segments are merged by tiers
-(common/tail_segments.mergeable), a few files a partition whatever the interval. Units end
+(table_meta/tail_segments.mergeable), a few files a partition whatever the interval. Units end
 on a segment's end too (a commit's offsets are always a segment's start: a reader's chain
 starts on one). Where the lane's rows are not the table's final rows (records
 held for a schema change), or its position jumped, nothing is kept for those records: the
@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.tail_segments import (
+from streamberg.table_meta.tail_segments import (
     MERGE_FANOUT,
     OFFSET_COLUMN,
     Segment,

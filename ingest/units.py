@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from pyiceberg.types import IcebergType
 
-from streamberg.common.field_sightings import FieldSighting
-from streamberg.common.offsets import OffsetSkip
 from streamberg.ingest.files import WrittenFile
+from streamberg.table_meta.field_sightings import FieldSighting
+from streamberg.table_meta.offsets import OffsetSkip
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class FlushUnit:
     new_fields: dict[tuple[str, ...], IcebergType] = field(default_factory=dict)
     # ... and the columns their values need widened (path -> the wider type)
     widen: dict[tuple[str, ...], IcebergType] = field(default_factory=dict)
-    # ingest.schema_evolution: off — fields not written, per path (common/field_sightings.py)
+    # ingest.schema_evolution: off — fields not written, per path (table_meta/field_sightings.py)
     sightings: dict[str, FieldSighting] = field(default_factory=dict)
 
     @property

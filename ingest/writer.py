@@ -73,7 +73,7 @@ class Writer:
         self._in_batch = self._reassign_pending = False
         self._blocked: set[str] = set()  # lanes holding records for a schema change, skipping their records
         self.closed_early = 0  # files closed before their interval's end to bound memory
-        self._engine: Any = None  # the catalog's database: the tables' slots (common/table_slots.py)
+        self._engine: Any = None  # the catalog's database: the tables' slots (table_meta/table_slots.py)
         self.reports: list[FlushUnit] = []  # tables this writer could not open, for the committer
         self._open_failures: dict[str, int] = {}  # topic -> failed openings of its table (passing ones retried)
 
@@ -159,10 +159,10 @@ class Writer:
         self.known.pop(topic, None)
 
     def _claim(self, config: StreambergConfig, route: Any) -> str | None:
-        """Take the new table's slots (common/table_slots.py): one of its route's (a field's
+        """Take the new table's slots (table_meta/table_slots.py): one of its route's (a field's
         values) and one of the job's. None: taken; else why not."""
         from streamberg.common.catalog import state_engine
-        from streamberg.common.table_slots import claim, scope_of
+        from streamberg.table_meta.table_slots import claim, scope_of
 
         if self._engine is None:
             self._engine = state_engine(config.catalog)

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamberg.common.catalog_wait import open_existing_table
-from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.types import find
 from streamberg.common.errors import ConfigError, MaintainError, RetentionColumnError
 from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.maintenance.retention import column_kind
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog, key_state_identifier
+from streamberg.table_meta.table_runtime import TableRuntime
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
 

@@ -1,7 +1,7 @@
 """A primary-key table's change log, trimmed of what the merge applied (docs/cdc.md).
 
 The change log is an append table that only grows; the merge stage records in the primary-key
-table which change-log snapshot it applied last (common/changelog.py). Everything at or
+table which change-log snapshot it applied last (table_meta/changelog.py). Everything at or
 before that snapshot is in the table already, so once older than
 maintenance.changelog.keep_applied_seconds it can go:
 
@@ -21,17 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamberg.common.changelog import TRIM_OPERATION, applied_snapshot_id
 from streamberg.common.config import TableTarget
-from streamberg.common.dead_letter_outbox import outbox_chain
 from streamberg.common.jvm import iterate
-from streamberg.common.offsets import ancestry
-from streamberg.common.source_epochs import read_regression, reapply_after
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
-from streamberg.common.table_files import live_data_files
 from streamberg.common.times import iso_from_ms
 from streamberg.maintenance.side_tables import expire_to
 from streamberg.maintenance.step import SparkTable, Step, StepResult, detail
+from streamberg.table_meta.changelog import TRIM_OPERATION, applied_snapshot_id
+from streamberg.table_meta.dead_letter_outbox import outbox_chain
+from streamberg.table_meta.offsets import ancestry
+from streamberg.table_meta.source_epochs import read_regression, reapply_after
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.table_files import live_data_files
 
 
 @dataclass
@@ -60,7 +60,7 @@ class ChangelogStep(Step):
         if applied is None:
             return ChangelogResult(reason="the merge has applied nothing yet")
         # Changes whose source positions went backwards, or that an epoch declared since will
-        # have merged again, stay until that is done (common/source_epochs.py).
+        # have merged again, stay until that is done (table_meta/source_epochs.py).
         regression = read_regression(changelog.properties)
         held = reapply_after(changelog.properties) or (regression.after_snapshot if regression else None)
         if regression is not None and held is None:

@@ -1,9 +1,9 @@
-"""The governor's column lifecycle (common/column_lifecycle.py): drop the columns no query
+"""The governor's column lifecycle (table_meta/column_lifecycle.py): drop the columns no query
 reads, on a table whose policy says `streamberg.columns.drop_unused=true` and acknowledges
 which engines read it (`streamberg.columns.reporting_engines`), and nowhere else.
 
 Due when the table's scan statistics (catalog.scan_reports_dir) prove columns unused over a
-whole window with each column present (common/query_stats.unused_columns) that are not
+whole window with each column present (table_meta/query_stats.unused_columns) that are not
 protected; the run reads the table and the statistics again, drops them and records them as
 ignored fields, and what was dropped, when and why, in one commit of the table's metadata (no
 data file is touched: the next rewrite of each file leaves their bytes behind). Undo: remove
@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from streamberg.common.catalog import shared_catalog
-from streamberg.common.column_lifecycle import (
+from streamberg.common.log import get_logger
+from streamberg.table_meta.column_lifecycle import (
     DROPPED_PROPERTY,
     IGNORED_FIELDS_PROPERTY,
     MAX_DROP_LOG,
@@ -26,12 +27,11 @@ from streamberg.common.column_lifecycle import (
     droppable,
     ignored_fields,
 )
-from streamberg.common.column_usage import ColumnFacts
-from streamberg.common.keeping import Due
-from streamberg.common.log import get_logger
-from streamberg.common.policy import TablePolicy
-from streamberg.common.query_stats import usage
-from streamberg.common.table_runtime import TableRuntime
+from streamberg.table_meta.column_usage import ColumnFacts
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.policy import TablePolicy
+from streamberg.table_meta.query_stats import usage
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 def unused_columns(kept: TableRuntime) -> tuple[list[str], dict[str, str], float]:

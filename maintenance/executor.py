@@ -1,4 +1,4 @@
-"""Maintenance's action for a keeper of many tables (common/keeping.py): due once
+"""Maintenance's action for a keeper of many tables (table_meta/keeping.py): due once
 `maintenance.interval_seconds` passed since the table's last run (never run: due now);
 urgency is that age over the interval. The last run is read from the runs table at most once
 a minute, the time since then added (a probe of many tables stays cheap)."""
@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.keeping import Due
-from streamberg.common.table_runtime import TableRuntime
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.table_runtime import TableRuntime
 
 READ_EVERY_SECONDS = 60.0
 
@@ -47,7 +47,7 @@ class MaintainExecutor:
                    "never maintained" if age is None else f"last maintained {age:.0f} s ago")
 
     def age(self, config: StreambergConfig, engine: Any) -> float | None:
-        from streamberg.common.maintenance_runs import last_maintenance_run
+        from streamberg.table_meta.maintenance_runs import last_maintenance_run
 
         now = time.monotonic()
         if self._read is None or now - self._read[0] >= READ_EVERY_SECONDS:

@@ -4,7 +4,7 @@ Expiry is where maintenance can hurt the other two jobs, so its plan carries the
 that must survive and why:
 
 - **ingest position**: ingest resumes from ``streamberg.kafka-offsets.<topic>`` of the
-  newest snapshot on the current lineage that has it (``common/offsets.py``). The current
+  newest snapshot on the current lineage that has it (``table_meta/offsets.py``). The current
   snapshot and every ancestor back to and including that one are kept: ``retain_last`` is at
   least that depth + 1 and ``older_than`` is never after that snapshot's timestamp.
 - **merge position** (a primary-key table, docs/cdc.md): the merge resumes after the
@@ -12,12 +12,12 @@ that must survive and why:
   it and every newer snapshot on the lineage are kept, as for the ingest position.
 - **dead letters not yet applied**: the ingest names each interval's dead-letter file in its
   snapshot and appends it to the dead-letter table after (an outbox,
-  ``common/dead_letter_outbox.py``); until then that snapshot is the file's only record, so it
+  ``table_meta/dead_letter_outbox.py``); until then that snapshot is the file's only record, so it
   and every newer snapshot are kept.
 - **compactor pending files**: the compactor treats a live file as pending only while the
   snapshot that added it is an ``append`` it can still see; expiring that snapshot would
   make the file look optimized forever. The pending set is the one the compactor plans from
-  (``common/table_files.py``), and ``older_than`` / ``retain_last`` keep the oldest such
+  (``table_meta/table_files.py``), and ``older_than`` / ``retain_last`` keep the oldest such
   snapshot and everything newer.
 
 The configured retention is an age (``max_snapshot_age_seconds``) and a count
@@ -45,18 +45,18 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.changelog import is_merge
 from streamberg.common.config import ExpireConfig
-from streamberg.common.dead_letter_outbox import outbox_chain
 from streamberg.common.errors import LocationRefused
-from streamberg.common.offsets import ancestors, ancestry, committed_position
 from streamberg.common.redact import redact
-from streamberg.common.summary_keys import kafka_offsets_key
-from streamberg.common.table_files import live_data_files, pending_files
 from streamberg.common.times import iso_from_ms
 from streamberg.maintenance.confine import outside_reason
 from streamberg.maintenance.reachability import only_referenced_by, still_present
 from streamberg.maintenance.step import Step, StepResult, detail
+from streamberg.table_meta.changelog import is_merge
+from streamberg.table_meta.dead_letter_outbox import outbox_chain
+from streamberg.table_meta.offsets import ancestors, ancestry, committed_position
+from streamberg.table_meta.summary_keys import kafka_offsets_key
+from streamberg.table_meta.table_files import live_data_files, pending_files
 
 # -- plan -------------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ def merge_chain(table: Table) -> list[Snapshot]:
 def pending_append_snapshots(table: Table) -> dict[int, int]:
     """Append snapshots that added a live file the compactor still has to rewrite: id -> timestamp.
 
-    Uses the compactor's own notion of pending (common/table_files.py), so the two can never
+    Uses the compactor's own notion of pending (table_meta/table_files.py), so the two can never
     disagree on what is pending.
     """
     pending: dict[int, int] = {}
@@ -168,7 +168,7 @@ def predict_expired(table: Table, older_than_ms: int, retain_last: int, now_ms: 
 def plan_expire(table: Table, settings: ExpireConfig, topic: str, now_ms: int,
                 outbox: list[Snapshot] | None = None) -> ExpirePlan:
     """`outbox`: the chain back to the oldest snapshot naming dead letters the dead-letter
-    table lacks (common/dead_letter_outbox.outbox_chain), kept whole."""
+    table lacks (table_meta/dead_letter_outbox.outbox_chain), kept whole."""
     current = table.current_snapshot()
     configured_older_than = now_ms - int(settings.max_snapshot_age_seconds * 1000)
     configured_retain = settings.min_snapshots_to_keep

@@ -29,7 +29,6 @@ from streamberg.common.catalog import shared_catalog, state_engine
 from streamberg.common.config import MaintenanceConfig, TableTarget
 from streamberg.common.jvm import java_message
 from streamberg.common.log import get_logger
-from streamberg.common.maintenance_runs import record_run
 from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
 from streamberg.common.times import iso_from_epoch
 from streamberg.maintenance.changelog import ChangelogStep
@@ -39,6 +38,7 @@ from streamberg.maintenance.orphans import OrphansStep
 from streamberg.maintenance.retention import RetentionStep
 from streamberg.maintenance.side_tables import SideTablesStep
 from streamberg.maintenance.step import SparkTable, Step, StepContext, StepResult, lost_commit_race
+from streamberg.table_meta.maintenance_runs import record_run
 
 # In execution order (module docstring).
 # The steps an expiry between passes runs (maintenance.expire.check_seconds).

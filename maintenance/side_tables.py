@@ -26,13 +26,13 @@ from pyiceberg.table.snapshots import Snapshot
 
 from streamberg.common.config import TableTarget
 from streamberg.common.errors import LocationRefused
-from streamberg.common.offsets import ancestry, summary_properties
 from streamberg.common.redact import redact
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.maintenance.confine import outside_reason
 from streamberg.maintenance.expire import predict_expired, timestamp_literal
 from streamberg.maintenance.reachability import only_referenced_by
 from streamberg.maintenance.step import SparkTable, Step, StepContext, StepResult
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 
 @dataclass(frozen=True)

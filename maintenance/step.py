@@ -102,7 +102,7 @@ class StepContext:
     # A primary-key table's change log (maintenance/changelog.py trims it); None: none.
     changelog: str | None = None
     # The ingest's dead-letter table: snapshots naming dead-letter files it does not hold yet
-    # are never expired (common/dead_letter_outbox.py).
+    # are never expired (table_meta/dead_letter_outbox.py).
     dead_letter_table: str | None = None
     # A primary-key table's key state (merge/key_state.py; maintenance/side_tables.py bounds it).
     key_state: str | None = None

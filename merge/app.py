@@ -14,7 +14,6 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.expressions import GreaterThanOrEqual
 
 from streamberg.common.catalog_wait import wait_for_catalog, wait_for_table
-from streamberg.common.changelog import changelog_identifier, has_changelog, key_state_identifier
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import CatalogUnreachable, MergeError, ResyncRefused
 from streamberg.common.jvm import java_message
@@ -22,9 +21,10 @@ from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import bound_metadata
 from streamberg.common.redact import redact
 from streamberg.common.spark import session_for
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.merge.merger import Merger
 from streamberg.merge.tables import ensure_target
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog, key_state_identifier
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 @dataclass(frozen=True)
@@ -118,13 +118,13 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
 def declare_source_epoch(config: StreambergConfig, why: str, since: dict[int, int] | None = None) -> dict[str, Any]:
     """`merge --new-source-epoch`: the source started over (RESET MASTER, a restore into a new
     cluster, a clock set back): changes from a Kafka position on are newer than every change
-    before it, whatever their positions (common/source_epochs.py). From where: `since`
+    before it, whatever their positions (table_meta/source_epochs.py). From where: `since`
     (partition -> first offset) when given; else from the first change the merge found going
     backwards (then the changes from before it are merged again); else from the change log's
     end (the changes the ingest appends from now on)."""
     from streamberg.common.catalog import shared_catalog
-    from streamberg.common.changelog import OFFSET, PARTITION
-    from streamberg.common.source_epochs import (
+    from streamberg.table_meta.changelog import OFFSET, PARTITION
+    from streamberg.table_meta.source_epochs import (
         EPOCHS_PROPERTY,
         REAPPLY_PROPERTY,
         REGRESSION_PROPERTY,

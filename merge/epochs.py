@@ -1,4 +1,4 @@
-"""Source epochs in the merge (common/source_epochs.py says what they are and why).
+"""Source epochs in the merge (table_meta/source_epochs.py says what they are and why).
 
 Three things, each over a merge batch's changes in Spark:
 - the source names a batch brings that the change log's record lacks: each new one opens the
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamberg.common.changelog import OFFSET, PARTITION, SOURCE_ID
-from streamberg.common.source_epochs import Epochs
 from streamberg.merge.order import WorkingNames, quote
+from streamberg.table_meta.changelog import OFFSET, PARTITION, SOURCE_ID
+from streamberg.table_meta.source_epochs import Epochs
 
 
 def source_names(changes: Any, has_column: bool) -> tuple[list[str], dict[str, dict[int, int]]]:

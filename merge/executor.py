@@ -1,4 +1,4 @@
-"""The merge's action for a keeper of many tables (common/keeping.py): due while the change
+"""The merge's action for a keeper of many tables (table_meta/keeping.py): due while the change
 log holds changes the table has not applied; urgency is the oldest pending change's age over
 `merge.interval_seconds`. A primary-key table its first merge makes is due before it exists."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from streamberg.common.changelog import changelog_identifier, has_changelog, merge_position
-from streamberg.common.keeping import Due
-from streamberg.common.table_runtime import TableRuntime
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog, merge_position
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 class MergeExecutor:

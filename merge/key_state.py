@@ -37,9 +37,10 @@ from pyiceberg.types import (
 )
 
 from streamberg.common.catalog import ensure_namespace
-from streamberg.common.changelog import KEY_STATE_COLUMNS
-from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.summary_keys import BOUNDED_METADATA, SummaryKeys
+from streamberg.common.metadata_files import BOUNDED_METADATA
+from streamberg.table_meta.changelog import KEY_STATE_COLUMNS
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 KEY, SEQ, PARTITION, OFFSET, SOURCE_TS, DELETED, APPLIED_AT = KEY_STATE_COLUMNS
 # The key state is rewritten in place (copy-on-write): no delete files pile up in a table no

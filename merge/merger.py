@@ -25,7 +25,23 @@ from py4j.protocol import Py4JError
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from streamberg.common.changelog import (
+from streamberg.common.config import CHANGELOG_COLUMNS, MergeConfig, TableTarget
+from streamberg.common.errors import MergeRefused, ResyncRefused
+from streamberg.common.faults import MERGE_COMMIT, pause_point
+from streamberg.common.jvm import IcebergFailure, iceberg_failure
+from streamberg.common.log import get_logger
+from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
+from streamberg.merge.epochs import epoch_of, first_offsets, regressed, source_names, with_epoch
+from streamberg.merge.key_state import APPLIED_AT as KS_APPLIED_AT
+from streamberg.merge.key_state import DELETED as KS_DELETED
+from streamberg.merge.key_state import KEY, Forgetting, ensure_key_state, recorded
+from streamberg.merge.key_state import OFFSET as KS_OFFSET
+from streamberg.merge.key_state import PARTITION as KS_PARTITION
+from streamberg.merge.key_state import SEQ as KS_SEQ
+from streamberg.merge.key_state import SOURCE_TS as KS_SOURCE_TS
+from streamberg.merge.order import WorkingNames, encoded_sequence, last_changes, newer_than_stored, quote
+from streamberg.merge.tables import evolve_target
+from streamberg.table_meta.changelog import (
     BEFORE_KEY,
     DELETE,
     OFFSET,
@@ -38,14 +54,8 @@ from streamberg.common.changelog import (
     applied_snapshot_id,
     merge_position,
 )
-from streamberg.common.config import CHANGELOG_COLUMNS, MergeConfig, TableTarget
-from streamberg.common.errors import MergeRefused, ResyncRefused
-from streamberg.common.faults import MERGE_COMMIT, pause_point
-from streamberg.common.jvm import IcebergFailure, iceberg_failure
-from streamberg.common.log import get_logger
-from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.retry import BACKGROUND_MAX_BACKOFF_SECONDS, commit_retrying
-from streamberg.common.source_epochs import (
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.source_epochs import (
     EPOCHS_PROPERTY,
     REAPPLY_PROPERTY,
     REGRESSION_PROPERTY,
@@ -57,17 +67,7 @@ from streamberg.common.source_epochs import (
     reapply_after,
     update_changelog_properties,
 )
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.merge.epochs import epoch_of, first_offsets, regressed, source_names, with_epoch
-from streamberg.merge.key_state import APPLIED_AT as KS_APPLIED_AT
-from streamberg.merge.key_state import DELETED as KS_DELETED
-from streamberg.merge.key_state import KEY, Forgetting, ensure_key_state, recorded
-from streamberg.merge.key_state import OFFSET as KS_OFFSET
-from streamberg.merge.key_state import PARTITION as KS_PARTITION
-from streamberg.merge.key_state import SEQ as KS_SEQ
-from streamberg.merge.key_state import SOURCE_TS as KS_SOURCE_TS
-from streamberg.merge.order import WorkingNames, encoded_sequence, last_changes, newer_than_stored, quote
-from streamberg.merge.tables import evolve_target
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The change-order rule (common/change_order.py, the one text of it) as the merge runs it on
+"""The change-order rule (table_meta/change_order.py, the one text of it) as the merge runs it on
 Spark, and the merge's own helpers: the sequence_field's encoding as a Spark expression and
 working columns' names.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from pyiceberg.types import IcebergType
 
-from streamberg.common.change_order import (
+from streamberg.table_meta.change_order import (
     SPARK,
     ChangeColumns,
     encoded_sequence_sql,
@@ -47,14 +47,14 @@ def quote(name: str) -> str:
 
 def encoded_sequence(column: str, field_type: IcebergType) -> Any:
     """The Spark expression of a sequence_field's value as ordered text (null stays null),
-    common/change_order.encoded_sequence_sql."""
+    table_meta/change_order.encoded_sequence_sql."""
     from pyspark.sql import functions as F
 
     return F.expr(encoded_sequence_sql(SPARK, quote(column), field_type))
 
 
 def last_changes(changes: Any, keys: list[str], names: WorkingNames) -> Any:
-    """Per key, the newest of its changes in a batch (common/change_order.py). `changes` has
+    """Per key, the newest of its changes in a batch (table_meta/change_order.py). `changes` has
     the key columns, OP, PARTITION, OFFSET, SOURCE_TS and the sequence in the column names("seq")."""
     mark = f"streamberg_changes_{uuid.uuid4().hex}"  # where the DataFrame goes in the text
     text = last_changes_sql(SPARK, mark, list(changes.columns), ChangeColumns(tuple(keys), seq=names("seq")),
@@ -67,7 +67,7 @@ def last_changes(changes: Any, keys: list[str], names: WorkingNames) -> Any:
 def newer_than_stored(seq: str, stored: dict[str, str], recovering: bool) -> Any:
     """Whether a batch's last change applies over the state the table holds for its key
     (`stored`: the key state's columns "seq", "partition", "offset", "source_ts" as joined,
-    null when the key has none), common/change_order.newer_than_stored_sql."""
+    null when the key has none), table_meta/change_order.newer_than_stored_sql."""
     from pyspark.sql import functions as F
 
     mine = references(SPARK, ChangeColumns((), seq=seq))

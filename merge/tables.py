@@ -13,8 +13,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import NestedField
 
-from streamberg.common.catalog import ensure_table
 from streamberg.common.config import CHANGELOG_COLUMNS, TableConfig
+from streamberg.table_meta.declared import ensure_table
 
 # Table properties of a primary-key table (Iceberg's TableProperties names); the config's
 # own table.properties may add to them, not change them.

@@ -22,20 +22,10 @@ from pyiceberg.table import Table
 
 from streamberg.common.catalog import state_engine
 from streamberg.common.catalog_open import close_catalog
-from streamberg.common.changelog import changelog_identifier, has_changelog
-from streamberg.common.column_lifecycle import ignored_fields
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable, CatalogUnreachable
-from streamberg.common.field_sightings import added_fields_of, sightings_of, widened_fields_of
 from streamberg.common.log import get_logger
-from streamberg.common.maintenance_runs import last_maintenance_run, runs_recorded
 from streamberg.common.metadata_files import KeepsParsedMetadata, ParsedMetadata
-from streamberg.common.offsets import CommittedPosition, ancestry, committed_position, summary_properties
-from streamberg.common.policy import GOVERN_STATE_FILE
-from streamberg.common.table_facts import recent_dead_letters, summary_total
-from streamberg.common.table_files import ManifestCache, live_data_files
-from streamberg.common.table_runtime import TableRuntime
-from streamberg.common.tail_segments import cache_folder
 from streamberg.common.times import iso_from_ms
 from streamberg.common.watermarks import WatermarkReader
 from streamberg.monitoring import table_stats
@@ -50,6 +40,16 @@ from streamberg.monitoring.model import (
     Status,
     UnknownFieldFact,
 )
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog
+from streamberg.table_meta.column_lifecycle import ignored_fields
+from streamberg.table_meta.field_sightings import added_fields_of, sightings_of, widened_fields_of
+from streamberg.table_meta.maintenance_runs import last_maintenance_run, runs_recorded
+from streamberg.table_meta.offsets import CommittedPosition, ancestry, committed_position, summary_properties
+from streamberg.table_meta.policy import GOVERN_STATE_FILE
+from streamberg.table_meta.table_facts import recent_dead_letters, summary_total
+from streamberg.table_meta.table_files import ManifestCache, live_data_files
+from streamberg.table_meta.table_runtime import TableRuntime
+from streamberg.table_meta.tail_segments import cache_folder
 
 
 def table_key(config: StreambergConfig) -> str:
@@ -334,7 +334,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
                       maintenance=last_maintenance(config, catalog, run.shared), errors=run.errors)
     run.log = run.log.bind(snapshot=table.current_snapshot().snapshot_id if table.current_snapshot() else None)
     # The table's own streamberg.* settings over the config's: the backlog and clustering are
-    # judged as the table is kept (its runtime: common/table_runtime.py), and what is wrong with them named.
+    # judged as the table is kept (its runtime: table_meta/table_runtime.py), and what is wrong with them named.
     kept = run.shared.runtime(config, table) if run.shared is not None else TableRuntime.of(config, table)
     config, policy_problems = kept.settings, list(kept.problems)
     run.config = config
@@ -368,7 +368,7 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
     """What is kept of the table's tail (by `streamberg tail` or the ingest): the segments
     chained from its committed offsets (those a fresh read takes) and how far the records go
     past them."""
-    from streamberg.common.tail_segments import alive, chains, segments
+    from streamberg.table_meta.tail_segments import alive, chains, segments
 
     folder = cache_folder(config)
     committed = dict(position.offsets)
@@ -397,8 +397,8 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
 def _queries(kept: TableRuntime) -> dict[str, Any]:
     """The table's scan statistics, its unused columns and the clustering columns it is kept
     with (after `auto`)."""
-    from streamberg.common.column_usage import ColumnFacts
-    from streamberg.common.query_stats import usage
+    from streamberg.table_meta.column_usage import ColumnFacts
+    from streamberg.table_meta.query_stats import usage
 
     config = kept.settings
     found = usage(str(config.catalog.scan_reports_dir), config.table.identifier, ColumnFacts.of_table(kept.table),

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.monitoring.model import SEVERITY, Health, Status, Verdict
+from streamberg.table_meta.changelog import has_changelog
 
 
 def _grade(value: float, warn: float | None, critical: float | None) -> Verdict | None:

@@ -1,6 +1,6 @@
 """Ingest lag: the table's recorded offsets against the broker's end offsets.
 
-The recorded offsets come from the table (common/offsets.py committed_position), the
+The recorded offsets come from the table (table_meta/offsets.py committed_position), the
 source of truth ingest resumes from; consumer-group offsets are never used. The end of a
 partition is the broker's high watermark, or with `monitoring.read_last_batch` (default) the
 true end read from the last batch (common/watermarks.py: on tansu that makes lag exact).
@@ -12,9 +12,9 @@ import json
 from dataclasses import replace
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.offsets import PartitionOffsets
 from streamberg.common.watermarks import WatermarkReader, Watermarks
 from streamberg.monitoring.model import Lag, PartitionLag
+from streamberg.table_meta.offsets import PartitionOffsets
 
 
 def read_lag(config: StreambergConfig, recorded: PartitionOffsets | None, timeout_seconds: float,

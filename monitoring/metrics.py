@@ -21,11 +21,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.table_files import ManifestCache
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.fleet import FleetStatus
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import SEVERITY, Status
+from streamberg.table_meta.table_files import ManifestCache
 
 
 def _gauge(name: str, doc: str, table: str, value: float | None, unit: str = "") -> Iterator[Metric]:

@@ -154,7 +154,7 @@ class CompactorFacts:
 
 @dataclass(frozen=True)
 class ClusteringFacts:
-    """How well the layout skips, from manifest bounds (common/clustering.py)."""
+    """How well the layout skips, from manifest bounds (table_meta/clustering.py)."""
 
     columns: dict[str, dict[str, Any]]  # table-wide per clustering column: files, files_per_point, overlap_depth
     partitions: int
@@ -187,7 +187,7 @@ class DeadLetterFacts:
     table: str
     exists: bool
     records: int
-    recent: tuple[dict[str, Any], ...] = ()  # the newest, with their reasons (common/table_facts.py)
+    recent: tuple[dict[str, Any], ...] = ()  # the newest, with their reasons (table_meta/table_facts.py)
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class MergeFacts:
     deleted_rows: int  # deletes they hold
     deleted_row_ratio: float  # of the rows in the data files
     partitions_due_for_deletes: int  # partitions the compactor will rewrite for their deletes
-    # Source positions that went backwards with no epoch to explain them (common/source_epochs.py):
+    # Source positions that went backwards with no epoch to explain them (table_meta/source_epochs.py):
     # {"changes", "since", "first_seen"}; None when there are none.
     source_regression: dict[str, Any] | None = None
     source_epoch: int = 0  # the newest source epoch the change log records
@@ -239,19 +239,19 @@ class Status:
     health: Health | None = None
     # A primary-key table's merge stage (kafka.envelope debezium or upsert); None otherwise.
     merge: MergeFacts | None = None
-    # Bad streamberg.* policy values in the table's properties (common/policy.py), and what
+    # Bad streamberg.* policy values in the table's properties (table_meta/policy.py), and what
     # `streamberg govern` last recorded for this table (None: no governor state found).
     policy_problems: list[str] = field(default_factory=list)
     governor: dict[str, Any] | None = None
     # What engines' scans of the table filtered and skipped (catalog.scan_reports_dir,
-    # common/query_stats.usage) and the clustering columns it is kept with; None: not collected.
+    # table_meta/query_stats.usage) and the clustering columns it is kept with; None: not collected.
     queries: dict[str, Any] | None = None
-    # The tail kept decoded for fresh reads (common/tail_segments.py), by `streamberg tail` or
+    # The tail kept decoded for fresh reads (table_meta/tail_segments.py), by `streamberg tail` or
     # by the ingest (ingest.keep_tail; kept_by): alive, segments, bytes, records kept past the
     # committed offsets and records past those. None: it was never kept for this table.
     tail_cache: dict[str, Any] | None = None
     # Every policy key's effective value and where it came from (table property, config,
-    # default), as the table's runtime parsed them (common/table_runtime.py); None: not read.
+    # default), as the table's runtime parsed them (table_meta/table_runtime.py); None: not read.
     settings: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,13 +29,13 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import BrokerUnreachable
 from streamberg.common.log import get_logger
 from streamberg.common.metadata_files import ParsedMetadata
-from streamberg.common.table_files import ManifestCache
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.catalog_probe import first_line
 from streamberg.monitoring.collect import CollectionPass, collect_status, governor_state, table_key
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.model import Reachability, Status
+from streamberg.table_meta.table_files import ManifestCache
+from streamberg.table_meta.table_runtime import TableRuntime
 
 # A table's own facts are read again at least this often (seconds), whatever was reported.
 FULL_EVERY_SECONDS = 60.0
@@ -96,7 +96,7 @@ class StatusModel:
             return None
         key = f"{folder}|{config.catalog.name}"
         if key not in reported:
-            from streamberg.common.query_stats import commits
+            from streamberg.table_meta.query_stats import commits
 
             try:
                 reported[key] = commits(folder, config.catalog.name)

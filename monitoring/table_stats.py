@@ -2,7 +2,7 @@
 
 Each function reads what it reports from the table and nothing else; where another
 module already knows how (pending files: compactor/planner.py; committed offsets:
-common/offsets.py; optimize records: compactor/record.py), it is asked instead of
+table_meta/offsets.py; optimize records: compactor/record.py), it is asked instead of
 re-deriving the answer.
 """
 
@@ -13,21 +13,7 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.changelog import last_merge, merge_position
-from streamberg.common.clustering import health, health_by_partition
 from streamberg.common.config import StreambergConfig
-from streamberg.common.offsets import CommittedPosition, ancestry, summary_properties
-from streamberg.common.pending import DueRules, delete_stats, select_partitions
-from streamberg.common.summary_keys import SummaryKeys, is_compactor_summary
-from streamberg.common.table_files import (
-    DataFileInfo,
-    ManifestCache,
-    live_data_files,
-    partition_path,
-    pending_files,
-    sealed_sequence_numbers,
-    target_file_size,
-)
 from streamberg.common.times import iso_from_ms
 from streamberg.monitoring.model import (
     ClusteringFacts,
@@ -37,6 +23,20 @@ from streamberg.monitoring.model import (
     LastOptimize,
     MergeFacts,
     SnapshotFacts,
+)
+from streamberg.table_meta.changelog import last_merge, merge_position
+from streamberg.table_meta.clustering import health, health_by_partition
+from streamberg.table_meta.offsets import CommittedPosition, ancestry, summary_properties
+from streamberg.table_meta.pending import DueRules, delete_stats, select_partitions
+from streamberg.table_meta.summary_keys import SummaryKeys, is_compactor_summary
+from streamberg.table_meta.table_files import (
+    DataFileInfo,
+    ManifestCache,
+    live_data_files,
+    partition_path,
+    pending_files,
+    sealed_sequence_numbers,
+    target_file_size,
 )
 
 
@@ -96,7 +96,7 @@ def _last_optimize(table: Table, now_ms: int) -> LastOptimize | None:
 
 
 def compactor_facts(config: StreambergConfig, table: Table, cache: ManifestCache, now_ms: int) -> CompactorFacts:
-    """Pending files exactly as the compactor's planner sees them (common/pending.py): the
+    """Pending files exactly as the compactor's planner sees them (table_meta/pending.py): the
     files its rules select now (due) plus those they still defer."""
     selected = select_partitions(table, DueRules.from_config(config.compactor), now_ms=now_ms, cache=cache)
     ages = [p.oldest_age_seconds for p in selected.partitions if p.oldest_age_seconds is not None]
@@ -220,7 +220,7 @@ def merge_facts(config: StreambergConfig, changelog: Table | None, changelog_nam
 
 def _epochs(changelog: Table | None) -> dict[str, Any]:
     """The change log's source epochs and any regression not yet resolved (source_epochs.py)."""
-    from streamberg.common.source_epochs import read_epochs, read_regression
+    from streamberg.table_meta.source_epochs import read_epochs, read_regression
 
     if changelog is None:
         return {}

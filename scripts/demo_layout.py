@@ -26,9 +26,9 @@ from pyiceberg.manifest import ManifestEntryStatus
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
-from streamberg.common.offsets import summary_properties
-from streamberg.common.summary_keys import kafka_offsets_key
-from streamberg.common.table_files import snapshot_entries
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import kafka_offsets_key
+from streamberg.table_meta.table_files import snapshot_entries
 
 
 def ingest_files(table, topic: str) -> list:

@@ -16,11 +16,11 @@ import json
 import statistics
 import time
 
-from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.schema import schema_from_config
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.json_decode import JsonDecoder
+from streamberg.table_meta.changelog import changelog_config
 
 USERS = [{"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string", "required": True},
          {"name": "score", "type": "long"}, {"name": "city", "type": "string"}, {"name": "updated", "type": "long"}]

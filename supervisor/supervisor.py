@@ -43,13 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from streamberg.common.changelog import has_changelog
 from streamberg.common.config import StreambergConfig
 from streamberg.common.exit_codes import ExitCode
-from streamberg.common.keeping import backoff as restart_backoff
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.common.stop import stop_on_signals
+from streamberg.table_meta.changelog import has_changelog
+from streamberg.table_meta.keeping import backoff as restart_backoff
 
 # Component name -> the `streamberg` subcommand arguments that run it continuously.
 COMMANDS = {

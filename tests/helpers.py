@@ -112,7 +112,7 @@ def dead_letters(config: StreambergConfig):
 
 def committed_records(config: StreambergConfig) -> int:
     """Records (rows and dead letters) the table's offsets say it committed; 0 before it exists."""
-    from streamberg.common.offsets import committed_position
+    from streamberg.table_meta.offsets import committed_position
 
     catalog = load_catalog(config.catalog)
     if not catalog.table_exists(config.table.identifier):
@@ -124,7 +124,7 @@ def assert_every_record_once(config: StreambergConfig, producer: BackgroundProdu
     """After a run that read the whole topic: every valid id `producer` delivered is in the
     table once, the malformed rest in the dead-letter table, and the table's offsets are the
     topic's ends (read to the end, not asked)."""
-    from streamberg.common.offsets import committed_position
+    from streamberg.table_meta.offsets import committed_position
 
     ids = table_ids(config)
     assert not duplicates(ids)

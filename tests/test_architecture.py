@@ -13,12 +13,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENTS = ("ingest", "compactor", "maintenance", "merge", "monitoring", "governor")
+PRODUCT = ("common", "table_meta", "decode", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor",
+           "supervisor", "cli", "fresh")
+SHARED = ("common", "table_meta")  # the floors every component stands on
 # Besides itself, what each folder may import from streamberg.
 # decode/ is a floor of its own above common/: the ingest writes what it decodes and a fresh
 # read decodes a table's tail with the same decoders (what it would write is what a fresh read
 # returns), so both stand on it and neither imports the other.
-ALLOWED = {**{c: {"common"} for c in COMPONENTS}, "common": set(), "supervisor": {"common"},
-           "decode": {"common"}, "ingest": {"common", "decode"}, "fresh": {"common", "decode"}}
+# table_meta/ (what streamberg keeps about each table: the records in its metadata and the one
+# object per table) stands on common/'s infrastructure, which never imports it.
+ALLOWED = {**{c: {"common", "table_meta"} for c in COMPONENTS}, "common": set(), "table_meta": {"common"},
+           "supervisor": {"common", "table_meta"}, "decode": {"common", "table_meta"},
+           "ingest": {"common", "table_meta", "decode"}, "fresh": {"common", "table_meta", "decode"}}
 
 
 def _streamberg_imports(path: Path) -> set[str]:
@@ -65,7 +71,7 @@ SECTIONS = {
 }
 # Where the whole configuration is taken apart: a component's services are given their
 # section and the TableTarget, not the whole StreambergConfig.
-# An executor (common/keeping.py) is the app's entry for the governor: it composes as app.py does.
+# An executor (table_meta/keeping.py) is the app's entry for the governor: it composes as app.py does.
 COMPOSERS = {"compactor": {"app.py", "executor.py"}, "maintenance": {"app.py", "executor.py", "columns.py"},
              "merge": {"app.py", "executor.py"}}
 
@@ -113,7 +119,7 @@ def _names_defined_or_read(path: Path) -> set[str]:
 
 def test_planning_lives_in_the_compactor() -> None:
     offenders = {str(p.relative_to(ROOT)): sorted(_names_defined_or_read(p) & PLANNING_NAMES)
-                 for p in (ROOT / "common").rglob("*.py") if "config" not in p.parts}
+                 for floor in SHARED for p in (ROOT / floor).rglob("*.py") if "config" not in p.parts}
     assert not {p: n for p, n in offenders.items() if n}, offenders
     assert PLANNING_NAMES & _names_defined_or_read(ROOT / "compactor" / "runs.py")  # the check sees names
 
@@ -134,7 +140,7 @@ def test_common_holds_no_ingest_only_names() -> None:
     from streamberg.common.config import StreambergConfig
 
     offenders = {str(p.relative_to(ROOT)): sorted(_defined(p) & INGEST_ONLY_DEFINITIONS)
-                 for p in (ROOT / "common").rglob("*.py")}
+                 for floor in SHARED for p in (ROOT / floor).rglob("*.py")}
     assert not {p: n for p, n in offenders.items() if n}, offenders
     assert _defined(ROOT / "ingest" / "dead_letters.py") >= INGEST_ONLY_DEFINITIONS  # the check sees definitions
     shared = set(StreambergConfig.model_fields) | {n for n in dir(StreambergConfig) if not n.startswith("_")}
@@ -192,12 +198,12 @@ def _compares_attribute(path: Path, attribute: str) -> list[int]:
 
 def test_decoding_has_one_home() -> None:
     """The value format is decided in decode/formats.py alone, the envelope in
-    decode/envelopes/ and common/changelog.has_changelog; the registry and schema
+    decode/envelopes/ and table_meta/changelog.has_changelog; the registry and schema
     conversions live under decode/, the sample producer in cli/."""
     for moved in ("avro_schema.py", "protobuf_schema.py", "registry.py", "sample_events.py"):
         assert not (ROOT / "common" / moved).exists(), f"common/{moved} is ingest-only: it lives in decode/"
-    product = [p for folder in ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "supervisor")
-               for p in (ROOT / folder).rglob("*.py")]
+    product = [p for folder in ("common", "table_meta", "ingest", "compactor", "maintenance", "merge", "monitoring",
+                                "supervisor") for p in (ROOT / folder).rglob("*.py")]
     on_format = {str(p.relative_to(ROOT)): _compares_attribute(p, "value_format") for p in product}
     # The configuration validates what it is given at load (sections: a registry for framed
     # formats; model: what an envelope reads), as a contract; the choice is the registry's.
@@ -205,9 +211,9 @@ def test_decoding_has_one_home() -> None:
     assert not {p: n for p, n in on_format.items() if n and p not in config_checks}, on_format
     on_envelope = {str(p.relative_to(ROOT)): _compares_attribute(p, "envelope") for p in product}
     # has_changelog; the config's own checks (a route by a record field reads plain rows)
-    allowed = {"common/changelog.py", "common/config/model.py", "common/config/fleet.py"}
+    allowed = {"table_meta/changelog.py", "common/config/model.py", "common/config/fleet.py"}
     assert not {p: n for p, n in on_envelope.items() if n and p not in allowed}, on_envelope
-    assert _compares_attribute(ROOT / "common" / "changelog.py", "envelope")  # the check sees comparisons
+    assert _compares_attribute(ROOT / "table_meta" / "changelog.py", "envelope")  # the check sees comparisons
     decoders = {"streamberg.decode.json_decode", "streamberg.decode.avro_decode",
                 "streamberg.decode.protobuf_decode"}
     outside = {str(p.relative_to(ROOT)): sorted(_ingest_imports(p, "streamberg.decode.") & decoders)
@@ -237,8 +243,7 @@ def _compares_with_kind(path: Path) -> list[int]:
 def test_catalog_kinds_are_decided_in_one_registry() -> None:
     """common/catalog_kinds.py is the one place a catalog's kind is asked (the config model's
     own validators excepted): a new kind is one entry there."""
-    product = [p for folder in ("common", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor",
-                                "supervisor", "cli") for p in (ROOT / folder).rglob("*.py")]
+    product = [p for folder in PRODUCT if folder not in ("decode", "fresh") for p in (ROOT / folder).rglob("*.py")]
     allowed = {"common/catalog_kinds.py", "common/config/table.py"}
     found = {str(p.relative_to(ROOT)): _compares_with_kind(p) for p in product}
     assert not {p: n for p, n in found.items() if n and p not in allowed}, found
@@ -254,25 +259,17 @@ def test_one_committer_kind() -> None:
 
 def test_every_module_is_named_in_the_architecture_doc() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    missing = [str(p.relative_to(ROOT)) for folder in ("common", "decode", "ingest", "compactor", "maintenance",
-                                                       "merge", "monitoring", "governor", "supervisor", "cli", "fresh")
-               for p in sorted((ROOT / folder).rglob("*.py"))
+    missing = [str(p.relative_to(ROOT)) for folder in PRODUCT for p in sorted((ROOT / folder).rglob("*.py"))
                if p.name != "__init__.py" and f"`{p.stem}`" not in doc]
     assert not missing, f"modules docs/architecture.md does not name: {missing}"
 
 
 def test_no_module_past_500_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for folder in ("common", "decode", "ingest", "compactor", "maintenance",
-                                                        "merge", "monitoring", "governor", "supervisor", "cli", "fresh")
-            for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    long = {str(p.relative_to(ROOT)): n for folder in PRODUCT for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
 
 
 # -- one owner of resources (common/runtime.py) -------------------------------------------------------
-
-PRODUCT = ("common", "decode", "ingest", "compactor", "maintenance", "merge", "monitoring", "governor", "supervisor", "cli",
-           "fresh")
-
 
 def _product_modules() -> list[tuple[str, Path]]:
     """(path from the root, path) of every module of the product."""
@@ -326,16 +323,16 @@ def _module_level_caches(path: Path) -> list[str]:
 
 
 
-# -- one object per table holds its settings (common/table_runtime.py) -------------------------------
+# -- one object per table holds its settings (table_meta/table_runtime.py) -------------------------------
 
 PARSERS = {"policy_of", "policy_for", "table_settings", "effective"}
-PARSED_IN = {"common/policy.py", "common/table_runtime.py"}
+PARSED_IN = {"table_meta/policy.py", "table_meta/table_runtime.py"}
 
 
 def _policy_parsers_imported(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "streamberg.common.policy":
+        if isinstance(node, ast.ImportFrom) and node.module == "streamberg.table_meta.policy":
             found |= {alias.name for alias in node.names} & PARSERS
         elif isinstance(node, ast.Attribute) and node.attr in PARSERS and ast.unparse(node.value).endswith("policy"):
             found.add(node.attr)
@@ -350,7 +347,7 @@ def test_policy_is_parsed_only_by_the_table_runtime() -> None:
     for relative, path in _product_modules():
         if relative not in PARSED_IN and (found := _policy_parsers_imported(path)):
             wrong[relative] = sorted(found)
-    assert not wrong, f"policy parsed outside common/table_runtime.py: {wrong}"
+    assert not wrong, f"policy parsed outside table_meta/table_runtime.py: {wrong}"
     sample = ROOT / "tests" / "governor" / "test_scheduler.py"  # the check sees an import when there is one
     assert _policy_parsers_imported(sample) >= {"policy_of", "policy_for"}
 

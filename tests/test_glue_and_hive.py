@@ -24,8 +24,8 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.catalog_java import S3_FILE_IO_IMPL
 from streamberg.common.config import load_config
 from streamberg.common.errors import CatalogUnreachable, ConfigError, MissingJarError
-from streamberg.common.offsets import committed_position
 from streamberg.common.spark import spark_catalog_conf, spark_jars
+from streamberg.table_meta.offsets import committed_position
 from tests.fixtures.s3 import ACCESS_KEY, REGION, SECRET_KEY
 from tests.helpers import EVENT_SCHEMA, dead_letters, duplicates, streamberg, table_ids
 from tests.runbooks.inprocess import event, ingest_until, produce_values

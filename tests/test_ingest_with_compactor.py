@@ -22,9 +22,9 @@ import pytest
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.offsets import committed_position, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.helpers import (
     BackgroundProducer,
     config_at,

@@ -26,8 +26,9 @@ import pytest
 
 from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic, free_port
-from streamberg.common.catalog import ensure_table, load_catalog
-from streamberg.common.offsets import committed_position
+from streamberg.common.catalog import load_catalog
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import config_at, write_config
 from tests.listening import Listener, listeners, strace_usable, tcp_binds, traced
 

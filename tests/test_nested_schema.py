@@ -11,10 +11,11 @@ import yaml
 from pydantic import ValidationError
 from pyiceberg.types import ListType, MapType, StructType
 
-from streamberg.common.catalog import ensure_table, evolve_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import TableConfig, load_config
 from streamberg.common.errors import ConfigError, SchemaMismatchError
 from streamberg.common.schema import describe_schema_differences, schema_from_config
+from streamberg.table_meta.declared import ensure_table, evolve_table
 
 ORDERS_TREE = [
     {"name": "id", "type": "long", "required": True},

@@ -31,9 +31,9 @@ from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
-from streamberg.common.offsets import committed_position
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.offsets import committed_position
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.helpers import EVENT_SCHEMA, BackgroundProducer, duplicates, streamberg, table_ids, wait_for
 
 pytestmark = [pytest.mark.flink, pytest.mark.spark]
@@ -164,7 +164,7 @@ def test_whole_loop_through_a_rest_catalog(tmp_path: Path, broker: str, spark, r
     folder = tmp_path / "posted-reports"
     folder.mkdir()
     (folder / "reports-rest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scans))
-    from streamberg.common.query_stats import fold, usage
+    from streamberg.table_meta.query_stats import fold, usage
 
     fold(folder, config.catalog.name)
     seen = usage(folder, "web.events")

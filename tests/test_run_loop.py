@@ -21,7 +21,7 @@ import pytest
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import (
     BackgroundProducer,
     config_at,

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from streamberg.common.clustering import column_intervals
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.common.table_files import ManifestCache, live_data_files
+from streamberg.table_meta.clustering import column_intervals
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_files import ManifestCache, live_data_files
 
 Scenario = Literal["day", "flat"]
 COLUMNS = ("c1", "c2", "c3")
@@ -157,9 +157,10 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
     """Stream spec.commits commits into both tables, a pass every spec.commits_per_pass."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.catalog import load_catalog
     from streamberg.common.spark import register_catalog
     from streamberg.compactor.compactor import Compactor
+    from streamberg.table_meta.declared import ensure_table
 
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"b{uuid.uuid4().hex[:8]}"
@@ -211,7 +212,7 @@ def run(spec: RunSpec, spark: Any, workdir: Path, progress: Callable[[str], None
 def _final(spec: RunSpec, catalog: Any, points: dict[str, list[str]], cache: ManifestCache,
            measures: Sequence[PassMeasure]) -> dict[str, Any]:
     """The goals' figures after the last pass: ratios to the full optimize, per column."""
-    from streamberg.common.table_files import partition_path, sealed_sequence_numbers
+    from streamberg.table_meta.table_files import partition_path, sealed_sequence_numbers
 
     inc, ref = catalog.load_table("bench.incremental"), catalog.load_table("bench.reference")
     last = measures[-1]

@@ -14,7 +14,7 @@ from typing import Any
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig
 from streamberg.common.log import get_logger
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 from .datagen import STUDY_COLUMNS, GenerationSpec, LineorderGenerator
 from .planning import FileBounds, column_bounds, coverage_depth, planned_files, total_files

@@ -77,7 +77,7 @@ UNROUTED = "_unrouted"
 
 
 # A route value ending so would name another table's side table (its dead letters, change
-# log or key state: common/config/model.py, common/changelog.py): refused.
+# log or key state: common/config/model.py, table_meta/changelog.py): refused.
 SIDE_TABLE_ENDINGS = ("dead_letters", "changelog", "merge_keys")
 
 

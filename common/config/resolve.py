@@ -34,7 +34,7 @@ def resolve_fleet(fleet: FleetConfig, topics: list[str], known: dict[str, Stream
     owners = {c.table.identifier.lower(): t for t, c in known.items()}
     sides = {side.lower(): t for t, c in known.items() for side in c.side_tables}
     # Tables of each topic route (a field's route counts its values' tables where they are
-    # made, common/table_slots.py; its topics' unrouted tables hold no rows).
+    # made, table_meta/table_slots.py; its topics' unrouted tables hold no rows).
     per_route: dict[int, int] = {}
     for topic in known:
         route = fleet.route_of(topic)

@@ -36,12 +36,12 @@ from streamberg.common.config.types import MAX_SCHEMA_FIELDS
 
 _HTTP_URL = re.compile(r"https?://[!-~]+")
 
-# The columns the change log (<table>_changelog) adds to the table's own (common/changelog.py
+# The columns the change log (<table>_changelog) adds to the table's own (table_meta/changelog.py
 # builds them); a table column may not take one of these names.
 CHANGELOG_COLUMNS = ("_op", "_before_key", "_kafka_partition", "_kafka_offset", "_source_ts", "_source_seq",
                      "_source_id")
 # The change log's table property naming the table it feeds: a configuration whose table
-# carries it is the ingest's view of a primary-key table (common/changelog.py derives it).
+# carries it is the ingest's view of a primary-key table (table_meta/changelog.py derives it).
 CHANGELOG_TARGET_PROPERTY = "streamberg.changelog.target"
 
 
@@ -204,7 +204,7 @@ class IngestConfig(_Section):
     # How many tables one route may make: a route field's values (past it, a record naming yet
     # another table is a dead letter saying so: a hostile stream of values must not create
     # tables without end), or a pattern route's topics (past it, the topic is refused and
-    # status says so). Counted once for all writers (common/table_slots.py).
+    # status says so). Counted once for all writers (table_meta/table_slots.py).
     max_tables_per_route: Annotated[int, _int(1, 100_000)] = 1000
     # ... and how many tables one ingest job may write in all, over every route.
     max_tables: Annotated[int, _int(1, 100_000)] = 10_000

@@ -47,11 +47,11 @@ _TIME_TRANSFORMS = {"year", "month", "day", "hour"}
 _TEMPORAL_TYPES = {"date", "timestamp", "timestamptz"}
 # Key columns compare by equality in the merge: floating point does not (NaN, -0.0).
 _UNKEYABLE = {"float", "double"}
-# The types a sequence column may have (common/changelog.py encodes each as ordered text).
+# The types a sequence column may have (table_meta/changelog.py encodes each as ordered text).
 SEQUENCE_TYPES = {"int", "long", "date", "timestamp", "timestamptz", "string"}
 
 # The table's write.target-file-size-bytes unless set (not pyiceberg's 512 MiB: streaming
-# commits are small, and compaction makes files this size); common/table_files.py applies it.
+# commits are small, and compaction makes files this size); table_meta/table_files.py applies it.
 DEFAULT_TARGET_FILE_SIZE_BYTES = 128 * 1024 * 1024
 
 
@@ -99,7 +99,7 @@ class CatalogConfig(_Section):
     # passed to pyiceberg and to Spark's Iceberg catalog alike.
     properties: Properties = Field(default_factory=dict)
     # A local folder for Iceberg's scan reports (what engines filter and project: the evidence
-    # of `streamberg.cluster.columns=auto`, common/query_stats.py). When set, the product's
+    # of `streamberg.cluster.columns=auto`, table_meta/query_stats.py). When set, the product's
     # Spark sessions report every scan there, and any Spark given the catalog properties
     # `metrics-reporter-impl` and `streamberg.reports-dir` (docs/governor.md) does too.
     scan_reports_dir: Text | None = None

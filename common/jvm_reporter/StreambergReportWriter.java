@@ -23,7 +23,7 @@ import org.apache.iceberg.metrics.ScanReportParser;
  * and commit report, in Iceberg's own JSON form (ScanReportParser, CommitReportParser), as one
  * line to a file of this JVM in the folder given by the catalog property
  * streamberg.reports-dir. streamberg folds the files into bounded per-table statistics
- * (common/query_stats.py). A report that cannot be written is dropped: a query never fails
+ * (table_meta/query_stats.py). A report that cannot be written is dropped: a query never fails
  * because of its report.
  */
 public class StreambergReportWriter implements MetricsReporter {

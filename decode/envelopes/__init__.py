@@ -19,7 +19,6 @@ from typing import Literal
 
 from pyiceberg.schema import Schema
 
-from streamberg.common.changelog import required_columns
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
 from streamberg.decode.envelopes.changes import DebeziumDecoder, EnvelopeDecoder, UpsertDecoder
@@ -28,6 +27,7 @@ from streamberg.decode.formats import format_of
 from streamberg.decode.interface import RecordBatchDecoder
 from streamberg.decode.json_decode import epoch_units
 from streamberg.decode.records import RecordDecoder
+from streamberg.table_meta.changelog import required_columns
 
 Unknown = Literal["ignore", "report"]
 # kind -> (its decoder class; None: rows, RecordDecoder), and the value formats it reads.
@@ -40,7 +40,7 @@ ENVELOPES: dict[str, tuple[type[EnvelopeDecoder] | None, frozenset[str]]] = {
 
 def record_decoder(config: StreambergConfig, schema: Schema, unknown: Unknown = "report") -> RecordBatchDecoder:
     """The ingest's decoder for `schema`: the config's envelope over its value format. With an
-    envelope the table is the change log (common/changelog.py)."""
+    envelope the table is the change log (table_meta/changelog.py)."""
     kind = config.kafka.envelope
     if kind not in ENVELOPES:
         raise ConfigError(f"kafka.envelope: unknown envelope {kind!r}; known: {', '.join(sorted(ENVELOPES))}")

@@ -1,6 +1,6 @@
 """Change events (kafka.envelope debezium or upsert) as rows of the change log.
 
-The change log (common/changelog.py) holds each change's row image in the table's columns
+The change log (table_meta/changelog.py) holds each change's row image in the table's columns
 plus its own: the operation, the key before a key change, the Kafka position and the
 source's time. One assembly (EnvelopeDecoder) over one class per kind:
 
@@ -32,7 +32,14 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField, StructType
 
-from streamberg.common.changelog import (
+from streamberg.common.config import CHANGELOG_COLUMNS
+from streamberg.decode.envelopes.debezium import Changes, debezium_rules
+from streamberg.decode.formats import ValueFormat
+from streamberg.decode.interface import DecodeResult, ValueDecoder
+from streamberg.decode.json_decode import JsonDecoder
+from streamberg.decode.registry import WriterSchemas
+from streamberg.decode.unknown_fields import UnknownField
+from streamberg.table_meta.changelog import (
     BEFORE_KEY,
     DELETE,
     OFFSET,
@@ -42,13 +49,6 @@ from streamberg.common.changelog import (
     SOURCE_SEQ,
     SOURCE_TS,
 )
-from streamberg.common.config import CHANGELOG_COLUMNS
-from streamberg.decode.envelopes.debezium import Changes, debezium_rules
-from streamberg.decode.formats import ValueFormat
-from streamberg.decode.interface import DecodeResult, ValueDecoder
-from streamberg.decode.json_decode import JsonDecoder
-from streamberg.decode.registry import WriterSchemas
-from streamberg.decode.unknown_fields import UnknownField
 
 
 class _Refused(Exception):

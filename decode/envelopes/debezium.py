@@ -41,7 +41,6 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import LongType, NestedField, StringType, StructType
 
-from streamberg.common.changelog import DELETE, OPS
 from streamberg.decode.avro_decode import AvroDecoder
 from streamberg.decode.envelopes.source_position import source_identity, source_sequence
 from streamberg.decode.interface import DecodeResult, ValueDecoder
@@ -51,6 +50,7 @@ from streamberg.decode.registry import WriterSchemas
 from streamberg.decode.required_fields import missing as missing_field
 from streamberg.decode.types import Widening
 from streamberg.decode.unknown_fields import UnknownField
+from streamberg.table_meta.changelog import DELETE, OPS
 
 IMAGES = ("after", "before")
 POSITION = "streamberg.position"  # no writer schema has it: an Avro name holds no dot

@@ -4,7 +4,7 @@ Of two changes of one key, the merge applies the one later in the source (docs/c
 Kafka's offsets order the changes of one partition only, and `source.ts_ms` is a clock with
 millisecond ties, so the connector's own log position decides where the event carries one.
 Each connector's position is the tuple of non-negative integers below, compared left to
-right and written as ordered text (common/changelog.encode_sequence):
+right and written as ordered text (table_meta/changelog.encode_sequence):
 
 | `source.connector` | sequence | why these fields |
 |---|---|---|
@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from streamberg.common.changelog import encode_digits, encode_sequence
+from streamberg.table_meta.changelog import encode_digits, encode_sequence
 
 _FILE_NUMBER = re.compile(r"\.(\d{1,18})$")
 _HEX_LSN = re.compile(r"[0-9A-Fa-f]{1,32}(?::[0-9A-Fa-f]{1,32}){0,3}")
@@ -130,7 +130,7 @@ def source_identity(source: Any) -> str | None:
     """Which source a position belongs to, where a connector can say (None: it cannot):
     MySQL's server id and binlog base name (`mysql-bin` of `mysql-bin.000003`). A failover to
     another server, or a binlog renamed, starts positions over: the merge then opens a new
-    source epoch by itself (common/source_epochs.py). A RESET MASTER, or a PostgreSQL
+    source epoch by itself (table_meta/source_epochs.py). A RESET MASTER, or a PostgreSQL
     restored into a new cluster, keeps its name: an operator declares that epoch."""
     if (type(source) is not dict and not isinstance(source, Mapping)) or source.get("connector") != "mysql":
         return None

@@ -30,11 +30,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.*
 
 from streamberg.common.broker import free_port, port_open
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.catalog_java import jdbc_catalog_properties
 from streamberg.common.config import load_config
 from streamberg.common.jars import sqlite_jdbc_jar
 from streamberg.common.spark import base_spark_conf
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import FakeIngest, reload, write_config
 from tests.fixtures.s3 import S3Server
 

@@ -28,7 +28,6 @@ from typing import Any
 
 from flask import Flask, Response, abort, redirect, render_template, request
 
-from streamberg.common.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
 from streamberg.monitoring.collect import governor_document
 from streamberg.monitoring.dashboard.views import (
     FIRST_ROWS,
@@ -38,6 +37,7 @@ from streamberg.monitoring.dashboard.views import (
     table_page,
 )
 from streamberg.monitoring.watch import Watch
+from streamberg.table_meta.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
 
 COOKIE = "streamberg_dashboard"
 REFRESH_MS = 5000  # how often the fleet page asks for fresh rows

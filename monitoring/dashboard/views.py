@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamberg.common.policy import GOVERN_HEARTBEAT_FILE
 from streamberg.monitoring.collect import state_document
 from streamberg.monitoring.fleet import FleetStatus
 from streamberg.monitoring.model import Status
+from streamberg.table_meta.policy import GOVERN_HEARTBEAT_FILE
 
 # The runbook of each health check (docs/runbooks/): the page an operator opens for it.
 RUNBOOKS = {

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.common.changelog import ingest_config
 from streamberg.merge.app import MergeOptions, run_merge
+from streamberg.table_meta.changelog import ingest_config
 from tests.cdc.helpers import cdc_config, rows_by_pyiceberg
 from tests.runbooks.drill import Drill
 from tests.runbooks.inprocess import ingest_until, produce_values

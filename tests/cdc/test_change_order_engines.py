@@ -1,4 +1,4 @@
-"""The change-order rule (common/change_order.py) is one text run by two engines: Spark in the
+"""The change-order rule (table_meta/change_order.py) is one text run by two engines: Spark in the
 merge (merge/order.py) and DuckDB in a fresh read of a primary-key table (fresh/keyed.py).
 The same batches of changes and key states go through both, and each answer is compared with
 the rule applied here, in plain Python, change by change: per key the change kept, and
@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamberg.common.changelog import DELETE, OFFSET, OP, PARTITION, SOURCE_TS
 from streamberg.fresh.keyed import newest_against_stored
 from streamberg.merge.order import WorkingNames, last_changes, newer_than_stored
+from streamberg.table_meta.changelog import DELETE, OFFSET, OP, PARTITION, SOURCE_TS
 
-SEQS = (None, "01", "02", "05", "10")  # ordered text, as common/changelog.encode_sequence writes it
+SEQS = (None, "01", "02", "05", "10")  # ordered text, as table_meta/changelog.encode_sequence writes it
 Change = dict[str, Any]
 
 
@@ -202,16 +202,16 @@ def _encoding_cases() -> list[tuple[Any, pa.DataType, list[Any], list[int | None
 
 @pytest.mark.slow
 def test_a_sequence_field_is_encoded_alike_by_both_engines(spark: Any) -> None:
-    """The sequence_field's ordered text (common/change_order.encoded_sequence_sql), by DuckDB
+    """The sequence_field's ordered text (table_meta/change_order.encoded_sequence_sql), by DuckDB
     (fresh/keyed.py) and Spark (merge/order.py), equals the ingest's own encoding
-    (common/changelog.encode_digits) and sorts as the values do."""
+    (table_meta/changelog.encode_digits) and sorts as the values do."""
     from pyspark.sql.types import StructField, StructType
     from pyspark.sql.types import _parse_datatype_string as spark_type
 
-    from streamberg.common.change_order import SHIFT
-    from streamberg.common.changelog import encode_digits
     from streamberg.fresh.keyed import _encoded
     from streamberg.merge.order import encoded_sequence
+    from streamberg.table_meta.change_order import SHIFT
+    from streamberg.table_meta.changelog import encode_digits
 
     spark_types = {"int64": "bigint", "int32": "int", "date32[day]": "date", "timestamp[us, tz=UTC]": "timestamp"}
     for iceberg_type, arrow_type, values, numbers in _encoding_cases():

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import applied_snapshot_id, ingest_config, merge_position
-from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.common.table_facts import table_facts
 from streamberg.merge.app import MergeOptions, run_merge
+from streamberg.table_meta.changelog import applied_snapshot_id, ingest_config, merge_position
+from streamberg.table_meta.offsets import committed_position, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_facts import table_facts
 from tests.cdc.helpers import USERS_SCHEMA, assert_table_holds, cdc_config, delete_files, rows_by_pyiceberg
 from tests.helpers import dead_letters, streamberg
 from tests.runbooks.inprocess import ingest_until, produce_values

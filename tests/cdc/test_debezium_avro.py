@@ -19,8 +19,8 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.changelog import ingest_config
 from streamberg.merge.app import MergeOptions, run_merge
+from streamberg.table_meta.changelog import ingest_config
 from tests.cdc.helpers import cdc_config, rows_by_duckdb, rows_by_pyiceberg
 from tests.helpers import dead_letters
 from tests.runbooks.inprocess import ingest_until

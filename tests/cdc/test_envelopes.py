@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.schema import schema_from_config
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.envelopes.changes import EnvelopeDecoder
 from streamberg.decode.types import Widening
+from streamberg.table_meta.changelog import changelog_config
 from tests.cdc.helpers import USERS_SCHEMA
 
 

@@ -27,11 +27,11 @@ from confluent_kafka.admin import AdminClient
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import ingest_config, key_state_identifier
-from streamberg.common.offsets import summary_properties
-from streamberg.common.summary_keys import SummaryKeys, kafka_skips_key
 from streamberg.ingest.replay import replay_range
 from streamberg.merge.app import MergeOptions, run_merge
+from streamberg.table_meta.changelog import ingest_config, key_state_identifier
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys, kafka_skips_key
 from tests.cdc.helpers import USERS_SCHEMA, assert_table_holds, cdc_config
 from tests.helpers import dead_letters
 from tests.runbooks.inprocess import ingest_until

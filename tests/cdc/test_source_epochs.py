@@ -1,5 +1,5 @@
 """When a source's positions start over, no later change is dropped as stale (issue 38, item 8;
-common/source_epochs.py, docs/runbooks/cdc-source-regressed.md).
+table_meta/source_epochs.py, docs/runbooks/cdc-source-regressed.md).
 
 Each case is a Debezium stream whose positions go backwards in one partition: a MySQL failover
 to another server (`db2-bin.000007` after `mysql-bin.000412`: a new source name, so the merge
@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import changelog_identifier, ingest_config
-from streamberg.common.source_epochs import EPOCHS_PROPERTY, REGRESSION_PROPERTY
 from streamberg.merge.app import MergeOptions, declare_source_epoch, run_merge
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
+from streamberg.table_meta.changelog import changelog_identifier, ingest_config
+from streamberg.table_meta.source_epochs import EPOCHS_PROPERTY, REGRESSION_PROPERTY
 from tests.cdc.helpers import assert_table_holds, cdc_config
 from tests.cdc.test_order import _produce
 from tests.runbooks.inprocess import cli, ingest_until

@@ -18,8 +18,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamberg.common.changelog import SEQUENCE_DIGITS_MAX, encode_sequence
 from streamberg.decode.envelopes.source_position import source_identity, source_sequence
+from streamberg.table_meta.changelog import SEQUENCE_DIGITS_MAX, encode_sequence
 
 
 def reference_encode(*parts: Any) -> str | None:
@@ -94,7 +94,7 @@ def reference_identity(source: Any) -> str | None:
     """Which source a position belongs to, where a connector can say (None: it cannot):
     MySQL's server id and binlog base name (`mysql-bin` of `mysql-bin.000003`). A failover to
     another server, or a binlog renamed, starts positions over: the merge then opens a new
-    source epoch by itself (common/source_epochs.py). A RESET MASTER, or a PostgreSQL
+    source epoch by itself (table_meta/source_epochs.py). A RESET MASTER, or a PostgreSQL
     restored into a new cluster, keeps its name: an operator declares that epoch."""
     if not isinstance(source, Mapping) or source.get("connector") != "mysql":
         return None

@@ -16,10 +16,6 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import applied_snapshot_id, ingest_config, merge_position
-from streamberg.common.offsets import summary_properties
-from streamberg.common.pending import DueRules, select_partitions
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.merge.app import MergeOptions, run_merge
@@ -27,6 +23,10 @@ from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
+from streamberg.table_meta.changelog import applied_snapshot_id, ingest_config, merge_position
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.pending import DueRules, select_partitions
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.cdc.helpers import cdc_config, delete_files, rows_by_duckdb, rows_by_pyiceberg, rows_by_spark
 from tests.helpers import dead_letters
 from tests.runbooks.inprocess import cli, ingest_until

@@ -17,10 +17,11 @@ from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key
-from streamberg.common.table_files import live_data_files, snapshot_entries
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.summary_keys import SummaryKeys, kafka_offsets_key
+from streamberg.table_meta.table_files import live_data_files, snapshot_entries
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},

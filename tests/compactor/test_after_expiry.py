@@ -18,8 +18,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from streamberg.common.spark import register_catalog
-from streamberg.common.table_files import live_data_files, pending_files
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.table_files import live_data_files, pending_files
 from tests.compactor.helpers import FakeIngest, live_files, reload, row_multiset, setup_table
 
 pytestmark = pytest.mark.spark

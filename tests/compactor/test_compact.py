@@ -7,9 +7,9 @@ import math
 import pytest
 
 from streamberg.common.config import LAYOUT_STRATEGIES
-from streamberg.common.offsets import committed_position
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.offsets import committed_position
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,
     TOPIC,

@@ -12,7 +12,6 @@ from pyiceberg.expressions import EqualTo
 from structlog.testing import capture_logs
 
 from streamberg.common.jvm import java_message, load_table
-from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.compactor import Compactor
@@ -21,6 +20,7 @@ from streamberg.compactor.layouts import layout_for
 from streamberg.compactor.planner import plan_rewrite
 from streamberg.compactor.runner import GroupRunner
 from streamberg.compactor.runs import PlanningRules
+from streamberg.table_meta.offsets import committed_position
 from tests.compactor.helpers import TOPIC, CommitterIngest, FakeIngest, live_files, reload, row_multiset, setup_table
 
 pytestmark = pytest.mark.spark

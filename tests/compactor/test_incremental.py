@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError, LeaseHeldError, LeaseLostError
 from streamberg.compactor.layouts import CLUSTERING_STRATEGIES, resolve_layout
 from streamberg.compactor.lease import TableLease, leases
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import DAY, FakeIngest, setup_table, write_config
 from tests.helpers import JvmSentinel
 

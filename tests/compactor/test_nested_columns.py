@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
 from streamberg.common.spark import register_catalog
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import live_files
 
 pytestmark = pytest.mark.spark

@@ -112,8 +112,8 @@ def test_every_pass_and_the_dry_run_plan_with_the_same_target_size(tmp_path) -> 
     """One rule for the size of a rewritten file: compactor.target_file_size_bytes, else the
     table's write.target-file-size-bytes, else table.target_file_size_bytes. The size tiers of
     runs are in units of it, so a dry run that used another size would promise another plan."""
-    from streamberg.common.table_files import TARGET_SIZE_PROPERTY
     from streamberg.compactor.planner import PassPlanner
+    from streamberg.table_meta.table_files import TARGET_SIZE_PROPERTY
 
     config, table, _ = _ingested(tmp_path, commits=2)
     table_default = int(table.properties[TARGET_SIZE_PROPERTY])
@@ -132,11 +132,12 @@ def test_a_keeper_of_many_tables_replans_an_unchanged_table_without_listing_it_a
     """The governor's compact executors share one manifest cache (cli/govern.py): replanning
     two unchanged tables lists neither again; a commit to one lists that one, and every plan
     equals one made with nothing kept."""
-    import streamberg.common.table_files as table_files
-    from streamberg.common.catalog import ensure_table, load_catalog
-    from streamberg.common.table_files import ManifestCache
+    import streamberg.table_meta.table_files as table_files
+    from streamberg.common.catalog import load_catalog
     from streamberg.compactor.app import CompactOptions, dry_run
     from streamberg.compactor.executor import CompactExecutor
+    from streamberg.table_meta.declared import ensure_table
+    from streamberg.table_meta.table_files import ManifestCache
 
     listings = []
     real = table_files._live_data_files

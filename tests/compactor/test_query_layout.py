@@ -1,6 +1,6 @@
 """The layout follows the queries: real Spark queries produce Iceberg scan reports (through
 the writer common/report_jar.py builds), they are folded into per-table statistics
-(common/query_stats.py), and `streamberg.cluster.columns=auto` follows what queries filter:
+(table_meta/query_stats.py), and `streamberg.cluster.columns=auto` follows what queries filter:
 stable under a few odd queries, moved by a real shift. A fresh read reports its filter too."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
-from streamberg.common.column_usage import ColumnFacts
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
-from streamberg.common.policy import effective
-from streamberg.common.query_stats import AUTO_MIN_SCANS, filter_terms, fold, usage
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.render import render_screen
+from streamberg.table_meta.column_usage import ColumnFacts
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.policy import effective
+from streamberg.table_meta.query_stats import AUTO_MIN_SCANS, filter_terms, fold, usage
 from tests.compactor.helpers import FakeIngest, reload, write_config
 
 
@@ -74,7 +75,7 @@ def test_clustering_columns_follow_what_queries_filter(tmp_path: Path, spark, sp
     assert "queries" in render_screen(status) and "clustered by user_id" in render_screen(status)
 
     # The same channel carries a Java engine's commits: the governor wakes on them (governor/keeper.py).
-    from streamberg.common.query_stats import commits
+    from streamberg.table_meta.query_stats import commits
 
     before = commits(reports, config.catalog.name).get(config.table.identifier, {}).get("total", 0)
     spark.sql(f"INSERT INTO {name} SELECT * FROM {name} LIMIT 1")
@@ -127,9 +128,9 @@ def test_the_products_own_reads_report_their_filters(tmp_path: Path) -> None:
 def test_a_changed_choice_relays_older_runs_by_the_budget(tmp_path: Path, spark, spark_catalog) -> None:
     """Runs clustered by the old columns are rewritten by the new ones, the oldest first, at most
     relayout_max_bytes a pass; the rows are the same; a relaid partition is not planned again."""
-    from streamberg.common.summary_keys import SummaryKeys
     from streamberg.compactor.compactor import Compactor
     from streamberg.compactor.planner import PassPlanner
+    from streamberg.table_meta.summary_keys import SummaryKeys
     from tests.compactor.helpers import row_multiset, setup_table
 
     config, _ = setup_table(tmp_path, partition_spec=[{"source": "ts", "transform": "day"}],

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,

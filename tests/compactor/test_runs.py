@@ -17,13 +17,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.clustering import health
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
-from streamberg.common.table_files import live_data_files, pending_files, sealed_sequence_numbers
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.commit import CommitManager
 from streamberg.compactor.compactor import Compactor
 from streamberg.compactor.lease import TableLease
+from streamberg.table_meta.clustering import health
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.table_files import live_data_files, pending_files, sealed_sequence_numbers
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,

@@ -1,15 +1,15 @@
 """A table is kept alike whoever keeps it (issue 39): `streamberg compact` (and merge,
 maintain, status) read the table's own `streamberg.*` settings over the config's, as the
-governor does (common/policy.effective)."""
+governor does (table_meta/policy.effective)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import FakeIngest, compactor_snapshots, reload, row_multiset, setup_table, summary
 
 pytestmark = pytest.mark.spark

@@ -29,8 +29,8 @@ import pytest
 from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.table_meta.offsets import committed_position
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import (
     DAY,
     FakeIngest,
@@ -241,7 +241,7 @@ def test_merge_and_maintenance_on_a_spark_standalone_cluster(spark_cluster, brok
     DuckDB equals the state this test computes."""
     import random
 
-    from streamberg.common.changelog import changelog_identifier, ingest_config
+    from streamberg.table_meta.changelog import changelog_identifier, ingest_config
     from tests.cdc.helpers import cdc_config, rows_by_duckdb, rows_by_pyiceberg
     from tests.cdc.test_upsert import _changes, _produce
     from tests.runbooks.inprocess import ingest_until

@@ -16,13 +16,14 @@ import yaml
 
 from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.catalog_java import S3_FILE_IO_IMPL, jdbc_catalog_properties
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.errors import MissingJarError, SparkCatalogError
 from streamberg.common.jars import SPARK_S3_JARS_ENV
-from streamberg.common.offsets import committed_position
 from streamberg.common.spark import register_catalog, spark_jars
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.offsets import committed_position
 from tests.compactor.helpers import DAY, TOPIC, FakeIngest, live_files, reload
 from tests.compactor.helpers import write_config as compactor_config
 from tests.helpers import dead_letters, duplicates, streamberg, table_ids

@@ -17,12 +17,13 @@ import yaml
 from pyiceberg.exceptions import CommitFailedException
 from sqlalchemy.engine import make_url
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.common.errors import LeaseHeldError
-from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.compactor.lease import LEASE_TABLE, TableLease
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.offsets import committed_position
 from tests.compactor.helpers import (
     DAY,
     TOPIC,

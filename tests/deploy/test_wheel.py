@@ -29,7 +29,7 @@ def test_the_wheel_installs_alone_and_runs(tmp_path: Path) -> None:
         metadata = next(archive.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     assert "License: Apache-2.0" in metadata or "Apache Software License" in metadata
     # Every .py of every package folder of the checkout is in the wheel (one list: pyproject's).
-    folders = {"common", "ingest", "compactor", "maintenance", "merge", "monitoring", "supervisor", "governor",
+    folders = {"common", "table_meta", "ingest", "compactor", "maintenance", "merge", "monitoring", "supervisor", "governor",
                "cli", "fresh"}
     expected = {f"streamberg/{p.relative_to(ROOT).as_posix()}" for folder in folders
                 for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}

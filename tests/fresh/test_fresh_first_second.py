@@ -1,5 +1,5 @@
 """Fresh from a table's first second: the ingest records where it begins each partition before
-its first commit (common/offsets.record_starts), so a fresh read is exact from the first record,
+its first commit (table_meta/offsets.record_starts), so a fresh read is exact from the first record,
 and a restart before the first commit begins where the first run began (not at a later
 "latest"). Real broker, the real writer and committer in-process, a crash before any commit."""
 
@@ -13,9 +13,9 @@ import yaml
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import START_OFFSETS_PREFIX, committed_position
 from streamberg.fresh import read
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.offsets import START_OFFSETS_PREFIX, committed_position
 from tests.helpers import config_at, table_ids, write_config
 from tests.runbooks.inprocess import event, ingest_until, ingest_while, produce_values
 

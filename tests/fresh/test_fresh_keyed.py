@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import ingest_config, merge_position
-from streamberg.common.tail_segments import cache_folder
 from streamberg.fresh import read
 from streamberg.fresh.cache import TailKeeper
 from streamberg.fresh.spark import spark_read
 from streamberg.merge.app import MergeOptions, run_merge
 from streamberg.merge.tables import ensure_target
+from streamberg.table_meta.changelog import ingest_config, merge_position
+from streamberg.table_meta.tail_segments import cache_folder
 from tests.cdc.helpers import cdc_config, rows_by_pyiceberg
 from tests.cdc.test_debezium import HOSTILE, PARTITIONS, Source, _produce
 from tests.runbooks.inprocess import cli, ingest_until, ingest_while

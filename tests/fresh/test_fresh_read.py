@@ -274,8 +274,8 @@ def test_the_kept_tail_serves_reads_exactly(table) -> None:
     """`streamberg tail`'s keeper (fresh/cache.py) decodes the tail ahead of the reads: a read
     takes its rows from the segments, Kafka only past them; exact with the keeper ahead,
     behind a commit, missing a segment, and stopped."""
-    from streamberg.common.offsets import committed_position
     from streamberg.fresh.cache import TailKeeper, cache_folder, cached_rows, segments
+    from streamberg.table_meta.offsets import committed_position
 
     path, config, produced = table
     produced.send(0, list(range(0, 100)))
@@ -348,8 +348,8 @@ def test_the_ingests_own_kept_tail_serves_reads_exactly(tmp_path: Path, broker: 
     and a read takes them instead of decoding Kafka; exact with the kept tail complete, behind
     new records, broken by records held for a schema change, and after commits (which delete
     what they cover)."""
-    from streamberg.common.tail_segments import cache_folder, segments
     from streamberg.fresh.cache import cached_rows
+    from streamberg.table_meta.tail_segments import cache_folder, segments
 
     path = write_config(tmp_path, broker, ingest={"parallelism": 1, "keep_tail": True,
                                                    "commit_interval_seconds": 3600})
@@ -446,8 +446,8 @@ def test_kept_segments_merge_by_size_tier(tmp_path: Path) -> None:
     before and after (and while both exist)."""
     import pyarrow as pa
 
-    from streamberg.common.tail_segments import TailIdentity, beat, write_segment
     from streamberg.fresh.cache import OFFSET_COLUMN, TailKeeper, cache_folder, cached_rows, segments
+    from streamberg.table_meta.tail_segments import TailIdentity, beat, write_segment
 
     config = config_at(write_config(tmp_path, "127.0.0.1:9"))
     keeper = TailKeeper(config, threading.Event())

@@ -16,12 +16,12 @@ from confluent_kafka import Producer
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position, recorded_starts
-from streamberg.common.tail_segments import cache_folder
 from streamberg.fresh import read
 from streamberg.fresh.cache import cached_rows
 from streamberg.fresh.tail import tail_identity
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.offsets import committed_position, recorded_starts
+from streamberg.table_meta.tail_segments import cache_folder
 from tests.helpers import config_at, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_while
 
@@ -94,7 +94,7 @@ def test_reads_while_the_keeper_has_died_fall_back_to_kafka_and_stay_exact(tmp_p
     import subprocess
     import sys
 
-    from streamberg.common.tail_segments import alive, segments
+    from streamberg.table_meta.tail_segments import alive, segments
     from tests.runbooks.inprocess import ingest_until, produce_values
 
     path = write_config(tmp_path, broker, ingest={"parallelism": 1})

@@ -1,4 +1,4 @@
-"""Kept tail segments that cannot lie (common/tail_segments.py): a segment names and carries
+"""Kept tail segments that cannot lie (table_meta/tail_segments.py): a segment names and carries
 the table's UUID and its topic's identity, so a table dropped and fed again from another
 topic never reads the old topic's rows; a file whose content disagrees with its name is
 refused; files are private; a keeper's heartbeat is trusted only while its process lives and
@@ -18,7 +18,12 @@ import pytest
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.tail_segments import (
+from streamberg.decode.envelopes import record_decoder
+from streamberg.fresh import read
+from streamberg.fresh.cache import cached_rows
+from streamberg.fresh.tail import tail_identity
+from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.tail_segments import (
     HEARTBEAT,
     OFFSET_COLUMN,
     SegmentRefused,
@@ -33,11 +38,6 @@ from streamberg.common.tail_segments import (
     segments,
     write_segment,
 )
-from streamberg.decode.envelopes import record_decoder
-from streamberg.fresh import read
-from streamberg.fresh.cache import cached_rows
-from streamberg.fresh.tail import tail_identity
-from streamberg.ingest.dead_letters import open_tables
 from tests.helpers import config_at, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 
@@ -123,7 +123,7 @@ def test_a_segment_whose_content_disagrees_with_its_name_is_refused(tmp_path: Pa
 def test_a_heartbeat_is_trusted_only_while_its_process_lives(tmp_path: Path) -> None:
     folder = tmp_path / "tail"
     make_folder(folder)
-    code = ("import sys, time; from pathlib import Path; from streamberg.common.tail_segments import beat; "
+    code = ("import sys, time; from pathlib import Path; from streamberg.table_meta.tail_segments import beat; "
             "beat(Path(sys.argv[1])); print('beat', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     try:

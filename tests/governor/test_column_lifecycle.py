@@ -1,6 +1,6 @@
 """Columns nobody reads are dropped only where a table declared it, never a protected one,
 and the ingest then ignores their fields knowingly: counted, not added back, no dead letter
-(common/column_lifecycle.py, maintenance/columns.py). Real broker, the real ingest code
+(table_meta/column_lifecycle.py, maintenance/columns.py). Real broker, the real ingest code
 in-process, a real catalog; the scan statistics are the product's own reads' reports, aged
 by the test (it states when each column was last read)."""
 
@@ -12,14 +12,14 @@ from pathlib import Path
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.column_lifecycle import IGNORED_FIELDS_PROPERTY
-from streamberg.common.field_sightings import sightings_of
-from streamberg.common.offsets import summary_properties
-from streamberg.common.query_stats import STATS_FILE, fold
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.fresh import read
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.maintenance.columns import DropColumnsExecutor
+from streamberg.table_meta.column_lifecycle import IGNORED_FIELDS_PROPERTY
+from streamberg.table_meta.field_sightings import sightings_of
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.query_stats import STATS_FILE, fold
+from streamberg.table_meta.table_runtime import TableRuntime
 from tests.helpers import config_at, dead_letters, table_ids, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 
@@ -101,7 +101,7 @@ def test_unused_columns_dropped_where_declared_and_ignored_by_the_ingest(tmp_pat
 
 
 def test_a_hostile_ignored_fields_property_ignores_nothing() -> None:
-    from streamberg.common.column_lifecycle import ignored_fields
+    from streamberg.table_meta.column_lifecycle import ignored_fields
 
     for text in ("", "not json", "{}", "[1, 2]", '"a"', "[" * 10000, json.dumps(["ok", 3, None, ""])):
         found = ignored_fields({IGNORED_FIELDS_PROPERTY: text})
@@ -112,9 +112,9 @@ def test_a_hostile_ignored_fields_property_ignores_nothing() -> None:
 def test_keys_partition_sources_and_named_columns_are_never_dropped(tmp_path: Path) -> None:
     """Even when no query read any column: the key, the partition source, the clustering, the
     and sequence columns stay; the rest may go; never the whole table."""
-    from streamberg.common.catalog import ensure_table
-    from streamberg.common.column_lifecycle import droppable
     from streamberg.common.config import StreambergConfig
+    from streamberg.table_meta.column_lifecycle import droppable
+    from streamberg.table_meta.declared import ensure_table
 
     config = StreambergConfig.model_validate({
         "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "t", "envelope": "upsert", "key_format": "value"},

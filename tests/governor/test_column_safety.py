@@ -15,12 +15,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IntegerType, ListType, LongType, MapType, NestedField, StringType, StructType
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.catalog import ensure_table, load_catalog
-from streamberg.common.column_usage import ColumnFacts
+from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import IgnoredFieldsRefused
-from streamberg.common.query_stats import MAX_COLUMNS_PER_TABLE, fold, usage
 from streamberg.governor.keeper import SharedCatalogs, TableKeeper
 from streamberg.maintenance.columns import DropColumnsExecutor
+from streamberg.table_meta.column_usage import ColumnFacts
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.query_stats import MAX_COLUMNS_PER_TABLE, fold, usage
 from tests.helpers import config_at, table_ids, write_config
 
 DAY = 86400.0
@@ -45,8 +46,8 @@ def _scan(folder: Path, identifier: str, at: float, **report) -> None:
 # 1. A new column is not unused before it has been there a whole window --------------------
 
 def test_a_column_added_by_the_ingest_is_kept_and_written(tmp_path: Path, broker: str) -> None:
-    from streamberg.common.query_stats import observe
     from streamberg.ingest.dead_letters import open_tables
+    from streamberg.table_meta.query_stats import observe
     from tests.runbooks.inprocess import event, ingest_until, produce_values
 
     path = write_config(tmp_path, broker, ingest={"parallelism": 1, "schema_evolution": "add"},
@@ -94,7 +95,7 @@ def test_a_column_added_by_the_ingest_is_kept_and_written(tmp_path: Path, broker
     assert table_ids(config) == list(range(90))
     assert sorted(r["id"] for r in rows if r["coupon"] is not None) == list(range(20, 90))
     # Undo, as docs/governor.md says: the ignored name removed, the declared column added again.
-    from streamberg.common.catalog import evolve_table
+    from streamberg.table_meta.declared import evolve_table
 
     with table.transaction() as tx:
         tx.set_properties({"streamberg.ingest.ignored-fields": json.dumps(["user_id"])})  # amount back
@@ -242,7 +243,7 @@ def test_hostile_files_in_the_reports_folder_cost_no_real_report(tmp_path: Path)
     assert sorted(p.name for p in folder.iterdir()) == [".fold.lock", "query-stats.json"]
     assert outside.read_text() == "keep\n"
     # A writer never follows a link planted at its file's name.
-    from streamberg.common.query_stats import record_read
+    from streamberg.table_meta.query_stats import record_read
 
     os.symlink(outside, folder / f"reports-python-{os.getpid()}.jsonl")
     with pytest.raises(OSError):
@@ -253,7 +254,7 @@ def test_hostile_files_in_the_reports_folder_cost_no_real_report(tmp_path: Path)
 def test_a_held_fold_lock_does_not_block_status_or_the_governor(tmp_path: Path) -> None:
     import fcntl
 
-    from streamberg.common.query_stats import auto_columns
+    from streamberg.table_meta.query_stats import auto_columns
 
     folder = tmp_path / "reports"
     folder.mkdir()

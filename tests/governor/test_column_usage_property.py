@@ -4,7 +4,7 @@ thousands of names), and whatever the schema does meanwhile (columns added, rena
 column read within the window, or present for less than a window, is ever called unused.
 
 The test keeps its own account, by field id: when each column appeared and when any part of
-it was last read under the names of that moment; the product's answer (common/query_stats.
+it was last read under the names of that moment; the product's answer (table_meta/query_stats.
 usage over the real fold of report lines) must never call unused what that account says was
 read or too new. Hypothesis drives the streams."""
 
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from pyiceberg.schema import Schema
 from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
 
-from streamberg.common.column_usage import ColumnFacts
-from streamberg.common.query_stats import fold, usage
+from streamberg.table_meta.column_usage import ColumnFacts
+from streamberg.table_meta.query_stats import fold, usage
 
 DAY = 86400.0
 WINDOW_DAYS = 30.0

@@ -1,5 +1,5 @@
 """The governor reads a table from the catalog when a commit was reported for it, not every
-round (governor/keeper.py): the ingest's commits are reported (common/query_stats.py
+round (governor/keeper.py): the ingest's commits are reported (table_meta/query_stats.py
 record_commit, through the real ingest code in-process against a real broker), a probe of an
 unchanged table costs no catalog read, `govern.poll_seconds` bounds how stale it may get, and
 without a report folder every probe reads the table as before."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.query_stats import commits
 from streamberg.governor import keeper as keeper_module
 from streamberg.governor.keeper import SharedCatalogs, TableKeeper
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.query_stats import commits
 from tests.helpers import config_at, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 

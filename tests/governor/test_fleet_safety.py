@@ -21,9 +21,10 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Scheduler
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import BASE_TS, FakeIngest, reload
 from tests.compactor.helpers import write_config as compactor_config
 from tests.governor.test_govern import _duckdb_counts
@@ -97,9 +98,9 @@ def test_an_opted_in_table_never_inherits_the_configs_retention(tmp_path: Path, 
 def test_private_tables_are_made_once_whoever_races(tmp_path: Path) -> None:
     """Another creator winning between the check and the create (the governor's concurrent
     actions on a fresh catalog) is no error; every private table is made by one call."""
-    import streamberg.common.maintenance_runs as runs_module
     import streamberg.compactor.lease as lease_module
-    from streamberg.common.private_tables import ensure_private_table
+    import streamberg.table_meta.maintenance_runs as runs_module
+    from streamberg.table_meta.private_tables import ensure_private_table
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'state.db'}")
     rival = sa.create_engine(f"sqlite:///{tmp_path / 'state.db'}")
@@ -119,7 +120,7 @@ def test_private_tables_are_made_once_whoever_races(tmp_path: Path) -> None:
     finally:
         sa.event.remove(table, "before_create", create_first)
     assert raced
-    from streamberg.common.private_tables import ensure_private_tables
+    from streamberg.table_meta.private_tables import ensure_private_tables
 
     ensure_private_tables(engine)
     names = set(sa.inspect(engine).get_table_names())

@@ -18,16 +18,17 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.spark import register_catalog
-from streamberg.common.summary_keys import SummaryKeys
-from streamberg.common.table_files import sealed_sequence_numbers
 from streamberg.governor.app import Governor, Keeper
 from streamberg.governor.scheduler import Scheduler
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_files import sealed_sequence_numbers
 from tests.compactor.helpers import DAY, FakeIngest, compactor_snapshots, live_files, reload, row_multiset, summary
 from tests.compactor.helpers import write_config as compactor_config
 from tests.helpers import config_at, streamberg

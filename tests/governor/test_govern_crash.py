@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.spark import register_catalog
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import FakeIngest, compactor_snapshots, live_files, reload, row_multiset
 from tests.compactor.helpers import write_config as compactor_config
 from tests.governor.test_govern import _duckdb_counts

@@ -23,10 +23,11 @@ import sqlalchemy as sa
 import yaml
 
 import streamberg.governor.tables as governed
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.catalog_open import close_catalog
 from streamberg.common.metadata_files import PruningSqlCatalog
 from streamberg.governor.tables import GovernedTables
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import make_rows, write_config
 from tests.helpers import FakeClock, config_at, count_metadata_parses
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from streamberg.common.policy import POLICY_KEYS, policy_for, policy_of
 from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
+from streamberg.table_meta.policy import POLICY_KEYS, policy_for, policy_of
 
 
 def test_a_hot_table_cannot_starve_the_quiet_ones() -> None:
@@ -100,7 +100,8 @@ def test_every_policy_key_is_documented() -> None:
 def test_table_set_writes_only_checked_policy_keys(tmp_path) -> None:
     """`streamberg table --set/--unset` (the CLI entry beside Spark SQL): a refused value writes
     nothing; accepted ones land in the table's properties, where `govern` reads them."""
-    from streamberg.common.catalog import ensure_table, load_catalog
+    from streamberg.common.catalog import load_catalog
+    from streamberg.table_meta.declared import ensure_table
     from tests.compactor.helpers import write_config
     from tests.helpers import config_at, streamberg
 

@@ -1,4 +1,4 @@
-"""The table runtime (common/table_runtime.py): a table's settings parsed once per version of
+"""The table runtime (table_meta/table_runtime.py): a table's settings parsed once per version of
 its metadata, with where each value came from; and the process runtime (common/runtime.py)
 owning the catalogs and closing them once. A real SQL catalog (SQLite) and a real table."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.runtime import Runtime
-from streamberg.common.table_runtime import TableRuntime
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.table_runtime import TableRuntime
 from tests.helpers import config_at, write_config
 
 

@@ -22,9 +22,9 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
-from streamberg.common.field_sightings import added_fields_of
-from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.decode.avro_schema import avro_schema, iceberg_schema
+from streamberg.table_meta.field_sightings import added_fields_of
+from streamberg.table_meta.offsets import committed_position, summary_properties
 from tests.helpers import account_for_every_record, config_at, dead_letters, streamberg, write_config
 from tests.runbooks.inprocess import ingest_until
 

@@ -16,11 +16,11 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import FencedError, OffsetChainError
-from streamberg.common.offsets import committed_position
 from streamberg.ingest.committer import Committer, chain_offsets
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.ingest.files import PartitionedFileWriter
 from streamberg.ingest.units import DeadLetter, FlushUnit
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import config_at, duplicates, table_ids, write_config
 
 
@@ -60,7 +60,7 @@ def test_chain_rejects_gaps_and_overlaps() -> None:
 
 
 def test_chain_rejects_a_range_that_ends_before_it_starts() -> None:
-    from streamberg.common.offsets import OffsetSkip
+    from streamberg.table_meta.offsets import OffsetSkip
 
     backwards = FlushUnit(run_id="r", writer=0, epoch=1, topic="t", ranges={0: (1000, 51)})
     with pytest.raises(OffsetChainError, match="ends at offset 51, before offset 1000"):
@@ -181,8 +181,8 @@ def test_second_committer_is_fenced_and_nothing_is_duplicated(config) -> None:
 def test_fencing_leaves_a_marker_and_each_run_counts_only_its_own_commits(config) -> None:
     from dataclasses import replace
 
-    from streamberg.common.offsets import FENCED_MESSAGE, consumed_by_run
     from streamberg.ingest.run_folder import RunFolder
+    from streamberg.table_meta.offsets import FENCED_MESSAGE, consumed_by_run
 
     first, second = Committer(config, 1, "first"), Committer(config, 1, "second")
     first.open()

@@ -23,7 +23,7 @@ import pytest
 from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import (
     config_at,
     dead_letters,

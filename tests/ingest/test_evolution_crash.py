@@ -24,8 +24,8 @@ import duckdb
 import pytest
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.field_sightings import added_fields_of
-from streamberg.common.offsets import committed_position, summary_properties
+from streamberg.table_meta.field_sightings import added_fields_of
+from streamberg.table_meta.offsets import committed_position, summary_properties
 from tests.helpers import config_at, dead_letters, end_offsets_by_reading, streamberg, write_config
 from tests.runbooks.inprocess import produce_values
 

@@ -22,7 +22,7 @@ import pytest
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import FENCED_MESSAGE, committed_position, consumed_by_run
+from streamberg.table_meta.offsets import FENCED_MESSAGE, committed_position, consumed_by_run
 from tests.helpers import BackgroundProducer, config_at, duplicates, json_events, table_ids, write_config
 
 pytestmark = pytest.mark.flink

@@ -19,10 +19,10 @@ from confluent_kafka import Producer, TopicPartition
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import LostOffsetsError
-from streamberg.common.offsets import committed_position
-from streamberg.common.table_facts import table_facts
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
+from streamberg.table_meta.offsets import committed_position
+from streamberg.table_meta.table_facts import table_facts
 from tests.helpers import config_at, streamberg, table_ids, write_config
 from tests.ingest.one_table import OneTableWriter
 from tests.ingest.test_committer import make_unit

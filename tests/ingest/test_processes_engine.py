@@ -25,8 +25,8 @@ import duckdb
 
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import committed_position
 from streamberg.ingest.processes import process_name
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import (
     BackgroundProducer,
     assert_every_record_once,

@@ -28,9 +28,9 @@ from google.protobuf.message_factory import GetMessageClass
 
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import UnsupportedSchemaError
-from streamberg.common.field_sightings import added_fields_of
-from streamberg.common.offsets import committed_position, summary_properties
 from streamberg.decode.protobuf_schema import file_descriptor_proto, iceberg_schema, message_descriptor
+from streamberg.table_meta.field_sightings import added_fields_of
+from streamberg.table_meta.offsets import committed_position, summary_properties
 from tests.helpers import account_for_every_record, config_at, dead_letters, streamberg, write_config
 from tests.runbooks.inprocess import ingest_until
 

@@ -21,7 +21,6 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.sections import SchemaRegistryConfig
 from streamberg.common.errors import RegistryUnavailable, UnsupportedSchemaError
@@ -31,6 +30,7 @@ from streamberg.decode.avro_schema import iceberg_schema
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.registry import WriterSchemas
 from streamberg.decode.registry_decode import MAX_FITS
+from streamberg.table_meta.changelog import changelog_config
 from tests.helpers import account_for_every_record, config_at, dead_letters, write_config
 from tests.runbooks.inprocess import ingest_until, produce_values
 

@@ -18,9 +18,6 @@ import yaml
 from pyiceberg.types import DoubleType, ListType, LongType, NestedField, StringType, StructType
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.field_sightings import added_fields_of, sightings_of
-from streamberg.common.offsets import summary_properties
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.decode.json_decode import JsonDecoder
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.dead_letters import open_tables
@@ -30,6 +27,9 @@ from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
+from streamberg.table_meta.field_sightings import added_fields_of, sightings_of
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.helpers import config_at, dead_letters, write_config
 
 SCHEMA = [
@@ -202,7 +202,7 @@ def test_the_plan_refuses_names_engines_confuse_and_depth_past_the_bound() -> No
 
 def test_off_counts_the_fields_not_written_in_every_commit(tmp_path: Path, broker: str) -> None:
     config = make_config(tmp_path, broker, schema_evolution="off")
-    from streamberg.common.field_sightings import FieldSighting
+    from streamberg.table_meta.field_sightings import FieldSighting
 
     with opened(config, "r1") as committer:
         first = unit_of(config, [{"id": 0, "x": 1}, {"id": 1}])

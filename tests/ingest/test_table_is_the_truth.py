@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError, SchemaMismatchError
 from streamberg.maintenance.app import check_config
+from streamberg.table_meta.declared import ensure_table
 from tests.helpers import EVENT_SCHEMA, config_at, streamberg, table_ids, write_config
 from tests.runbooks.inprocess import cli
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamberg.common.log import get_logger
-from streamberg.common.tail_segments import TailIdentity, cache_folder, drop_committed, segments
 from streamberg.fresh.cache import cached_rows
 from streamberg.ingest.tail_spool import TailSpool
+from streamberg.table_meta.tail_segments import TailIdentity, cache_folder, drop_committed, segments
 from tests.helpers import config_at, write_config
 
 IDENTITY = TailIdentity("00000000-0000-0000-0000-000000000001", "events", "")

@@ -15,7 +15,6 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 
-from streamberg.common.changelog import changelog_config
 from streamberg.common.config import StreambergConfig
 from streamberg.common.config.sections import SchemaRegistryConfig
 from streamberg.common.errors import ConfigError
@@ -24,6 +23,7 @@ from streamberg.decode import formats
 from streamberg.decode.envelopes import record_decoder
 from streamberg.decode.interface import DecodeResult
 from streamberg.decode.records import RecordDecoder
+from streamberg.table_meta.changelog import changelog_config
 
 
 class _SemicolonDecoder:

@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 from pyiceberg.table import Table
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig, load_config
 from streamberg.maintenance.reachability import ReferenceReader
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import write_config
 
 # Steps off unless a test turns them on, so each test exercises what it names.

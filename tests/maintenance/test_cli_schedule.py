@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamberg.common.maintenance_runs import last_maintenance_run
+from streamberg.table_meta.maintenance_runs import last_maintenance_run
 from tests.compactor.helpers import FakeIngest
 from tests.helpers import JvmSentinel, wait_for
 from tests.maintenance.helpers import setup_maintained

@@ -14,8 +14,8 @@ import pytest
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
 from streamberg.common.errors import ConfigError
-from streamberg.common.maintenance_runs import last_maintenance_run, record_run
 from streamberg.maintenance.app import check_config
+from streamberg.table_meta.maintenance_runs import last_maintenance_run, record_run
 from tests.compactor.helpers import write_config
 from tests.helpers import JvmSentinel
 from tests.maintenance.helpers import setup_maintained, write_maintained_config

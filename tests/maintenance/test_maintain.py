@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamberg.cli.maintain import render
-from streamberg.common.maintenance_runs import last_maintenance_run
-from streamberg.common.offsets import committed_position
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.maintenance.app import MaintainOptions, run_maintain
 from streamberg.maintenance.expire import pending_append_snapshots
+from streamberg.table_meta.maintenance_runs import last_maintenance_run
+from streamberg.table_meta.offsets import committed_position
 from tests.compactor.helpers import (
     BASE_TS,
     DAY,

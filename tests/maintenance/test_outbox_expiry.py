@@ -1,4 +1,4 @@
-"""Expiry never drops dead letters not yet applied (common/dead_letter_outbox.py).
+"""Expiry never drops dead letters not yet applied (table_meta/dead_letter_outbox.py).
 
 The ingest names an interval's dead-letter file in its own snapshot, then appends it to the
 dead-letter table. Here the real writer and committer run in process and the second step is
@@ -16,9 +16,9 @@ import pytest
 
 import streamberg.ingest.committer as committer_module
 from streamberg.common.catalog import load_catalog
-from streamberg.common.offsets import summary_properties
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.maintenance.app import MaintainOptions, run_maintain
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.helpers import config_at, dead_letters, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values
 

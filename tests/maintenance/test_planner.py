@@ -9,10 +9,10 @@ import pytest
 
 from streamberg.common.config import ExpireConfig, ManifestsConfig, RetentionConfig
 from streamberg.common.errors import RetentionColumnError
-from streamberg.common.offsets import ancestry, committed_position
 from streamberg.maintenance.expire import pending_append_snapshots, plan_expire
 from streamberg.maintenance.manifests import plan_manifests
 from streamberg.maintenance.retention import plan_retention
+from streamberg.table_meta.offsets import ancestry, committed_position
 from tests.compactor.helpers import BASE_TS, DAY, TOPIC, FakeIngest, reload
 from tests.maintenance.helpers import setup_maintained
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.broker import ensure_topic, free_port
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
+from streamberg.table_meta.declared import ensure_table
 from tests.helpers import config_at, wait_for, write_config
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from streamberg.common.config import load_config
-from streamberg.common.summary_keys import SummaryKeys
 from streamberg.compactor.app import CompactOptions, run_compact
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.metrics import exposition
+from streamberg.table_meta.summary_keys import SummaryKeys
 from tests.compactor.helpers import TOPIC, FakeIngest, compactor_snapshots, live_files, reload, setup_table, summary
 from tests.monitoring.test_metrics import samples
 

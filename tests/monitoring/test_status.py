@@ -19,11 +19,11 @@ from streamberg.cli.main import main
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
-from streamberg.common.table_files import live_data_files
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
+from streamberg.table_meta.table_files import live_data_files
 from tests.compactor.helpers import TOPIC, FakeIngest, setup_table
 from tests.helpers import config_at, streamberg, write_config
 from tests.monitoring.helpers import Scenario, with_monitoring
@@ -236,7 +236,7 @@ def test_unreadable_table_files_are_critical_not_a_crash(tmp_path: Path, broker:
 
 
 def test_last_maintenance_run_is_shown_and_a_failed_one_warns(tmp_path: Path, broker: str) -> None:
-    from streamberg.common.maintenance_runs import record_run
+    from streamberg.table_meta.maintenance_runs import record_run
 
     path = write_config(tmp_path, broker)
     config = config_at(path)

@@ -99,14 +99,14 @@ def test_a_tables_files_are_listed_once_a_metadata_file(reported: Scenario, monk
     """Every pass reads the table in full here (no age bound), yet its manifests are listed
     again only when its metadata file changed: a quiet table's files, clustering and backlog
     come from the listing of its metadata file; a commit's are listed anew, and are the truth."""
-    import streamberg.common.table_files as table_files
+    import streamberg.table_meta.table_files as table_files
     from tests.helpers import count_metadata_parses
 
     listings: list[int] = []
     real = table_files._live_data_files
     monkeypatch.setattr(table_files, "_live_data_files", lambda *a: listings.append(1) or real(*a))
     parses = count_metadata_parses(monkeypatch)
-    from streamberg.common.table_runtime import TableRuntime
+    from streamberg.table_meta.table_runtime import TableRuntime
 
     settings_parsed: list[str] = []
     real_of = TableRuntime.of.__func__

@@ -26,9 +26,9 @@ from streamberg.cli.sample_events import produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.errors import FencedError
-from streamberg.common.offsets import committed_position
 from streamberg.ingest.committer import Committer
 from streamberg.ingest.units import FlushUnit
+from streamberg.table_meta.offsets import committed_position
 from tests.helpers import config_at, dead_letters, duplicates, table_ids, wait_for, write_config
 from tests.runbooks.inprocess import event, ingest_until, produce_values, schema_change_events
 

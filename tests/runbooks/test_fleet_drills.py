@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import CatalogConfig, load_fleet
 from streamberg.ingest.committers import Committers
 from streamberg.ingest.writer import Writer
+from streamberg.table_meta.declared import ensure_table
 from tests.ingest.test_fleet import _event, _produce, _rows
 
 

@@ -17,9 +17,9 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from streamberg.common.catalog import load_catalog
-from streamberg.common.field_sightings import sightings_of
-from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.common.summary_keys import dlq_replayed_key, replay_range_key
+from streamberg.table_meta.field_sightings import sightings_of
+from streamberg.table_meta.offsets import committed_position, summary_properties
+from streamberg.table_meta.summary_keys import dlq_replayed_key, replay_range_key
 from tests.helpers import config_at, dead_letters, duplicates, streamberg, table_ids, write_config
 from tests.runbooks.inprocess import cli, event, ingest_until, produce_values, schema_change_events
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import write_config
 
 COMMANDS = [("table",), ("table", "--json"), ("table", "--evolve"), ("compact", "--once"), ("compact", "--dry-run"),

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from streamberg.common.broker import free_port
-from streamberg.common.catalog import ensure_table, load_catalog
+from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
+from streamberg.table_meta.declared import ensure_table
 from tests.compactor.helpers import FakeIngest, write_config
 from tests.fixtures.postgres import PASSWORD, USER
 

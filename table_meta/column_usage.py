@@ -1,6 +1,6 @@
 """A table's columns by field id, across its schema history: what a scan report's names and
 ids refer to, which top-level column each leaf belongs to, and since when each field is
-proven to exist. The facts behind "this column is unused" (common/query_stats.usage).
+proven to exist. The facts behind "this column is unused" (table_meta/query_stats.usage).
 
 Scan reports name what they read as the engine saw it: leaves (`geo.city`, `tags.element`,
 `attrs.key`, `attrs.value`), sometimes ids (`projected-field-ids`), under the names of the

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
 
 
 def snapshot_order(table: Table, snapshot: Snapshot) -> int:

@@ -7,7 +7,7 @@ is due on a table now and how urgent it is; its own loop and the governor ask th
 - `Executor`: a component's action on one table, one shape for all (compact, merge,
   maintain, drop columns): `enabled(table)` by the table's policy, `due(table, ...)` (no
   Spark: metadata reads only) and `run(table, spark)`, each given the table's runtime
-  (common/table_runtime.py: its effective settings, parsed once).
+  (table_meta/table_runtime.py: its effective settings, parsed once).
 - `backoff`: the one rule for waiting after failures (the governor's actions, a paused
   table's retries, the supervisor's restarts).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from streamberg.common.table_runtime import TableRuntime
+    from streamberg.table_meta.table_runtime import TableRuntime
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class TailIdentity:
 def cache_folder(config: StreambergConfig) -> Path:
     """Where the table's tail is kept: the tail of the table the ingest writes (a primary-key
     table's is its change log's: change rows, as a fresh read of it takes them)."""
-    from streamberg.common.changelog import ingest_config
+    from streamberg.table_meta.changelog import ingest_config
 
     return Path(config.ingest.state_dir) / "tail-cache" / ingest_config(config).table.identifier
 

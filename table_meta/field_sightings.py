@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 # At most this many paths are recorded; the rest are summed under OTHER_PATHS, so a topic
 # whose objects use ids as keys cannot grow the snapshot summary without bound.

@@ -15,11 +15,11 @@ from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
 
 from streamberg.common.catalog import open_catalog_readonly
-from streamberg.common.changelog import ingest_config
 from streamberg.common.config import StreambergConfig
-from streamberg.common.offsets import committed_position, summary_properties
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
-from streamberg.common.table_files import snapshot_entries
+from streamberg.table_meta.changelog import ingest_config
+from streamberg.table_meta.offsets import committed_position, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.table_files import snapshot_entries
 
 
 def summary_total(table: Table, key: str) -> int:
@@ -80,7 +80,7 @@ def table_facts(config: StreambergConfig) -> dict[str, Any]:
     current = table.current_snapshot()
     records = summary_total(table, "total-records")
     consumed = position.consumed_total  # counted by the writers, recorded by each commit
-    # A primary-key table's change log (common/changelog.py): tombstones the ingest skipped,
+    # A primary-key table's change log (table_meta/changelog.py): tombstones the ingest skipped,
     # and rows maintenance trimmed once merged, are neither rows nor dead letters.
     recorded = table.snapshot_by_id(position.snapshot_id) if position.snapshot_id is not None else None
     skipped = int(summary_properties(recorded).get(SummaryKeys.SKIPPED_TOMBSTONES_TOTAL, 0)) if recorded else 0

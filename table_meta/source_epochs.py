@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from streamberg.common.changelog import encode_sequence
+from streamberg.table_meta.changelog import encode_sequence
 
 EPOCHS_PROPERTY = "streamberg.source-epochs"
 REGRESSION_PROPERTY = "streamberg.source-regression"

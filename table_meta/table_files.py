@@ -23,7 +23,7 @@ from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntrySt
 from pyiceberg.table import Table, TableProperties
 
 from streamberg.common.config.table import DEFAULT_TARGET_FILE_SIZE_BYTES
-from streamberg.common.summary_keys import SummaryKeys, TablePropertyKeys
+from streamberg.table_meta.summary_keys import SummaryKeys, TablePropertyKeys
 
 APPEND = "append"
 TARGET_SIZE_PROPERTY = TableProperties.WRITE_TARGET_FILE_SIZE_BYTES

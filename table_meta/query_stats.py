@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.column_usage import ColumnFacts
 from streamberg.common.log import get_logger
 from streamberg.common.scan_reports import append_report, read_regular, take
+from streamberg.table_meta.column_usage import ColumnFacts
 
 STATS_FILE = "query-stats.json"
 LOCK_FILE = ".fold.lock"
@@ -255,7 +255,7 @@ def _fold_locked(folder: Path, catalog_name: str, now: float) -> dict[str, Any]:
         dropped = stats.setdefault("dropped", {})
         for why, count in taken.dropped.items():
             dropped[why] = int(dropped.get(why, 0)) + count
-        get_logger("common.query_stats", folder=str(folder)).warning(
+        get_logger("table_meta.query_stats", folder=str(folder)).warning(
             "scan reports dropped while folding", dropped=taken.dropped, files=len(taken.files))
     _save(folder, stats)
     taken.done()
@@ -450,7 +450,7 @@ def usage(folder: str | Path, identifier: str, facts: ColumnFacts | None = None,
           unused_after_days: float = 30.0, now: float | None = None) -> dict[str, Any] | None:
     """The table's statistics as `status` shows them (None without any report). With the
     table's column facts: the top-level columns no reported scan read within
-    `unused_after_days` (`unused_columns`, common/query_stats.unused_columns)."""
+    `unused_after_days` (`unused_columns`, table_meta/query_stats.unused_columns)."""
     now = time.time() if now is None else now
     found = observe(folder, identifier, facts, now) if facts is not None else load(folder)["tables"].get(identifier)
     if not isinstance(found, dict):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pyiceberg.table import Table
 
 from streamberg.common.config import CompactorConfig
-from streamberg.common.table_files import (
+from streamberg.table_meta.table_files import (
     DataFileInfo,
     ManifestCache,
     live_data_files,

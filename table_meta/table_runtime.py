@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.policy import AUTO, POLICY_KEYS, TablePolicy, policy_for, table_settings
+from streamberg.table_meta.policy import AUTO, POLICY_KEYS, TablePolicy, policy_for, table_settings
 
 Origin = Literal["table property", "config", "default"]
 AUTO_KEY = "streamberg.cluster.columns"
@@ -42,7 +42,7 @@ class TableRuntime:
 
     @classmethod
     def of(cls, config: StreambergConfig, table: Any | None) -> TableRuntime:
-        """The table's settings, parsed once (common/policy.table_settings: the one path)."""
+        """The table's settings, parsed once (table_meta/policy.table_settings: the one path)."""
         if table is None:
             policy, settings = policy_for(config, {})
             return cls(config, None, policy, settings, list(policy.problems))

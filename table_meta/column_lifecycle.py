@@ -2,7 +2,7 @@
 
 A column no reported scan read (by field id, a leaf's read counting for its ancestors) in a
 whole `streamberg.columns.unused_after_days` window *with the column present* is *unused*
-(common/query_stats.unused_columns). With `streamberg.columns.drop_unused=true` and the
+(table_meta/query_stats.unused_columns). With `streamberg.columns.drop_unused=true` and the
 acknowledgement `streamberg.columns.reporting_engines` (every engine reading the table
 reports its scans: the one assumption) the governor drops it (maintenance/columns.py) and
 records its name in the table's property `streamberg.ingest.ignored-fields`, and what was
@@ -15,7 +15,7 @@ add` the ingest adds the column again for new records (older rows read it as nul
 
 Never dropped, whatever the statistics say: a primary-key or identifier column, a partition
 source, a clustering column (configured, or chosen by `auto`: the config passed here is the
-table's effective one, common/policy.table_settings), the sequence, retention (the rows'
+table's effective one, table_meta/policy.table_settings), the sequence, retention (the rows'
 record time), key or route column, and the change log's own columns.
 """
 

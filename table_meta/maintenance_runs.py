@@ -30,8 +30,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from streamberg.common.config import StreambergConfig
-from streamberg.common.private_tables import ensure_private_table, private_table, table_key_columns
 from streamberg.common.times import iso_from_epoch
+from streamberg.table_meta.private_tables import ensure_private_table, private_table, table_key_columns
 
 RUNS_TABLE = "streamberg_maintenance_runs"
 runs = private_table(

@@ -18,7 +18,7 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from streamberg.common.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
+from streamberg.table_meta.summary_keys import SummaryKeys, kafka_offsets_key, kafka_skips_key
 
 # What a fenced ingest says (committer, CLI) and what `streamberg run` looks for in a
 # component's output to know that restarting it is pointless.

@@ -27,7 +27,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.schema import Schema
 from pyiceberg.types import PrimitiveType
 
-from streamberg.common.table_files import DataFileInfo
+from streamberg.table_meta.table_files import DataFileInfo
 
 Interval = tuple[Any, Any] | None  # None: no bounds, the file covers every value
 

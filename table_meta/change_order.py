@@ -3,7 +3,7 @@ that Spark runs in the merge (merge/order.py) and DuckDB in a fresh read of a pr
 table (fresh/keyed.py). What the two dialects write differently is in `Dialect`, nowhere else.
 
 A change's **sequence** is `table.sequence_field` when the config sets one (encoded as ordered
-text, common/changelog.encode_sequence), else its source position (`_source_seq`, a Debezium
+text, table_meta/changelog.encode_sequence), else its source position (`_source_seq`, a Debezium
 connector's log position), else none. Then, of two changes of one key:
 
 1. both have a sequence and they differ: the greater sequence is the newer;
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pyiceberg.types import DateType, IcebergType, IntegerType, LongType, StringType, TimestampType, TimestamptzType
 
-from streamberg.common.changelog import DELETE, OFFSET, OP, PARTITION, SOURCE_TS
+from streamberg.table_meta.changelog import DELETE, OFFSET, OP, PARTITION, SOURCE_TS
 
 # The facts of a change the rule reads, by role.
 ROLES = ("seq", "partition", "offset", "source_ts")
@@ -124,7 +124,7 @@ def references(dialect: Dialect, names: ChangeColumns | dict[str, str], qualifie
 def encoded_sequence_sql(dialect: Dialect, expr: str, field_type: IcebergType) -> str:
     """A `table.sequence_field`'s value as ordered text (null stays null): a string as it is;
     an int, long, date (days) or timestamp (microseconds) shifted by 2^63 and written as its
-    digits' count and its digits (common/changelog.encode_digits' form)."""
+    digits' count and its digits (table_meta/changelog.encode_digits' form)."""
     if isinstance(field_type, StringType):
         return expr
     if isinstance(field_type, (TimestampType, TimestamptzType)):

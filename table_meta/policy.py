@@ -191,7 +191,7 @@ def refusal(name: str, text: str) -> str | None:
 
 def carries_policy(properties: Mapping[str, str]) -> bool:
     """Whether the properties set any policy key (what a table of an opt-in namespace needs to
-    be kept); their values are the table's runtime's to parse (common/table_runtime.py)."""
+    be kept); their values are the table's runtime's to parse (table_meta/table_runtime.py)."""
     names = {k.name for k in POLICY_KEYS}
     return any(name in names for name in properties)
 
@@ -285,7 +285,7 @@ def _configured(config: StreambergConfig, policy: TablePolicy) -> StreambergConf
 def effective(config: StreambergConfig, table: Any) -> tuple[StreambergConfig, list[str]]:
     """A table's settings as every component keeps it (compact, merge, maintain, status, the
     governor): the config's, with the table's own `streamberg.*` keys over them, and what is
-    wrong with them: values refused (common/policy.policy_for) and clustering columns the
+    wrong with them: values refused (table_meta/policy.policy_for) and clustering columns the
     table does not have. The one function; its problems are the table's, never raised."""
     _, configured, problems = table_settings(config, table)
     return configured, problems
@@ -345,7 +345,7 @@ AUTO = "auto"
 def _auto_columns(config: StreambergConfig, properties: dict[str, str],
                   names: set[str]) -> tuple[dict[str, str], list[str]]:
     """`streamberg.cluster.columns=auto`: the columns the table's queries filter
-    (common/query_stats.py); the config's columns until a query filtered one."""
+    (table_meta/query_stats.py); the config's columns until a query filtered one."""
     key = "streamberg.cluster.columns"
     if str(properties.get(key, "")).strip().lower() != AUTO:
         return properties, []
@@ -354,7 +354,7 @@ def _auto_columns(config: StreambergConfig, properties: dict[str, str],
     if not folder:
         return properties, [f"{key}=auto needs catalog.scan_reports_dir (where scan reports are collected); "
                             f"clustering by compactor.columns"]
-    from streamberg.common.query_stats import auto_columns
+    from streamberg.table_meta.query_stats import auto_columns
 
     try:
         chosen, _ = auto_columns(folder, config.catalog.name, config.table.identifier, names)

@@ -18,7 +18,7 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from streamberg.common.private_tables import ensure_private_table, private_table
+from streamberg.table_meta.private_tables import ensure_private_table, private_table
 
 SLOTS_TABLE = "streamberg_table_slots"
 slots = private_table(

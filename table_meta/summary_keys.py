@@ -45,7 +45,7 @@ class SummaryKeys:
     LOST_OFFSETS_TOTAL = "streamberg.lost-offsets-total"
     # JSON {"<path>": {"records": n, "first": {"<partition>": offset}, "last": {...}}}: fields
     # the records carried and the table lacks, not written (ingest.schema_evolution: off);
-    # cumulative, carried forward by every ingest commit (common/field_sightings.py).
+    # cumulative, carried forward by every ingest commit (table_meta/field_sightings.py).
     UNKNOWN_FIELDS = "streamberg.unknown-fields"
     # JSON [["<path>", "<type>"], ...]: the fields this commit added to the schema, in the
     # same commit as the first files that carry them (ingest.schema_evolution: add).
@@ -104,7 +104,7 @@ class SummaryKeys:
     BENCH_LAYOUT = "streamberg.bench.layout"
 
     # The clustering health of the rewritten partitions before the rewrite, JSON
-    # {column: files per point} (common/clustering.py).
+    # {column: files per point} (table_meta/clustering.py).
     COMPACTOR_FILES_PER_POINT = COMPACTOR_PREFIX + "files-per-point"
     # What the pass did per group kind, e.g. "cluster:3,merge:1,finish:1", and how many runs
     # the merges consumed.
@@ -131,24 +131,6 @@ class TablePropertyKeys:
     # together (set in the trim's own commit; maintenance/changelog.py), so records + trimmed
     # + dead letters + skipped tombstones = consumed survives snapshot expiry.
     CHANGELOG_TRIMMED_RECORDS = "streamberg.changelog.trimmed-records"
-
-
-# Iceberg's own table properties that keep a streaming table's metadata bounded, with the
-# values streamberg sets on every table it creates (and on tables it writes that lack them):
-# a commit every few seconds must not leave every metadata version behind.
-METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
-METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
-MANIFEST_MERGE_ENABLED = "commit.manifest-merge.enabled"
-BOUNDED_METADATA = {
-    # Old metadata files are deleted after each commit beyond the last few (Iceberg Java does
-    # it itself; pyiceberg commits go through common/metadata_files.PrunesMetadata).
-    METADATA_DELETE_AFTER_COMMIT: "true",
-    METADATA_PREVIOUS_VERSIONS_MAX: "10",
-    # Appends merge small manifests once commit.manifest.min-count-to-merge (100) pile up, so
-    # the manifest list stays bounded (Iceberg Java's default; pyiceberg's merge_append
-    # honours it, its default is off).
-    MANIFEST_MERGE_ENABLED: "true",
-}
 
 
 def kafka_offsets_key(topic: str) -> str:

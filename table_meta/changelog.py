@@ -44,11 +44,11 @@ from streamberg.common.config import (
     StreambergConfig,
     TableConfig,
 )
-from streamberg.common.offsets import ancestry, summary_properties
-from streamberg.common.summary_keys import SummaryKeys
+from streamberg.table_meta.offsets import ancestry, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 # _source_id: the source a change's position belongs to (a MySQL server and binlog name), so
-# the merge knows when positions start over (common/source_epochs.py).
+# the merge knows when positions start over (table_meta/source_epochs.py).
 OP, BEFORE_KEY, PARTITION, OFFSET, SOURCE_TS, SOURCE_SEQ, SOURCE_ID = CHANGELOG_COLUMNS
 OPS = ("c", "u", "d", "r")
 DELETE = "d"
