@@ -33,9 +33,9 @@ from streamberg.common.catalog import load_catalog  # noqa: E402
 from streamberg.common.config import StreambergConfig  # noqa: E402
 from streamberg.governor.app import Governor, Keeper  # noqa: E402
 from streamberg.governor.keeper import SharedCatalogs, TableKeeper  # noqa: E402
-from streamberg.governor.scheduler import Scheduler  # noqa: E402
 from streamberg.table_meta.declared import ensure_table  # noqa: E402
 from streamberg.table_meta.query_stats import record_commit  # noqa: E402
+from streamberg.table_meta.schedule import Scheduler  # noqa: E402
 
 ROUND_SECONDS = 10.0  # govern.interval_seconds' default: a round's pause when nothing ran
 

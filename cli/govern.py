@@ -6,7 +6,7 @@ route to, with the tables a route field's values made), and in the namespaces of
 policy keys, whoever wrote it (governor/tables.py). Each round the governor (governor/app.py)
 probes every table without Spark through the components' own rules (each component's
 executor: the compactor's planner, the change log's unapplied changes, the time since
-maintenance; table_meta/keeping.py), the scheduler (governor/scheduler.py) picks by need,
+maintenance; table_meta/keeping.py), the scheduler (table_meta/schedule.py) picks by need,
 `govern.max_concurrent` actions at once (each on another table), no due action waiting past
 `govern.max_wait_seconds`, and the chosen actions run on one Spark session with the
 components' own code. Policy is read from the table's properties at every round

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 from streamberg.common.catalog_open import first_line
 from streamberg.common.log import get_logger
-from streamberg.governor.scheduler import Choice, Due, Scheduler
 from streamberg.table_meta.policy import GOVERN_HEARTBEAT_FILE as HEARTBEAT_FILE
 from streamberg.table_meta.policy import GOVERN_STATE_FILE as STATE_FILE
+from streamberg.table_meta.schedule import Choice, Due, Scheduler
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Any
 from streamberg.common.config import GovernConfig, StreambergConfig
 from streamberg.governor.app import Governor, Keeper, RoundReport
 from streamberg.governor.keeper import SharedCatalogs, TableKeeper, refused_keeper
-from streamberg.governor.scheduler import Scheduler
 from streamberg.governor.tables import GovernedTables
 from streamberg.table_meta.keeping import Executor
+from streamberg.table_meta.schedule import Scheduler
 
 
 @dataclass

@@ -24,7 +24,6 @@ one per table to avoid the repeated work.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,8 @@ from streamberg.common.log import get_logger
 from streamberg.common.spark import session_for
 from streamberg.maintenance.retention import column_kind
 from streamberg.table_meta.changelog import changelog_identifier, has_changelog, key_state_identifier
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.schedule import Choice, keep_alone
 from streamberg.table_meta.table_runtime import TableRuntime
 
 _TEMPORAL = {"date", "timestamp", "timestamptz"}
@@ -83,30 +84,6 @@ def check_config(config: StreambergConfig, table: Any | None = None) -> None:
             raise _config_error(config, f"maintenance.retention.column: {exc}") from None
 
 
-def _wait_expiring(maintainer: Any, config: StreambergConfig, options: MaintainOptions, stop: threading.Event,
-                   log: Any) -> bool:
-    """Wait for the next pass; every maintenance.expire.check_seconds meanwhile, expire the
-    tables that hold too many snapshots (a commit every few seconds fills max_snapshots long
-    before an hourly pass). True when stopped."""
-    from streamberg.maintenance.maintainer import EXPIRY_STEPS
-
-    deadline = time.monotonic() + config.maintenance.interval_seconds
-    while (remaining := deadline - time.monotonic()) > 0:
-        if stop.wait(min(config.maintenance.expire.check_seconds, remaining)):
-            return True
-        if not config.maintenance.expire.enabled:
-            continue
-        try:
-            if due := maintainer.expiry_due():
-                log.info("snapshots past maintenance.expire.max_snapshots: expiring before the next pass", tables=due)
-                result = maintainer.run(dry_run=options.dry_run, stop=stop, only=EXPIRY_STEPS, record=False)
-                if result["status"] == "failed":
-                    log.error("expiry between passes failed; retrying at the next check", result=result)
-        except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
-            log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
-    return stop.is_set()
-
-
 def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: Any = None,
                  stop: threading.Event | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] | None = None) -> MaintainSummary:
@@ -139,7 +116,8 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                                 dead_letter_table=config.ingest_target.dead_letter_table,
                                 key_state=key_state_identifier(config) if changelog is not None else None,
                                 **({"clock": clock} if clock is not None else {}))
-        while not stop.is_set():
+
+        def pass_once(_: Choice | None = None) -> dict[str, Any] | None:
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)
             except Exception as exc:
@@ -148,13 +126,55 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                 log.error("maintenance run failed; retrying at the next interval", error=str(exc))
                 summary.runs += 1
                 summary.failed_runs += 1
-            else:
-                summary.runs += 1
-                summary.failed_runs += result["status"] == "failed"
-                summary.last = result
-                if on_result is not None:
-                    on_result(result)
-            if single or _wait_expiring(maintainer, config, options, stop, log):
-                break
+                return None
+            summary.runs += 1
+            summary.failed_runs += result["status"] == "failed"
+            summary.last = result
+            if on_result is not None:
+                on_result(result)
+            return {"status": result["status"]}
+
+        def expire_now(_: Choice) -> None:
+            """Between passes: the snapshots past maintenance.expire.max_snapshots expired (a commit
+            every few seconds fills it long before an hourly pass)."""
+            from streamberg.maintenance.maintainer import EXPIRY_STEPS
+
+            try:
+                result = maintainer.run(dry_run=options.dry_run, stop=stop, only=EXPIRY_STEPS, record=False)
+                if result["status"] == "failed":
+                    log.error("expiry between passes failed; retrying at the next check", result=result)
+            except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
+                log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
+
+        def due() -> list[Due]:
+            every = Due(config.table.identifier, "maintain", 1.0, "a pass every maintenance.interval_seconds",
+                        min_interval_seconds=config.maintenance.interval_seconds)
+            if not config.maintenance.expire.enabled:
+                return [every]
+            try:
+                tables = maintainer.expiry_due()
+            except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
+                log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
+                return [every]
+            if not tables:
+                return [every]
+            return [every, Due(config.table.identifier, "expire", 1.0, f"snapshots past max_snapshots: {tables}",
+                               min_interval_seconds=0.0)]
+
+        def run(choice: Choice) -> dict[str, Any] | None:
+            if choice.due.action == "maintain":
+                return pass_once()
+            log.info("snapshots past maintenance.expire.max_snapshots: expiring before the next pass",
+                     why=choice.due.why)
+            expire_now(choice)
+            return None
+
+        if single:
+            if not stop.is_set():
+                pass_once()
+        else:
+            # The one scheduler over this table: a pass every interval (start to start), the
+            # expiry checked every maintenance.expire.check_seconds meanwhile.
+            keep_alone(due, run, stop, recheck_seconds=config.maintenance.expire.check_seconds)
         log.info("maintenance finished", runs=summary.runs, failed_runs=summary.failed_runs)
         return summary

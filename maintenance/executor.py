@@ -17,8 +17,10 @@ READ_EVERY_SECONDS = 60.0
 
 
 def maintenance_due(age_seconds: float | None, interval_seconds: float) -> float | None:
-    """The urgency of maintenance after `age_seconds` since the last run (None: never run),
-    None while it is not due: the one rule, the continuous loop's and the governor's."""
+    """The urgency of maintenance after `age_seconds` since the last recorded run (None: never
+    run), None while it is not due. The governor's (a governor started again reads the runs
+    table, so it does not maintain a table again early); `streamberg maintain` alone asks the same
+    scheduler for a pass every interval from its own first pass (table_meta/schedule.keep_alone)."""
     if age_seconds is None:
         return 1.0
     if age_seconds < interval_seconds:

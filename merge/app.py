@@ -24,6 +24,8 @@ from streamberg.common.spark import session_for
 from streamberg.merge.merger import Merger
 from streamberg.merge.tables import ensure_target
 from streamberg.table_meta.changelog import changelog_identifier, has_changelog, key_state_identifier
+from streamberg.table_meta.keeping import Due
+from streamberg.table_meta.schedule import Choice, keep_alone
 from streamberg.table_meta.table_runtime import TableRuntime
 
 
@@ -88,29 +90,38 @@ def run_merge(config: StreambergConfig, options: MergeOptions, *, spark: Any = N
         summary["run_id"] = merger.run_id
         log.info("merge stage started", run=merger.run_id, interval_seconds=config.merge.interval_seconds,
                  once=options.once)
-        while not stop.is_set():
-            round_started = time.monotonic()
+
+        def merge_once(_: Choice | None = None) -> dict[str, Any] | None:
             try:
                 outcome = merger.merge()
             except Py4JError as exc:
                 raise MergeError(f"merge into {config.table.identifier} failed: {java_message(exc)[:2000]}") from None
-            if outcome is not None:
-                summary["merges"] += 1
-                summary["changes"] += outcome.changes
-                summary["last"] = outcome.to_dict()
-            if options.resynced_since_ms is not None:
-                _refuse_with_dead_letters(catalog, config, options)
-                try:
-                    summary["resync"] = merger.delete_missing_since(options.resynced_since_ms).to_dict()
-                except Py4JError as exc:
-                    raise MergeError(f"deleting the rows the resync did not keep failed: {java_message(exc)[:2000]}") \
-                        from None
-                break
-            if options.once:
-                break
-            # A merge every interval, its own time included: a change waits at most one
-            # interval for the next merge to start (freshness), not an interval plus a merge.
-            stop.wait(max(0.0, config.merge.interval_seconds - (time.monotonic() - round_started)))
+            if outcome is None:
+                return None
+            summary["merges"] += 1
+            summary["changes"] += outcome.changes
+            summary["last"] = outcome.to_dict()
+            return {"changes": outcome.changes}
+
+        if stop.is_set():
+            pass  # stopped before the first merge
+        elif options.resynced_since_ms is not None:
+            merge_once()
+            _refuse_with_dead_letters(catalog, config, options)
+            try:
+                summary["resync"] = merger.delete_missing_since(options.resynced_since_ms).to_dict()
+            except Py4JError as exc:
+                raise MergeError(f"deleting the rows the resync did not keep failed: {java_message(exc)[:2000]}") \
+                    from None
+        elif options.once:
+            merge_once()
+        else:
+            # The one scheduler over this table: a merge every interval, start to start, so a
+            # change waits at most one interval for the next merge to start (freshness).
+            interval = config.merge.interval_seconds
+            every = Due(config.table.identifier, "merge", 1.0, "a merge every merge.interval_seconds",
+                        min_interval_seconds=interval)
+            keep_alone(lambda: [every], merge_once, stop, recheck_seconds=interval)
     summary["seconds"] = round(time.monotonic() - started, 1)
     return summary
 

@@ -507,6 +507,24 @@ def _catalog_openings(path: Path) -> list[str]:
     return found
 
 
+# Where an action's timing is decided: the one scheduler (table_meta/schedule.py), for the
+# governor's fleet and for a component started alone (`keep_alone`).
+TIMES_ACTIONS_IN = {"table_meta/schedule.py"}
+_ACTION_INTERVALS = {"interval_seconds", "check_seconds"}  # merge., maintenance., maintenance.expire.
+
+
+def _interval_waits(path: Path) -> list[str]:
+    """Waits (`.wait(...)`, `sleep(...)`) timed by an action's interval: a loop of its own."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("wait", "sleep") and any(isinstance(a, ast.Attribute) and a.attr in _ACTION_INTERVALS
+                                                 for arg in node.args for a in ast.walk(arg)):
+                found.append(f"line {node.lineno}")
+    return found
+
+
 # One owner of each thing, each rule with the modules it allows, a sample it must see and what
 # it finds there (a check that cannot fail proves nothing):
 # - module-level caches: catalogs, engines, consumers, admin clients and the facts asked of
@@ -519,7 +537,10 @@ def _catalog_openings(path: Path) -> list[str]:
 # - catalog openings: the product's catalogs for work are the runtime's (`shared_catalog`),
 #   opened once a process and closed with it; a `load_catalog` in a command or an action
 #   opened a catalog (an engine and its pool) each call, closed by no one (the column drop
-#   opened one at every run under the governor).
+#   opened one at every run under the governor);
+# - action timing: `streamberg merge` and `streamberg maintain` alone each timed their action with a
+#   loop of their own (a merge every interval, a pass and the expiry checks between), beside the
+#   governor's scheduler; they are that scheduler over one table now.
 ONE_OWNER = {
     "module-level caches": (_module_level_caches, KEPT_AT_MODULE_LEVEL, ":",
                             "import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
@@ -533,6 +554,12 @@ ONE_OWNER = {
                          "import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
                          "    shared_catalog(config)\n",
                          ["line 3", "line 4"]),
+    "action timing": (_interval_waits, TIMES_ACTIONS_IN, ":",
+                      "def f(stop, config, t, time, self):\n    stop.wait(max(0.0, config.merge.interval_seconds - t))\n"
+                      "    stop.wait(min(config.maintenance.expire.check_seconds, t))\n"
+                      "    time.sleep(config.interval_seconds)\n    stop.wait(1.0)\n"
+                      "    stop.wait(self.settings.status_interval_seconds)\n",
+                      ["line 2", "line 3", "line 4"]),
 }
 
 

@@ -23,8 +23,8 @@ import yaml
 
 from streamberg.common.catalog import load_catalog
 from streamberg.governor.app import Governor, Keeper
-from streamberg.governor.scheduler import Scheduler
 from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.schedule import Scheduler
 from tests.compactor.helpers import BASE_TS, FakeIngest, reload
 from tests.compactor.helpers import write_config as compactor_config
 from tests.governor.test_govern import _duckdb_counts
@@ -164,7 +164,7 @@ def test_a_long_action_is_cancelled_and_never_holds_the_others(tmp_path: Path, s
     from streamberg.cli.govern import executors
     from streamberg.common.spark import JobGroups
     from streamberg.governor.keeper import SharedCatalogs, TableKeeper
-    from streamberg.governor.scheduler import Due
+    from streamberg.table_meta.schedule import Due
     from tests.compactor.helpers import live_files, row_multiset
 
     def endless(action: str) -> dict:

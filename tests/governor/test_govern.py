@@ -21,12 +21,12 @@ import pytest
 from streamberg.common.catalog import load_catalog
 from streamberg.common.spark import register_catalog
 from streamberg.governor.app import Governor, Keeper
-from streamberg.governor.scheduler import Scheduler
 from streamberg.monitoring.collect import collect_status
 from streamberg.monitoring.health import with_health
 from streamberg.monitoring.metrics import status_metrics
 from streamberg.monitoring.render import render_screen
 from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.schedule import Scheduler
 from streamberg.table_meta.summary_keys import SummaryKeys
 from streamberg.table_meta.table_files import sealed_sequence_numbers
 from tests.compactor.helpers import DAY, FakeIngest, compactor_snapshots, live_files, reload, row_multiset, summary

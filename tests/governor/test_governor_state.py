@@ -9,11 +9,11 @@ import threading
 from pathlib import Path
 
 from streamberg.governor.app import Governor, Keeper
-from streamberg.governor.scheduler import Due, Scheduler
 from streamberg.monitoring.collect import governor_document
 from streamberg.monitoring.dashboard.views import fleet_page, governor_page, heartbeat_document
 from streamberg.monitoring.fleet import FleetStatus
 from streamberg.table_meta.policy import GOVERN_HEARTBEAT_FILE, GOVERN_STATE_FILE
+from streamberg.table_meta.schedule import Due, Scheduler
 from tests.helpers import wait_for
 
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from streamberg.governor.scheduler import BACKOFF_BASE_SECONDS, Due, Scheduler
 from streamberg.table_meta.policy import POLICY_KEYS, policy_for, policy_of
+from streamberg.table_meta.schedule import BACKOFF_BASE_SECONDS, Due, Scheduler
 
 
 def test_a_hot_table_cannot_starve_the_quiet_ones() -> None:
@@ -170,3 +170,93 @@ def test_bad_govern_settings_are_refused_naming_them(tmp_path) -> None:
     path.write_text(path.read_text() + "govern: {max_wait_seconds: .nan}\n")
     proc = streamberg("govern", "--config", str(path), "--dry-run", check=False, timeout=60)
     assert proc.returncode == 2 and "govern.max_wait_seconds" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _FakeTime:
+    """A clock and a stop event in one: a wait moves the clock on (nothing sleeps), and the stop
+    is set once the clock passes `until`."""
+
+    def __init__(self, until: float) -> None:
+        self.now, self.until, self.waits = 0.0, until, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def is_set(self) -> bool:
+        return self.now >= self.until
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(round(seconds, 6))
+        self.now += seconds
+        return self.is_set()
+
+
+def test_a_component_alone_runs_its_action_every_interval_start_to_start() -> None:
+    """`streamberg merge` alone is the scheduler over one table: a merge every 10 s measured from
+    each start (a 3 s merge waits 7 s), and a merge longer than the interval is followed at once."""
+    from streamberg.table_meta.schedule import keep_alone
+
+    fake, starts = _FakeTime(until=45.0), []
+    durations = iter([3.0, 12.0, 1.0, 1.0, 1.0, 1.0])
+
+    def run(choice):
+        starts.append(fake.now)
+        fake.now += next(durations)
+        return {"changes": 1}
+
+    every = Due("db.t", "merge", 1.0, "every interval", min_interval_seconds=10.0)
+    scheduler = keep_alone(lambda: [every], run, fake, recheck_seconds=10.0, clock=fake)
+    assert starts == [0.0, 10.0, 22.0, 32.0, 42.0]
+    assert fake.waits[:2] == [7.0, 0.0]  # the 12 s merge ran past its interval: the next starts at once
+    assert scheduler.state(fake.now)[0]["failures"] == 0
+
+
+def test_a_component_alone_checks_between_its_passes_and_never_runs_two_at_once() -> None:
+    """`streamberg maintain` alone: a pass every 100 s; the expiry check every 30 s meanwhile
+    runs when its probe says so, never in the round of a pass (one action a table a round)."""
+    from streamberg.table_meta.schedule import keep_alone
+
+    fake, ran = _FakeTime(until=250.0), []
+
+    def probe():
+        due = [Due("db.t", "maintain", 1.0, "every interval", min_interval_seconds=100.0)]
+        if 50 <= fake.now < 100 or fake.now >= 200:  # too many snapshots then
+            due.append(Due("db.t", "expire", 1.0, "past max_snapshots", min_interval_seconds=0.0))
+        return due
+
+    def run(choice):
+        ran.append((fake.now, choice.due.action))
+        return None
+
+    keep_alone(probe, run, fake, recheck_seconds=30.0, clock=fake)
+    assert ran == [(0.0, "maintain"), (60.0, "expire"), (90.0, "expire"), (100.0, "maintain"),
+                   (200.0, "maintain"), (230.0, "expire")]
+    assert fake.waits[:4] == [30.0, 30.0, 30.0, 10.0]  # rechecks, then up to the pass's time
+
+
+def test_a_failure_raised_by_the_action_ends_the_loop_alone() -> None:
+    """The merge's failure ends `streamberg merge` (its supervisor restarts it): the loop does
+    not swallow it."""
+    from streamberg.table_meta.schedule import keep_alone
+
+    fake = _FakeTime(until=100.0)
+
+    def run(choice):
+        raise RuntimeError("merge failed")
+
+    with pytest.raises(RuntimeError, match="merge failed"):
+        keep_alone(lambda: [Due("db.t", "merge", 1.0, "x", 10.0)], run, fake, recheck_seconds=10.0, clock=fake)
+    assert fake.now == 0.0
+
+
+def test_next_at_is_the_next_run_or_retry_still_to_come() -> None:
+    scheduler = Scheduler()
+    assert scheduler.next_at(0.0) is None  # nothing tracked: nothing waits on time
+    (choice,) = scheduler.plan([Due("a", "merge", 1.0, "x", min_interval_seconds=10.0)], 0.0, 1)
+    scheduler.ran(choice, 0.0)
+    assert scheduler.next_at(4.0) == 10.0
+    assert scheduler.next_at(10.0) is None  # already past: the next plan runs it
+    (choice,) = scheduler.plan([Due("b", "maintain", 1.0, "y", min_interval_seconds=0.0)], 5.0, 1)
+    scheduler.failed(choice, 5.0, "boom")
+    assert scheduler.next_at(6.0) == 10.0  # a's interval ends first
+    assert scheduler.next_at(11.0) == 5.0 + BACKOFF_BASE_SECONDS  # then b's backoff

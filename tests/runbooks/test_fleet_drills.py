@@ -101,7 +101,7 @@ def test_governor_action_failing(tmp_path: Path, spark, drills) -> None:
     from streamberg.cli.govern import executors
     from streamberg.governor.app import Governor, Keeper
     from streamberg.governor.keeper import SharedCatalogs, TableKeeper
-    from streamberg.governor.scheduler import Scheduler
+    from streamberg.table_meta.schedule import Scheduler
     from tests.compactor.helpers import FakeIngest, reload
     from tests.compactor.helpers import write_config as compactor_config
     from tests.helpers import config_at

@@ -1,7 +1,10 @@
-"""Which table's which action runs next: need first, no table starved, failures isolated.
+"""The one scheduler: which table's which action runs next, and when, for the governor's fleet
+and for a component started alone (`streamberg merge`, `streamberg maintain`: the same
+scheduler over one table, `keep_alone`).
 
-Pure bookkeeping (no Spark, no catalog): the governor hands it what each table needs now
-(`Due`), it answers what to run (`Choice`), in order, within the round's budget.
+Pure bookkeeping (no Spark, no catalog): it is handed what each table needs now (`Due`), it
+answers what to run (`Choice`), in order, within the round's budget, and when the next action
+could run (`next_at`).
 
 - **Need**: each due action has an urgency in comparable units: how many times its trigger
   is passed (files waiting / the compactor's min_files; a change log's oldest pending
@@ -14,10 +17,18 @@ Pure bookkeeping (no Spark, no catalog): the governor hands it what each table n
   `streamberg.govern.min_interval_seconds` of its last run.
 - **Failures**: a failed action backs off (30 s doubled per failure, at most 15 min) with its
   reason kept for status; the other tables go on.
+
+A component started alone asks the same rules of one table (`keep_alone`): an action every
+`min_interval_seconds` measured start to start (its own time included, so a change waits at most
+one interval for the next merge to start), checked again every `recheck_seconds` meanwhile (the
+expiry maintenance runs between its passes).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +48,7 @@ class Choice:
 @dataclass
 class _Track:
     due_since: float | None = None
+    min_interval: float = 0.0  # the action's own, as its last Due said
     eligible_at: float = 0.0  # when it could run (past its minimum interval and backoff)
     last_run: float | None = None
     failures: int = 0
@@ -61,6 +73,7 @@ class Scheduler:
             track = self.tracks.setdefault((d.table, d.action), _Track())
             if track.due_since is None:
                 track.due_since = now
+            track.min_interval = d.min_interval_seconds
             # It waits from when it could run: not while its own minimum interval or backoff
             # holds it (that is the table's policy, not another table starving it).
             rested = track.last_run + d.min_interval_seconds if track.last_run is not None else track.due_since
@@ -92,6 +105,13 @@ class Scheduler:
         track.retry_at, track.last_error = now + wait, error
         return wait
 
+    def next_at(self, now: float) -> float | None:
+        """The earliest time still to come at which a tracked action could run again (past its
+        minimum interval and backoff); None when no action waits on time."""
+        times = (max(t.last_run + t.min_interval if t.last_run is not None else 0.0, t.retry_at)
+                 for t in self.tracks.values())
+        return min((at for at in times if at > now), default=None)
+
     def oldest_wait(self, now: float) -> float:
         """The longest any due action has been waiting while it could run (the starvation figure)."""
         return max((now - t.eligible_at for t in self.tracks.values() if t.due_since is not None and t.eligible_at <= now),
@@ -105,3 +125,31 @@ class Scheduler:
                  "failures": t.failures, "last_error": t.last_error,
                  "retry_in_seconds": round(t.retry_at - now, 1) if t.retry_at > now else None}
                 for (table, action), t in sorted(self.tracks.items())]
+
+
+def keep_alone(probe: Callable[[], list[Due]], run: Callable[[Choice], dict[str, Any] | None],
+               stop: threading.Event, *, recheck_seconds: float, clock: Callable[[], float] = time.monotonic,
+               scheduler: Scheduler | None = None) -> Scheduler:
+    """The scheduler over one table until `stop` is set: `probe` says what is due, the scheduler
+    picks one action (one a table), `run` runs it, and the run's start is its time (so an action
+    with a minimum interval runs every interval, its own time included). A failure raises out of
+    `run`: the component decides whether it ends the service (the merge) or is caught inside
+    `run` and tried again at the next interval (maintenance). Between runs it waits until the
+    next action could run, or `recheck_seconds` when that is sooner or nothing waits on time."""
+    scheduler = scheduler or Scheduler()
+    while not stop.is_set():
+        now = clock()
+        # When what ran now may run again: an action with a minimum interval from its start (past
+        # already when it ran longer: then at once); one without waits for the next check, so an
+        # action that stays due (an expiry that cannot get under its cap) never spins.
+        again = []
+        for choice in scheduler.plan(probe(), now, budget=1):
+            scheduler.ran(choice, now, run(choice))
+            if choice.due.min_interval_seconds > 0:
+                again.append(now + choice.due.min_interval_seconds)
+        if stop.is_set():
+            break
+        now = clock()
+        next_at = min(again) if again else scheduler.next_at(now)
+        stop.wait(recheck_seconds if next_at is None else max(0.0, min(recheck_seconds, next_at - now)))
+    return scheduler
