@@ -1,4 +1,6 @@
-"""Entry point shared by `streamberg compact` and tests: lease, Spark, then watch or one full pass."""
+"""Entry point shared by `streamberg compact`, the governor's compact action and tests: lease,
+Spark, then watch (continuous, or `--once` until nothing is pending), one full pass, or one
+pass planned from the table (the governor's action)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,11 @@ from streamberg.table_meta.table_runtime import TableRuntime
 class CompactOptions:
     once: bool = False
     full: bool = False
+    # One incremental pass planned from the table, with no streaming query: the governor's
+    # action. It probed the table due already, and a pass plans every pending file from the
+    # table (watcher.py), so a stream's offsets would add only a query's start-up and its
+    # checkpoint's writes to each compaction.
+    planned: bool = False
     dry_run: bool = False
     strategy: str | None = None
     columns: list[str] | None = None
@@ -62,7 +69,7 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
     """
     if options.dry_run:
         return dry_run(config, options)
-    continuous = not (options.once or options.full)
+    continuous = not (options.once or options.full or options.planned)
     # Only the continuous service waits for the table: a one-off run (cron, tests) on a
     # missing table is an operator error to report at once.
     catalog, table = open_existing_table(config, "compactor", CompactError,
@@ -93,6 +100,9 @@ def run_compact(config: StreambergConfig, options: CompactOptions, *, spark: Any
             if options.full:
                 report = compactor.run_pass(mode="full")
                 summary.update({"mode": "full", "batches": 0, **report.totals()})
+            elif options.planned:
+                report = compactor.run_pass()
+                summary.update({"mode": "pass", "batches": 0, **report.totals()})
             else:
                 from streamberg.common.errors import StreamFailed
 

@@ -60,4 +60,6 @@ class CompactExecutor:
         from streamberg.compactor.app import CompactOptions, run_compact
 
         self._plan = None  # whatever ran, the next probe plans afresh
-        return run_compact(table.settings, CompactOptions(once=True), spark=spark)
+        # One pass planned from the table: the probe found it due, so no streaming query is
+        # started for it (the continuous `streamberg compact` is the long-running form).
+        return run_compact(table.settings, CompactOptions(planned=True), spark=spark)
