@@ -173,8 +173,9 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
             if not stop.is_set():
                 pass_once()
         else:
-            # The one scheduler over this table: a pass every interval (start to start), the
-            # expiry checked every maintenance.expire.check_seconds meanwhile.
-            keep_alone(due, run, stop, recheck_seconds=config.maintenance.expire.check_seconds)
+            # The one scheduler over this table: an interval between passes (from the previous
+            # pass's end, as the governor counts from the recorded run's), the expiry checked
+            # every maintenance.expire.check_seconds meanwhile.
+            keep_alone(due, run, stop, recheck_seconds=config.maintenance.expire.check_seconds, from_end=True)
         log.info("maintenance finished", runs=summary.runs, failed_runs=summary.failed_runs)
         return summary

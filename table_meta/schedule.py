@@ -20,8 +20,9 @@ could run (`next_at`).
 
 A component started alone asks the same rules of one table (`keep_alone`): an action every
 `min_interval_seconds` measured start to start (its own time included, so a change waits at most
-one interval for the next merge to start), checked again every `recheck_seconds` meanwhile (the
-expiry maintenance runs between its passes).
+one interval for the next merge to start) or, for maintenance, from the previous run's end (as
+the governor measures it), checked again every `recheck_seconds` meanwhile (the expiry
+maintenance runs between its passes).
 """
 
 from __future__ import annotations
@@ -129,13 +130,15 @@ class Scheduler:
 
 def keep_alone(probe: Callable[[], list[Due]], run: Callable[[Choice], dict[str, Any] | None],
                stop: threading.Event, *, recheck_seconds: float, clock: Callable[[], float] = time.monotonic,
-               scheduler: Scheduler | None = None) -> Scheduler:
+               from_end: bool = False, scheduler: Scheduler | None = None) -> Scheduler:
     """The scheduler over one table until `stop` is set: `probe` says what is due, the scheduler
     picks one action (one a table), `run` runs it, and the run's start is its time (so an action
     with a minimum interval runs every interval, its own time included). A failure raises out of
     `run`: the component decides whether it ends the service (the merge) or is caught inside
     `run` and tried again at the next interval (maintenance). Between runs it waits until the
-    next action could run, or `recheck_seconds` when that is sooner or nothing waits on time."""
+    next action could run, or `recheck_seconds` when that is sooner or nothing waits on time.
+    `from_end`: a run's end is its time instead (an interval *between* runs: maintenance, as the
+    governor measures it from the recorded run's end)."""
     scheduler = scheduler or Scheduler()
     while not stop.is_set():
         now = clock()
@@ -144,9 +147,11 @@ def keep_alone(probe: Callable[[], list[Due]], run: Callable[[Choice], dict[str,
         # action that stays due (an expiry that cannot get under its cap) never spins.
         again = []
         for choice in scheduler.plan(probe(), now, budget=1):
-            scheduler.ran(choice, now, run(choice))
+            result = run(choice)
+            at = clock() if from_end else now
+            scheduler.ran(choice, at, result)
             if choice.due.min_interval_seconds > 0:
-                again.append(now + choice.due.min_interval_seconds)
+                again.append(at + choice.due.min_interval_seconds)
         if stop.is_set():
             break
         now = clock()

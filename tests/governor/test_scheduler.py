@@ -260,3 +260,20 @@ def test_next_at_is_the_next_run_or_retry_still_to_come() -> None:
     scheduler.failed(choice, 5.0, "boom")
     assert scheduler.next_at(6.0) == 10.0  # a's interval ends first
     assert scheduler.next_at(11.0) == 5.0 + BACKOFF_BASE_SECONDS  # then b's backoff
+
+
+def test_maintenance_alone_counts_its_interval_from_the_passs_end() -> None:
+    """`streamberg maintain` alone: an interval *between* passes (the governor counts from the
+    recorded run's end too): a 20 s pass every 100 s starts at 0, 120 and 240."""
+    from streamberg.table_meta.schedule import keep_alone
+
+    fake, starts = _FakeTime(until=300.0), []
+
+    def run(choice):
+        starts.append(fake.now)
+        fake.now += 20.0
+        return None
+
+    every = Due("db.t", "maintain", 1.0, "every interval", min_interval_seconds=100.0)
+    keep_alone(lambda: [every], run, fake, recheck_seconds=30.0, clock=fake, from_end=True)
+    assert starts == [0.0, 120.0, 240.0]
