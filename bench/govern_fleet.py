@@ -197,7 +197,8 @@ def main() -> int:
         return round((window[-1][key] - window[0][key]) / (window[-1]["t"] - window[0]["t"]), 3)
 
     # The actions, from the service's own log (govern.json keeps the last 500 only), and what
-    # the compactions did: a compaction whose groups failed still ends as an action.
+    # the compactions did (a governor's compaction is one planned pass, `mode: pass`; `once` before):
+    # a compaction whose groups failed still ends as an action.
     entries = []
     rewrites = {"commits": 0, "groups": 0, "groups_failed": 0, "files_in": 0, "files_out": 0}
     for line in log_text.splitlines():
@@ -205,7 +206,7 @@ def main() -> int:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("component") == "compactor" and event.get("mode") == "once":
+        if isinstance(event, dict) and event.get("component") == "compactor" and event.get("mode") in ("once", "pass"):
             for key in rewrites:
                 rewrites[key] += int(event.get(key) or 0)
         if isinstance(event, dict) and event.get("event") in ("action finished", "action failed; the table backs off, "
