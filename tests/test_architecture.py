@@ -6,6 +6,7 @@ Read from the source with `ast` (every import statement, at any depth, lazy ones
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -525,6 +526,38 @@ def _interval_waits(path: Path) -> list[str]:
     return found
 
 
+# Where changes of a key are ranked (which is the newer): the change-order rule's one text
+# (table_meta/change_order.py), run by Spark in the merge and DuckDB in a fresh read. The merge's
+# regression check orders a key's changes by offset within a partition: it finds a sequence that
+# went backwards, it does not choose the newer change.
+RANKS_CHANGES_IN = {"table_meta/change_order.py", "merge/epochs.py: regressed: Window ordering"}
+_RANKING_SQL = re.compile(r"row_number\s*\(\s*\)|\bover\s*\(\s*partition\s+by|\bqualify\b", re.IGNORECASE)
+
+
+def _change_ranking(path: Path) -> list[str]:
+    """Window orderings (`Window...orderBy`), ranking calls (`row_number()`, `rank()`) and SQL
+    text that ranks rows (`row_number()`, `OVER (PARTITION BY`, `QUALIFY`), by enclosing function."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    owner: dict[ast.AST, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                owner[inner] = node.name  # the innermost def wins: walked after its outer one
+    found = []
+    for node in ast.walk(tree):
+        what = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "orderBy" and ast.unparse(node.func.value).startswith("Window."):
+                what = "Window ordering"
+            elif node.func.attr in ("row_number", "rank", "dense_rank"):
+                what = node.func.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _RANKING_SQL.search(node.value):
+            what = "ranking SQL"
+        if what is not None:
+            found.append(f"{owner.get(node, '<module>')}: {what}")
+    return found
+
+
 # One owner of each thing, each rule with the modules it allows, a sample it must see and what
 # it finds there (a check that cannot fail proves nothing):
 # - module-level caches: catalogs, engines, consumers, admin clients and the facts asked of
@@ -540,7 +573,9 @@ def _interval_waits(path: Path) -> list[str]:
 #   opened one at every run under the governor);
 # - action timing: `streamberg merge` and `streamberg maintain` alone each timed their action with a
 #   loop of their own (a merge every interval, a pass and the expiry checks between), beside the
-#   governor's scheduler; they are that scheduler over one table now.
+#   governor's scheduler; they are that scheduler over one table now;
+# - ranking changes: the change-order rule was written three times (the merge's Spark, the fresh
+#   read's DuckDB SQL, the sequence encoding), held equal only by an end-to-end test.
 ONE_OWNER = {
     "module-level caches": (_module_level_caches, KEPT_AT_MODULE_LEVEL, ":",
                             "import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
@@ -560,6 +595,12 @@ ONE_OWNER = {
                       "    time.sleep(config.interval_seconds)\n    stop.wait(1.0)\n"
                       "    stop.wait(self.settings.status_interval_seconds)\n",
                       ["line 2", "line 3", "line 4"]),
+    "ranking changes": (_change_ranking, RANKS_CHANGES_IN, ": ",
+                        "def f(df, F, Window, keys):\n    w = Window.partitionBy(*keys).orderBy('offset')\n"
+                        "    df.withColumn('r', F.row_number().over(w))\n"
+                        "    return 'SELECT *, ROW_NUMBER() OVER (PARTITION BY id ORDER BY seq DESC) FROM t'\n"
+                        "def g(df):\n    return df.orderBy('x'), 'select * from t order by x'\n",
+                        ["f: Window ordering", "f: ranking SQL", "f: row_number"]),
 }
 
 
