@@ -195,7 +195,8 @@ def test_a_long_action_is_cancelled_and_never_holds_the_others(tmp_path: Path, s
     thread.join(60)
     assert not thread.is_alive(), "the cancelled Spark job went on running"
 
-    # A real compaction past a 1 s timeout: its streaming query is stopped mid-pass.
+    # A real compaction past its timeout: its job group's Spark jobs are cancelled wherever the
+    # pass stands (one planned pass on the action's thread, no streaming query): nothing half-done.
     config = config_at(compactor_config(tmp_path))
     ensure_table(load_catalog(config.catalog), config.table)
     ingest = FakeIngest(config, seed=31)
