@@ -117,7 +117,7 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                                 key_state=key_state_identifier(config) if changelog is not None else None,
                                 **({"clock": clock} if clock is not None else {}))
 
-        def pass_once(_: Choice | None = None) -> dict[str, Any] | None:
+        def pass_once() -> dict[str, Any] | None:
             try:
                 result = maintainer.run(dry_run=options.dry_run, stop=stop)
             except Exception as exc:
@@ -134,19 +134,10 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
                 on_result(result)
             return {"status": result["status"]}
 
-        def expire_now(_: Choice) -> None:
-            """Between passes: the snapshots past maintenance.expire.max_snapshots expired (a commit
-            every few seconds fills it long before an hourly pass)."""
-            from streamberg.maintenance.maintainer import EXPIRY_STEPS
-
-            try:
-                result = maintainer.run(dry_run=options.dry_run, stop=stop, only=EXPIRY_STEPS, record=False)
-                if result["status"] == "failed":
-                    log.error("expiry between passes failed; retrying at the next check", result=result)
-            except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
-                log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
-
         def due() -> list[Due]:
+            """A pass every interval; between passes, the expiry when the table holds more snapshots
+            than maintenance.expire.max_snapshots (a commit every few seconds fills it long before
+            an hourly pass)."""
             every = Due(config.table.identifier, "maintain", 1.0, "a pass every maintenance.interval_seconds",
                         min_interval_seconds=config.maintenance.interval_seconds)
             if not config.maintenance.expire.enabled:
@@ -156,17 +147,23 @@ def run_maintain(config: StreambergConfig, options: MaintainOptions, *, spark: A
             except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
                 log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
                 return [every]
-            if not tables:
-                return [every]
-            return [every, Due(config.table.identifier, "expire", 1.0, f"snapshots past max_snapshots: {tables}",
-                               min_interval_seconds=0.0)]
+            expire = Due(config.table.identifier, "expire", 1.0, f"snapshots past max_snapshots: {tables}",
+                         min_interval_seconds=0.0)
+            return [every, expire] if tables else [every]
 
         def run(choice: Choice) -> dict[str, Any] | None:
             if choice.due.action == "maintain":
                 return pass_once()
+            from streamberg.maintenance.maintainer import EXPIRY_STEPS
+
             log.info("snapshots past maintenance.expire.max_snapshots: expiring before the next pass",
                      why=choice.due.why)
-            expire_now(choice)
+            try:
+                result = maintainer.run(dry_run=options.dry_run, stop=stop, only=EXPIRY_STEPS, record=False)
+                if result["status"] == "failed":
+                    log.error("expiry between passes failed; retrying at the next check", result=result)
+            except Exception as exc:  # noqa: BLE001 - the next check or pass tries again
+                log.error("expiry between passes failed; retrying at the next check", error=str(exc)[:500])
             return None
 
         if single:
