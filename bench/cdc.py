@@ -46,16 +46,14 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Producer
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.table_meta.changelog import changelog_identifier, has_changelog, merge_position  # noqa: E402
-from streamberg.table_meta.offsets import ancestry, committed_position, summary_properties  # noqa: E402
-from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
-from streamberg.table_meta.table_files import live_data_files  # noqa: E402
+from streamberg.bench.harness import broker_in, results_path, stamp
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_config
+from streamberg.table_meta.changelog import changelog_identifier, has_changelog, merge_position
+from streamberg.table_meta.offsets import ancestry, committed_position, summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_files import live_data_files
 
 USERS = [
     {"name": "id", "type": "long", "required": True},
@@ -230,22 +228,20 @@ def main() -> None:
     results: dict[str, Any] = {"args": vars(args), "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory(prefix="sb-bench-cdc-") as tmp:
         directory = Path(tmp)
-        broker = EmbeddedBroker(directory / "broker")
-        info = broker.start(port=free_port())
-        try:
+        with broker_in(directory) as bootstrap:
             topic = "bench-cdc"
-            ensure_topic(info.bootstrap, topic, args.partitions)
+            ensure_topic(bootstrap, topic, args.partitions)
             stream = ChangeStream(args.keys, args.partitions)
             print(f"producing {args.changes:,} changes over {args.keys:,} keys ...", file=sys.stderr)
             now = int(time.time() * 1000)
-            size = produce(info.bootstrap, topic, [stream.next(now) for _ in range(args.changes)])
+            size = produce(bootstrap, topic, [stream.next(now) for _ in range(args.changes)])
             results["stream"] = {"changes": args.changes, "bytes": size, "keys_live": len(stream.rows)}
 
             print("append ingest of the same events ...", file=sys.stderr)
-            append = ingest(write_config(directory / "append", info.bootstrap, topic, "none", args), args.changes,
+            append = ingest(write_config(directory / "append", bootstrap, topic, "none", args), args.changes,
                             args.parallelism)
             print("change-log ingest ...", file=sys.stderr)
-            cdc_path = write_config(directory / "cdc", info.bootstrap, topic, "debezium", args)
+            cdc_path = write_config(directory / "cdc", bootstrap, topic, "debezium", args)
             cdc = ingest(cdc_path, args.changes, args.parallelism)
             results["ingest"] = {"append": append, "changelog": cdc,
                                  "ratio": cdc["records_per_s"] / append["records_per_s"],
@@ -279,7 +275,7 @@ def main() -> None:
                                       kwargs={"spark": spark, "stop": stop}, daemon=True)
             merger.start()
             time.sleep(12)  # the ingest's job start
-            producer = Producer({"bootstrap.servers": info.bootstrap, "linger.ms": 5})
+            producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
             phase_start = int(time.time() * 1000)
             sent = 0
             while sent < args.fresh_rate * args.fresh_seconds:
@@ -333,11 +329,8 @@ def main() -> None:
             got = dict(zip(live.column("id").to_pylist(), live.column("updated").to_pylist()))
             results["final_state_equals_computed"] = got == {k: r["updated"] for k, r in stream.rows.items()}
             spark.stop()
-        finally:
-            broker.stop()
 
-    out = ROOT / "bench" / "results" / f"cdc-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("cdc", stamp())
     out.write_text(json.dumps(results, indent=2))
     i, m, f, s = results["ingest"], results["merge"], results["freshness"], results["scan"]
     print(f"""

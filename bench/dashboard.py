@@ -34,25 +34,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import pyarrow as pa
 
-import pyarrow as pa  # noqa: E402
-
-from streamberg.bench.harness import percentile, rss_bytes  # noqa: E402
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import shared_catalog  # noqa: E402
-from streamberg.common.config import StreambergConfig  # noqa: E402
-from streamberg.monitoring.collect import collect_status  # noqa: E402
-from streamberg.monitoring.dashboard.app import make_app, serve_dashboard  # noqa: E402
-from streamberg.monitoring.fleet import FleetStatus  # noqa: E402
-from streamberg.monitoring.health import with_health  # noqa: E402
-from streamberg.monitoring.metrics import fleet_families  # noqa: E402
-from streamberg.monitoring.refresh import StatusModel  # noqa: E402
-from streamberg.monitoring.watch import Watch  # noqa: E402
-from streamberg.table_meta.declared import ensure_table  # noqa: E402
-from streamberg.table_meta.table_files import ManifestCache  # noqa: E402
+from streamberg.bench.harness import (
+    ROOT,
+    broker_in,
+    percentile,
+    rss_bytes,
+)
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
+from streamberg.common.broker import ensure_topic, free_port
+from streamberg.common.catalog import shared_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.monitoring.collect import collect_status
+from streamberg.monitoring.dashboard.app import make_app, serve_dashboard
+from streamberg.monitoring.fleet import FleetStatus
+from streamberg.monitoring.health import with_health
+from streamberg.monitoring.metrics import fleet_families
+from streamberg.monitoring.refresh import StatusModel
+from streamberg.monitoring.watch import Watch
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.table_files import ManifestCache
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -164,12 +166,10 @@ def main() -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as work:
         folder = Path(work)
-        broker = EmbeddedBroker(folder / "broker")
-        info = broker.start(port=free_port())
-        try:
-            ensure_topic(info.bootstrap, "events", 1)
+        with broker_in(folder) as bootstrap:
+            ensure_topic(bootstrap, "events", 1)
             made = time.monotonic()
-            configs = _make_tables(folder, info.bootstrap, args.tables)
+            configs = _make_tables(folder, bootstrap, args.tables)
             print(f"{args.tables} tables made in {time.monotonic() - made:.1f} s", flush=True)
             rss_before = _rss_mib()
             model = StatusModel()
@@ -222,8 +222,6 @@ def main() -> int:
                       "collected_at_each_scrape_over_served_p95": round(facts.seconds / max(_pct(scrapes, 95), 1e-6), 1),
                       "model_passes": passes, "page": page, "rss_before_model_mib": rss_before, "rss_after_mib": rss_after,
                       "added_mib": round(rss_after - rss_before, 1)}
-        finally:
-            broker.stop()
     for where in ("results", "summaries"):
         out = ROOT / "bench" / where / f"dashboard-{stamp}.json"
         out.parent.mkdir(parents=True, exist_ok=True)

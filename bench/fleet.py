@@ -47,15 +47,18 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Producer
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.bench.harness import process_tree, tree_rss  # noqa: E402
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import CatalogConfig  # noqa: E402
-from streamberg.common.config.fleet import topic_identifier  # noqa: E402
+from streamberg.bench.harness import (
+    ROOT,
+    broker_in,
+    process_tree,
+    results_path,
+    tree_rss,
+)
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import CatalogConfig
+from streamberg.common.config.fleet import topic_identifier
 
 CITIES = ("ams", "ber", "par", "lis", "osl")
 
@@ -231,32 +234,30 @@ def main() -> int:
     work = args.workdir / stamp
     work.mkdir(parents=True)
     load_before = os.getloadavg()
-    broker = EmbeddedBroker(work / "broker")
-    info = broker.start(port=free_port())
-    catalog_doc = {"name": "benchfleet", "uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
-    common = {"kafka": {"bootstrap_servers": info.bootstrap, "value_format": "json"}, "catalog": catalog_doc}
-    ingest_settings = {"commit_interval_seconds": args.interval, "state_dir": str(work / "state"),
-                       "max_poll_records": 10000, "topic_discovery_seconds": 10, "engine": args.engine,
-                       **({"max_open_files": args.max_open_files} if args.max_open_files else {})}
-    single_path = work / "single.yaml"
-    single_path.write_text(yaml.safe_dump({
-        **common, "kafka": {**common["kafka"], "topic": "single"},
-        "table": {"identifier": "bench.single", "schema": SAMPLE_EVENT_SCHEMA}, "ingest": ingest_settings}))
-    route = {"identifier": "bench.{topic}", "topic_pattern": "fleet\\..*", "schema": SAMPLE_EVENT_SCHEMA}
-    fleet_path, quiet_path = work / "fleet.yaml", work / "fleet-min-bytes.yaml"
-    fleet_path.write_text(yaml.safe_dump({**common, "defaults": {"ingest": ingest_settings}, "tables": [route]}))
-    quiet_path.write_text(yaml.safe_dump({**common, "tables": [route], "defaults": {"ingest": {
-        **ingest_settings, "commit_min_bytes": args.min_bytes, "commit_max_wait_seconds": 60}}}))
-    topics = [f"fleet.t{t:03d}" for t in range(args.topics)]
-    identifiers = [f"bench.{topic_identifier(t)}" for t in topics]
-    counts = shares(args.records, args.topics, args.hot)
-    try:
+    with broker_in(work) as bootstrap:
+        catalog_doc = {"name": "benchfleet", "uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
+        common = {"kafka": {"bootstrap_servers": bootstrap, "value_format": "json"}, "catalog": catalog_doc}
+        ingest_settings = {"commit_interval_seconds": args.interval, "state_dir": str(work / "state"),
+                           "max_poll_records": 10000, "topic_discovery_seconds": 10, "engine": args.engine,
+                           **({"max_open_files": args.max_open_files} if args.max_open_files else {})}
+        single_path = work / "single.yaml"
+        single_path.write_text(yaml.safe_dump({
+            **common, "kafka": {**common["kafka"], "topic": "single"},
+            "table": {"identifier": "bench.single", "schema": SAMPLE_EVENT_SCHEMA}, "ingest": ingest_settings}))
+        route = {"identifier": "bench.{topic}", "topic_pattern": "fleet\\..*", "schema": SAMPLE_EVENT_SCHEMA}
+        fleet_path, quiet_path = work / "fleet.yaml", work / "fleet-min-bytes.yaml"
+        fleet_path.write_text(yaml.safe_dump({**common, "defaults": {"ingest": ingest_settings}, "tables": [route]}))
+        quiet_path.write_text(yaml.safe_dump({**common, "tables": [route], "defaults": {"ingest": {
+            **ingest_settings, "commit_min_bytes": args.min_bytes, "commit_max_wait_seconds": 60}}}))
+        topics = [f"fleet.t{t:03d}" for t in range(args.topics)]
+        identifiers = [f"bench.{topic_identifier(t)}" for t in topics]
+        counts = shares(args.records, args.topics, args.hot)
         print(f"producing {args.records:,} events into {args.topics} topics and the same into one ...", flush=True)
-        events = Events(info.bootstrap)
-        ensure_topic(info.bootstrap, "single", 8)
+        events = Events(bootstrap)
+        ensure_topic(bootstrap, "single", 8)
         first = 0
         for topic, n in zip(topics, counts):
-            ensure_topic(info.bootstrap, topic, 2)
+            ensure_topic(bootstrap, topic, 2)
             events.send(topic, first, n, 2)
             events.send("single", first, n, 8)
             first += n
@@ -287,8 +288,6 @@ def main() -> int:
                                      catalog)
             print(f"  {live[label]}", flush=True)
         live_checks = {i: count(catalog, i, events.ids[t]) for i, t in zip(identifiers, topics)}
-    finally:
-        broker.stop()
     result = {
         "date": stamp, "machine": {"cpus": os.cpu_count(), "load_before": load_before},
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -299,8 +298,7 @@ def main() -> int:
         "live": live,
         "tables_exact_after_live": sum(c["exact"] for c in live_checks.values()),
     }
-    out = ROOT / "bench" / "results" / f"fleet-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("fleet", stamp)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     print(f"wrote {out}")

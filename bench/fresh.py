@@ -31,7 +31,6 @@ assumed; run it on an otherwise idle machine (the broker, Flink and the producer
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import subprocess
 import sys
@@ -46,18 +45,23 @@ import orjson
 import yaml
 from confluent_kafka import Producer
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.bench.soak import process_tree, tree_rss  # noqa: E402
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.fresh import read  # noqa: E402
-from streamberg.table_meta.offsets import decode_offsets  # noqa: E402
-from streamberg.table_meta.summary_keys import kafka_offsets_key  # noqa: E402
-from streamberg.table_meta.tail_segments import cache_folder, segments  # noqa: E402
+from streamberg.bench.harness import (
+    ROOT,
+    broker_in,
+    checkout_tests,
+    process_tree,
+    results_path,
+    tree_rss,
+    write_results,
+)
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_config
+from streamberg.fresh import read
+from streamberg.table_meta.offsets import decode_offsets
+from streamberg.table_meta.summary_keys import kafka_offsets_key
+from streamberg.table_meta.tail_segments import cache_folder, segments
 
 CITIES = ("ams", "ber", "par", "lis", "osl")
 PARTITIONS = 4
@@ -385,6 +389,7 @@ def quiet_tail(work: Path, bootstrap: str, records: int) -> dict[str, Any]:
 
     from streamberg.fresh.cache import TailKeeper, cache_folder, cached_rows
     from streamberg.ingest.dead_letters import open_tables
+    checkout_tests()
     from tests.runbooks.inprocess import ingest_until  # the real writer and committer, in-process
 
     topic = "fresh-quiet"
@@ -464,28 +469,21 @@ def main() -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work = args.workdir / stamp
     work.mkdir(parents=True)
-    broker = EmbeddedBroker(work / "broker")
-    info = broker.start(port=free_port())
     results = []
-    try:
+    with broker_in(work) as bootstrap:
         for interval in [float(x) for x in args.intervals.split(",") if x.strip()]:
-            results.append(run_interval(work, info.bootstrap, interval, args))
-        quiet = quiet_tail(work, info.bootstrap, args.quiet_tail) if args.quiet_tail else None
-    finally:
-        broker.stop()
-    out = ROOT / "bench" / "results" / f"fresh-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"stamp": stamp, "engine": args.engine, "phases": args.phases, "results": results,
-                               "quiet_tail": quiet}, indent=2))
+            results.append(run_interval(work, bootstrap, interval, args))
+        quiet = quiet_tail(work, bootstrap, args.quiet_tail) if args.quiet_tail else None
     # A small summary, kept in the repository (bench/summaries/): the evidence of the figures
     # docs/performance.md cites (the full result with its series stays in bench/results/).
-    summary = ROOT / "bench" / "summaries" / f"fresh-{stamp}.json"
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps({"stamp": stamp, "command": " ".join(sys.argv), "engine": args.engine,
-                                   "results": [{**{k: v for k, v in r.items() if k != "phases"},
-                                                "phases": {n: {k: v for k, v in ph.items() if not k.endswith("_series")}
-                                                           for n, ph in r["phases"].items()}} for r in results],
-                                   "quiet_tail": quiet}, indent=1))
+    summary = {"stamp": stamp, "command": " ".join(sys.argv), "engine": args.engine,
+               "results": [{**{k: v for k, v in r.items() if k != "phases"},
+                            "phases": {n: {k: v for k, v in ph.items() if not k.endswith("_series")}
+                                       for n, ph in r["phases"].items()}} for r in results],
+               "quiet_tail": quiet}
+    write_results("fresh", stamp, {"stamp": stamp, "engine": args.engine, "phases": args.phases, "results": results,
+                                   "quiet_tail": quiet}, summary)
+    out = results_path("fresh", stamp)
     if results:
         plot(results, out.with_suffix(".png"))
     for r in results:

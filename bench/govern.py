@@ -53,10 +53,14 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from streamberg.bench.harness import process_tree, tree_cpu_seconds, tree_rss
+from streamberg.bench.harness import (
+    process_tree,
+    results_path,
+    stamp,
+    tree_cpu_seconds,
+    tree_rss,
+)
 from streamberg.bench.incremental.scenario import files_per_query
-
-ROOT = Path(__file__).resolve().parent.parent
 
 SCHEMA = [{"name": "id", "type": "long", "required": True}, {"name": "ts", "type": "timestamptz", "required": True},
           {"name": "user_id", "type": "string"}, {"name": "city", "type": "string"}, {"name": "amount", "type": "double"}]
@@ -358,8 +362,7 @@ def main() -> int:
     finally:
         if appends.thread.is_alive():
             appends.done()
-    out = ROOT / "bench" / "results" / f"govern-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("govern", stamp())
     out.write_text(json.dumps(results, indent=1))
     s, e, f = results["service"], results["per_table_compactors"]["estimate_for_all"], results["files_per_query"]
     fl = results["files_per_query_live"]

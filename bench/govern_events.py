@@ -24,18 +24,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.cli.govern import executors  # noqa: E402
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import StreambergConfig  # noqa: E402
-from streamberg.governor.app import Governor, Keeper  # noqa: E402
-from streamberg.governor.keeper import SharedCatalogs, TableKeeper  # noqa: E402
-from streamberg.table_meta.declared import ensure_table  # noqa: E402
-from streamberg.table_meta.query_stats import record_commit  # noqa: E402
-from streamberg.table_meta.schedule import Scheduler  # noqa: E402
+from streamberg.bench.harness import results_path
+from streamberg.cli.govern import executors
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import StreambergConfig
+from streamberg.governor.app import Governor, Keeper
+from streamberg.governor.keeper import SharedCatalogs, TableKeeper
+from streamberg.table_meta.declared import ensure_table
+from streamberg.table_meta.query_stats import record_commit
+from streamberg.table_meta.schedule import Scheduler
 
 ROUND_SECONDS = 10.0  # govern.interval_seconds' default: a round's pause when nothing ran
 
@@ -136,8 +134,7 @@ def main() -> int:
               f"median round {r['round_seconds_median']:.2f} s")
     print(f"  polling / commit reports: {ratio:.1f}x the catalog calls")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = ROOT / "bench" / "results" / f"govern-events-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("govern-events", stamp)
     out.write_text(json.dumps({"at": stamp, "tables": args.tables, "active": args.active, "seconds": args.seconds,
                                "results": results, "ratio": ratio}, indent=2))
     return 0

@@ -4,13 +4,16 @@ read from /proc (CPU, resident memory, open descriptors), percentiles, and where
 repository beside the figures it backs).
 
 A bench script imports it as `streamberg.bench.harness` (the package is installed with the
-project), so it needs no path of its own.
+project), so it needs no path of its own; a bench that reuses a test's helper (the in-process
+writer, the registry stand-in) asks for the checkout's tests here (`checkout_tests`), the one
+place a bench adds to the import path. The architecture test holds the benches to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,11 +40,24 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def checkout_tests() -> None:
+    """Make the checkout's `tests` package importable (a bench reusing a test's helper): the
+    checkout's own folder, never the working directory's."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+
+
+def results_path(name: str, run: str, suffix: str = ".json") -> Path:
+    """bench/results/<name>-<run><suffix>: where a run's whole record (and its plot) go."""
+    out = ROOT / "bench" / "results" / f"{name}-{run}{suffix}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def write_results(name: str, run: str, result: dict[str, Any], summary: dict[str, Any] | None = None) -> Path:
     """bench/results/<name>-<run>.json (the whole record) and, given, the summary in
     bench/summaries/ (kept in the repository). Returns the summary's path, else the record's."""
-    record = ROOT / "bench" / "results" / f"{name}-{run}.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
+    record = results_path(name, run)
     record.write_text(json.dumps(result, indent=1, default=str))
     if summary is None:
         return record
@@ -58,17 +74,24 @@ class Work:
 
 
 @contextmanager
-def work_with_broker(prefix: str) -> Iterator[Work]:
-    """A temporary work folder and an embedded broker of its own, stopped and removed after."""
+def broker_in(folder: Path) -> Iterator[str]:
+    """An embedded broker keeping its log under `folder`/broker on a free loopback port: its
+    bootstrap address, the broker stopped after (whatever the bench raised)."""
     from streamberg.common.broker import EmbeddedBroker, free_port
 
-    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        broker = EmbeddedBroker(Path(folder) / "broker")
-        info = broker.start(port=free_port())
-        try:
-            yield Work(Path(folder), info.bootstrap)
-        finally:
-            broker.stop()
+    broker = EmbeddedBroker(Path(folder) / "broker")
+    info = broker.start(port=free_port())
+    try:
+        yield info.bootstrap
+    finally:
+        broker.stop()
+
+
+@contextmanager
+def work_with_broker(prefix: str) -> Iterator[Work]:
+    """A temporary work folder and an embedded broker of its own, stopped and removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder, broker_in(Path(folder)) as bootstrap:
+        yield Work(Path(folder), bootstrap)
 
 
 # -- a process tree, from /proc ---------------------------------------------------------------------

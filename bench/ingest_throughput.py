@@ -57,15 +57,13 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.table_meta.offsets import summary_properties  # noqa: E402
-from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.bench.harness import ROOT, broker_in, checkout_tests
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_config
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 SCHEMA = SAMPLE_EVENT_SCHEMA
 # The orders shape of the real-records issue: nested objects, a list, a list of objects.
@@ -238,21 +236,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
         directory = Path(tmp)
-        broker = EmbeddedBroker(directory / "broker")
-        info = broker.start(port=free_port())
-        try:
+        with broker_in(directory) as bootstrap:
             topic = "bench-events"
-            ensure_topic(info.bootstrap, topic, args.partitions)
-            produce_config = write_config(directory, info.bootstrap, topic, args.interval, 1)
+            ensure_topic(bootstrap, topic, args.partitions)
+            produce_config = write_config(directory, bootstrap, topic, args.interval, 1)
             print(f"producing {args.records:,} events ...", file=sys.stderr)
             flat_bytes = produce_events(load_config(produce_config), args.records).bytes
             print("baseline ...", file=sys.stderr)
-            base_s = baseline(info.bootstrap, topic, args.partitions, args.records, directory / "baseline")
+            base_s = baseline(bootstrap, topic, args.partitions, args.records, directory / "baseline")
             runs = []
             for parallelism in parallelisms:
                 print(f"streamberg ingest, parallelism {parallelism} ...", file=sys.stderr)
                 # A table of its own per run (same topic): each run reads all N records.
-                config_path = write_config(directory / f"p{parallelism}", info.bootstrap, topic, args.interval,
+                config_path = write_config(directory / f"p{parallelism}", bootstrap, topic, args.interval,
                                            parallelism)
                 runs.append(run_streamberg(config_path, args.records, parallelism))
             unforked = None
@@ -261,7 +257,7 @@ def main() -> None:
                 # interpreter instead of a fork of the pre-warmed one (ingest/local/fork_server.py).
                 parallelism = max(parallelisms)
                 print(f"streamberg ingest, parallelism {parallelism}, workers not forked ...", file=sys.stderr)
-                config_path = write_config(directory / f"p{parallelism}-unforked", info.bootstrap, topic,
+                config_path = write_config(directory / f"p{parallelism}-unforked", bootstrap, topic,
                                            args.interval, parallelism)
                 unforked = run_streamberg(config_path, args.records, parallelism,
                                           env={"STREAMBERG_INGEST__FORK_PYTHON_WORKERS": "false"})
@@ -269,8 +265,8 @@ def main() -> None:
             if not args.no_nested_run:
                 parallelism = max(parallelisms)
                 orders_topic = "bench-orders"
-                ensure_topic(info.bootstrap, orders_topic, args.partitions)
-                orders_config = write_config(directory / "orders", info.bootstrap, orders_topic, args.interval,
+                ensure_topic(bootstrap, orders_topic, args.partitions)
+                orders_config = write_config(directory / "orders", bootstrap, orders_topic, args.interval,
                                              parallelism, ORDERS_SCHEMA)
                 print(f"producing {args.records:,} orders (nested JSON) ...", file=sys.stderr)
                 nested_bytes = produce_events(load_config(orders_config), args.records).bytes
@@ -280,7 +276,7 @@ def main() -> None:
             if nested is not None and not args.no_evolving_run:
                 lacking = [{**f, "fields": [g for g in f["fields"] if g["name"] != "geo"]} if f["name"] == "customer"
                            else f for f in ORDERS_SCHEMA]
-                evolve_config = write_config(directory / "orders-evolving", info.bootstrap, orders_topic,
+                evolve_config = write_config(directory / "orders-evolving", bootstrap, orders_topic,
                                              args.interval, nested["parallelism"], lacking)
                 print(f"streamberg ingest, parallelism {nested['parallelism']}, nested JSON into a table lacking "
                       "customer.geo ...", file=sys.stderr)
@@ -293,6 +289,7 @@ def main() -> None:
             framed: dict[str, dict] = {}
             formats = [f for f, skip in (("avro", args.no_avro_run), ("protobuf", args.no_protobuf_run)) if not skip]
             if formats:
+                checkout_tests()
                 from tests.fixtures.registry import start_registry
 
                 registry, registry_server = start_registry()
@@ -300,8 +297,8 @@ def main() -> None:
                     parallelism = max(parallelisms)
                     for value_format in formats:
                         framed_topic = f"bench-{value_format}"
-                        ensure_topic(info.bootstrap, framed_topic, args.partitions)
-                        framed_config = write_config(directory / value_format, info.bootstrap, framed_topic,
+                        ensure_topic(bootstrap, framed_topic, args.partitions)
+                        framed_config = write_config(directory / value_format, bootstrap, framed_topic,
                                                      args.interval, parallelism, registry_url=registry.url,
                                                      value_format=value_format)
                         print(f"producing {args.records:,} events as {value_format} ...", file=sys.stderr)
@@ -314,10 +311,8 @@ def main() -> None:
             fresh = None
             if args.fresh_rate:
                 print("freshness ...", file=sys.stderr)
-                fresh = freshness(info.bootstrap, directory, args.partitions, max(parallelisms), args.interval,
+                fresh = freshness(bootstrap, directory, args.partitions, max(parallelisms), args.interval,
                                   args.fresh_rate, args.fresh_seconds)
-        finally:
-            broker.stop()
 
     base_rate = args.records / base_s
     for run in runs:

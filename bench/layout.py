@@ -39,14 +39,12 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
-from streamberg.table_meta.table_runtime import TableRuntime  # noqa: E402
+from streamberg.bench.harness import broker_in, checkout_tests, results_path
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_config
+from streamberg.table_meta.summary_keys import SummaryKeys
+from streamberg.table_meta.table_runtime import TableRuntime
 
 SCHEMA = [
     {"name": "id", "type": "long", "required": True},
@@ -145,6 +143,7 @@ def main() -> int:
     from streamberg.maintenance.columns import DropColumnsExecutor
     from streamberg.table_meta.column_lifecycle import IGNORED_FIELDS_PROPERTY
     from streamberg.table_meta.column_usage import ColumnFacts
+    checkout_tests()
     from tests.helpers import dead_letters
     from tests.runbooks.inprocess import ingest_until, produce_values
 
@@ -152,12 +151,10 @@ def main() -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     with tempfile.TemporaryDirectory(prefix="sb-layout-") as tmp:
         folder = Path(tmp)
-        broker = EmbeddedBroker(folder / "broker")
-        info = broker.start(port=free_port())
-        try:
+        with broker_in(folder) as bootstrap:
             path = folder / "streamberg.yaml"
             path.write_text(yaml.safe_dump({
-                "kafka": {"bootstrap_servers": info.bootstrap, "topic": "layout"},
+                "kafka": {"bootstrap_servers": bootstrap, "topic": "layout"},
                 "catalog": {"name": "layout", "uri": "sqlite:///catalog.db", "warehouse": "warehouse",
                             "scan_reports_dir": "reports"},
                 "table": {"identifier": "bench.events", "schema": SCHEMA,
@@ -170,7 +167,7 @@ def main() -> int:
                               "relayout_max_bytes": 8 * 1024**2, "seal_after_commits": None,
                               "seal_after_seconds": None}}))
             config = load_config(path)
-            ensure_topic(info.bootstrap, config.kafka.topic, 1)
+            ensure_topic(bootstrap, config.kafka.topic, 1)
             open_tables(config)
             spark = build_spark_session(config.catalog, "local[2]", {}, "streamberg-bench-layout")
             name = f"{config.catalog.name}.{config.table.identifier}"
@@ -254,8 +251,6 @@ def main() -> int:
                 "dead_letters": dead_letters(config).num_rows, "steps_detail": steps,
             }
             spark.stop()
-        finally:
-            broker.stop()
     for column, r in outcome["phases"].items():
         m = r["files_per_query"]
         print(f"phase {column}: files per query governed {m['governed']:.1f}, best full optimize {m['best']:.1f}, "
@@ -266,8 +261,7 @@ def main() -> int:
           f"{outcome['note_bytes_left']} left")
     print(f"rows {outcome['rows']:,}, distinct ids {outcome['distinct_ids']:,}, produced {outcome['produced']:,}, "
           f"dead letters {outcome['dead_letters']}")
-    out = ROOT / "bench" / "results" / f"layout-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("layout", stamp)
     out.write_text(json.dumps(outcome, indent=2, default=str))
     print(f"results: {out}", file=sys.stderr)
     return 0

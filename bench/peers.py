@@ -40,12 +40,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.bench.harness import process_tree, rss_bytes, tree_pids  # noqa: E402
-from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port, port_open  # noqa: E402
+from streamberg.bench.harness import (
+    ROOT,
+    broker_in,
+    process_tree,
+    results_path,
+    rss_bytes,
+    tree_pids,
+)
+from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
+from streamberg.common.broker import ensure_topic, free_port, port_open
 
 PEERS_DIR = ROOT / ".bench-peers"
 SYSTEMS_DIR = ROOT / "bench" / "peer_systems"
@@ -293,19 +297,17 @@ def main() -> int:
         venv_python(name)  # made before anything is timed
     runs: list[dict[str, Any]] = []
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    with tempfile.TemporaryDirectory(prefix="sb-peers-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sb-peers-") as tmp, broker_in(Path(tmp)) as bootstrap:
         directory = Path(tmp)
-        broker = EmbeddedBroker(directory / "broker")
-        info = broker.start(port=free_port())
         moto = Moto(directory) if "quix" in systems else None
         try:
             for records in [int(r) for r in args.records.split(",")]:
                 topic = f"peers-{records}"
-                ensure_topic(info.bootstrap, topic, args.partitions)
+                ensure_topic(bootstrap, topic, args.partitions)
                 from streamberg.common.config import StreambergConfig
 
                 produce = StreambergConfig.model_validate({
-                    "kafka": {"bootstrap_servers": info.bootstrap, "topic": topic},
+                    "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
                     "catalog": {"uri": f"sqlite:///{directory / 'produce.db'}", "warehouse": str(directory / "w")},
                     "table": {"identifier": "bench.produce", "schema": SAMPLE_EVENT_SCHEMA}})
                 print(f"producing {records:,} events to {topic} ...", file=sys.stderr)
@@ -313,7 +315,7 @@ def main() -> int:
                 for system in systems:
                     print(f"{system}, {records:,} events ...", file=sys.stderr)
                     try:
-                        run = run_system(system, records, args.partitions, args.interval, info.bootstrap, topic,
+                        run = run_system(system, records, args.partitions, args.interval, bootstrap, topic,
                                          directory / f"{system}-{records}", moto)
                     except Exception as exc:  # noqa: BLE001 - a peer that fails is reported, the rest run
                         run = {"error": str(exc).splitlines()[-1] if str(exc) else type(exc).__name__}
@@ -323,11 +325,9 @@ def main() -> int:
         finally:
             if moto is not None:
                 moto.close()
-            broker.stop()
     table = report(runs)
     print(table)
-    out = ROOT / "bench" / "results" / f"peers-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("peers", stamp)
     out.write_text(json.dumps({"at": stamp, "partitions": args.partitions, "interval": args.interval,
                                "cores": os.cpu_count(), "pathway": "not run: its Iceberg writer needs an "
                                "online-validated licence", "runs": runs}, indent=2))

@@ -32,15 +32,18 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.bench.harness import process_tree, tree_rss  # noqa: E402
-from streamberg.common.broker import EmbeddedBroker, ensure_topic, free_port  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import load_config  # noqa: E402
-from streamberg.table_meta.offsets import summary_properties  # noqa: E402
-from streamberg.table_meta.summary_keys import SummaryKeys  # noqa: E402
+from streamberg.bench.harness import (
+    ROOT,
+    broker_in,
+    process_tree,
+    results_path,
+    tree_rss,
+)
+from streamberg.common.broker import ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import load_config
+from streamberg.table_meta.offsets import summary_properties
+from streamberg.table_meta.summary_keys import SummaryKeys
 
 COMPONENTS = ("ingest", "compact", "maintain")
 
@@ -153,50 +156,48 @@ def main() -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work = args.workdir / stamp
     work.mkdir(parents=True)
-    broker = EmbeddedBroker(work / "broker")
-    info = broker.start(port=free_port())
-    demo = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
-    demo["kafka"] = {"bootstrap_servers": info.bootstrap, "topic": "soak-events"}
-    demo["catalog"] = {"uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
-    demo["ingest"] = {**demo["ingest"], "commit_interval_seconds": args.interval, "state_dir": str(work / "state")}
-    demo["compactor"]["checkpoint_dir"] = str(work / "checkpoint")
-    demo.pop("run", None)
-    config_path = work / "soak.yaml"
-    config_path.write_text(yaml.safe_dump(demo, sort_keys=False))
-    config = load_config(config_path)
-    ensure_topic(info.bootstrap, "soak-events", 4)
-    exe = Path(sys.executable).parent / "streamberg"
-    seconds = args.minutes * 60
-    count = int(args.rate * seconds)
-    env = {**os.environ, "STREAMBERG_LOG_FORMAT": "json"}
-    producer = subprocess.Popen([str(exe), "produce", "--config", str(config_path), "--count", str(count),
-                                 "--rate", str(args.rate), "--bad-fraction", "0.01"],
-                                stdout=(work / "produce.json").open("w"), stderr=subprocess.DEVNULL, env=env)
-    run = subprocess.Popen([str(exe), "run", "--config", str(config_path), "--duration", str(seconds + 60),
-                            "--no-status"], stdout=(work / "run.json").open("w"),
-                           stderr=(work / "run.log").open("w"), env=env)
-    samples: list[dict[str, Any]] = []
-    seen: set[int] = set()
-    started = time.monotonic()
-    try:
-        while run.poll() is None:
-            time.sleep(args.sample)
-            sample = {"t": round(time.monotonic() - started, 1), "rss": component_rss(run.pid)}
-            sample.update(table_sample(config, seen))
-            samples.append(sample)
-            print(json.dumps(sample), flush=True)
-    finally:
-        if producer.poll() is None:
-            producer.terminate()
-        run.wait()
-    produced = json.loads((work / "produce.json").read_text() or "{}")
-    catalog = load_catalog(config.catalog)
-    ids = catalog.load_table(config.table.identifier).scan(selected_fields=("id",)).to_arrow().column("id")
-    dead = catalog.load_table(config.ingest_target.dead_letter_table).scan(selected_fields=("offset",)).to_arrow()
-    import pyarrow.compute as pc
+    with broker_in(work) as bootstrap:
+        demo = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
+        demo["kafka"] = {"bootstrap_servers": bootstrap, "topic": "soak-events"}
+        demo["catalog"] = {"uri": f"sqlite:///{work}/catalog.db", "warehouse": str(work / "warehouse")}
+        demo["ingest"] = {**demo["ingest"], "commit_interval_seconds": args.interval, "state_dir": str(work / "state")}
+        demo["compactor"]["checkpoint_dir"] = str(work / "checkpoint")
+        demo.pop("run", None)
+        config_path = work / "soak.yaml"
+        config_path.write_text(yaml.safe_dump(demo, sort_keys=False))
+        config = load_config(config_path)
+        ensure_topic(bootstrap, "soak-events", 4)
+        exe = Path(sys.executable).parent / "streamberg"
+        seconds = args.minutes * 60
+        count = int(args.rate * seconds)
+        env = {**os.environ, "STREAMBERG_LOG_FORMAT": "json"}
+        producer = subprocess.Popen([str(exe), "produce", "--config", str(config_path), "--count", str(count),
+                                     "--rate", str(args.rate), "--bad-fraction", "0.01"],
+                                    stdout=(work / "produce.json").open("w"), stderr=subprocess.DEVNULL, env=env)
+        run = subprocess.Popen([str(exe), "run", "--config", str(config_path), "--duration", str(seconds + 60),
+                                "--no-status"], stdout=(work / "run.json").open("w"),
+                               stderr=(work / "run.log").open("w"), env=env)
+        samples: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        started = time.monotonic()
+        try:
+            while run.poll() is None:
+                time.sleep(args.sample)
+                sample = {"t": round(time.monotonic() - started, 1), "rss": component_rss(run.pid)}
+                sample.update(table_sample(config, seen))
+                samples.append(sample)
+                print(json.dumps(sample), flush=True)
+        finally:
+            if producer.poll() is None:
+                producer.terminate()
+            run.wait()
+        produced = json.loads((work / "produce.json").read_text() or "{}")
+        catalog = load_catalog(config.catalog)
+        ids = catalog.load_table(config.table.identifier).scan(selected_fields=("id",)).to_arrow().column("id")
+        dead = catalog.load_table(config.ingest_target.dead_letter_table).scan(selected_fields=("offset",)).to_arrow()
+        import pyarrow.compute as pc
 
-    distinct = len(pc.unique(ids))
-    broker.stop()
+        distinct = len(pc.unique(ids))
     # The run's start (JVMs, first commits) is not its steady state: the flat check reads the
     # samples after the first two minutes.
     steady = [s for s in samples if 120 <= s["t"] <= seconds]  # after start-up, while events arrive
@@ -215,8 +216,7 @@ def main() -> int:
         "flat_second_half": {k: {"flat": v[0], "at_half": v[1], "worst_departure": v[2]} for k, v in verdicts.items()},
         "samples": samples,
     }
-    out = ROOT / "bench" / "results" / f"soak-{stamp}"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = results_path("soak", stamp, "")
     Path(f"{out}.json").write_text(json.dumps(result, indent=1))
     draw(samples, Path(f"{out}.png"))
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))

@@ -20,11 +20,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from streamberg.common.config import StreambergConfig
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from streamberg.common.config import StreambergConfig  # noqa: E402
-
 OUT = ROOT / "docs" / "configuration.md"
 
 HEAD = """# Configuration reference

@@ -24,15 +24,13 @@ import threading
 import time
 from pathlib import Path
 
+from confluent_kafka import Producer
+
+from streamberg.common.broker import EmbeddedBroker, ensure_topic
+from streamberg.common.catalog import load_catalog
+from streamberg.common.config import fleet_table, load_fleet
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from confluent_kafka import Producer  # noqa: E402
-
-from streamberg.common.broker import EmbeddedBroker, ensure_topic  # noqa: E402
-from streamberg.common.catalog import load_catalog  # noqa: E402
-from streamberg.common.config import fleet_table, load_fleet  # noqa: E402
-
 CONFIG = ROOT / "examples" / "fleet.yaml"
 
 

@@ -14,14 +14,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fixtures.registry
 
 EVENTS = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "ts", TimestamptzType(), required=True),
                 NestedField(3, "user_id", StringType(), required=True), NestedField(4, "city", StringType()),
@@ -37,6 +33,7 @@ def main() -> None:
     from google.protobuf.descriptor_pool import DescriptorPool
     from google.protobuf.message_factory import GetMessageClass
 
+    from streamberg.bench.harness import checkout_tests
     from streamberg.common.config.sections import SchemaRegistryConfig
     from streamberg.decode.avro_decode import AvroDecoder
     from streamberg.decode.avro_schema import avro_schema
@@ -44,6 +41,8 @@ def main() -> None:
     from streamberg.decode.protobuf_decode import ProtobufDecoder
     from streamberg.decode.protobuf_schema import file_descriptor_proto
     from streamberg.decode.registry import WriterSchemas
+
+    checkout_tests()  # tests.fixtures.registry: the registry stand-in
     from tests.fixtures.registry import start_registry
 
     registry, server = start_registry()

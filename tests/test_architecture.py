@@ -617,3 +617,39 @@ def test_the_one_owner_check_sees(rule: str, tmp_path: Path) -> None:
     sample = tmp_path / "m.py"
     sample.write_text(sample_text)
     assert find(sample) == expected
+
+
+# -- the benches share a harness (bench/harness.py) -------------------------------------------------
+# Each bench added the checkout to the import path and started, stopped and wrote its broker and
+# its results its own way (13 `sys.path.insert`s, 8 broker start-ups): the harness does it once.
+HARNESS = "bench/harness.py"
+BENCH_OWN = {"scripts/fleet_demo.py: EmbeddedBroker": "the demo keeps its broker in .streamberg/fleet for the "
+             "operator to look at after; no bench result"}
+
+
+def _bench_plumbing(path: Path) -> list[str]:
+    """Import-path edits and embedded brokers started by the module itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        if name.startswith("sys.path."):
+            found.append(name)
+        elif name.split(".")[-1] == "EmbeddedBroker":
+            found.append("EmbeddedBroker")
+    return found
+
+
+def test_benches_use_the_harness() -> None:
+    modules = [path for folder in ("bench", "scripts") for path in sorted((ROOT / folder).rglob("*.py"))]
+    wrong = [entry for path in modules if (relative := str(path.relative_to(ROOT))) != HARNESS
+             for item in _bench_plumbing(path) if (entry := f"{relative}: {item}") not in BENCH_OWN]
+    assert not wrong, f"a bench's own import path or broker (use bench/harness.py): {wrong}"
+
+
+def test_the_bench_check_sees(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("import sys\nsys.path.insert(0, 'x')\nsys.path.append('y')\nb = EmbeddedBroker(d)\n"
+                      "c = broker.EmbeddedBroker(d)\nsys.exit(0)\n")
+    assert _bench_plumbing(sample) == ["sys.path.insert", "sys.path.append", "EmbeddedBroker", "EmbeddedBroker"]

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# kafka_backlog: this folder is the script's own, first on the import path when it runs
 from kafka_backlog import batches
 
 

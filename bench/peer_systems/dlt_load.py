@@ -7,10 +7,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# kafka_backlog: this folder is the script's own, first on the import path when it runs
 from kafka_backlog import batches
 
 
