@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import StreambergConfig, is_fleet, load_config, load_fleet
+from streamberg.common.config import StreambergConfig, load_tables
 from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
@@ -124,46 +124,36 @@ def _registry(config: StreambergConfig, timeout: float) -> Probe | None:
 
 def check(path: Path, connect: bool) -> Report:
     report = Report(config=str(path), valid=True)
-    fleet: FleetConfig | None = None
     try:
-        if is_fleet(path):
-            fleet = load_fleet(path)
-            sample = run_settings(fleet)
-            report.tables = [r.identifier for r in fleet.tables]
-        else:
-            sample = load_config(path)
-            report.tables = [sample.table.identifier]
+        fleet = load_tables(path)  # one table or many: routes
+        sample = run_settings(fleet)
     except ConfigError as exc:
         return Report(config=str(path), valid=False, problems=exc.problems)
+    report.tables = [r.identifier for r in fleet.tables]
     # What the components would refuse from the config alone, every table at once.
-    problems = [f"{c.table.identifier}: {p}" if fleet is not None else p
-                for c in _declared_tables(fleet, sample) for p in declared_problems(c)]
+    problems = [f"{c.table.identifier}: {p}" if fleet.many else p
+                for c in _declared_tables(fleet) for p in declared_problems(c)]
     if problems:
         return Report(config=str(path), valid=False, problems=problems, tables=report.tables)
     if not connect:
         return report
     timeout = sample.monitoring.broker_timeout_seconds
-    if fleet is not None:
-        named = fleet.named_topics()
-        patterns = [r.topic_pattern for r in fleet.tables if r.topic_pattern is not None]
-        kafka: dict[str, Any] = {"bootstrap_servers": fleet.kafka.bootstrap_servers, "consumer": fleet.kafka.consumer}
-        identifiers = [r.table_identifier(t) for r in fleet.tables for t in (r.topics or ()) if not r.route_field]
-    else:
-        named, patterns = [sample.kafka.topic], []
-        kafka = {"bootstrap_servers": sample.kafka.bootstrap_servers, "consumer": sample.kafka.consumer}
-        identifiers = [sample.table.identifier]
-    report.probes.append(_broker(kafka, named, patterns, timeout))
+    patterns = [r.topic_pattern for r in fleet.tables if r.topic_pattern is not None]
+    kafka: dict[str, Any] = {"bootstrap_servers": fleet.kafka.bootstrap_servers, "consumer": fleet.kafka.consumer}
+    identifiers = [r.table_identifier(t) for r in fleet.tables for t in (r.topics or ()) if not r.route_field]
+    report.probes.append(_broker(kafka, fleet.named_topics(), patterns, timeout))
     report.probes.append(_catalog(sample, identifiers))
     if (registry := _registry(sample, timeout)) is not None:
         report.probes.append(registry)
     return report
 
 
-def _declared_tables(fleet: FleetConfig | None, sample: StreambergConfig) -> list[StreambergConfig]:
-    """The configs of the tables the file names: itself, or each named topic's of a config of
-    many (a pattern's tables are known only once the broker lists its topics)."""
-    if fleet is None:
-        return [sample]
+def _declared_tables(fleet: FleetConfig) -> list[StreambergConfig]:
+    """The configs of the tables the file names: a config of one table's own, or each named
+    topic's of a config of many (a pattern's tables are known only once the broker lists its
+    topics)."""
+    if (one := fleet.one_table()) is not None:
+        return [one]
     from streamberg.common.config import config_from_dump
 
     out = []

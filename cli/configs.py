@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import StreambergConfig, fleet_table, is_fleet, load_config, load_fleet
+from streamberg.common.config import FleetConfig, StreambergConfig, fleet_table, load_tables
 from streamberg.common.kafka_settings import connection_settings
 
 TABLE_HELP = ("with a config of many tables (tables:): the table to work on, namespace.table (a pattern route's "
@@ -17,17 +17,17 @@ def add_table_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table", default=None, metavar="NAMESPACE.TABLE", help=TABLE_HELP)
 
 
-def config_of(args: argparse.Namespace) -> StreambergConfig:
-    """The config's table, or --table's of a config of many."""
+def config_of(args: argparse.Namespace, fleet: FleetConfig | None = None) -> StreambergConfig:
+    """The config's table, or --table's of a config of many (`fleet`: the config, when the
+    command loaded it already)."""
     table = getattr(args, "table", None)
-    if not is_fleet(args.config):
-        config = load_config(args.config)
+    fleet = load_tables(args.config) if fleet is None else fleet
+    if (config := fleet.one_table()) is not None:
         if table and table.lower() != config.table.identifier.lower():
             raise CommandError(f"--table {table}: this config has one table, {config.table.identifier}")
         return config
     if not table:
         raise CommandError(f"{args.config} declares many tables: give --table <namespace.table>")
-    fleet = load_fleet(args.config)
     topics: list[str] | None
     try:
         from confluent_kafka.admin import AdminClient

@@ -54,7 +54,7 @@ from streamberg.cli.k8s_manifests import (
     spark_application,
 )
 from streamberg.common.catalog_kinds import kind_of
-from streamberg.common.config import StreambergConfig, is_fleet, load_config, load_fleet
+from streamberg.common.config import StreambergConfig, load_tables
 from streamberg.common.config.loading import config_document
 from streamberg.common.redact import redact
 from streamberg.common.tables import run_settings
@@ -186,15 +186,11 @@ def manifests(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]
     if redact(text) != text:
         raise CommandError(f"{args.config} holds a secret (a password or credential): it would be stored in a "
                            "ConfigMap. Move it to the Secret as a STREAMBERG_<SECTION>__<KEY> variable")
-    fleet = is_fleet(args.config)
-    if fleet:
-        loaded = load_fleet(args.config)
-        config = run_settings(loaded)
-        if args.keepers == "components":
-            raise CommandError("--keepers components: a config of many tables is kept by the governor (one "
-                               "SparkApplication for every table); leave --keepers at governor")
-    else:
-        config = load_config(args.config)
+    loaded = load_tables(args.config)
+    fleet, config = loaded.many, run_settings(loaded)
+    if fleet and args.keepers == "components":
+        raise CommandError("--keepers components: a config of many tables is kept by the governor (one "
+                           "SparkApplication for every table); leave --keepers at governor")
     plan = _plan(args, config_document(args.config), fleet, config)
     plan.spark_extra_jars = _spark_s3_jars(args, config)
     flink_image, spark_image, missing = _images(args)

@@ -71,14 +71,14 @@ def _health(base: StreambergConfig) -> int:
 
 
 def _govern(args: argparse.Namespace) -> int:
-    from streamberg.common.config import is_fleet, load_config, load_fleet
+    from streamberg.common.config import load_tables
     from streamberg.common.spark import JobGroups, build_spark_session, quiet_spark_logs
     from streamberg.common.stop import install_stop_handlers
     from streamberg.common.tables import run_settings
     from streamberg.governor.service import build_service
     from streamberg.governor.tables import GovernedTables
 
-    raw = run_settings(load_fleet(args.config)) if is_fleet(args.config) else load_config(args.config)
+    raw = run_settings(load_tables(args.config))
     if args.health:
         return _health(raw)
     base = _settings(args, raw)

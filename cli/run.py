@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import FleetConfig, StreambergConfig, load_config
+from streamberg.common.config import FleetConfig, StreambergConfig, load_tables
 from streamberg.common.config.components import COMPONENTS
 from streamberg.common.errors import ConfigError, IngestFenced
 from streamberg.common.exit_codes import ExitCode
@@ -124,29 +124,25 @@ def fleet_status_collector(fleet: FleetConfig) -> Callable[[], dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streamberg.common.config import is_fleet, load_fleet
     from streamberg.supervisor.supervisor import Supervisor
 
-    if is_fleet(args.config):
+    fleet = load_tables(args.config)  # an invalid file fails here (exit 2), before any child starts
+    if args.duration is not None and args.duration <= 0:
+        raise CommandError("--duration must be positive")
+    config = run_settings(fleet)
+    if fleet.many:
         # Many tables: the one ingest job writes them all and one governor keeps them all.
-        fleet = load_fleet(args.config)
-        base = run_settings(fleet)
         components = args.components or ["ingest", "govern"]
         if set(components) - {"ingest", "govern"}:
             raise CommandError("a config of many tables runs its ingest and `govern` (one service keeping every table) "
                                "under `streamberg run`; one table alone: `streamberg compact|merge|maintain --config F "
                                "--table X`")
-        supervisor = Supervisor(base, str(fleet.config_path or args.config), duration=args.duration,
-                                components=components, status=not args.no_status,
-                                status_collector=fleet_status_collector(fleet))
-        return _supervise(supervisor, args, base, _fleet_collector(fleet))
-    config = load_config(args.config)  # an invalid file fails here (exit 2), before any child starts
-    if args.duration is not None and args.duration <= 0:
-        raise CommandError("--duration must be positive")
-    supervisor = Supervisor(config, str(config.config_path or args.config), duration=args.duration,
-                            components=args.components, status=not args.no_status,
-                            status_collector=status_collector(config))
-    return _supervise(supervisor, args, config, _table_collector(config))
+        line, page = fleet_status_collector(fleet), _fleet_collector(fleet)
+    else:
+        components, line, page = args.components, status_collector(config), _table_collector(config)
+    supervisor = Supervisor(config, str(fleet.config_path or args.config), duration=args.duration,
+                            components=components, status=not args.no_status, status_collector=line)
+    return _supervise(supervisor, args, config, page)
 
 
 def _fleet_collector(fleet: FleetConfig) -> Callable[[], Any]:

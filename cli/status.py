@@ -10,7 +10,7 @@ import time
 
 from streamberg.cli.configs import add_table_argument, config_of
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import StreambergConfig
+from streamberg.common.config import FleetConfig, StreambergConfig, load_tables
 from streamberg.common.log import get_logger
 from streamberg.common.redact import redact
 from streamberg.monitoring.collect import collect_status
@@ -41,13 +41,11 @@ def _print(status: Status, as_json: bool, watching: bool) -> None:
         print("" if sys.stdout.isatty() else "-" * 72, flush=True)
 
 
-def _fleet_status(args: argparse.Namespace) -> int:
+def _fleet_status(args: argparse.Namespace, fleet: FleetConfig) -> int:
     """A config of many tables: one line a table, worst first (monitoring/fleet.py)."""
-    from streamberg.common.config import load_fleet
     from streamberg.monitoring.fleet import collect_fleet, render_fleet
     from streamberg.monitoring.refresh import StatusModel
 
-    fleet = load_fleet(args.config)
     model = StatusModel()
     while True:
         status = collect_fleet(fleet, model)
@@ -64,16 +62,13 @@ def _fleet_status(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from streamberg.common.config import is_fleet
-
     if args.watch is not None and args.watch <= 0:
         raise CommandError("--watch needs a positive number of seconds")
-    if is_fleet(args.config) and not args.table:
-        return _fleet_status(args)
-    config = config_of(args)
+    fleet = load_tables(args.config)
+    if fleet.many and not args.table:
+        return _fleet_status(args, fleet)
+    config = config_of(args, fleet)
     cache = ManifestCache()
-    if args.watch is not None and args.watch <= 0:
-        raise CommandError("--watch needs a positive number of seconds")
     status = _status_once(config, cache)
     _print(status, args.json, args.watch is not None)
     if args.watch is None:
@@ -89,7 +84,6 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    from streamberg.common.config import is_fleet, load_fleet
     from streamberg.common.tables import run_settings
     from streamberg.monitoring.dashboard.app import make_exporter_app, serve_app
     from streamberg.monitoring.fleet import collect_fleet
@@ -100,14 +94,14 @@ def _metrics(args: argparse.Namespace) -> int:
     if args.refresh <= 0:
         raise CommandError("--refresh needs a positive number of seconds")
     cache = ManifestCache()
-    if is_fleet(args.config) and not args.table:  # every table of the config, one `table` label each
-        fleet = load_fleet(args.config)
+    fleet = load_tables(args.config)
+    if fleet.many and not args.table:  # every table of the config, one `table` label each
         config = run_settings(fleet)
         scope = f"{len(fleet.tables)} routes of {args.config}"
         model = StatusModel(cache=cache)
         watch = Watch(lambda: collect_fleet(fleet, model), fleet_families, args.refresh, scope)
     else:
-        config = config_of(args)
+        config = config_of(args, fleet)
         scope = config.table.identifier
         watch = Watch(lambda: table_status(config, cache), table_families, args.refresh, scope)
     if args.once:

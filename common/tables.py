@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, is_fleet, load_config, load_fleet
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, load_tables
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
 from streamberg.common.config.resolve import resolve_fleet
 
@@ -37,8 +37,11 @@ class ConfigTables:
 
 
 def run_settings(fleet: FleetConfig) -> StreambergConfig:
-    """A config of many's run-wide settings (connection, catalog, state, limits) as a
-    single-table configuration: its first route's, which carries every shared section."""
+    """A config's run-wide settings (connection, catalog, state, limits) as a single-table
+    configuration: a config of one table's own, as it loaded; a config of many's first route's,
+    which carries every shared section."""
+    if (one := fleet.one_table()) is not None:
+        return one
     route = fleet.tables[0]
     return config_from_dump(fleet.document(route, (route.topics or ["sample.topic"])[0]))
 
@@ -60,15 +63,15 @@ def broker_topics(fleet: FleetConfig, settings: StreambergConfig) -> tuple[list[
 def config_tables(path: str | Path, topics: list[str] | None = None, catalog: Any = None) -> ConfigTables:
     """The tables of the config at `path` now (`topics`: the broker's, when the caller has
     them; `catalog`: an open one, read-only is enough; opened here when None)."""
-    if not is_fleet(path):
-        config = load_config(path)
-        return ConfigTables({config.table.identifier: config}, {config.table.identifier: config.kafka.topic},
-                            run_settings=config)
-    return fleet_tables(load_fleet(path), topics, catalog)
+    return fleet_tables(load_tables(path), topics, catalog)
 
 
 def fleet_tables(fleet: FleetConfig, topics: list[str] | None = None, catalog: Any = None) -> ConfigTables:
-    """The tables of a config of many now (see config_tables)."""
+    """The tables of a config now (see config_tables): a config of one table keeps its table
+    whatever the broker lists (its topic may come later), with no broker or catalog asked."""
+    if (one := fleet.one_table()) is not None:
+        return ConfigTables({one.table.identifier: one}, {one.table.identifier: one.kafka.topic}, fleet=fleet,
+                            run_settings=one)
     settings = run_settings(fleet)
     out = ConfigTables(fleet=fleet, run_settings=settings)
     if topics is None:

@@ -134,7 +134,7 @@ def _drain_seconds(fleet: FleetConfig) -> float:
     interval any table has, and a minute."""
     intervals = [fleet.defaults.ingest.commit_interval_seconds,
                  *(r.commit_interval_seconds for r in fleet.tables if r.commit_interval_seconds is not None)]
-    if fleet.single is not None:
+    if not fleet.many:
         intervals.append(run_settings(fleet).ingest.commit_interval_seconds)
     return 3 * max(intervals) + 60
 

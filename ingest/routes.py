@@ -266,7 +266,7 @@ def prepare_routes(fleet: FleetConfig, log: Any) -> list[str]:
         route = fleet.route_of(topic)
         try:
             ensure_route_table(tables.by_topic[topic], topic, anchor_field=route.route_field if route else None,
-                               infer=fleet.single is None)
+                               infer=fleet.many)
         except NoSuchTableError as exc:  # schema: infer, no record yet: the writers route it once there is
             tables.wait(topic, str(exc))
         except Exception as exc:  # noqa: BLE001 - that topic's table alone (the writers refuse it and say why)

@@ -264,7 +264,7 @@ class Writer:
             # being written (it holds its slot when one is free).
             if why is not None and not shared_catalog(config.catalog).table_exists(config.table.identifier):
                 raise TableCapReached(why)
-        ensure_route_table(config, topic, value, sample, anchor_field=route_field, infer=self.fleet.single is None)
+        ensure_route_table(config, topic, value, sample, anchor_field=route_field, infer=self.fleet.many)
         lane = TableLane(config, self.index, self.parallelism, self.run_id, reassign=self.reassign, route_value=value)
         lane.open(self.source)
         if start is not None:

@@ -508,6 +508,24 @@ def _catalog_openings(path: Path) -> list[str]:
     return found
 
 
+# One root config: a command loads its file with `load_tables` (a config of one table is a
+# config of one route; `FleetConfig.many` and `one_table()` say what differs), never with the
+# loaders of one kind (`load_config`, `load_fleet`), which only that function chooses between.
+LOADS_CONFIG_FILES_IN = {"common/config/loading.py"}
+_KIND_LOADERS = {"load_config", "load_fleet", "as_fleet", "is_fleet", "_is_fleet"}
+
+
+def _config_kind_loads(path: Path) -> list[str]:
+    """Calls of a loader of one kind of config file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in _KIND_LOADERS:
+                found.append(f"line {node.lineno}")
+    return found
+
+
 # Where an action's timing is decided: the one scheduler (table_meta/schedule.py), for the
 # governor's fleet and for a component started alone (`keep_alone`).
 TIMES_ACTIONS_IN = {"table_meta/schedule.py"}
@@ -571,6 +589,8 @@ def _change_ranking(path: Path) -> list[str]:
 #   opened once a process and closed with it; a `load_catalog` in a command or an action
 #   opened a catalog (an engine and its pool) each call, closed by no one (the column drop
 #   opened one at every run under the governor);
+# - config files loaded: a config of one table and a config of many were two models, 33
+#   conversions and `is_fleet` branches in 8 files;
 # - action timing: `streamberg merge` and `streamberg maintain` alone each timed their action with a
 #   loop of their own (a merge every interval, a pass and the expiry checks between), beside the
 #   governor's scheduler; they are that scheduler over one table now;
@@ -589,6 +609,10 @@ ONE_OWNER = {
                          "import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
                          "    shared_catalog(config)\n",
                          ["line 3", "line 4"]),
+    "config files loaded": (_config_kind_loads, LOADS_CONFIG_FILES_IN, ":",
+                            "import c\ndef f(p):\n    load_config(p)\n    c.load_fleet(p)\n    is_fleet(p)\n"
+                            "    load_tables(p)\n",
+                            ["line 3", "line 4", "line 5"]),
     "action timing": (_interval_waits, TIMES_ACTIONS_IN, ":",
                       "def f(stop, config, t, time, self):\n    stop.wait(max(0.0, config.merge.interval_seconds - t))\n"
                       "    stop.wait(min(config.maintenance.expire.check_seconds, t))\n"

@@ -39,9 +39,9 @@ from streamberg.common.config.fleet import FleetConfig, RouteConfig, topic_ident
 from streamberg.common.config.loading import (
     config_from_dump,
     dump_config,
-    is_fleet,
     load_config,
     load_fleet,
+    load_tables,
 )
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
 from streamberg.common.config.resolve import fleet_table
@@ -66,6 +66,6 @@ __all__ = [
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
     "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MergeConfig", "MonitoringConfig", "OrphanConfig",
     "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "GovernConfig", "StreambergConfig", "TableConfig", "TableTarget",
-    "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "is_fleet", "load_fleet",
+    "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "load_fleet", "load_tables",
     "config_from_dump", "dump_config", "load_config",
 ]

@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from streamberg.common.config.model import StreambergConfig
 
 from streamberg.common.config.bounds import (
     MAX_IDENTIFIER,
@@ -339,6 +342,18 @@ class FleetConfig(_Section):
     # A config of one table as a config of one route (common/config/loading.as_fleet): that
     # table's configuration, as data, which document() gives whole.
     single: dict[str, Any] | None = None
+    # ... and as it loaded (what the file set, with the environment: the origins of its settings
+    # that a dump, every field set, would lose). Not data: a worker rebuilds from `single`.
+    _loaded: StreambergConfig | None = PrivateAttr(default=None)
+
+    @property
+    def many(self) -> bool:
+        """Whether the file declares many tables (`tables:`), not one table as a route of one."""
+        return self.single is None
+
+    def one_table(self) -> StreambergConfig | None:
+        """A config of one table: that table's configuration as it loaded (None: many tables)."""
+        return self._loaded if self.single is not None else None
 
     @model_validator(mode="before")
     @classmethod

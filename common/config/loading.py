@@ -227,7 +227,7 @@ def config_document(path: str | Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def is_fleet(path: str | Path) -> bool:
+def _is_fleet(path: str | Path) -> bool:
     """Whether the file declares many tables (`tables:`; common/config/fleet.py)."""
     raw = _parse_yaml(Path(path), _read_config_text(Path(path)))
     return isinstance(raw, dict) and "tables" in raw
@@ -337,16 +337,22 @@ def as_fleet(config: StreambergConfig) -> FleetConfig:
     dump = dump_config(config)
     shared = {name: section for name, section in dump.items()
               if name in ("catalog", "compactor", "maintenance", "monitoring", "merge", "run", "govern")}
-    return FleetConfig.model_validate({
-        **shared, "kafka": {k: v for k, v in dump["kafka"].items() if k != "topic"},
-        "defaults": {"ingest": dump["ingest"]}, "config_path": config.config_path, "single": dump,
-        "tables": [{"identifier": config.table.identifier, "topics": [config.kafka.topic]}]})
+    try:
+        fleet = FleetConfig.model_validate({
+            **shared, "kafka": {k: v for k, v in dump["kafka"].items() if k != "topic"},
+            "defaults": {"ingest": dump["ingest"]}, "config_path": config.config_path, "single": dump,
+            "tables": [{"identifier": config.table.identifier, "topics": [config.kafka.topic]}]})
+    except ValidationError as exc:  # a table a config of one names but a route cannot: said, not raised raw
+        raise config_error(str(config.config_path or "the configuration"), exc) from None
+    fleet._loaded = config
+    return fleet
 
 
 def load_tables(path: str | Path) -> FleetConfig:
     """The tables of a config file as routes: a config of many as it is, a config of one table
-    as a config of one route (the only place that asks which the file is)."""
-    return load_fleet(path) if is_fleet(path) else as_fleet(load_config(path))
+    as a config of one route (the only place that asks which the file is: every command loads
+    its config here and sees one type, `FleetConfig.many` and `one_table()` for what differs)."""
+    return load_fleet(path) if _is_fleet(path) else as_fleet(load_config(path))
 
 
 def load_config(path: str | Path, **overrides: Any) -> StreambergConfig:

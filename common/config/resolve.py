@@ -62,9 +62,9 @@ def resolve_fleet(fleet: FleetConfig, topics: list[str], known: dict[str, Stream
             continue
         # A config of one table names its own table (checked when it loaded): no rule of the
         # names a topic makes applies to it.
-        why = None if fleet.single is not None else _refusal(config, route.route_field is not None, owners, sides)
+        why = None if not fleet.many else _refusal(config, route.route_field is not None, owners, sides)
         cap = config.ingest.max_tables_per_route
-        if why is None and fleet.single is None and route.route_field is None and per_route.get(id(route), 0) >= cap:
+        if why is None and fleet.many and route.route_field is None and per_route.get(id(route), 0) >= cap:
             why = (f"its route already has ingest.max_tables_per_route ({cap}) tables; raise it to read this topic")
         if why is not None:
             refused[topic] = why
