@@ -72,7 +72,7 @@ def _health(base: StreambergConfig) -> int:
 
 def _govern(args: argparse.Namespace) -> int:
     from streamberg.common.config import load_tables
-    from streamberg.common.spark import JobGroups, build_spark_session, quiet_spark_logs
+    from streamberg.common.spark import JobGroups, process_session
     from streamberg.common.stop import install_stop_handlers
     from streamberg.common.tables import run_settings
     from streamberg.governor.service import build_service
@@ -93,44 +93,40 @@ def _govern(args: argparse.Namespace) -> int:
         return 0
     session = None
     if not args.dry_run:
-        session = build_spark_session(base.catalog, base.compactor.spark_master, base.compactor.spark_conf,
-                                      app_name="streamberg-governor")
-        quiet_spark_logs(session)
+        # The process's session (its runtime's: stopped when the command ends).
+        session = process_session(base.catalog, base.compactor.spark_master, base.compactor.spark_conf,
+                                  app_name="streamberg-governor")
     from streamberg.table_meta.table_files import ManifestCache
 
     cache = ManifestCache()  # one for the service's life: every table's replanning reads it
     service = build_service(args.config, settings, base, session, lambda config: executors(config, cache),
                             jobs=JobGroups(session) if session is not None else None, tables=tables)
-    try:
-        if args.dry_run or args.once:
-            report = service.round(dry_run=args.dry_run)
-            if args.json:
-                print(redact(json.dumps({"planned": [{"table": c.due.table, "action": c.due.action, "why": c.reason}
-                                                     for c in report.planned],
-                                         "ran": report.ran, "problems": report.problems,
-                                         "fleet": service.governor.fleet_line()})))
-            else:
-                print(redact("\n".join(report.plan_lines())))
-            return 1 if any(not r["ok"] for r in report.ran) else 0
-        stop = threading.Event()
-        install_stop_handlers(stop)
-        from streamberg.cli import dashboard
+    if args.dry_run or args.once:
+        report = service.round(dry_run=args.dry_run)
+        if args.json:
+            print(redact(json.dumps({"planned": [{"table": c.due.table, "action": c.due.action, "why": c.reason}
+                                                 for c in report.planned],
+                                     "ran": report.ran, "problems": report.problems,
+                                     "fleet": service.governor.fleet_line()})))
+        else:
+            print(redact("\n".join(report.plan_lines())))
+        return 1 if any(not r["ok"] for r in report.ran) else 0
+    stop = threading.Event()
+    install_stop_handlers(stop)
+    from streamberg.cli import dashboard
 
-        # The dashboard reads the kept tables' statuses (collected apart from the rounds) and
-        # each table's runtime for its settings: the same objects the governor keeps.
-        collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
-                                               service.tables.refusals, base.ingest.state_dir)
-        server = dashboard.start(args, base, collect, stop)
-        try:
-            service.run(stop, settings.interval_seconds)
-        finally:
-            stop.set()
-            if server is not None:
-                server.shutdown()
-        return 0
+    # The dashboard reads the kept tables' statuses (collected apart from the rounds) and
+    # each table's runtime for its settings: the same objects the governor keeps.
+    collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
+                                           service.tables.refusals, base.ingest.state_dir)
+    server = dashboard.start(args, base, collect, stop)
+    try:
+        service.run(stop, settings.interval_seconds)
     finally:
-        if session is not None:
-            session.stop()
+        stop.set()
+        if server is not None:
+            server.shutdown()
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,6 +1,6 @@
 """The one owner of a process's shared resources: catalogs (one per catalog config), the state
 databases, Kafka consumers kept between reads and Kafka admin clients (with the facts asked
-of them), each opened on first use and closed once, by `close()`.
+of them), and the Spark session, each opened on first use and closed once, by `close()`.
 
     with Runtime() as runtime:          # a command's whole life
         catalog = runtime.catalog(config.catalog)
@@ -64,8 +64,9 @@ class Runtime:
         self._topic_ids: dict[tuple[str, str], tuple[float, str]] = {}
         self._asking: set[tuple[str, str]] = set()  # topic ids being asked in the background
         self._closers: list[Callable[[], None]] = []
+        self._spark: Any = None  # the process's Spark session, made on first use (common/spark.py)
         self._previous: Runtime | None = None
-        self.opened = {"catalogs": 0, "engines": 0, "consumers": 0, "admins": 0}  # counted, for tests and status
+        self.opened = {"catalogs": 0, "engines": 0, "consumers": 0, "admins": 0, "spark": 0}  # for tests and status
 
     # -- catalogs and the state database -----------------------------------------------------------
     def catalog(self, config: CatalogConfig) -> Catalog:
@@ -194,9 +195,21 @@ class Runtime:
             self._asking.discard(key)
         return found
 
+    # -- Spark ------------------------------------------------------------------------------------------
+    def spark(self, make: Callable[[], Any]) -> Any:
+        """The process's Spark session, made by `make` on first use (or again when the one kept
+        has stopped: its JVM gone with a signal to the process group), stopped with the runtime.
+        One: a JVM holds one SparkContext, and every component of the process runs on it."""
+        with self._lock:
+            self._after_fork()
+            if self._spark is None or not _spark_alive(self._spark):
+                self._spark = make()
+                self.opened["spark"] += 1
+            return self._spark
+
     # -- life --------------------------------------------------------------------------------------------
     def on_close(self, closer: Callable[[], None]) -> None:
-        """Something else this runtime's owner opened (a Spark session) closed with it."""
+        """Something else this runtime's owner opened closed with it."""
         with self._lock:
             self._closers.append(closer)
 
@@ -211,6 +224,9 @@ class Runtime:
             self._consumers = {}
             self._admins, self._topic_ids = {}, {}  # an admin client closes when its handle goes
             closers, self._closers = self._closers, []
+            spark, self._spark = self._spark, None
+        if spark is not None:
+            _stop_spark(spark)
         for catalog in catalogs:
             close_catalog(catalog)
         for engine in engines:
@@ -227,7 +243,8 @@ class Runtime:
         """What it holds now: catalogs, engines, idle consumers, admin clients."""
         with self._lock:
             return {"catalogs": len(self._catalogs), "engines": len(self._engines),
-                    "consumers": sum(len(p) for p in self._consumers.values()), "admins": len(self._admins)}
+                    "consumers": sum(len(p) for p in self._consumers.values()), "admins": len(self._admins),
+                    "spark": int(self._spark is not None)}
 
     def _after_fork(self) -> None:
         """In a forked child: forget the parent's handles without closing them (the parent
@@ -238,7 +255,7 @@ class Runtime:
             engine.dispose(close=False)
         self._pid = os.getpid()
         self._catalogs, self._engines, self._consumers, self._admins = {}, {}, {}, {}
-        self._topic_ids, self._closers = {}, []
+        self._topic_ids, self._closers, self._spark = {}, [], None  # the JVM's gateway is the parent's
 
     def __enter__(self) -> Runtime:
         global _current
@@ -252,6 +269,24 @@ class Runtime:
             if _current is self:
                 _current = self._previous
         self.close()
+
+
+def _spark_alive(spark: Any) -> bool:
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - the gateway is gone with its JVM
+        return False
+
+
+def _stop_spark(spark: Any) -> None:
+    """Stop the session; one already gone (its JVM signalled with the process group) is logged."""
+    try:
+        spark.stop()
+    except Exception as exc:  # noqa: BLE001 - closing what is gone
+        from streamberg.common.log import get_logger
+
+        get_logger("spark").warning("Spark had already stopped",
+                                    error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def _close_quietly(consumer: Any) -> None:

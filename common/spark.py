@@ -285,30 +285,32 @@ def own_scans(spark: Any) -> Iterator[None]:
 @contextmanager
 def session_for(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, str], given: Any = None,
                 app_name: str = "streamberg-compactor") -> Iterator[Any]:
-    """The Spark session a component runs on: `given` (a caller's, e.g. a test's or
-    `streamberg run`'s, made current with this catalog registered; left running), else one
-    built here from the config and stopped on the way out. A session that is already gone
-    (its JVM was signalled with the whole process group) is only logged. Its scans are the
-    component's own work while it runs (own_scans): not reported as queries."""
-    if given is not None:
-        activate(given)
-        register_catalog(given, catalog)
-        with own_scans(given):
-            yield given
-        return
-    spark = build_spark_session(catalog, master, spark_conf, app_name=app_name)
-    quiet_spark_logs(spark)
-    try:
-        with own_scans(spark):
-            yield spark
-    finally:
-        try:
-            spark.stop()
-        except Exception as exc:  # noqa: BLE001 - see the docstring
-            from streamberg.common.log import get_logger
+    """The Spark session a component runs on: `given` (a caller's, e.g. a test's), else the
+    process's (`process_session`: the runtime's, stopped when the command ends); made current
+    with this catalog registered. Its scans are the component's own work while it runs
+    (own_scans): not reported as queries."""
+    spark = given if given is not None else process_session(catalog, master, spark_conf, app_name)
+    activate(spark)
+    register_catalog(spark, catalog)
+    with own_scans(spark):
+        yield spark
 
-            get_logger("spark").warning("Spark had already stopped",
-                                        error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+def process_session(catalog: CatalogConfig, master: str, spark_conf: Mapping[str, str],
+                    app_name: str = "streamberg-compactor") -> Any:
+    """The process's Spark session, owned by its runtime (common/runtime.py): built from the
+    config on first use, stopped when the runtime closes (the command's end); the catalog
+    registered in it (a second component's catalog is added to the same session)."""
+    from streamberg.common.runtime import current
+
+    def make() -> Any:
+        spark = build_spark_session(catalog, master, spark_conf, app_name=app_name)
+        quiet_spark_logs(spark)
+        return spark
+
+    spark = current().spark(make)
+    register_catalog(spark, catalog)
+    return spark
 
 
 class JobGroups:

@@ -508,6 +508,24 @@ def _catalog_openings(path: Path) -> list[str]:
     return found
 
 
+# The process's Spark session is its runtime's (common/runtime.py `spark`, through
+# common/spark.py `process_session`): built on first use, stopped once when the command ends.
+BUILDS_SPARK_IN = {"common/spark.py"}
+
+
+def _spark_builds(path: Path) -> list[str]:
+    """Sessions built outside the one owner: `build_spark_session(...)`, `SparkSession.builder`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name == "build_spark_session":
+                found.append(f"line {node.lineno}")
+        elif isinstance(node, ast.Attribute) and node.attr == "builder" and ast.unparse(node.value) == "SparkSession":
+            found.append(f"line {node.lineno}")
+    return found
+
+
 # One root config: a command loads its file with `load_tables` (a config of one table is a
 # config of one route; `FleetConfig.many` and `one_table()` say what differs), never with the
 # loaders of one kind (`load_config`, `load_fleet`), which only that function chooses between.
@@ -589,6 +607,7 @@ def _change_ranking(path: Path) -> list[str]:
 #   opened once a process and closed with it; a `load_catalog` in a command or an action
 #   opened a catalog (an engine and its pool) each call, closed by no one (the column drop
 #   opened one at every run under the governor);
+# - Spark sessions built: `govern` built and stopped its own session, each component another;
 # - config files loaded: a config of one table and a config of many were two models, 33
 #   conversions and `is_fleet` branches in 8 files;
 # - action timing: `streamberg merge` and `streamberg maintain` alone each timed their action with a
@@ -609,6 +628,10 @@ ONE_OWNER = {
                          "import c\ndef f(config):\n    load_catalog(config)\n    c.load_catalog(config)\n"
                          "    shared_catalog(config)\n",
                          ["line 3", "line 4"]),
+    "Spark sessions built": (_spark_builds, BUILDS_SPARK_IN, ":",
+                             "from pyspark.sql import SparkSession\ndef f(c):\n    build_spark_session(c, 'local', {})\n"
+                             "    return SparkSession.builder.getOrCreate(), process_session(c, 'local', {})\n",
+                             ["line 3", "line 4"]),
     "config files loaded": (_config_kind_loads, LOADS_CONFIG_FILES_IN, ":",
                             "import c\ndef f(p):\n    load_config(p)\n    c.load_fleet(p)\n    is_fleet(p)\n"
                             "    load_tables(p)\n",

@@ -59,7 +59,7 @@ def test_the_runtime_opens_one_catalog_per_config_and_closes_it_once(tmp_path: P
         state_engine(config.catalog, first)
         assert runtime.held()["catalogs"] == 1 and runtime.opened["catalogs"] == 1
         first.load_table(config.table.identifier)
-    assert runtime.held() == {"catalogs": 0, "engines": 0, "consumers": 0, "admins": 0}
+    assert runtime.held() == {"catalogs": 0, "engines": 0, "consumers": 0, "admins": 0, "spark": 0}
     from streamberg.common.runtime import current
 
     assert current() is not runtime  # the command's runtime is gone with it
