@@ -43,7 +43,7 @@ from streamberg.monitoring.model import (
 from streamberg.table_meta.changelog import changelog_identifier, has_changelog
 from streamberg.table_meta.column_lifecycle import ignored_fields
 from streamberg.table_meta.field_sightings import added_fields_of, sightings_of, widened_fields_of
-from streamberg.table_meta.maintenance_runs import last_maintenance_run, runs_recorded
+from streamberg.table_meta.maintenance_runs import last_maintenance_run, newest_runs, runs_recorded
 from streamberg.table_meta.offsets import CommittedPosition, ancestry, committed_position, summary_properties
 from streamberg.table_meta.policy import GOVERN_STATE_FILE
 from streamberg.table_meta.table_facts import recent_dead_letters, summary_total
@@ -151,6 +151,30 @@ class CollectionPass:
         """Whether the state database holds maintenance runs, asked once a pass (a schema
         inspection a table cost a fifth of a quiet pass)."""
         return bool(self._once(("runs recorded", id(engine)), lambda: runs_recorded(engine)))
+
+    def newest_runs(self, engine: Any, catalog_name: str) -> dict[str, Any]:
+        """Every table's newest maintenance run, read once a pass (one query for all)."""
+        found: dict[str, Any] = self._once(("newest runs", id(engine), catalog_name),
+                                           lambda: newest_runs(engine, catalog_name))
+        return found
+
+    def query_stats(self, folder: str) -> dict[str, Any]:
+        """The scan statistics as saved, read once a pass (or as this pass folded them): a table
+        whose entry needs nothing recorded is answered from it (table_meta/query_stats.observe),
+        not from a read a table."""
+        from streamberg.table_meta.query_stats import load
+
+        found: dict[str, Any] = self._once(("query stats", str(folder)), lambda: load(folder))
+        return found
+
+    def folded(self, folder: str, catalog_name: str) -> dict[str, Any]:
+        """The scan and commit reports folded into the statistics, once a pass; the statistics
+        then answer the pass's tables too (query_stats)."""
+        from streamberg.table_meta.query_stats import fold
+
+        found: dict[str, Any] = self._once(("folded", str(folder), catalog_name), lambda: fold(folder, catalog_name))
+        self._facts.setdefault(("query stats", str(folder)), found)
+        return found
 
     def governor_document(self, state_dir: str) -> Any:
         return self._once(("governor", state_dir), lambda: governor_document(state_dir))
@@ -279,8 +303,9 @@ def last_maintenance(config: StreambergConfig, catalog: Catalog | None,
     try:
         engine = state_engine(config.catalog, catalog)
         recorded = shared.runs_recorded(engine) if shared is not None else None
-        return {"available": True, "last_run": last_maintenance_run(config, engine=engine, recorded=recorded),
-                "error": None}
+        newest = shared.newest_runs(engine, config.catalog.name) if shared is not None and recorded else None
+        return {"available": True, "last_run": last_maintenance_run(config, engine=engine, recorded=recorded,
+                                                                    newest=newest), "error": None}
     except Exception as exc:  # noqa: BLE001 - its failure must not hide the rest of the status
         return {"available": True, "last_run": None, "error": first_line(exc)}
 
@@ -358,7 +383,7 @@ def _collect_from(run: _Collector, config: StreambergConfig, catalog: Any, check
         dead_letters=run.part("dead letters", run.dead_letters, catalog),
         maintenance=last_maintenance(config, catalog, run.shared), errors=run.errors,
         policy_problems=policy_problems, governor=governor_state(config, run.shared), settings=kept.origins(),
-        queries=run.part("query statistics", _queries, kept) if config.catalog.scan_reports_dir else None,
+        queries=run.part("query statistics", _queries, kept, run.shared) if config.catalog.scan_reports_dir else None,
         tail_cache=run.part("kept tail", _tail_cache, config, position, ingest)
         if position is not None and cache_folder(config).is_dir() else None,
     )
@@ -394,15 +419,16 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
             "past_kept_records": past, "behind_seconds": behind}
 
 
-def _queries(kept: TableRuntime) -> dict[str, Any]:
+def _queries(kept: TableRuntime, shared: CollectionPass | None = None) -> dict[str, Any]:
     """The table's scan statistics, its unused columns and the clustering columns it is kept
     with (after `auto`)."""
     from streamberg.table_meta.column_usage import ColumnFacts
     from streamberg.table_meta.query_stats import usage
 
     config = kept.settings
-    found = usage(str(config.catalog.scan_reports_dir), config.table.identifier, ColumnFacts.of_table(kept.table),
-                  kept.policy.unused_after_days) or {"scans_total": 0}
+    folder = str(config.catalog.scan_reports_dir)
+    found = usage(folder, config.table.identifier, ColumnFacts.of_table(kept.table), kept.policy.unused_after_days,
+                  loaded=shared.query_stats(folder) if shared is not None else None) or {"scans_total": 0}
     return {**found, "cluster_columns": list(config.compactor.columns)}
 
 

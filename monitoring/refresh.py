@@ -71,7 +71,7 @@ class StatusModel:
             for config in configs:
                 key = table_key(config)
                 seen.add(key)
-                commits = self._commits(config, reported)
+                commits = self._commits(config, reported, shared)
                 kept = self._kept.get(key)
                 status = self._again(config, kept, shared) if self._unchanged(kept, commits) else None
                 if status is None:
@@ -90,16 +90,16 @@ class StatusModel:
             del self.runtimes[gone]
         return out
 
-    def _commits(self, config: StreambergConfig, reported: dict[str, dict[str, Any] | None]) -> int | None:
+    def _commits(self, config: StreambergConfig, reported: dict[str, dict[str, Any] | None],
+                 shared: CollectionPass) -> int | None:
         folder = config.catalog.scan_reports_dir
         if not folder:
             return None
         key = f"{folder}|{config.catalog.name}"
         if key not in reported:
-            from streamberg.table_meta.query_stats import commits
-
-            try:
-                reported[key] = commits(folder, config.catalog.name)
+            try:  # folded once a pass: its statistics answer the pass's tables' queries too
+                found = shared.folded(str(folder), config.catalog.name).get("commits")
+                reported[key] = found if isinstance(found, dict) else {}
             except OSError as exc:
                 self.log.warning("commit reports not read; every table read in full", folder=str(folder),
                                  error=first_line(exc))

@@ -370,13 +370,22 @@ def _choose(stats: dict[str, Any], identifier: str, names: set[str], now: float)
     return candidate, f"chosen from the filters of {int(entry.get('scans_total', 0))} scans: {evidence}", changed
 
 
-def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float | None = None) -> dict[str, Any] | None:
+def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float | None = None,
+            loaded: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Record what the statistics must know of the table itself, and return its entry (None:
     no report of it yet): its UUID (a table dropped and made again under the same name starts
     its statistics anew), when each of its field ids was first seen (proof the field existed
-    then), and no names that were never a column of it (junk, read before these facts were)."""
+    then), and no names that were never a column of it (junk, read before these facts were).
+    `loaded`: the statistics as a pass over many tables read them once; an entry there that
+    needs nothing recorded is returned as it is, with no lock taken and nothing read again."""
     folder = Path(folder)
     now = time.time() if now is None else now
+    if loaded is not None:
+        kept = loaded.get("tables", {}).get(identifier)
+        if not isinstance(kept, dict):
+            return None
+        if not _needs_recording(kept, facts):
+            return kept
     try:
         with _locked(folder, wait_seconds=0.5):
             stats = load(folder)
@@ -406,6 +415,15 @@ def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float 
     except FoldBusy:
         found = load(folder)["tables"].get(identifier)
         return found if isinstance(found, dict) else None
+
+
+def _needs_recording(entry: dict[str, Any], facts: ColumnFacts) -> bool:
+    """Whether observe() would change the entry: another table's UUID, a field not seen
+    before, or a name that is no column of the table (what it records, in that order)."""
+    fields = entry.get("fields", {})
+    columns = entry.get("columns", {})
+    return entry.get("uuid") != facts.uuid or any(str(i) not in fields for i in facts.current_ids) or any(
+        n not in facts.ids_of_name and float(c.get("last_used", 0)) < facts.loaded_at for n, c in columns.items())
 
 
 def _appeared(entry: dict[str, Any], facts: ColumnFacts, field_id: int, now: float) -> float:
@@ -447,12 +465,14 @@ def unused_columns(entry: dict[str, Any], facts: ColumnFacts, unused_after_days:
 
 
 def usage(folder: str | Path, identifier: str, facts: ColumnFacts | None = None,
-          unused_after_days: float = 30.0, now: float | None = None) -> dict[str, Any] | None:
+          unused_after_days: float = 30.0, now: float | None = None,
+          loaded: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The table's statistics as `status` shows them (None without any report). With the
     table's column facts: the top-level columns no reported scan read within
     `unused_after_days` (`unused_columns`, table_meta/query_stats.unused_columns)."""
     now = time.time() if now is None else now
-    found = observe(folder, identifier, facts, now) if facts is not None else load(folder)["tables"].get(identifier)
+    found = observe(folder, identifier, facts, now, loaded) if facts is not None else \
+        (loaded if loaded is not None else load(folder))["tables"].get(identifier)
     if not isinstance(found, dict):
         return None
     entry: dict[str, Any] = found

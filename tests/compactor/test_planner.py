@@ -166,3 +166,36 @@ def test_a_keeper_of_many_tables_replans_an_unchanged_table_without_listing_it_a
     assert len(listings) == 3 and third[0]["files"] == 8 and third[1] == first[1]
     listings.clear()
     assert third == [fresh(c) for c in (config, other)] and len(listings) == 2
+
+
+def test_a_listing_reads_only_unread_manifests_side_by_side(tmp_path, monkeypatch) -> None:
+    """The manifests a cache holds are not worth a thread: a listing after one more commit
+    reads its one new manifest inline (no pool), one with a cache of its own reads all of them
+    side by side, and both list the same files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import streamberg.table_meta.table_files as table_files
+    from streamberg.table_meta.table_files import ManifestCache, live_data_files
+
+    pools: list[int] = []
+
+    class Counted(ThreadPoolExecutor):
+        def __init__(self, max_workers: int) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(table_files, "ThreadPoolExecutor", Counted)
+    config, _ = setup_table(tmp_path, partition_spec=DAY)
+    ingest = FakeIngest(config)
+    for _ in range(3):
+        ingest.append(100, days=2)
+    kept = ManifestCache()
+    first, _ = live_data_files(reload(config), kept)
+    assert len(first) == 6 and pools == [3]  # three manifests, none read before: side by side
+    ingest.append(100, days=2)
+    second, _ = live_data_files(reload(config), kept)
+    assert len(second) == 8 and pools == [3]  # one new manifest, read inline
+    alone, _ = live_data_files(reload(config), ManifestCache())
+    assert pools == [3, 4]
+    assert sorted((f.path, f.record_count) for f in alone) == sorted((f.path, f.record_count) for f in second)
+    assert sum(f.record_count for f in second) == 400  # the test's four appends of 100 rows

@@ -206,3 +206,44 @@ def test_a_rest_catalogs_listing_is_not_trusted_to_be_whole(rest_catalog) -> Non
             assert not any(shared.surely_absent(catalog, name) for name in names)
     finally:
         rest_catalog.list_page_size = None
+
+
+def test_a_pass_reads_maintenance_runs_and_scan_statistics_once_for_every_table(reported: Scenario,
+                                                                                  monkeypatch) -> None:
+    """Three tables in one pass: each one's last maintenance run is what it is read alone (a
+    dry run newer than a real one not taken), from one query; the scan statistics are read
+    once, not once a table."""
+    import streamberg.table_meta.query_stats as query_stats
+    from streamberg.common.catalog import state_engine
+    from streamberg.table_meta.declared import ensure_table
+    from streamberg.table_meta.maintenance_runs import last_maintenance_run, record_run
+
+    base = reported.config
+    configs = [base] + [base.model_copy(update={"table": base.table.model_copy(update={"identifier": f"lake.m{i}"})})
+                        for i in range(2)]
+    catalog = load_catalog(base.catalog)
+    for config in configs[1:]:
+        ensure_table(catalog, config.table)
+    engine = state_engine(base.catalog)
+
+    def run(table: str, run_id: str, finished: float, dry: bool = False) -> None:
+        record_run(engine, base.catalog.name, {"run_id": run_id, "table": table, "dry_run": dry, "status": "ok",
+                                               "bytes_freed": len(run_id)}, started_at=finished - 5, finished_at=finished)
+
+    run(configs[0].table.identifier, "a-old", 1000.0)
+    run(configs[0].table.identifier, "a-new", 2000.0)
+    run(configs[0].table.identifier, "a-dry", 3000.0, dry=True)  # newer, but a dry run
+    run(configs[1].table.identifier, "b-only", 1500.0)
+    loads = []
+    real_load = query_stats.load
+    monkeypatch.setattr(query_stats, "load", lambda folder: loads.append(folder) or real_load(folder))
+    statuses = StatusModel().collect(configs)
+    assert [s.maintenance["last_run"]["run_id"] if s.maintenance["last_run"] else None for s in statuses] == \
+        ["a-new", "b-only", None]
+    for config, status in zip(configs, statuses):
+        alone = last_maintenance_run(config, engine=engine)
+        assert (status.maintenance["last_run"] or {}).get("run_id") == (alone or {}).get("run_id")
+        if alone is not None:
+            assert {k: v for k, v in status.maintenance["last_run"].items() if k != "age_seconds"} == \
+                {k: v for k, v in alone.items() if k != "age_seconds"}
+    assert len(loads) == 1, loads  # the scan statistics, once for the pass
