@@ -497,15 +497,25 @@ def _kafka_reads(path: Path) -> list[str]:
 OPENS_CATALOGS = {"common/catalog.py"}
 
 
-def _catalog_openings(path: Path) -> list[str]:
-    """Calls of `load_catalog` (a catalog opened anew, never closed by anyone)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name == "load_catalog":
+def _calls_named(names: Collection[str], attributes: Collection[str] = ()) -> Callable[[Path], list[str]]:
+    """A finder of the calls of a function or method named in `names` (and of the attributes
+    `attributes` names, as `SparkSession.builder`), each as `line N`."""
+    def find(path: Path) -> list[str]:
+        found = []
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in names:
+                    found.append(f"line {node.lineno}")
+            elif isinstance(node, ast.Attribute) and ast.unparse(node) in attributes:
                 found.append(f"line {node.lineno}")
-    return found
+        return found
+
+    return find
+
+
+# Calls of `load_catalog` (a catalog opened anew, never closed by anyone).
+_catalog_openings = _calls_named({"load_catalog"})
 
 
 # The process's Spark session is its runtime's (common/runtime.py `spark`, through
@@ -513,17 +523,8 @@ def _catalog_openings(path: Path) -> list[str]:
 BUILDS_SPARK_IN = {"common/spark.py"}
 
 
-def _spark_builds(path: Path) -> list[str]:
-    """Sessions built outside the one owner: `build_spark_session(...)`, `SparkSession.builder`."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name == "build_spark_session":
-                found.append(f"line {node.lineno}")
-        elif isinstance(node, ast.Attribute) and node.attr == "builder" and ast.unparse(node.value) == "SparkSession":
-            found.append(f"line {node.lineno}")
-    return found
+# Sessions built outside the one owner: `build_spark_session(...)`, `SparkSession.builder`.
+_spark_builds = _calls_named({"build_spark_session"}, {"SparkSession.builder"})
 
 
 # One root config: a command loads its file with `load_tables` (a config of one table is a
@@ -533,15 +534,8 @@ LOADS_CONFIG_FILES_IN = {"common/config/loading.py"}
 _KIND_LOADERS = {"load_config", "load_fleet", "as_fleet", "is_fleet", "_is_fleet"}
 
 
-def _config_kind_loads(path: Path) -> list[str]:
-    """Calls of a loader of one kind of config file."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in _KIND_LOADERS:
-                found.append(f"line {node.lineno}")
-    return found
+# Calls of a loader of one kind of config file.
+_config_kind_loads = _calls_named(_KIND_LOADERS)
 
 
 # Where an action's timing is decided: the one scheduler (table_meta/schedule.py), for the
