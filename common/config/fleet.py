@@ -352,8 +352,15 @@ class FleetConfig(_Section):
         return self.single is None
 
     def one_table(self) -> StreambergConfig | None:
-        """A config of one table: that table's configuration as it loaded (None: many tables)."""
-        return self._loaded if self.single is not None else None
+        """A config of one table: that table's configuration as it loaded (rebuilt from its
+        dump where this object was: a worker's); None for a config of many."""
+        if self.single is None:
+            return None
+        if self._loaded is None:
+            from streamberg.common.config.loading import config_from_dump  # (loading imports this module)
+
+            self._loaded = config_from_dump(self.single)
+        return self._loaded
 
     @model_validator(mode="before")
     @classmethod

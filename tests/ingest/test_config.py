@@ -220,3 +220,30 @@ def test_a_route_keeps_its_tables_tails_alone(tmp_path: Path) -> None:
     kept = [config_from_dump(fleet.document(route, topic)).ingest.keep_tail
             for route, topic in ((fleet.tables[0], "orders"), (fleet.tables[1], "ev.a"))]
     assert kept == [True, False]
+
+
+def test_a_config_of_one_table_is_a_config_of_one_route_with_its_settings_as_set(
+        good_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_tables, the one root loader: a config of one table is one route whose table keeps
+    what the file and the environment set (the origins `status` shows), rebuilt whole from its
+    dump where the object was (a worker's); a config of many has no one table."""
+    from streamberg.common.config import FleetConfig, load_tables
+
+    monkeypatch.setenv("STREAMBERG_COMPACTOR__MIN_FILES", "7")
+    alone = load_config(good_config)
+    fleet = load_tables(good_config)
+    one = fleet.one_table()
+    assert not fleet.many and one is not None and [r.identifier for r in fleet.tables] == [alone.table.identifier]
+    assert one == alone and one.compactor.min_files == 7
+    assert one.model_fields_set == alone.model_fields_set
+    assert one.compactor.model_fields_set == alone.compactor.model_fields_set  # min_files set, the rest defaults
+    rebuilt = FleetConfig.model_validate(fleet.model_dump()).one_table()
+    assert rebuilt is not None and rebuilt.table.identifier == alone.table.identifier
+    assert rebuilt.kafka.topic == alone.kafka.topic and rebuilt.compactor.min_files == 7
+    many = tmp_path / "many.yaml"
+    many.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+                                    "catalog": {"uri": "sqlite:///c.db", "warehouse": "w"},
+                                    "tables": [{"identifier": "a.{topic}", "topics": ["t1", "t2"],
+                                                "schema": [{"name": "id", "type": "long"}]}]}))
+    loaded = load_tables(many)
+    assert loaded.many and loaded.one_table() is None and loaded.named_topics() == ["t1", "t2"]
