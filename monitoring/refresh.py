@@ -97,9 +97,10 @@ class StatusModel:
             return None
         key = f"{folder}|{config.catalog.name}"
         if key not in reported:
+            from streamberg.table_meta.query_stats import commits_in
+
             try:  # folded once a pass: its statistics answer the pass's tables' queries too
-                found = shared.folded(str(folder), config.catalog.name).get("commits")
-                reported[key] = found if isinstance(found, dict) else {}
+                reported[key] = commits_in(shared.folded(str(folder), config.catalog.name))
             except OSError as exc:
                 self.log.warning("commit reports not read; every table read in full", folder=str(folder),
                                  error=first_line(exc))

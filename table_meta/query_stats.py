@@ -289,7 +289,12 @@ def record_commit(folder: str | Path, identifier: str, snapshot_id: int | None, 
 
 def commits(folder: str | Path, catalog_name: str, now: float | None = None) -> dict[str, dict[str, Any]]:
     """identifier -> its reported commits (`total`, `last_at`), the pending reports folded first."""
-    found = fold(folder, catalog_name, now).get("commits")
+    return commits_in(fold(folder, catalog_name, now))
+
+
+def commits_in(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The reported commits the statistics hold (as `fold` returns them), by identifier."""
+    found = stats.get("commits")
     return found if isinstance(found, dict) else {}
 
 
@@ -405,8 +410,7 @@ def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float 
                     fields[str(field_id)] = now
                     changed = True
             columns = entry.get("columns", {})
-            junk = [n for n, c in columns.items() if n not in facts.ids_of_name
-                    and float(c.get("last_used", 0)) < facts.loaded_at]
+            junk = _junk(entry, facts)
             for name in junk:
                 del columns[name]
             if junk or changed:
@@ -417,13 +421,18 @@ def observe(folder: str | Path, identifier: str, facts: ColumnFacts, now: float 
         return found if isinstance(found, dict) else None
 
 
+def _junk(entry: dict[str, Any], facts: ColumnFacts) -> list[str]:
+    """Names the entry holds that were never a column of the table (read before these facts were)."""
+    return [n for n, c in entry.get("columns", {}).items()
+            if n not in facts.ids_of_name and float(c.get("last_used", 0)) < facts.loaded_at]
+
+
 def _needs_recording(entry: dict[str, Any], facts: ColumnFacts) -> bool:
     """Whether observe() would change the entry: another table's UUID, a field not seen
     before, or a name that is no column of the table (what it records, in that order)."""
     fields = entry.get("fields", {})
-    columns = entry.get("columns", {})
-    return entry.get("uuid") != facts.uuid or any(str(i) not in fields for i in facts.current_ids) or any(
-        n not in facts.ids_of_name and float(c.get("last_used", 0)) < facts.loaded_at for n, c in columns.items())
+    return entry.get("uuid") != facts.uuid or any(str(i) not in fields for i in facts.current_ids) \
+        or bool(_junk(entry, facts))
 
 
 def _appeared(entry: dict[str, Any], facts: ColumnFacts, field_id: int, now: float) -> float:
