@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import StreambergConfig, load_tables
+from streamberg.common.config import StreambergConfig, load_tables, one_table
 from streamberg.common.config.fleet import FleetConfig
 from streamberg.common.errors import ConfigError
 from streamberg.common.exit_codes import ExitCode
@@ -152,7 +152,7 @@ def _declared_tables(fleet: FleetConfig) -> list[StreambergConfig]:
     """The configs of the tables the file names: a config of one table's own, or each named
     topic's of a config of many (a pattern's tables are known only once the broker lists its
     topics)."""
-    if (one := fleet.one_table()) is not None:
+    if (one := one_table(fleet)) is not None:
         return [one]
     from streamberg.common.config import config_from_dump
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from streamberg.cli.errors import CommandError
-from streamberg.common.config import FleetConfig, StreambergConfig, fleet_table, load_tables
+from streamberg.common.config import FleetConfig, StreambergConfig, fleet_table, load_tables, one_table
 from streamberg.common.kafka_settings import connection_settings
 
 TABLE_HELP = ("with a config of many tables (tables:): the table to work on, namespace.table (a pattern route's "
@@ -22,7 +22,7 @@ def config_of(args: argparse.Namespace, fleet: FleetConfig | None = None) -> Str
     command loaded it already)."""
     table = getattr(args, "table", None)
     fleet = load_tables(args.config) if fleet is None else fleet
-    if (config := fleet.one_table()) is not None:
+    if (config := one_table(fleet)) is not None:
         if table and table.lower() != config.table.identifier.lower():
             raise CommandError(f"--table {table}: this config has one table, {config.table.identifier}")
         return config

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, load_tables
+from streamberg.common.config import FleetConfig, StreambergConfig, config_from_dump, load_tables, one_table
 from streamberg.common.config.fleet import PAUSED_TABLES_FILE, ROUTE_TOPIC_PROPERTY
 from streamberg.common.config.resolve import resolve_fleet
 
@@ -40,7 +40,7 @@ def run_settings(fleet: FleetConfig) -> StreambergConfig:
     """A config's run-wide settings (connection, catalog, state, limits) as a single-table
     configuration: a config of one table's own, as it loaded; a config of many's first route's,
     which carries every shared section."""
-    if (one := fleet.one_table()) is not None:
+    if (one := one_table(fleet)) is not None:
         return one
     route = fleet.tables[0]
     return config_from_dump(fleet.document(route, (route.topics or ["sample.topic"])[0]))
@@ -69,7 +69,7 @@ def config_tables(path: str | Path, topics: list[str] | None = None, catalog: An
 def fleet_tables(fleet: FleetConfig, topics: list[str] | None = None, catalog: Any = None) -> ConfigTables:
     """The tables of a config now (see config_tables): a config of one table keeps its table
     whatever the broker lists (its topic may come later), with no broker or catalog asked."""
-    if (one := fleet.one_table()) is not None:
+    if (one := one_table(fleet)) is not None:
         return ConfigTables({one.table.identifier: one}, {one.table.identifier: one.kafka.topic}, fleet=fleet,
                             run_settings=one)
     settings = run_settings(fleet)

@@ -528,7 +528,7 @@ _spark_builds = _calls_named({"build_spark_session"}, {"SparkSession.builder"})
 
 
 # One root config: a command loads its file with `load_tables` (a config of one table is a
-# config of one route; `FleetConfig.many` and `one_table()` say what differs), never with the
+# config of one route; `FleetConfig.many` and `one_table` say what differs), never with the
 # loaders of one kind (`load_config`, `load_fleet`), which only that function chooses between.
 LOADS_CONFIG_FILES_IN = {"common/config/loading.py"}
 _KIND_LOADERS = {"load_config", "load_fleet", "as_fleet", "is_fleet", "_is_fleet"}

@@ -42,6 +42,7 @@ from streamberg.common.config.loading import (
     load_config,
     load_fleet,
     load_tables,
+    one_table,
 )
 from streamberg.common.config.model import ENV_PREFIX, IngestTarget, StreambergConfig, TableTarget
 from streamberg.common.config.resolve import fleet_table
@@ -66,6 +67,6 @@ __all__ = [
     "PRIMITIVE_TYPES", "CatalogConfig", "CompactorConfig", "DeadLetterConfig", "ExpireConfig", "FieldConfig",
     "IngestConfig", "IngestTarget", "KafkaConfig", "MaintenanceConfig", "ManifestsConfig", "MergeConfig", "MonitoringConfig", "OrphanConfig",
     "PartitionFieldConfig", "RetentionConfig", "TypeConfig", "RunConfig", "GovernConfig", "StreambergConfig", "TableConfig", "TableTarget",
-    "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "load_fleet", "load_tables",
+    "FleetConfig", "RouteConfig", "topic_identifier", "fleet_table", "load_fleet", "load_tables", "one_table",
     "config_from_dump", "dump_config", "load_config",
 ]

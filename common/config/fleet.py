@@ -343,7 +343,8 @@ class FleetConfig(_Section):
     # table's configuration, as data, which document() gives whole.
     single: dict[str, Any] | None = None
     # ... and as it loaded (what the file set, with the environment: the origins of its settings
-    # that a dump, every field set, would lose). Not data: a worker rebuilds from `single`.
+    # that a dump, every field set, would lose). Not data: a worker rebuilds from `single`
+    # (common/config/loading.one_table).
     _loaded: StreambergConfig | None = PrivateAttr(default=None)
 
     @property
@@ -351,16 +352,6 @@ class FleetConfig(_Section):
         """Whether the file declares many tables (`tables:`), not one table as a route of one."""
         return self.single is None
 
-    def one_table(self) -> StreambergConfig | None:
-        """A config of one table: that table's configuration as it loaded (rebuilt from its
-        dump where this object was: a worker's); None for a config of many."""
-        if self.single is None:
-            return None
-        if self._loaded is None:
-            from streamberg.common.config.loading import config_from_dump  # (loading imports this module)
-
-            self._loaded = config_from_dump(self.single)
-        return self._loaded
 
     @model_validator(mode="before")
     @classmethod

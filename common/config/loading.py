@@ -348,10 +348,22 @@ def as_fleet(config: StreambergConfig) -> FleetConfig:
     return fleet
 
 
+def one_table(fleet: FleetConfig) -> StreambergConfig | None:
+    """A config of one table: that table's configuration as it loaded (rebuilt from its dump
+    where the fleet was: a worker's); None for a config of many. (Here, not a method of
+    FleetConfig: the rebuild is this module's, which imports that one.)"""
+    if fleet.many:
+        return None
+    if fleet._loaded is None:
+        assert fleet.single is not None
+        fleet._loaded = config_from_dump(fleet.single)
+    return fleet._loaded
+
+
 def load_tables(path: str | Path) -> FleetConfig:
     """The tables of a config file as routes: a config of many as it is, a config of one table
     as a config of one route (the only place that asks which the file is: every command loads
-    its config here and sees one type, `FleetConfig.many` and `one_table()` for what differs)."""
+    its config here and sees one type, `FleetConfig.many` and `one_table` for what differs)."""
     return load_fleet(path) if _is_fleet(path) else as_fleet(load_config(path))
 
 

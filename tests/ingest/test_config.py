@@ -227,17 +227,17 @@ def test_a_config_of_one_table_is_a_config_of_one_route_with_its_settings_as_set
     """load_tables, the one root loader: a config of one table is one route whose table keeps
     what the file and the environment set (the origins `status` shows), rebuilt whole from its
     dump where the object was (a worker's); a config of many has no one table."""
-    from streamberg.common.config import FleetConfig, load_tables
+    from streamberg.common.config import FleetConfig, load_tables, one_table
 
     monkeypatch.setenv("STREAMBERG_COMPACTOR__MIN_FILES", "7")
     alone = load_config(good_config)
     fleet = load_tables(good_config)
-    one = fleet.one_table()
+    one = one_table(fleet)
     assert not fleet.many and one is not None and [r.identifier for r in fleet.tables] == [alone.table.identifier]
     assert one == alone and one.compactor.min_files == 7
     assert one.model_fields_set == alone.model_fields_set
     assert one.compactor.model_fields_set == alone.compactor.model_fields_set  # min_files set, the rest defaults
-    rebuilt = FleetConfig.model_validate(fleet.model_dump()).one_table()
+    rebuilt = one_table(FleetConfig.model_validate(fleet.model_dump()))
     assert rebuilt is not None and rebuilt.table.identifier == alone.table.identifier
     assert rebuilt.kafka.topic == alone.kafka.topic and rebuilt.compactor.min_files == 7
     many = tmp_path / "many.yaml"
@@ -246,4 +246,4 @@ def test_a_config_of_one_table_is_a_config_of_one_route_with_its_settings_as_set
                                     "tables": [{"identifier": "a.{topic}", "topics": ["t1", "t2"],
                                                 "schema": [{"name": "id", "type": "long"}]}]}))
     loaded = load_tables(many)
-    assert loaded.many and loaded.one_table() is None and loaded.named_topics() == ["t1", "t2"]
+    assert loaded.many and one_table(loaded) is None and loaded.named_topics() == ["t1", "t2"]
