@@ -22,7 +22,6 @@ summary in bench/summaries/.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -36,12 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streamberg.bench.harness import (
-    ROOT,
-    broker_in,
-    percentile,
-    rss_bytes,
-)
+from streamberg.bench.harness import broker_in, percentile, rss_bytes, stamp, write_results
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
 from streamberg.common.broker import ensure_topic, free_port
 from streamberg.common.catalog import shared_catalog
@@ -163,7 +157,7 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--refreshes", type=int, default=20)
     args = parser.parse_args()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_at = stamp()
     with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as work:
         folder = Path(work)
         with broker_in(folder) as bootstrap:
@@ -215,17 +209,14 @@ def main() -> int:
             finally:
                 server.shutdown()
             passes = _model_passes(configs)  # after the memory figures: it holds models of its own
-            result = {"stamp": stamp, "command": " ".join(sys.argv), "tables": args.tables,
+            result = {"stamp": run_at, "command": " ".join(sys.argv), "tables": args.tables,
                       "scrape_p50_s": _pct(scrapes, 50), "scrape_p95_s": _pct(scrapes, 95),
                       "scrape_max_s": round(max(scrapes), 4), "catalog_calls_during_scrapes": catalog_calls,
                       "collection_s": facts.seconds, "exposition_bytes": len(facts.text),
                       "collected_at_each_scrape_over_served_p95": round(facts.seconds / max(_pct(scrapes, 95), 1e-6), 1),
                       "model_passes": passes, "page": page, "rss_before_model_mib": rss_before, "rss_after_mib": rss_after,
                       "added_mib": round(rss_after - rss_before, 1)}
-    for where in ("results", "summaries"):
-        out = ROOT / "bench" / where / f"dashboard-{stamp}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+    write_results("dashboard", run_at, result, result)  # the record and, kept in the repository, the same as summary
     print(f"metrics scrape over {args.tables} tables from the model: p50 {result['scrape_p50_s']} s, p95 "
           f"{result['scrape_p95_s']} s (goal <= 0.1 s), catalog calls during {args.scrapes} scrapes: "
           f"{catalog_calls}; collecting at each scrape instead cost {result['collection_s']} s "

@@ -47,13 +47,7 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Producer
 
-from streamberg.bench.harness import (
-    ROOT,
-    broker_in,
-    process_tree,
-    results_path,
-    tree_rss,
-)
+from streamberg.bench.harness import ROOT, broker_in, process_tree, results_path, stamp, tree_rss
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
@@ -230,8 +224,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fleet")
     args = parser.parse_args()
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    work = args.workdir / stamp
+    run_at = stamp()
+    work = args.workdir / run_at
     work.mkdir(parents=True)
     load_before = os.getloadavg()
     with broker_in(work) as bootstrap:
@@ -289,7 +283,7 @@ def main() -> int:
             print(f"  {live[label]}", flush=True)
         live_checks = {i: count(catalog, i, events.ids[t]) for i, t in zip(identifiers, topics)}
     result = {
-        "date": stamp, "machine": {"cpus": os.cpu_count(), "load_before": load_before},
+        "date": run_at, "machine": {"cpus": os.cpu_count(), "load_before": load_before},
         "args": {k: str(v) for k, v in vars(args).items()},
         "one_table": one, "many_tables": many,
         "end_to_end_ratio_one_over_many": round(one["seconds"] / many["seconds"], 3),
@@ -298,7 +292,7 @@ def main() -> int:
         "live": live,
         "tables_exact_after_live": sum(c["exact"] for c in live_checks.values()),
     }
-    out = results_path("fleet", stamp)
+    out = results_path("fleet", run_at)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     print(f"wrote {out}")

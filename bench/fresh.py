@@ -51,6 +51,7 @@ from streamberg.bench.harness import (
     checkout_tests,
     process_tree,
     results_path,
+    stamp,
     tree_rss,
     write_results,
 )
@@ -466,8 +467,8 @@ def main() -> int:
                         help="measure from the ingest's start, not after its first commit (reads before it count)")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "bench-fresh")
     args = parser.parse_args()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    work = args.workdir / stamp
+    run_at = stamp()
+    work = args.workdir / run_at
     work.mkdir(parents=True)
     results = []
     with broker_in(work) as bootstrap:
@@ -476,14 +477,14 @@ def main() -> int:
         quiet = quiet_tail(work, bootstrap, args.quiet_tail) if args.quiet_tail else None
     # A small summary, kept in the repository (bench/summaries/): the evidence of the figures
     # docs/performance.md cites (the full result with its series stays in bench/results/).
-    summary = {"stamp": stamp, "command": " ".join(sys.argv), "engine": args.engine,
+    summary = {"stamp": run_at, "command": " ".join(sys.argv), "engine": args.engine,
                "results": [{**{k: v for k, v in r.items() if k != "phases"},
                             "phases": {n: {k: v for k, v in ph.items() if not k.endswith("_series")}
                                        for n, ph in r["phases"].items()}} for r in results],
                "quiet_tail": quiet}
-    write_results("fresh", stamp, {"stamp": stamp, "engine": args.engine, "phases": args.phases, "results": results,
+    write_results("fresh", run_at, {"stamp": run_at, "engine": args.engine, "phases": args.phases, "results": results,
                                    "quiet_tail": quiet}, summary)
-    out = results_path("fresh", stamp)
+    out = results_path("fresh", run_at)
     if results:
         plot(results, out.with_suffix(".png"))
     for r in results:

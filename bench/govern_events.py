@@ -20,11 +20,10 @@ import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from streamberg.bench.harness import results_path
+from streamberg.bench.harness import results_path, stamp
 from streamberg.cli.govern import executors
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA
 from streamberg.common.catalog import load_catalog
@@ -133,9 +132,9 @@ def main() -> int:
               f"calls/min  {r['table_reads']:>6} table reads  {r['rounds']} rounds  "
               f"median round {r['round_seconds_median']:.2f} s")
     print(f"  polling / commit reports: {ratio:.1f}x the catalog calls")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = results_path("govern-events", stamp)
-    out.write_text(json.dumps({"at": stamp, "tables": args.tables, "active": args.active, "seconds": args.seconds,
+    run_at = stamp()
+    out = results_path("govern-events", run_at)
+    out.write_text(json.dumps({"at": run_at, "tables": args.tables, "active": args.active, "seconds": args.seconds,
                                "results": results, "ratio": ratio}, indent=2))
     return 0
 

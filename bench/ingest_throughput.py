@@ -57,7 +57,7 @@ import pyarrow.parquet as pq
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
-from streamberg.bench.harness import ROOT, broker_in, checkout_tests
+from streamberg.bench.harness import broker_in, checkout_tests, results_path, stamp
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
@@ -335,9 +335,7 @@ def main() -> None:
         "streamberg": runs, "p2_over_p1_end_to_end": scaling, "freshness": fresh,
         "unforked_workers": unforked, "nested": nested, "evolving": evolving, **framed,
     }
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"ingest-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(json.dumps(result, indent=2))
+    results_path("ingest", stamp()).write_text(json.dumps(result, indent=2))
     print(f"\nrecords {args.records:,}, {args.partitions} partitions, {os.cpu_count()} cores, "
           f"Python workers: {result['python_workers']}")
     print(f"{'':38}{'records/s':>12}{'seconds':>10}{'ratio':>8}")

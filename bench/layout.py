@@ -33,13 +33,12 @@ import random
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from streamberg.bench.harness import broker_in, checkout_tests, results_path
+from streamberg.bench.harness import broker_in, checkout_tests, results_path, stamp
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
@@ -148,7 +147,7 @@ def main() -> int:
     from tests.runbooks.inprocess import ingest_until, produce_values
 
     rng = random.Random(42)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_at = stamp()
     with tempfile.TemporaryDirectory(prefix="sb-layout-") as tmp:
         folder = Path(tmp)
         with broker_in(folder) as bootstrap:
@@ -240,7 +239,7 @@ def main() -> int:
             import pyarrow.compute as pc
 
             outcome = {
-                "at": stamp, "steps": args.steps, "rows_a_step": args.rows, "queries_a_step": args.queries,
+                "at": run_at, "steps": args.steps, "rows_a_step": args.rows, "queries_a_step": args.queries,
                 "phases": {c: {k: v for k, v in r.items() if k != "per_query"} for c, r in results.items()},
                 "per_query": {c: r["per_query"] for c, r in results.items()},
                 "adapted_after": None if adapted_at is None else {"steps": adapted_at[0],
@@ -261,7 +260,7 @@ def main() -> int:
           f"{outcome['note_bytes_left']} left")
     print(f"rows {outcome['rows']:,}, distinct ids {outcome['distinct_ids']:,}, produced {outcome['produced']:,}, "
           f"dead letters {outcome['dead_letters']}")
-    out = results_path("layout", stamp)
+    out = results_path("layout", run_at)
     out.write_text(json.dumps(outcome, indent=2, default=str))
     print(f"results: {out}", file=sys.stderr)
     return 0

@@ -36,18 +36,11 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from streamberg.bench.harness import (
-    ROOT,
-    broker_in,
-    process_tree,
-    results_path,
-    rss_bytes,
-    tree_pids,
-)
+from streamberg.bench.harness import ROOT, broker_in, process_tree, results_path, rss_bytes, stamp, tree_pids
 from streamberg.cli.sample_events import SAMPLE_EVENT_SCHEMA, produce_events
 from streamberg.common.broker import ensure_topic, free_port, port_open
 
@@ -296,7 +289,7 @@ def main() -> int:
     for name in {"quix" if s == "quix" else "dlt" if s.startswith("dlt") else "" for s in systems} - {""}:
         venv_python(name)  # made before anything is timed
     runs: list[dict[str, Any]] = []
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_at = stamp()
     with tempfile.TemporaryDirectory(prefix="sb-peers-") as tmp, broker_in(Path(tmp)) as bootstrap:
         directory = Path(tmp)
         moto = Moto(directory) if "quix" in systems else None
@@ -327,8 +320,8 @@ def main() -> int:
                 moto.close()
     table = report(runs)
     print(table)
-    out = results_path("peers", stamp)
-    out.write_text(json.dumps({"at": stamp, "partitions": args.partitions, "interval": args.interval,
+    out = results_path("peers", run_at)
+    out.write_text(json.dumps({"at": run_at, "partitions": args.partitions, "interval": args.interval,
                                "cores": os.cpu_count(), "pathway": "not run: its Iceberg writer needs an "
                                "online-validated licence", "runs": runs}, indent=2))
     plot(runs, out.with_suffix(".png"))

@@ -26,19 +26,12 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from streamberg.bench.harness import (
-    ROOT,
-    broker_in,
-    process_tree,
-    results_path,
-    tree_rss,
-)
+from streamberg.bench.harness import ROOT, broker_in, process_tree, results_path, stamp, tree_rss
 from streamberg.common.broker import ensure_topic
 from streamberg.common.catalog import load_catalog
 from streamberg.common.config import load_config
@@ -153,8 +146,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / ".streamberg" / "soak")
     args = parser.parse_args()
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    work = args.workdir / stamp
+    run_at = stamp()
+    work = args.workdir / run_at
     work.mkdir(parents=True)
     with broker_in(work) as bootstrap:
         demo = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
@@ -208,7 +201,7 @@ def main() -> int:
         verdicts[f"rss_{component}"] = flat([s["rss"][component] for s in steady])
     verdicts["commit_p50_s"] = flat([s.get("commit_p50_s") for s in steady])
     result = {
-        "date": stamp, "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()},
+        "date": run_at, "machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()},
         "args": {k: str(v) for k, v in vars(args).items()}, "produced": produced,
         "rows": len(ids), "distinct_ids": distinct, "dead_letters": dead.num_rows,
         "every_record_once": (len(ids) == distinct == produced.get("valid")
@@ -216,7 +209,7 @@ def main() -> int:
         "flat_second_half": {k: {"flat": v[0], "at_half": v[1], "worst_departure": v[2]} for k, v in verdicts.items()},
         "samples": samples,
     }
-    out = results_path("soak", stamp, "")
+    out = results_path("soak", run_at, "")
     Path(f"{out}.json").write_text(json.dumps(result, indent=1))
     draw(samples, Path(f"{out}.png"))
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
