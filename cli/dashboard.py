@@ -75,13 +75,16 @@ def check(args: argparse.Namespace) -> None:
 
 
 def governed_collector(configs: Callable[[], list[StreambergConfig]], refusals: Callable[[], dict[str, str]],
-                       state_dir: str) -> Callable[[], Any]:
-    """Every kept table's status and verdict, worst first, as the fleet status holds them."""
+                       state_dir: str, known: Callable[[StreambergConfig], Any] | None = None) -> Callable[[], Any]:
+    """Every kept table's status and verdict, worst first, as the fleet status holds them.
+    `known(config)`: the table's runtime as the governor's keeper holds it (its settings, and
+    the metadata it last read: a version the model has not read is read at the next pass)."""
     from streamberg.common.tables import paused_tables
     from streamberg.monitoring.fleet import FleetStatus, sort_worst_first
     from streamberg.monitoring.refresh import StatusModel
 
-    model = StatusModel()  # a table read again when a commit is reported for it, or a minute on
+    # A table read again when a commit is reported for it, its keeper read another version, or a minute on.
+    model = StatusModel(known=known)
 
     def collect() -> FleetStatus:
         out = FleetStatus(paused=paused_tables(state_dir), refused_tables=dict(refusals()))

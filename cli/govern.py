@@ -118,7 +118,7 @@ def _govern(args: argparse.Namespace) -> int:
     # The dashboard reads the kept tables' statuses (collected apart from the rounds) and
     # each table's runtime for its settings: the same objects the governor keeps.
     collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
-                                           service.tables.refusals, base.ingest.state_dir)
+                                           service.tables.refusals, base.ingest.state_dir, service.runtime_of)
     server = dashboard.start(args, base, collect, stop)
     try:
         service.run(stop, settings.interval_seconds)

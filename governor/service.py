@@ -17,6 +17,7 @@ from streamberg.governor.keeper import SharedCatalogs, TableKeeper, refused_keep
 from streamberg.governor.tables import GovernedTables
 from streamberg.table_meta.keeping import Executor
 from streamberg.table_meta.schedule import Scheduler
+from streamberg.table_meta.table_runtime import TableRuntime
 
 
 @dataclass
@@ -24,6 +25,12 @@ class Service:
     governor: Governor
     tables: GovernedTables
     kept: dict[str, TableKeeper] = field(default_factory=dict)  # table -> its keeper (and its runtime)
+
+    def runtime_of(self, config: StreambergConfig) -> TableRuntime | None:
+        """The table's runtime as its keeper holds it now, for the config it keeps it with
+        (the dashboard's model reads it on its own thread: a reference, replaced whole)."""
+        keeper = self.kept.get(config.table.identifier)
+        return keeper.runtime if keeper is not None and keeper.config is config else None
 
     def round(self, dry_run: bool = False) -> RoundReport:
         return self.governor.round(dry_run=dry_run)

@@ -27,7 +27,6 @@ from streamberg.table_meta.column_lifecycle import (
     droppable,
     ignored_fields,
 )
-from streamberg.table_meta.column_usage import ColumnFacts
 from streamberg.table_meta.keeping import Due
 from streamberg.table_meta.policy import TablePolicy
 from streamberg.table_meta.query_stats import usage
@@ -42,7 +41,7 @@ def unused_columns(kept: TableRuntime) -> tuple[list[str], dict[str, str], float
     folder = config.catalog.scan_reports_dir
     if not folder or not _acknowledged(policy):
         return [], {}, days
-    found = usage(str(folder), config.table.identifier, ColumnFacts.of_table(table), days)
+    found = usage(str(folder), config.table.identifier, kept.column_facts(), days)
     unused = (found or {}).get("unused_columns") or []
     drop, kept = droppable(config, table, unused)
     return drop, kept, days

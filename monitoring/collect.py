@@ -422,12 +422,11 @@ def _tail_cache(config: StreambergConfig, position: Any, ingest: Any) -> dict[st
 def _queries(kept: TableRuntime, shared: CollectionPass | None = None) -> dict[str, Any]:
     """The table's scan statistics, its unused columns and the clustering columns it is kept
     with (after `auto`)."""
-    from streamberg.table_meta.column_usage import ColumnFacts
     from streamberg.table_meta.query_stats import usage
 
     config = kept.settings
     folder = str(config.catalog.scan_reports_dir)
-    found = usage(folder, config.table.identifier, ColumnFacts.of_table(kept.table), kept.policy.unused_after_days,
+    found = usage(folder, config.table.identifier, kept.column_facts(), kept.policy.unused_after_days,
                   loaded=shared.query_stats(folder) if shared is not None else None) or {"scans_total": 0}
     return {**found, "cluster_columns": list(config.compactor.columns)}
 

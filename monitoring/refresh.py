@@ -10,7 +10,10 @@ files, snapshots, dead letters, maintenance) are read again only when they may h
 - a commit was reported for it since (catalog.scan_reports_dir: the ingest reports each
   commit); without a report folder nothing says so, and every table is read every pass;
 - its last status was not ok, or a part of it could not be read: a table in trouble is
-  watched every pass.
+  watched every pass;
+- under `govern`, its keeper read a version of its metadata the model has not (`known`: the
+  keeper's table runtime, the one object per table both read): an action the governor ran, or
+  a change the keeper's own read found, shows at the next pass, not up to a minute later.
 
 Otherwise its status is the last one with its lag read again from the broker against the
 offsets the table recorded (the broker moves without a commit; the table did not commit, or a
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +55,15 @@ class _Kept:
 class StatusModel:
     """Each table's last status, refreshed by `collect` (one pass over the tables given)."""
 
-    def __init__(self, full_every_seconds: float = FULL_EVERY_SECONDS, cache: ManifestCache | None = None) -> None:
+    def __init__(self, full_every_seconds: float = FULL_EVERY_SECONDS, cache: ManifestCache | None = None,
+                 known: Callable[[StreambergConfig], TableRuntime | None] | None = None) -> None:
         self.full_every_seconds = full_every_seconds
         self.cache = cache or ManifestCache()
         self.parsed = ParsedMetadata()  # the tables' metadata parsed once a version, across passes
         self.runtimes: dict[str, TableRuntime] = {}  # each table's runtime (its settings), by key
+        # A table's runtime as its owner keeps it (govern: the keeper's), or None: read, never
+        # written; the model takes it for the table while its metadata is the one it loads.
+        self.known = known
         self._kept: dict[str, _Kept] = {}
         self.full_reads = 0  # tables read in full, over the model's life (bench/dashboard.py reports them)
         self.lag_reads = 0  # tables whose lag alone was read again
@@ -73,10 +80,13 @@ class StatusModel:
                 seen.add(key)
                 commits = self._commits(config, reported, shared)
                 kept = self._kept.get(key)
-                status = self._again(config, kept, shared) if self._unchanged(kept, commits) else None
+                keeper = self._keepers_newer(key, config, kept)
+                status = self._again(config, kept, shared) if keeper is None and self._unchanged(kept, commits) \
+                    else None
                 if status is None:
+                    started = time.monotonic()  # its facts are as of then (a keeper's read after it is newer)
                     status = collect_status(config, cache=self.cache, shared=shared)
-                    kept = self._kept[key] = _Kept(status, time.monotonic(), commits, "ok")
+                    kept = self._kept[key] = _Kept(status, started, commits, "ok")
                     self.full_reads += 1
                 else:
                     self.lag_reads += 1
@@ -89,6 +99,21 @@ class StatusModel:
         for gone in set(self.runtimes) - seen:
             del self.runtimes[gone]
         return out
+
+    def _keepers_newer(self, key: str, config: StreambergConfig, kept: _Kept | None) -> TableRuntime | None:
+        """The owner's runtime of the table when it read a metadata version since the model's
+        last full collection that is not the model's (read it in full); it becomes the model's
+        runtime for the table whenever it is at least as new (one object, one parse)."""
+        theirs = self.known(config) if self.known is not None else None
+        if theirs is None or theirs.config is not config or theirs.metadata_location is None:
+            return None
+        mine = self.runtimes.get(key)
+        if mine is None or theirs.read_at >= mine.read_at:
+            self.runtimes[key] = theirs  # CollectionPass.runtime keeps it while the metadata loaded is its
+        if kept is not None and theirs.read_at > kept.at and \
+                (mine is None or theirs.metadata_location != mine.metadata_location):
+            return theirs
+        return None
 
     def _commits(self, config: StreambergConfig, reported: dict[str, dict[str, Any] | None],
                  shared: CollectionPass) -> int | None:

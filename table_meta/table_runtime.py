@@ -35,6 +35,8 @@ class TableRuntime:
     # The metadata its settings were parsed from (a pyiceberg Table changes in place when a
     # transaction commits through it: its own location is not a record of what was read).
     metadata_location: str | None = None
+    # Its columns' facts (table_meta/column_usage.py), derived once from that metadata.
+    _column_facts: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.metadata_location is None and self.table is not None:
@@ -68,6 +70,24 @@ class TableRuntime:
     def _follows_queries(self) -> bool:
         stated = (self.table.properties if self.table is not None else {}).get(AUTO_KEY, "")
         return str(stated).strip().lower() == AUTO
+
+    def column_facts(self) -> Any:
+        """The table's column facts (what usage judges columns by), read now: derived once a
+        metadata version (every schema walked, every snapshot's schema), dated now (the
+        metadata they come from was this runtime's when it was handed out: `refreshed`). A
+        table handle a transaction moved on in place is read afresh, never cached."""
+        import dataclasses
+
+        from streamberg.table_meta.column_usage import ColumnFacts
+
+        if self.table is None:
+            raise ValueError(f"{self.identifier}: no table yet, no columns")
+        if getattr(self.table, "metadata_location", None) != self.metadata_location:
+            return ColumnFacts.of_table(self.table)
+        if self._column_facts is None:
+            self._column_facts = ColumnFacts.of_table(self.table)
+            return self._column_facts
+        return dataclasses.replace(self._column_facts, loaded_at=time.time())
 
     @property
     def identifier(self) -> str:

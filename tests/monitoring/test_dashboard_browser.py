@@ -103,7 +103,7 @@ def kept(tmp_path: Path, broker: str, spark):
         dashboard_refresh = 1.0
 
     collect = dashboard.governed_collector(lambda: [k.config for k in list(service.kept.values())],
-                                           service.tables.refusals, base.ingest.state_dir)
+                                           service.tables.refusals, base.ingest.state_dir, service.runtime_of)
     server = dashboard.start(Args, base, collect, stop)
     assert server is not None
     url = f"http://127.0.0.1:{server.server_port}/"

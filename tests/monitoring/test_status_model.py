@@ -8,6 +8,7 @@ report folder), a real broker, the test's own count of what was produced and com
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,66 @@ def test_a_pass_reads_maintenance_runs_and_scan_statistics_once_for_every_table(
             assert {k: v for k, v in status.maintenance["last_run"].items() if k != "age_seconds"} == \
                 {k: v for k, v in alone.items() if k != "age_seconds"}
     assert len(loads) == 1, loads  # the scan statistics, once for the pass
+
+
+def _origin(status, key: str) -> tuple[object, str]:
+    (found,) = [s for s in status.settings if s["key"] == key]
+    return found["value"], found["origin"]
+
+
+def test_a_version_the_keeper_read_is_read_in_full_at_the_next_pass_through_its_runtime(reported: Scenario,
+                                                                                       monkeypatch) -> None:
+    """Under `govern` the model takes each table's runtime from its keeper: the same object
+    while the metadata is the same, and a version the keeper read that the model has not (an
+    action ended, a change no report announced) is read in full at the next pass, not a
+    minute later; a model on its own shows the old settings until its age bound."""
+    from streamberg.monitoring.collect import table_key
+    from streamberg.table_meta.column_usage import ColumnFacts
+    from streamberg.table_meta.table_runtime import TableRuntime
+
+    config = reported.config
+    catalog = load_catalog(config.catalog)
+    identifier = config.table.identifier
+    held = {"runtime": TableRuntime.of(config, catalog.load_table(identifier))}  # the keeper's
+    model = StatusModel(known=lambda c: held["runtime"] if c is config else None)
+    alone = StatusModel()
+    derived = []
+    monkeypatch.setattr(ColumnFacts, "of_table", classmethod(
+        lambda cls, table, _real=ColumnFacts.of_table.__func__: derived.append(1) or _real(cls, table)))
+
+    (first,) = model.collect([config])
+    alone.collect([config])
+    assert (model.full_reads, model.lag_reads) == (1, 0)
+    assert model.runtimes[table_key(config)] is held["runtime"]  # one object for the table, one parse
+    (second,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (1, 1)
+    key = "streamberg.compact.min_files"
+    before = _origin(second, key)
+    assert before[1] != "table property"
+
+    # A change no commit report announces (a property set by another engine), which the keeper reads.
+    with catalog.load_table(identifier).transaction() as change:
+        change.set_properties({key: "7"})
+    assert model.collect([config])[0].settings == second.settings  # nobody read it yet: the kept status
+    assert (model.full_reads, model.lag_reads) == (1, 2)
+    held["runtime"] = held["runtime"].refreshed(catalog.load_table(identifier))
+    (third,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (2, 2)
+    assert _origin(third, key) == (7, "table property")
+    assert model.runtimes[table_key(config)] is held["runtime"]
+    (fourth,) = model.collect([config])
+    assert (model.full_reads, model.lag_reads) == (2, 3)  # read once, not at every pass
+    assert _origin(fourth, key) == (7, "table property")
+    (lone,) = alone.collect([config])
+    assert _origin(lone, key) == before and alone.full_reads == 1  # on its own: up to its age bound
+
+    # The columns' facts: derived once a metadata version, by whoever reads them first.
+    assert len(derived) == 3  # the model's two versions, the lone model's own runtime
+    derived.clear()
+    aged = StatusModel(full_every_seconds=0.0, known=lambda c: held["runtime"] if c is config else None)
+    for _ in range(2):
+        aged.collect([config])
+    assert aged.full_reads == 2 and derived == []  # read in full twice, the keeper's facts both times
+    cached, fresh = held["runtime"].column_facts(), ColumnFacts.of_table(catalog.load_table(identifier))
+    assert dataclasses.replace(cached, loaded_at=0) == dataclasses.replace(fresh, loaded_at=0)
+    assert cached.loaded_at <= fresh.loaded_at and fresh.loaded_at - cached.loaded_at < 60  # dated when asked
