@@ -113,8 +113,19 @@ def _close_catalogs_after_module():
         gc.collect()
 
 
+# Under pytest-xdist (`make test`: two workers) the controller runs no test: its descriptors
+# say nothing of theirs, so it counts none (a worker counts its own; `TEST_WORKERS=0 make
+# test` shows the section again, one process running every test).
+_counts_fds = [True]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    distributed = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    _counts_fds[0] = not distributed
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "teardown":
+    if report.when == "teardown" and _counts_fds[0]:
         now = _open_fds()
         if _fd_last[0]:
             module = report.nodeid.split("::")[0]
