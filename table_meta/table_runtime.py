@@ -12,12 +12,14 @@ while the metadata is unchanged (the parse is not paid again).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from streamberg.common.config import StreambergConfig
+from streamberg.table_meta.column_usage import ColumnFacts
 from streamberg.table_meta.policy import AUTO, POLICY_KEYS, TablePolicy, policy_for, table_settings
 
 Origin = Literal["table property", "config", "default"]
@@ -36,7 +38,7 @@ class TableRuntime:
     # transaction commits through it: its own location is not a record of what was read).
     metadata_location: str | None = None
     # Its columns' facts (table_meta/column_usage.py), derived once from that metadata.
-    _column_facts: Any = field(default=None, init=False, repr=False, compare=False)
+    _column_facts: ColumnFacts | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.metadata_location is None and self.table is not None:
@@ -71,15 +73,11 @@ class TableRuntime:
         stated = (self.table.properties if self.table is not None else {}).get(AUTO_KEY, "")
         return str(stated).strip().lower() == AUTO
 
-    def column_facts(self) -> Any:
+    def column_facts(self) -> ColumnFacts:
         """The table's column facts (what usage judges columns by), read now: derived once a
         metadata version (every schema walked, every snapshot's schema), dated now (the
         metadata they come from was this runtime's when it was handed out: `refreshed`). A
         table handle a transaction moved on in place is read afresh, never cached."""
-        import dataclasses
-
-        from streamberg.table_meta.column_usage import ColumnFacts
-
         if self.table is None:
             raise ValueError(f"{self.identifier}: no table yet, no columns")
         if getattr(self.table, "metadata_location", None) != self.metadata_location:
