@@ -63,3 +63,28 @@ def test_the_runtime_opens_one_catalog_per_config_and_closes_it_once(tmp_path: P
     from streamberg.common.runtime import current
 
     assert current() is not runtime  # the command's runtime is gone with it
+
+
+def test_column_facts_are_derived_once_a_version_and_afresh_from_a_handle_moved_on(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    from pyiceberg.types import StringType
+
+    from streamberg.table_meta.column_usage import ColumnFacts
+
+    config, catalog = _table(tmp_path)
+    table = catalog.load_table(config.table.identifier)
+    kept = TableRuntime.of(config, table)
+    derived: list[str] = []
+    real = ColumnFacts.of_table.__func__
+    monkeypatch.setattr(ColumnFacts, "of_table", classmethod(lambda cls, t: derived.append(t.metadata_location)
+                                                             or real(cls, t)))
+    first, again = kept.column_facts(), kept.column_facts()
+    assert len(derived) == 1 and again.top == first.top and again.loaded_at >= first.loaded_at
+    assert "region" not in first.ids_of_name
+    # A transaction through the same handle moves it on in place: its facts are the new
+    # metadata's, read afresh (never the cached ones of the version the runtime was made from).
+    with table.update_schema() as update:
+        update.add_column("region", StringType())
+    moved = kept.column_facts()
+    assert len(derived) == 2 and "region" in moved.ids_of_name
+    assert "region" in kept.refreshed(catalog.load_table(config.table.identifier)).column_facts().ids_of_name
