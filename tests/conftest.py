@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,6 @@ def _under_ci() -> bool:
 # Descriptors the pytest process holds, and which test module's tests left them open: a leak
 # here once pushed a pipe past select()'s 1024 limit late in a full run (stop 48).
 _fd_growth: dict[str, int] = {}
-_fd_last = [0]
 
 
 def _open_fds() -> int:
@@ -113,24 +113,31 @@ def _close_catalogs_after_module():
         gc.collect()
 
 
-# Under pytest-xdist (`make test`: two workers) the controller runs no test: its descriptors
-# say nothing of theirs, so it counts none (a worker counts its own; `TEST_WORKERS=0 make
-# test` shows the section again, one process running every test).
-_counts_fds = [True]
+# Each test's teardown report carries the descriptors its process holds then, and which
+# process it is (a pytest-xdist worker under `make test`, or the one process): the report is
+# read where it arrives (the workers' controller, or the process itself), so the growth is
+# counted per process and module wherever the tests ran.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.when == "teardown":
+        report.user_properties.append(("open_fds", _open_fds()))
+        report.user_properties.append(("fds_of", os.environ.get("PYTEST_XDIST_WORKER", "pytest")))
+    return report
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    distributed = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-    _counts_fds[0] = not distributed
+_fd_last_of: dict[str, int] = {}  # process -> its descriptors at its last teardown
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "teardown" and _counts_fds[0]:
-        now = _open_fds()
-        if _fd_last[0]:
+    found = dict(report.user_properties) if report.when == "teardown" else {}
+    if "open_fds" in found:
+        now, process = int(found["open_fds"]), str(found.get("fds_of", "pytest"))
+        last = _fd_last_of.get(process)
+        if last:
             module = report.nodeid.split("::")[0]
-            _fd_growth[module] = _fd_growth.get(module, 0) + now - _fd_last[0]
-        _fd_last[0] = now
+            _fd_growth[module] = _fd_growth.get(module, 0) + now - last
+        _fd_last_of[process] = now
     if report.skipped and report.nodeid not in EXPECTED_SKIPS and not hasattr(report, "wasxfail"):
         _unexpected_skips.append(report.nodeid)
 
@@ -143,7 +150,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
     leaks = sorted(((n, m) for m, n in _fd_growth.items() if n > 0), reverse=True)[:10]
     if leaks:
-        terminalreporter.section(f"descriptors left open in the pytest process ({_open_fds()} open now)")
+        held = ", ".join(f"{p} {n}" for p, n in sorted(_fd_last_of.items()))
+        terminalreporter.section(f"descriptors left open in the pytest processes (open at their last test: {held})")
         for grown, module in leaks:
             terminalreporter.line(f"{grown:6d}  {module}")
     if _under_ci() and _unexpected_skips:
