@@ -18,9 +18,14 @@ Records of another topic (a reused consumer) or of a finished partition are neve
 so each offset is handed over once, in its partition's order.
 
 The reader does not own the consumer: the caller makes, reuses and closes it
-(fresh/consumers.py lends kept ones). The ingest's own source reads every table's partitions
-continuously through one consumer and hands each record, errors included, to its table's
-lane (ingest/source.py, ingest/writer.py): its own loop, by design.
+(fresh/consumers.py lends kept ones).
+
+Every read of a consumer in the product is one `consume_batch`: one bounded consume, the
+client-wide events taken out (a fatal one raises KafkaReadFailed). The reader above is built
+on it, and so is the ingest's source (ingest/source.py), which reads every table's partitions
+continuously through one consumer and hands each partition's messages, their errors included,
+to its table's lane: a lane decides on its partition's errors (a refused position, a fatal
+one), the client's are decided here, once.
 """
 
 from __future__ import annotations
@@ -37,6 +42,23 @@ _PARTITION_FAILURES = (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_R
 
 class KafkaReadFailed(Exception):
     """The Kafka client failed as a whole (a fatal error no partition names)."""
+
+
+def consume_batch(consumer: Any, max_records: int, timeout: float) -> tuple[list[Any], int]:
+    """One bounded consume: the partitions' messages it gave (their errors included, in order)
+    and how many messages it gave in all. A client-wide event (no partition) is taken out: a
+    fatal one raises KafkaReadFailed (the client is dead: a reader that went on would wait
+    forever), a passing one is librdkafka's to retry."""
+    batch = consumer.consume(max_records, timeout)
+    messages = []
+    for message in batch:
+        if message.partition() is None:
+            error = message.error()
+            if error is not None and error.fatal():
+                raise KafkaReadFailed(error.str())
+            continue
+        messages.append(message)
+    return messages, len(batch)
 
 
 class PartitionReader:
@@ -89,15 +111,10 @@ class PartitionReader:
     def read(self, max_records: int, timeout: float) -> list[Any]:
         """One bounded consume: the records it gave that are not past their partition's end,
         in order; the partitions' ends and failures noted on the way."""
-        batch = self.consumer.consume(max_records, timeout)
-        self.last_batch_size = len(batch)
+        batch, self.last_batch_size = consume_batch(self.consumer, max_records, timeout)
         records: list[Any] = []
         for message in batch:
             partition, offset, error = message.partition(), message.offset(), message.error()
-            if partition is None:  # a client-wide event
-                if error is not None and error.fatal():
-                    raise KafkaReadFailed(error.str())
-                continue
             if message.topic() != self.topic or partition not in self.next_offset or partition in self.finished:
                 continue  # another topic's, or past its partition's end (produced during the read)
             if error is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from confluent_kafka import Consumer, TopicPartition
 
 from streamberg.common.config import StreambergConfig
+from streamberg.common.kafka_read import consume_batch
 from streamberg.common.kafka_settings import consumer_settings
 from streamberg.common.watermarks import WatermarkReader, topic_partitions
 from streamberg.ingest.positions import BROKER_TIMEOUT_SECONDS, positions_settings
@@ -44,8 +45,13 @@ class KafkaSource:
         """Read each (topic, partition) from the offset given (the lowest its tables ask for)."""
         self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
 
-    def consume(self, max_records: int, timeout: float) -> list:
-        return self.consumer.consume(max_records, timeout)
+    def read(self, max_records: int, timeout: float) -> list:
+        """One bounded read of every assigned partition (common/kafka_read.consume_batch): the
+        partitions' messages, errors included, for their tables' lanes to decide on; a fatal
+        client-wide error raises KafkaReadFailed (the task fails and starts again from the
+        positions its tables recorded)."""
+        messages, _ = consume_batch(self.consumer, max_records, timeout)
+        return messages
 
     def close(self) -> None:
         self.marks.close()

@@ -308,7 +308,7 @@ class Writer:
             units, self.reports = self.reports, []
             return units
         self._follow_blocked()
-        batch = self.source.consume(settings.max_poll_records, settings.poll_timeout_seconds)
+        batch = self.source.read(settings.max_poll_records, settings.poll_timeout_seconds)
         if batch:
             by_topic: dict[str, list] = {}
             for message in batch:

@@ -472,10 +472,9 @@ def test_the_circle_check_sees_circles(tmp_path: Path) -> None:
 
 # -- one Kafka read loop (common/kafka_read.py) ------------------------------------------------
 
-# Where a Kafka consumer is read from directly, and why. The ingest's source reads every table's
-# partitions continuously and hands each record, errors included, to its table's lane.
-KAFKA_READ_IN = {"common/kafka_read.py", "ingest/source.py"}
-SOURCE_READS = {"ingest/writer.py: self.source.consume"}  # the source's own method (ingest/source.py)
+# Where a Kafka consumer is read from directly: one bounded consume (`consume_batch`), which the
+# partition reader, replay, the fresh tail, its keeper and the ingest's source all read through.
+KAFKA_READ_IN = {"common/kafka_read.py"}
 
 
 def _kafka_reads(path: Path) -> list[str]:
@@ -596,7 +595,9 @@ def _change_ranking(path: Path) -> list[str]:
 # - Kafka reads: replay, the positions' reads, a route's sampling, the fresh tail and its
 #   keeper read through one loop (assign, bounded consume, end detection, pause): five loops
 #   had each their own error handling (replay dropped every error and waited out its idle
-#   timeout; the keeper started over on a passing one);
+#   timeout; the keeper started over on a passing one); the ingest's source reads every table's
+#   partitions continuously through the same bounded consume (`consume_batch`: it dropped a
+#   client-wide fatal error, and would have waited on a dead client);
 # - catalog openings: the product's catalogs for work are the runtime's (`shared_catalog`),
 #   opened once a process and closed with it; a `load_catalog` in a command or an action
 #   opened a catalog (an engine and its pool) each call, closed by no one (the column drop
@@ -614,7 +615,7 @@ ONE_OWNER = {
                             "import functools\n_a: dict[str, int] = {}\n_b = []\nC = {'k': 1}\n_d = dict()\n"
                             "@functools.cache\ndef f():\n    return 1\n",
                             ["_a", "_b", "_d", "f (memoized)"]),
-    "Kafka reads": (_kafka_reads, KAFKA_READ_IN | SOURCE_READS, ": ",
+    "Kafka reads": (_kafka_reads, KAFKA_READ_IN, ": ",
                     "def f(c, consumer, proc, producer):\n    c.consume(1, 0.1)\n    consumer.poll(1)\n"
                     "    proc.poll()\n    producer.poll(0)\n",
                     ["c.consume", "consumer.poll"]),

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, Producer
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from streamberg.common.broker import ensure_topic
-from streamberg.common.kafka_read import PartitionReader
+from streamberg.common.kafka_read import KafkaReadFailed, PartitionReader
 from streamberg.common.watermarks import read_timestamps, read_true_ends
 
 # Records produced into each partition: partition 2 is left empty.
@@ -106,3 +107,67 @@ def test_the_first_records_timestamp_where_it_is_its_partitions_last(broker: str
         assert ends == {0: COUNTS[0], 1: COUNTS[1]}
     finally:
         consumer.close()
+
+
+class _WithEvents:
+    """A real consumer whose next consume also gives client-wide events (librdkafka's own
+    Message objects, as its callbacks would hand them): what no healthy broker can be made to
+    send on cue."""
+
+    def __init__(self, real: Consumer) -> None:
+        self.real, self.events = real, []
+
+    def consume(self, max_records: int, timeout: float) -> list:
+        events, self.events = self.events, []
+        return events + self.real.consume(max_records, timeout)
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+
+def _event(fatal: bool) -> Message:
+    code = KafkaError._FATAL if fatal else KafkaError._ALL_BROKERS_DOWN
+    return Message(error=KafkaError(code, "fenced for good" if fatal else "all brokers down", fatal=fatal))
+
+
+def test_a_passing_client_event_is_dropped_and_a_fatal_one_ends_every_read_the_ingests_too(broker: str,
+                                                                                          tmp_path) -> None:
+    """Every read of a consumer is one bounded consume (consume_batch): the partition reader's
+    and the ingest's source's alike. A passing client-wide event is taken out; a fatal one
+    raises, where the ingest's source used to drop it with the messages of no table's topic
+    (and would have waited on a dead client for ever)."""
+    from streamberg.ingest.source import KafkaSource
+    from tests.helpers import config_at, wait_for, write_config
+
+    topic = _topic(broker)
+    consumer = _WithEvents(_consumer(broker))
+    try:
+        reader = PartitionReader(consumer, topic, {0: 0, 1: 0, 2: 0})
+        consumer.events = [_event(fatal=False)]
+        assert _read_all(reader) == {0: list(range(COUNTS[0])), 1: list(range(COUNTS[1]))}
+        consumer.events = [_event(fatal=True)]
+        with pytest.raises(KafkaReadFailed, match="fenced for good"):
+            reader.read(10, 0.2)
+    finally:
+        consumer.close()
+
+    source = KafkaSource(config_at(write_config(tmp_path, broker, topic)), "events-test")
+    try:
+        source.consumer = _WithEvents(source.consumer)
+        source.assign({(topic, 0): 0, (topic, 1): 0})
+        source.consumer.events = [_event(fatal=False)]
+        seen: dict[int, int] = {}
+
+        def read_on() -> bool:
+            for m in source.read(100, 0.2):
+                assert m.error() is None and m.topic() == topic  # the event is not a table's message
+                seen[m.partition()] = seen.get(m.partition(), 0) + 1
+            return sum(seen.values()) >= COUNTS[0] + COUNTS[1]
+
+        wait_for(read_on, 30, "the source's read of both partitions", every=0)
+        assert seen == {0: COUNTS[0], 1: COUNTS[1]}
+        source.consumer.events = [_event(fatal=True)]
+        with pytest.raises(KafkaReadFailed, match="fenced for good"):
+            source.read(10, 0.2)
+    finally:
+        source.close()

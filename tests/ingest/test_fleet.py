@@ -252,7 +252,7 @@ def test_a_route_field_splits_a_topic_into_tables_exactly_once(tmp_path: Path, b
                  + clicks("eu", 5, "web.clicks_eu") + [b"junk"])
         deadline = time.monotonic() + 10
         while sum(lane.messages for lane in writer.lanes.values()) < 21 and time.monotonic() < deadline:
-            writer._split(topic, [m for m in writer.source.consume(500, 0.5) if m.topic() == topic])
+            writer._split(topic, [m for m in writer.source.read(500, 0.5) if m.topic() == topic])
         assert sum(lane.messages for lane in writer.lanes.values()) >= 21, "the records were not read"
         committer.offer(writer.lanes["web.clicks_eu"].flush(final=False))
         assert set(_rows(catalog, "web.clicks_eu")) == expected["web.clicks_eu"]
