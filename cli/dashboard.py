@@ -18,15 +18,18 @@ from streamberg.common.config import StreambergConfig
 from streamberg.common.log import get_logger
 
 DEFAULT_DASHBOARD = "127.0.0.1:9470"
+# The default of --dashboard where it is set (a pod's or a test session's: ADDRESS:PORT or off).
+DASHBOARD_ENV = "STREAMBERG_DASHBOARD"
 DEFAULT_REFRESH_SECONDS = 15.0
 TOKEN_ENV = "STREAMBERG_DASHBOARD_TOKEN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dashboard", default=DEFAULT_DASHBOARD, metavar="ADDRESS:PORT",
+    parser.add_argument("--dashboard", default=os.environ.get(DASHBOARD_ENV) or DEFAULT_DASHBOARD,
+                        metavar="ADDRESS:PORT",
                         help=f"serve the read-only dashboard (fleet, tables, governor; /metrics, /healthz, /readyz) "
-                             f"there (default {DEFAULT_DASHBOARD}: loopback; another address needs a token); "
-                             f"`off` serves none")
+                             f"there (default {DEFAULT_DASHBOARD}: loopback, or the {DASHBOARD_ENV} environment "
+                             f"variable; another address needs a token); `off` serves none")
     parser.add_argument("--dashboard-token-file", default=None, metavar="PATH",
                         help=f"the token the dashboard asks for (Authorization: Bearer, or /?token= once); or the "
                              f"{TOKEN_ENV} environment variable; required off loopback")

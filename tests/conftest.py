@@ -31,6 +31,12 @@ pytest_plugins = [
 
 EXPECTED_SKIPS: frozenset[str] = frozenset()
 
+# No `streamberg run` or `govern` a test starts serves its dashboard on the default port unless
+# the test asks (`--dashboard ADDRESS:PORT`): two workers run such tests at once, and a fixed
+# port taken by the other worker's made one exit (a clean clone's run, 2026-12-06 16:35). The
+# dashboard's own tests serve it on a free port.
+os.environ.setdefault("STREAMBERG_DASHBOARD", "off")
+
 # The tiers, set at collection from what a test uses (its fixtures, and the source of the test
 # and of its fixtures), so no test can forget its marker:
 #   spark  a Spark session (the `spark` fixture)        broker  a Kafka-protocol broker
