@@ -80,9 +80,8 @@ class StatusModel:
                 seen.add(key)
                 commits = self._commits(config, reported, shared)
                 kept = self._kept.get(key)
-                keeper = self._keepers_newer(key, config, kept)
-                status = self._again(config, kept, shared) if keeper is None and self._unchanged(kept, commits) \
-                    else None
+                newer = self._keeper_read_newer(key, config, kept)
+                status = self._again(config, kept, shared) if not newer and self._unchanged(kept, commits) else None
                 if status is None:
                     started = time.monotonic()  # its facts are as of then (a keeper's read after it is newer)
                     status = collect_status(config, cache=self.cache, shared=shared)
@@ -100,20 +99,19 @@ class StatusModel:
             del self.runtimes[gone]
         return out
 
-    def _keepers_newer(self, key: str, config: StreambergConfig, kept: _Kept | None) -> TableRuntime | None:
-        """The owner's runtime of the table when it read a metadata version since the model's
-        last full collection that is not the model's (read it in full); it becomes the model's
-        runtime for the table whenever it is at least as new (one object, one parse)."""
+    def _keeper_read_newer(self, key: str, config: StreambergConfig, kept: _Kept | None) -> bool:
+        """Whether the owner's runtime of the table was read from a metadata version since the
+        model's last full collection that is not the model's (read it in full). The owner's
+        becomes the model's runtime for the table whenever it is at least as new (one object,
+        one parse)."""
         theirs = self.known(config) if self.known is not None else None
         if theirs is None or theirs.config is not config or theirs.metadata_location is None:
-            return None
+            return False
         mine = self.runtimes.get(key)
         if mine is None or theirs.read_at >= mine.read_at:
             self.runtimes[key] = theirs  # CollectionPass.runtime keeps it while the metadata loaded is its
-        if kept is not None and theirs.read_at > kept.at and \
-                (mine is None or theirs.metadata_location != mine.metadata_location):
-            return theirs
-        return None
+        return kept is not None and theirs.read_at > kept.at and \
+            (mine is None or theirs.metadata_location != mine.metadata_location)
 
     def _commits(self, config: StreambergConfig, reported: dict[str, dict[str, Any] | None],
                  shared: CollectionPass) -> int | None:

@@ -53,6 +53,22 @@ def count_metadata_parses(monkeypatch: Any) -> list[str]:
     return seen
 
 
+def count_column_facts(monkeypatch: Any) -> list[str]:
+    """The metadata files a table's column facts were derived from from now on, in order
+    (ColumnFacts.of_table's real derivation still runs): what a test of the kept facts counts."""
+    from streamberg.table_meta.column_usage import ColumnFacts
+
+    seen: list[str] = []
+    real = ColumnFacts.of_table.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: Any, table: Any) -> Any:
+        seen.append(table.metadata_location)
+        return real(cls, table)
+
+    monkeypatch.setattr(ColumnFacts, "of_table", classmethod(counting))
+    return seen
+
+
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, every: float = 0.2,
              proc: Any = None, log: Path | Callable[[], str] | None = None) -> Any:
     """The tests' one wait: poll `condition` every `every` seconds until it returns something

@@ -352,7 +352,6 @@ class FleetConfig(_Section):
         """Whether the file declares many tables (`tables:`), not one table as a route of one."""
         return self.single is None
 
-
     @model_validator(mode="before")
     @classmethod
     def _single_table_sections(cls, data: Any) -> Any:

@@ -10,7 +10,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.runtime import Runtime
 from streamberg.ingest.dead_letters import open_tables
 from streamberg.table_meta.table_runtime import TableRuntime
-from tests.helpers import config_at, write_config
+from tests.helpers import config_at, count_column_facts, write_config
 
 
 def _table(tmp_path: Path):
@@ -69,15 +69,10 @@ def test_column_facts_are_derived_once_a_version_and_afresh_from_a_handle_moved_
                                                                                   monkeypatch) -> None:
     from pyiceberg.types import StringType
 
-    from streamberg.table_meta.column_usage import ColumnFacts
-
     config, catalog = _table(tmp_path)
     table = catalog.load_table(config.table.identifier)
     kept = TableRuntime.of(config, table)
-    derived: list[str] = []
-    real = ColumnFacts.of_table.__func__
-    monkeypatch.setattr(ColumnFacts, "of_table", classmethod(lambda cls, t: derived.append(t.metadata_location)
-                                                             or real(cls, t)))
+    derived = count_column_facts(monkeypatch)
     first, again = kept.column_facts(), kept.column_facts()
     assert len(derived) == 1 and again.top == first.top and again.loaded_at >= first.loaded_at
     assert "region" not in first.ids_of_name

@@ -17,6 +17,7 @@ from streamberg.common.catalog import load_catalog
 from streamberg.common.config import StreambergConfig
 from streamberg.monitoring.collect import CollectionPass, collect_status
 from streamberg.monitoring.refresh import StatusModel
+from tests.helpers import count_column_facts
 from tests.monitoring.helpers import Scenario, build_scenario, commit_units, produce_to
 
 
@@ -271,9 +272,7 @@ def test_a_version_the_keeper_read_is_read_in_full_at_the_next_pass_through_its_
     held = {"runtime": TableRuntime.of(config, catalog.load_table(identifier))}  # the keeper's
     model = StatusModel(known=lambda c: held["runtime"] if c is config else None)
     alone = StatusModel()
-    derived = []
-    monkeypatch.setattr(ColumnFacts, "of_table", classmethod(
-        lambda cls, table, _real=ColumnFacts.of_table.__func__: derived.append(1) or _real(cls, table)))
+    derived = count_column_facts(monkeypatch)
 
     (first,) = model.collect([config])
     alone.collect([config])
